@@ -1,0 +1,295 @@
+"""Budgets: the policy model and which counters an event (or a request) belongs to.
+
+Shared by the aggregator (which adds events to counters) and the enforcer
+(which checks requests against the same counters), so that "how much is
+used?" always reads the counters enforcement uses (invariant 2).
+
+Scopes and the scope values that make one counter (all canonical ids):
+
+=========  ==========================================  ===============================
+scope      scope values                                note
+=========  ==========================================  ===============================
+secret     (org_id, secret_id)
+org        (org_id,)                                   all of an org's secrets
+project    (org_id, project_id)
+grant      (org_id, grant_id)                          every permission row and
+                                                       connector of the grant: one
+group      (org_id, group)                             an event counts in each group
+user       (org_id, user_id)
+session    (org_id, identity, session_id)              the per-job ceiling; identity =
+                                                       user_id, else secret_id
+tag:<t>    (org_id, tags[t])
+=========  ==========================================  ===============================
+
+An event without the scope's attribute (no project_id for a project budget)
+does not count in that budget. ``match`` filters on event attributes; every
+pair must equal (or, given a list, be one of) the event's canonical values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from schemas.errors import ConfigError, ContractError
+from schemas.ids import canonical_id, counter_key
+from schemas.money import usd_to_nanos
+from schemas.periods import Window, parse_window
+from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
+
+SCOPES: Final = ("secret", "org", "project", "grant", "group", "user", "session")
+ACTIONS: Final = ("enforce", "warn")
+#: attribute names a ``match`` may use, besides ``tag:<name>``
+MATCH_ATTRIBUTES: Final = frozenset(
+    {
+        "org_id",
+        "secret_id",
+        "project_id",
+        "grant_id",
+        "permission_id",
+        "user_id",
+        "session_id",
+        "group",
+        "provider",
+        "api",
+        "model",
+    }
+)
+#: the list-valued attribute a ``match`` on ``group`` tests membership in
+_GROUPS: Final = "groups"
+
+
+def _values(attrs: Mapping[str, Any], attribute: str) -> list[str]:
+    """Canonical values of ``attribute`` in an event or request context (0, 1 or many)."""
+    if attribute.startswith("tag:"):
+        tags = attrs.get("tags") or {}
+        value = tags.get(attribute[4:])
+        return [] if value is None else [canonical_id(value)]
+    if attribute == "group":
+        return [canonical_id(g) for g in attrs.get(_GROUPS) or ()]
+    value = attrs.get(attribute)
+    if value is None or value == "":
+        return []
+    return [canonical_id(value, attribute)]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """One budget policy, parsed and validated (from YAML or from a BudgetPolicy record)."""
+
+    budget_id: str
+    scope: str
+    window: Window
+    action: str = "enforce"
+    match: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    limit_nanos: int | None = None
+    limit_tokens: int | None = None
+    limit_requests: int | None = None
+    alert_at: tuple[float, ...] = ()
+    count_denied: bool = False
+
+    @property
+    def refusal(self) -> str:
+        """The decision value a refusal by this budget carries."""
+        return JOB_BUDGET_EXCEEDED if self.scope == "session" else BUDGET_EXCEEDED
+
+    def matches(self, attrs: Mapping[str, Any]) -> bool:
+        for attribute, allowed in self.match.items():
+            if not any(v in allowed for v in _values(attrs, attribute)):
+                return False
+        return True
+
+    def scope_values(self, attrs: Mapping[str, Any]) -> list[tuple[str, ...]]:
+        """The scope values of every counter of this budget that ``attrs`` counts in."""
+        orgs = _values(attrs, "org_id")
+        if not orgs or not self.matches(attrs):
+            return []
+        org = orgs[0]
+        scope = self.scope
+        if scope == "org":
+            return [(org,)]
+        if scope == "session":
+            sessions = _values(attrs, "session_id")
+            identity = _values(attrs, "user_id") or _values(attrs, "secret_id")
+            if not sessions or not identity:
+                return []
+            return [(org, identity[0], sessions[0])]
+        attribute = {
+            "secret": "secret_id",
+            "project": "project_id",
+            "grant": "grant_id",
+            "group": "group",
+            "user": "user_id",
+        }.get(scope, scope)  # tag:<name> is its own attribute
+        return [(org, value) for value in dict.fromkeys(_values(attrs, attribute))]
+
+    def counter_keys(self, attrs: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+        """(counter key, scope values) for every counter ``attrs`` counts in."""
+        return [
+            (counter_key(self.budget_id, values), values) for values in self.scope_values(attrs)
+        ]
+
+    # --- the BudgetPolicy record (topic budget.policies) -------------------------------
+    def to_record(self, applied_at: datetime | None = None) -> dict[str, Any]:
+        return {
+            "budget_id": self.budget_id,
+            "scope": self.scope,
+            "match": {k: "\x1f".join(v) for k, v in self.match.items()},
+            "window": self.window.spec,
+            "limit_nanos": self.limit_nanos,
+            "limit_tokens": self.limit_tokens,
+            "limit_requests": self.limit_requests,
+            "action": self.action,
+            "alert_at": list(self.alert_at),
+            "count_denied": self.count_denied,
+            "applied_at": applied_at or datetime.now(UTC),
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Budget:
+        return cls(
+            budget_id=record["budget_id"],
+            scope=record["scope"],
+            window=parse_window(record["window"]),
+            action=record["action"],
+            # a list-valued match travels as one string joined by the unit separator
+            match={k: tuple(v.split("\x1f")) for k, v in record["match"].items()},
+            limit_nanos=record["limit_nanos"],
+            limit_tokens=record["limit_tokens"],
+            limit_requests=record["limit_requests"],
+            alert_at=tuple(record["alert_at"]),
+            count_denied=record["count_denied"],
+        )
+
+
+class _BudgetSpec(BaseModel):
+    """The YAML form of a budget (see the aggregator README)."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    id: str = Field(min_length=1, max_length=200)
+    scope: str
+    match: dict[str, str | list[str]] = Field(default_factory=dict)
+    window: str
+    limit_usd: Decimal | str | None = None
+    limit_tokens: int | None = Field(default=None, ge=1)
+    limit_requests: int | None = Field(default=None, ge=1)
+    action: str = "enforce"
+    alert_at: list[float] = Field(default_factory=list)
+    count_denied: bool = False
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, value: str) -> str:
+        if value in SCOPES or (value.startswith("tag:") and len(value) > 4):
+            return value
+        raise ValueError(f"must be one of {', '.join(SCOPES)} or tag:<name>, got {value!r}")
+
+    @field_validator("action")
+    @classmethod
+    def _action(cls, value: str) -> str:
+        if value not in ACTIONS:
+            raise ValueError(f"must be enforce or warn, got {value!r}")
+        return value
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        try:
+            parse_window(value)
+        except ContractError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("match")
+    @classmethod
+    def _match(cls, value: dict[str, str | list[str]]) -> dict[str, str | list[str]]:
+        for attribute in value:
+            if attribute not in MATCH_ATTRIBUTES and not attribute.startswith("tag:"):
+                raise ValueError(
+                    f"cannot match on {attribute!r}; use one of "
+                    f"{', '.join(sorted(MATCH_ATTRIBUTES))} or tag:<name>"
+                )
+        return value
+
+    @field_validator("alert_at")
+    @classmethod
+    def _alert_at(cls, value: list[float]) -> list[float]:
+        for threshold in value:
+            if not 0 < threshold <= 1:
+                raise ValueError(f"thresholds are fractions in (0, 1], got {threshold}")
+        return sorted(set(value))
+
+    @field_validator("limit_usd", mode="before")
+    @classmethod
+    def _limit_usd(cls, value: Any) -> Any:
+        if isinstance(value, float):
+            raise ValueError('give USD as a string ("500") or an integer, not a float')
+        return value
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> _BudgetSpec:
+        if self.limit_usd is None and self.limit_tokens is None and self.limit_requests is None:
+            raise ValueError("needs at least one of limit_usd, limit_tokens, limit_requests")
+        return self
+
+
+def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) -> Budget:
+    """Validate one YAML budget; errors name the file, the budget and the field."""
+    name = item.get("id", f"#{index + 1}") if isinstance(item, dict) else f"#{index + 1}"
+    where = f"{source}: budget {name!r}"
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where}: each budget must be a mapping")
+    try:
+        spec = _BudgetSpec.model_validate(item)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(p) for p in first["loc"]) or "<budget>"
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{where}: field {path!r}: {message}") from None
+    try:
+        limit_nanos = None if spec.limit_usd is None else usd_to_nanos(spec.limit_usd)
+    except ContractError as exc:
+        raise ConfigError(f"{where}: field 'limit_usd': {exc}") from None
+    if limit_nanos is not None and limit_nanos <= 0:
+        raise ConfigError(f"{where}: field 'limit_usd': must be > 0")
+    return Budget(
+        budget_id=spec.id,
+        scope=spec.scope,
+        window=parse_window(spec.window),
+        action=spec.action,
+        match={
+            k: tuple(canonical_id(x, k) for x in ([v] if isinstance(v, str) else v))
+            for k, v in spec.match.items()
+        },
+        limit_nanos=limit_nanos,
+        limit_tokens=spec.limit_tokens,
+        limit_requests=spec.limit_requests,
+        alert_at=tuple(spec.alert_at),
+        count_denied=spec.count_denied,
+    )
+
+
+def budgets_from_yaml(items: Any, *, source: str = "<budgets>") -> list[Budget]:
+    """A YAML budgets document (a list of budgets); ids must be unique."""
+    if not isinstance(items, list):
+        raise ConfigError(f"{source}: expected a list of budgets")
+    budgets = [budget_from_yaml(item, source=source, index=i) for i, item in enumerate(items)]
+    seen: set[str] = set()
+    for budget in budgets:
+        if budget.budget_id in seen:
+            raise ConfigError(f"{source}: budget {budget.budget_id!r}: field 'id': defined twice")
+        seen.add(budget.budget_id)
+    return budgets
+
+
+def applicable(
+    budgets: Iterable[Budget], attrs: Mapping[str, Any]
+) -> list[tuple[Budget, str, tuple[str, ...]]]:
+    """Every (budget, counter key, scope values) that ``attrs`` counts in."""
+    return [(b, key, values) for b in budgets for key, values in b.counter_keys(attrs)]

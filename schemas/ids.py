@@ -1,0 +1,64 @@
+"""Canonical ids and counter keys.
+
+A counter key is a length-prefixed composition of the budget id and the
+scope values (the period is not part of it: one counter lives on across
+periods, and its compacted verdict always shows the newest one); every part is written as ``<len>:<text>,`` where len
+counts code points, so ``("a|b", "c")`` and ``("a", "b|c")`` can never
+collide, whatever characters an id contains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from schemas.errors import ContractError
+
+MAX_ID_LENGTH: Final = 512
+#: scope attributes whose values are case-insensitive identities (e-mail-like)
+CASE_INSENSITIVE_ATTRIBUTES: Final = frozenset({"user_id"})
+
+
+def canonical_id(value: str, attribute: str = "") -> str:
+    """Surrounding blanks removed; user ids lower-cased."""
+    value = value.strip()
+    if attribute in CASE_INSENSITIVE_ATTRIBUTES:
+        value = value.lower()
+    return value
+
+
+def compose(parts: Iterable[str]) -> str:
+    """Length-prefixed, unambiguous concatenation of ``parts``."""
+    return "".join(f"{len(part)}:{part}," for part in parts)
+
+
+def decompose(key: str) -> list[str]:
+    """Inverse of :func:`compose`; raises ContractError on a malformed key."""
+    parts: list[str] = []
+    pos = 0
+    while pos < len(key):
+        colon = key.find(":", pos)
+        if colon < 0 or not key[pos:colon].isdigit():
+            raise ContractError(f"malformed composed key at position {pos}: {key!r}")
+        length = int(key[pos:colon])
+        end = colon + 1 + length
+        if end >= len(key) + 1 or key[end : end + 1] != ",":
+            raise ContractError(f"malformed composed key at position {pos}: {key!r}")
+        parts.append(key[colon + 1 : end])
+        pos = end + 1
+    return parts
+
+
+def counter_key(budget_id: str, scope_values: Iterable[str]) -> str:
+    """The key of one counter: the budget, then its scope values in scope order."""
+    return compose([budget_id, *scope_values])
+
+
+def period_state_key(counter: str, period: str) -> str:
+    """The key of one counter's totals within one period (late events land in their own period)."""
+    return compose([counter, period])
+
+
+def check_id(value: str, field: str) -> None:
+    if len(value) > MAX_ID_LENGTH:
+        raise ContractError(f"{field}: longer than {MAX_ID_LENGTH} characters")

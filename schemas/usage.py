@@ -1,0 +1,266 @@
+"""UsageEvent records: decision vocabulary, construction, validation, JSON form.
+
+Records are plain dicts (what fastavro reads and writes) so the hot path pays
+no conversion; this module is the one place that knows their rules.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from schemas.errors import InvalidRecord
+from schemas.ids import MAX_ID_LENGTH, canonical_id
+from schemas.periods import from_micros
+
+Record = dict[str, Any]
+
+# Decision values, shared by the enforcer (which decides), the aggregator (which
+# counts and logs) and ClickHouse (which reports).
+ALLOWED: Final = "allowed"
+BUDGET_EXCEEDED: Final = "budget_exceeded"
+JOB_BUDGET_EXCEEDED: Final = "job_budget_exceeded"
+IN_FLIGHT_BUDGET_EXCEEDED: Final = "in_flight_budget_exceeded"
+THROTTLED: Final = "throttled"
+FAILED_OPEN: Final = "failed_open"
+FAILED_CLOSED: Final = "failed_closed"
+REFUSAL_DECISIONS: Final = frozenset(
+    {BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED, IN_FLIGHT_BUDGET_EXCEEDED, THROTTLED, FAILED_CLOSED}
+)
+OUTCOMES: Final = ("allowed", "refused", "failed_open", "failed_closed")
+USAGE_SOURCES: Final = ("reported", "estimated", "none")
+
+TOKEN_FIELDS: Final = (
+    "input_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+)
+#: no single call bills this many tokens; a larger count is a bug or an attack
+MAX_TOKENS_PER_EVENT: Final = 100_000_000
+#: event times outside these bounds are refused (they would open absurd periods)
+MIN_OCCURRED_AT: Final = datetime(2000, 1, 1, tzinfo=UTC)
+MAX_OCCURRED_AT: Final = datetime(2100, 1, 1, tzinfo=UTC)
+REQUIRED_IDS: Final = ("event_id", "provider", "api", "model", "secret_id", "org_id", "gateway_id")
+OPTIONAL_IDS: Final = ("project_id", "grant_id", "permission_id", "user_id", "session_id")
+#: attributes a budget's scope or match can name, with how the event stores them
+SCOPE_ATTRIBUTES: Final = {
+    "secret": "secret_id",
+    "org": "org_id",
+    "project": "project_id",
+    "grant": "grant_id",
+    "user": "user_id",
+    "session": "session_id",
+}
+
+
+def new_event_id() -> str:
+    """Time-ordered unique id (UUIDv7 layout): sortable, no coordination."""
+    ms = int(datetime.now(UTC).timestamp() * 1000)
+    rand = uuid.uuid4().int & ((1 << 74) - 1)
+    value = (
+        (ms << 80) | (0x7 << 76) | ((rand >> 62) << 64) | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    )
+    return str(uuid.UUID(int=value))
+
+
+def billed_tokens(event: Record) -> int:
+    """Every billed token of the event: input + cache reads + cache writes + output."""
+    return int(
+        event["input_tokens"]
+        + event["cache_read_tokens"]
+        + event["cache_write_tokens"]
+        + event["output_tokens"]
+    )
+
+
+def new_usage_event(
+    *,
+    provider: str,
+    api: str,
+    model: str,
+    secret_id: str,
+    org_id: str,
+    gateway_id: str,
+    input_tokens: int,
+    output_tokens: int,
+    status_code: int = 200,
+    occurred_at: datetime | None = None,
+    event_id: str | None = None,
+    **optional: Any,
+) -> Record:
+    """A complete, validated UsageEvent record; ``optional`` takes any other schema field."""
+    record: Record = {
+        "event_id": event_id or new_event_id(),
+        "occurred_at": occurred_at or datetime.now(UTC),
+        "provider": provider,
+        "api": api,
+        "model": model,
+        "secret_id": secret_id,
+        "org_id": org_id,
+        "project_id": None,
+        "grant_id": None,
+        "permission_id": None,
+        "user_id": None,
+        "groups": [],
+        "session_id": None,
+        "tags": {},
+        "input_tokens": input_tokens,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+        "cache_write_1h_tokens": 0,
+        "output_tokens": output_tokens,
+        "reasoning_tokens": 0,
+        "usage_source": "reported",
+        "estimate_reason": None,
+        "outcome": "allowed",
+        "decision": ALLOWED,
+        "decision_budget_id": None,
+        "status_code": status_code,
+        "stream": False,
+        "gateway_id": gateway_id,
+        "request_id": None,
+        "latency_ms": None,
+    }
+    unknown = set(optional) - set(record)
+    if unknown:
+        raise InvalidRecord(
+            sorted(unknown)[0], "not a UsageEvent field", record_id=record["event_id"]
+        )
+    record.update(optional)
+    validate_usage_event(record)
+    return record
+
+
+def validate_usage_event(event: Record) -> None:
+    """Raise InvalidRecord naming the first field that breaks the contract."""
+    event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+    for name in REQUIRED_IDS:
+        value = event.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidRecord(name, "required, a non-empty string", record_id=event_id)
+        if len(value) > MAX_ID_LENGTH:
+            raise InvalidRecord(name, f"longer than {MAX_ID_LENGTH} characters", record_id=event_id)
+    for name in OPTIONAL_IDS:
+        value = event.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > MAX_ID_LENGTH):
+            raise InvalidRecord(
+                name,
+                f"must be null or a string of <= {MAX_ID_LENGTH} characters",
+                record_id=event_id,
+            )
+    for name in TOKEN_FIELDS:
+        value = event.get(name)
+        if type(value) is not int:  # bool is an int subclass: refuse it too
+            raise InvalidRecord(name, f"must be an integer, got {value!r}", record_id=event_id)
+        if value < 0:
+            raise InvalidRecord(name, f"must be >= 0, got {value}", record_id=event_id)
+        if value > MAX_TOKENS_PER_EVENT:
+            raise InvalidRecord(
+                name, f"{value} exceeds the sanity bound {MAX_TOKENS_PER_EVENT}", record_id=event_id
+            )
+    if event["cache_write_1h_tokens"] > event["cache_write_tokens"]:
+        raise InvalidRecord(
+            "cache_write_1h_tokens",
+            "is a part of cache_write_tokens: cannot exceed it",
+            record_id=event_id,
+        )
+    if event["reasoning_tokens"] > event["output_tokens"]:
+        raise InvalidRecord(
+            "reasoning_tokens", "is a part of output_tokens: cannot exceed it", record_id=event_id
+        )
+    occurred_at = event.get("occurred_at")
+    if not isinstance(occurred_at, datetime) or occurred_at.tzinfo is None:
+        raise InvalidRecord("occurred_at", "must be a UTC timestamp", record_id=event_id)
+    if not MIN_OCCURRED_AT <= occurred_at < MAX_OCCURRED_AT:
+        raise InvalidRecord(
+            "occurred_at", f"{occurred_at.isoformat()} is out of range", record_id=event_id
+        )
+    if event.get("usage_source") not in USAGE_SOURCES:
+        raise InvalidRecord("usage_source", f"one of {USAGE_SOURCES}", record_id=event_id)
+    if event.get("outcome") not in OUTCOMES:
+        raise InvalidRecord("outcome", f"one of {OUTCOMES}", record_id=event_id)
+    status = event.get("status_code")
+    if type(status) is not int or not 100 <= status <= 599:
+        raise InvalidRecord(
+            "status_code", f"an HTTP status 100..599, got {status!r}", record_id=event_id
+        )
+    groups = event.get("groups")
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise InvalidRecord("groups", "must be a list of strings", record_id=event_id)
+    tags = event.get("tags")
+    if not isinstance(tags, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
+    ):
+        raise InvalidRecord("tags", "must be a map of string to string", record_id=event_id)
+
+
+def canonical_scope_value(event: Record, attribute: str) -> str | None:
+    """The canonical value of a scope attribute (``org``, ``user``, ``tag:team``...) for an event."""
+    if attribute.startswith("tag:"):
+        value = event["tags"].get(attribute[4:])
+        return None if value is None else canonical_id(value)
+    field = SCOPE_ATTRIBUTES.get(attribute, attribute)
+    value = event.get(field)
+    return None if value is None else canonical_id(value, field)
+
+
+_JSON_TIME_FIELDS: Final = ("occurred_at",)
+
+
+def usage_event_from_json(obj: Any) -> Record:
+    """A UsageEvent from its JSON form (HTTP ingest, JSON lines); validated.
+
+    ``occurred_at`` is an RFC 3339 string or integer microseconds since the epoch;
+    optional fields may be omitted.
+    """
+    if not isinstance(obj, dict):
+        raise InvalidRecord("<event>", "each event must be a JSON object")
+    event_id = obj.get("event_id") if isinstance(obj.get("event_id"), str) else None
+    data = dict(obj)
+    raw_time = data.get("occurred_at")
+    if isinstance(raw_time, str):
+        try:
+            parsed = datetime.fromisoformat(raw_time.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidRecord(
+                "occurred_at", f"not an RFC 3339 time: {raw_time!r}", record_id=event_id
+            ) from None
+        if parsed.tzinfo is None:
+            raise InvalidRecord(
+                "occurred_at", "needs a time zone (use Z for UTC)", record_id=event_id
+            )
+        data["occurred_at"] = parsed.astimezone(UTC)
+    elif type(raw_time) is int:
+        data["occurred_at"] = from_micros(raw_time)
+    elif raw_time is None:
+        raise InvalidRecord("occurred_at", "required", record_id=event_id)
+    else:
+        raise InvalidRecord(
+            "occurred_at", f"must be a string or integer, got {raw_time!r}", record_id=event_id
+        )
+    required = (
+        "provider",
+        "api",
+        "model",
+        "secret_id",
+        "org_id",
+        "gateway_id",
+        "input_tokens",
+        "output_tokens",
+    )
+    for name in required:
+        if name not in data:
+            raise InvalidRecord(name, "required", record_id=event_id)
+    if "event_id" not in data:
+        raise InvalidRecord("event_id", "required (assign it once, keep it across retries)")
+    return new_usage_event(**data)
+
+
+def usage_event_to_json(event: Record) -> dict[str, Any]:
+    out = dict(event)
+    out["occurred_at"] = event["occurred_at"].isoformat().replace("+00:00", "Z")
+    return out
