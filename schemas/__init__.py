@@ -13,7 +13,7 @@ from schemas.codec import (
     USAGE_EVENT,
     VERDICT,
     Codec,
-    codec,
+    codec_for,
 )
 from schemas.errors import ConfigError, ContractError, DecodeError, InvalidRecord, SpendbusError
 from schemas.topics import Topics
@@ -33,5 +33,5 @@ __all__ = [
     "InvalidRecord",
     "SpendbusError",
     "Topics",
-    "codec",
+    "codec_for",
 ]

@@ -211,14 +211,14 @@ _FINGERPRINT_OWNER: Final = {
 }
 
 
-def codec(name: str) -> Codec:
+def codec_for(name: str) -> Codec:
     return _CODECS[name]
 
 
-USAGE_EVENT: Final = codec("UsageEvent")
-PRICED_USAGE: Final = codec("PricedUsage")
-BUDGET_POLICY: Final = codec("BudgetPolicy")
-PRICE_TABLE: Final = codec("PriceTable")
-VERDICT: Final = codec("Verdict")
-ALERT: Final = codec("Alert")
-DEAD_LETTER: Final = codec("DeadLetter")
+USAGE_EVENT: Final = codec_for("UsageEvent")
+PRICED_USAGE: Final = codec_for("PricedUsage")
+BUDGET_POLICY: Final = codec_for("BudgetPolicy")
+PRICE_TABLE: Final = codec_for("PriceTable")
+VERDICT: Final = codec_for("Verdict")
+ALERT: Final = codec_for("Alert")
+DEAD_LETTER: Final = codec_for("DeadLetter")

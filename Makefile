@@ -1,0 +1,41 @@
+# spendbus: the two commands of the quick start are `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test test-faults check bench broker clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The Kafka broker's jars, fetched once from Maven Central into the cache.
+broker: install
+	$(BIN)/python -c "from spendbus.stack.kafka import ensure_broker_jars; print(ensure_broker_jars())"
+
+demo: broker
+	$(BIN)/spendbus demo
+
+# Starts a broker on a free port and the embedded ClickHouse engine for the session,
+# runs unit + integration tests and a short fault subset, stops everything.
+test: broker
+	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider
+
+test-faults: broker
+	$(BIN)/python -m pytest -m faults -p no:cacheprovider
+
+check: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy schemas aggregator enforcer ingest spendbus
+
+bench: broker
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf .spendbus build *.egg-info

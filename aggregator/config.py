@@ -1,0 +1,31 @@
+"""The aggregator's configuration: one frozen object; only the CLI reads the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AggregatorConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
+    clickhouse_dsn: str | None = Field(
+        default=None,
+        description="chdb:///abs/path (embedded) or http(s)://host:8123; None = no sink",
+    )
+    topic_prefix: str = ""
+    app_id: str = "spendbus-aggregator"
+    data_dir: Path = Path(".spendbus/aggregator")
+    #: rocksdb:// for durable local table state (recovered from changelogs), memory:// for tests
+    store: str = "rocksdb://"
+    partitions: int = Field(default=4, ge=1)
+    web_port: int = Field(default=6066, ge=0, le=65535)
+    #: largest batch the counting agent folds at once, and the longest it waits to fill one;
+    #: verdicts are coalesced per batch, so `batch_seconds` bounds their extra latency
+    batch_size: int = Field(default=2000, ge=1)
+    batch_seconds: float = Field(default=0.05, gt=0, le=0.1)
+    sink_batch_size: int = Field(default=10_000, ge=1)
+    sink_batch_seconds: float = Field(default=1.0, gt=0)
+    log_level: str = "WARNING"

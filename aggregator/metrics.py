@@ -1,0 +1,78 @@
+"""The aggregator's counters, exposed as Prometheus text on /metrics and JSON on /stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from aggregator.process import BatchStats
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    unpriced_models: set[str] = field(default_factory=set)
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.events = Counter("spendbus_aggregator_events", "usage.raw records read", registry=r)
+        self.charged = Counter(
+            "spendbus_aggregator_charged_events", "events priced and counted", registry=r
+        )
+        self.duplicates = Counter(
+            "spendbus_aggregator_duplicate_events", "event ids published twice, skipped", registry=r
+        )
+        self.dead_letters = Counter(
+            "spendbus_aggregator_dead_letters", "records sent to usage.dlq", registry=r
+        )
+        self.unpriced = Counter(
+            "spendbus_aggregator_unpriced_events", "events of unpriced models", registry=r
+        )
+        self.verdicts = Counter("spendbus_aggregator_verdicts", "verdicts sent", registry=r)
+        self.cost = Counter("spendbus_aggregator_cost_nanos", "nano-dollars charged", registry=r)
+        self.batch_seconds = Histogram(
+            "spendbus_aggregator_batch_seconds", "time to fold one batch", registry=r
+        )
+        self.sink_rows = Counter("spendbus_sink_rows", "rows inserted into ClickHouse", registry=r)
+        self.sink_skipped = Counter(
+            "spendbus_sink_skipped_rows", "re-delivered rows already in ClickHouse", registry=r
+        )
+        self.sink_failures = Counter(
+            "spendbus_sink_failures", "failed ClickHouse inserts (retried)", registry=r
+        )
+
+    def record_batch(self, stats: BatchStats, verdicts: int, seconds: float) -> None:
+        self.events.inc(stats.events)
+        self.charged.inc(stats.charged)
+        self.duplicates.inc(stats.duplicates)
+        self.dead_letters.inc(stats.dead_letters)
+        self.unpriced.inc(stats.unpriced)
+        self.verdicts.inc(verdicts)
+        self.cost.inc(stats.cost_nanos)
+        self.batch_seconds.observe(seconds)
+        for name in (
+            "events",
+            "charged",
+            "duplicates",
+            "redelivered",
+            "dead_letters",
+            "unpriced",
+            "cost_nanos",
+        ):
+            self.totals[name] = self.totals.get(name, 0) + getattr(stats, name)
+        self.totals["verdicts"] = self.totals.get("verdicts", 0) + verdicts
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            **self.totals,
+            "sink_rows": int(self.sink_rows._value.get()),
+            "sink_skipped": int(self.sink_skipped._value.get()),
+            "sink_failures": int(self.sink_failures._value.get()),
+            "unpriced_models": sorted(self.unpriced_models),
+        }
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

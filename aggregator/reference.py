@@ -1,0 +1,122 @@
+"""Reference data every worker needs whole: the budgets and the price versions.
+
+Both topics are compacted and small; each worker reads them from the start
+into memory (no Faust table: they are not partitioned by org) and follows
+them live. Processing of usage waits until they are caught up to the end
+offsets seen at start, so no event is priced against a half-loaded book.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas.budgets import Budget
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+from schemas.errors import ContractError
+from schemas.kafka import topic_partitions
+from schemas.pricing import PriceBook, PriceTable
+from schemas.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reference:
+    """Budgets by id and the price book, as of the last message read."""
+
+    budgets: dict[str, Budget] = field(default_factory=dict)
+    prices: PriceBook = field(default_factory=PriceBook)
+    #: bumped on every change, so callers can cache derived lookups
+    version: int = 0
+    rejected: int = 0
+
+    def apply_policy(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            self.rejected += 1
+            return
+        budget_id = key.decode("utf-8", "replace")
+        if value is None:  # tombstone: the budget was deleted
+            self.budgets.pop(budget_id, None)
+        else:
+            try:
+                self.budgets[budget_id] = Budget.from_record(BUDGET_POLICY.decode(value))
+            except ContractError as exc:
+                self.rejected += 1
+                log.warning("skipping unreadable budget %r: %s", budget_id, exc)
+                return
+        self.version += 1
+
+    def apply_price_table(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            if key is not None:
+                self.prices.remove(key.decode("utf-8", "replace"))
+                self.version += 1
+            return
+        try:
+            self.prices.add(PriceTable.from_record(PRICE_TABLE.decode(value)))
+        except ContractError as exc:
+            self.rejected += 1
+            log.warning("skipping unreadable price table: %s", exc)
+            return
+        self.version += 1
+
+
+class ReferenceFollower:
+    """Reads budget.policies and pricing from the beginning, then follows them."""
+
+    def __init__(self, bootstrap: str, topics: Topics, reference: Reference) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.reference = reference
+        self.ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None
+        )
+        await consumer.start()
+        self._consumer = consumer
+        partitions = await topic_partitions(
+            self.bootstrap, self.topics.budget_policies, self.topics.pricing
+        )
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        self._task = asyncio.create_task(self._run(consumer, ends))
+
+    async def _run(self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> None:
+        pending = {tp for tp, end in ends.items() if end > 0}
+        if not pending:
+            self.ready.set()
+        while True:
+            batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+            for tp, messages in batches.items():
+                for message in messages:
+                    if tp.topic == self.topics.budget_policies:
+                        self.reference.apply_policy(message.key, message.value)
+                    else:
+                        self.reference.apply_price_table(message.key, message.value)
+            if pending:
+                for tp in list(pending):
+                    if await consumer.position(tp) >= ends[tp]:
+                        pending.discard(tp)
+                if not pending:
+                    log.info(
+                        "reference data loaded: %d budgets, %d price versions",
+                        len(self.reference.budgets),
+                        len(self.reference.prices),
+                    )
+                    self.ready.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()

@@ -1,0 +1,3 @@
+from spendbus.cli import main
+
+main()

@@ -1,0 +1,48 @@
+"""The `spendbus` command: a thin layer over the stages and the local stack."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from schemas.errors import SpendbusError
+from spendbus.commands.admin import budgets, fail, prices_apply_command, sql, usage
+from spendbus.commands.aggregator import aggregator
+from spendbus.commands.stack import demo, down, status, up
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="spendbus")
+def cli() -> None:
+    """Meter and cap what LLM traffic costs."""
+
+
+for command in (up, down, status, demo, sql, usage, budgets, aggregator):
+    cli.add_command(command)
+
+
+def _register_optional() -> None:
+    """Commands of the other rooms, each in its own module."""
+    from spendbus.commands.pricing import price, prices
+
+    prices.add_command(prices_apply_command())
+    cli.add_command(price)
+    cli.add_command(prices)
+
+
+_register_optional()
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except SpendbusError as exc:
+        fail(exc)

@@ -1,0 +1,229 @@
+"""Operator commands over the compacted topics and the store: budgets, prices apply, usage, sql."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from schemas.budgets import Budget, budgets_from_yaml
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT
+from schemas.errors import ConfigError, SpendbusError
+from schemas.money import format_usd
+from schemas.pricing import load_price_file
+from spendbus.settings import load_settings
+from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.local import bootstrap_or_fail, worker_process
+
+console = Console()
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+@click.group()
+def budgets() -> None:
+    """Budget policies on the compacted budget.policies topic."""
+
+
+@budgets.command("apply")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def budgets_apply(file: Path) -> None:
+    """Validate FILE (a YAML list of budgets) and publish every budget in it."""
+    parsed = budgets_from_yaml(_load_yaml(file), source=str(file))
+    settings = load_settings()
+    now = datetime.now(UTC)
+    records = [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in parsed]
+    asyncio.run(publish(bootstrap_or_fail(settings), settings.topics.budget_policies, records))
+    click.echo(f"applied {len(parsed)} budgets from {file}")
+
+
+@budgets.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def budgets_list(as_json: bool) -> None:
+    """The live budgets."""
+    settings = load_settings()
+    values = asyncio.run(
+        read_compacted(bootstrap_or_fail(settings), settings.topics.budget_policies)
+    )
+    live = [Budget.from_record(BUDGET_POLICY.decode(v)) for v in values.values() if v is not None]
+    live.sort(key=lambda b: b.budget_id)
+    if as_json:
+        click.echo(json.dumps([_budget_json(b) for b in live], indent=2))
+        return
+    table = Table("id", "scope", "match", "window", "limit", "action", "alerts")
+    for b in live:
+        table.add_row(
+            b.budget_id,
+            b.scope,
+            ", ".join(f"{k}={'|'.join(v)}" for k, v in b.match.items()) or "-",
+            b.window.spec,
+            _limits(b.limit_nanos, b.limit_tokens, b.limit_requests),
+            b.action,
+            ", ".join(f"{t:g}" for t in b.alert_at) or "-",
+        )
+    console.print(table)
+
+
+@budgets.command("delete")
+@click.argument("budget_id")
+def budgets_delete(budget_id: str) -> None:
+    """Delete a budget (a tombstone on budget.policies)."""
+    settings = load_settings()
+    asyncio.run(
+        publish(
+            bootstrap_or_fail(settings),
+            settings.topics.budget_policies,
+            [(budget_id.encode(), None)],
+        )
+    )
+    click.echo(f"deleted budget {budget_id}")
+
+
+def _budget_json(b: Budget) -> dict[str, Any]:
+    record = b.to_record()
+    record.pop("applied_at")
+    return record
+
+
+def _limits(nanos: int | None, tokens: int | None, requests: int | None) -> str:
+    parts = []
+    if nanos is not None:
+        parts.append(format_usd(nanos, 2))
+    if tokens is not None:
+        parts.append(f"{tokens:,} tok")
+    if requests is not None:
+        parts.append(f"{requests:,} req")
+    return " / ".join(parts)
+
+
+def prices_apply_command() -> click.Command:
+    @click.command("apply")
+    @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+    def prices_apply(file: Path) -> None:
+        """Validate FILE and publish each price version onto the compacted pricing topic."""
+        tables = load_price_file(file)
+        settings = load_settings()
+        records = [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables]
+        asyncio.run(publish(bootstrap_or_fail(settings), settings.topics.pricing, records))
+        click.echo(
+            f"applied {len(tables)} price version(s) from {file}: {', '.join(t.version for t in tables)}"
+        )
+
+    return prices_apply
+
+
+@click.command()
+@click.option("--org-id", required=True)
+@click.option("--secret-id")
+@click.option("--project-id")
+@click.option("--grant-id")
+@click.option("--user-id")
+@click.option("--session-id")
+@click.option("--group", "groups", multiple=True)
+@click.option("--tag", "tags", multiple=True, help="name=value")
+@click.option("--json", "as_json", is_flag=True)
+def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: str | None) -> None:
+    """Per applicable budget, the numbers the enforcer uses (the verdicts), with limits and resets."""
+    settings = load_settings()
+    bootstrap = bootstrap_or_fail(settings)
+    ctx: dict[str, Any] = {k: v for k, v in ids.items() if v}
+    ctx["groups"] = list(groups)
+    ctx["tags"] = dict(t.split("=", 1) for t in tags)
+    policies = asyncio.run(read_compacted(bootstrap, settings.topics.budget_policies))
+    live = [Budget.from_record(BUDGET_POLICY.decode(v)) for v in policies.values() if v is not None]
+    verdicts = asyncio.run(read_compacted(bootstrap, settings.topics.budget_verdicts))
+    rows = []
+    from schemas.budgets import applicable
+    from schemas.periods import period_key
+
+    now = datetime.now(UTC)
+    for budget, key, values in applicable(live, ctx):
+        raw = verdicts.get(key.encode())
+        verdict = VERDICT.decode(raw) if raw else None
+        current = period_key(budget.window, now)
+        fresh = verdict is not None and (
+            verdict["period"] == current or budget.window.kind == "rolling"
+        )
+        rows.append(
+            {
+                "budget_id": budget.budget_id,
+                "counter": key,
+                "scope_values": list(values),
+                "period": current,
+                "state": verdict["state"] if fresh else "ok",
+                "spent_nanos": verdict["spent_nanos"] if fresh else 0,
+                "spent_tokens": verdict["spent_tokens"] if fresh else 0,
+                "spent_requests": verdict["spent_requests"] if fresh else 0,
+                "limit_nanos": budget.limit_nanos,
+                "limit_tokens": budget.limit_tokens,
+                "limit_requests": budget.limit_requests,
+                "action": budget.action,
+                "reset_at": verdict["reset_at"].isoformat()
+                if fresh and verdict["reset_at"]
+                else None,
+                "as_of": verdict["as_of"].isoformat() if fresh else None,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("budget", "scope", "period", "state", "spent", "limit", "reset")
+    for r in rows:
+        table.add_row(
+            r["budget_id"],
+            "/".join(r["scope_values"]),
+            r["period"],
+            r["state"],
+            _limits(
+                r["spent_nanos"] if r["limit_nanos"] else None,
+                r["spent_tokens"] if r["limit_tokens"] else None,
+                r["spent_requests"] if r["limit_requests"] else None,
+            ),
+            _limits(r["limit_nanos"], r["limit_tokens"], r["limit_requests"]),
+            r["reset_at"] or "never",
+        )
+    console.print(table)
+
+
+@click.command()
+@click.argument("query")
+@click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
+def sql(query: str, as_json: bool) -> None:
+    """Run an analyst QUERY on ClickHouse (through the running worker when it owns the store)."""
+    settings = load_settings()
+    worker = worker_process(settings)
+    if worker.pid() is not None and settings.dsn.startswith("chdb://"):
+        result = worker.post("/sql", {"sql": query})
+        columns, rows = result["columns"], result["rows"]
+    else:
+        from aggregator.sink.query import run_query
+        from aggregator.sink.store import open_client
+
+        columns, rows = run_query(open_client(settings.dsn), query)
+    if as_json:
+        click.echo(
+            json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=2)
+        )
+        return
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    console.print(table)
+
+
+def fail(exc: SpendbusError) -> None:
+    console.print(f"[red]error:[/red] {exc}", highlight=False)
+    sys.exit(2)

@@ -1,0 +1,54 @@
+"""`spendbus aggregator run`: one Faust worker of the aggregator."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from spendbus.settings import load_settings
+
+
+@click.group()
+def aggregator() -> None:
+    """The stream processor that prices usage and keeps the budget counters."""
+
+
+@aggregator.command("run")
+@click.option(
+    "--store",
+    default="rocksdb://",
+    show_default=True,
+    help="Faust table store (rocksdb:// or memory://).",
+)
+@click.option("--no-sink", is_flag=True, help="Do not write ClickHouse from this worker.")
+@click.option(
+    "--app-id", default=None, help="Consumer group / state namespace (default spendbus-aggregator)."
+)
+@click.option("--log-level", default="WARNING", show_default=True)
+def run(store: str, no_sink: bool, app_id: str | None, log_level: str) -> None:
+    """Run one aggregator worker in the foreground (Ctrl-C / SIGTERM stops it cleanly)."""
+    import faust
+
+    from aggregator.app import create_app
+    from aggregator.config import AggregatorConfig
+    from spendbus.stack.local import bootstrap_or_fail
+
+    settings = load_settings()
+    config = AggregatorConfig(
+        bootstrap=bootstrap_or_fail(settings),
+        clickhouse_dsn=None if no_sink else settings.dsn,
+        topic_prefix=settings.topic_prefix,
+        app_id=app_id or f"{settings.topic_prefix}spendbus-aggregator",
+        data_dir=settings.home / "aggregator",
+        store=store,
+        partitions=settings.partitions,
+        web_port=settings.web_port,
+        log_level=log_level.upper(),
+    )
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    app = create_app(config)
+    worker = faust.Worker(app, loglevel=config.log_level, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()

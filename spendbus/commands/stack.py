@@ -1,0 +1,54 @@
+"""`spendbus up | down | status | demo`: the local stack."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+
+from spendbus.settings import load_settings
+from spendbus.stack.local import LocalStack, dump
+
+console = Console()
+
+
+@click.command()
+@click.option("--no-worker", is_flag=True, help="Start Kafka and the topics only.")
+def up(no_worker: bool) -> None:
+    """Start the local stack: Kafka (unless KAFKA_BOOTSTRAP is set), topics, an aggregator worker."""
+    settings = load_settings()
+    with console.status("starting the local stack (the first run fetches the Kafka broker)..."):
+        bootstrap = LocalStack(settings).up(with_worker=not no_worker)
+    console.print(f"kafka: [bold]{bootstrap}[/bold]  clickhouse: [bold]{settings.dsn}[/bold]")
+    if not no_worker:
+        console.print(f"aggregator worker: http://127.0.0.1:{settings.web_port}/stats")
+
+
+@click.command()
+def down() -> None:
+    """Stop what `spendbus up` started."""
+    LocalStack(load_settings()).down()
+    console.print("stopped")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+def status(as_json: bool) -> None:
+    """What runs, where, and the worker's counters."""
+    report = LocalStack(load_settings()).status()
+    if as_json:
+        click.echo(json.dumps(report, default=str))
+        return
+    console.print_json(dump(report))
+
+
+@click.command()
+@click.option("--events", default=3000, show_default=True, help="Usage events in the workload.")
+@click.option("--keep", is_flag=True, help="Leave the demo stack running afterwards.")
+def demo(events: int, keep: bool) -> None:
+    """The whole pipeline on the embedded default, checked end to end."""
+    from spendbus.demo import run_demo
+
+    sys.exit(run_demo(load_settings(), events=events, keep=keep))

@@ -1,0 +1,105 @@
+"""The local stack of `spendbus up`: a Kafka broker (unless KAFKA_BOOTSTRAP names one),
+the topics, and one aggregator worker owning the embedded ClickHouse store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import ConfigError
+from spendbus.settings import Settings
+from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+from spendbus.stack.topics import ensure_topics
+from spendbus.stack.worker import WorkerProcess
+
+
+def kafka_dir(settings: Settings) -> Path:
+    return settings.home / "kafka"
+
+
+def local_broker(settings: Settings) -> LocalKafka:
+    # stop_with_parent=False: the broker of `spendbus up` outlives the command; `down` stops it
+    return LocalKafka(
+        data_dir=kafka_dir(settings), cache_dir=settings.cache_dir, stop_with_parent=False
+    )
+
+
+def bootstrap_or_fail(settings: Settings) -> str:
+    """KAFKA_BOOTSTRAP, else the local broker that `spendbus up` started."""
+    if settings.kafka_bootstrap:
+        return settings.kafka_bootstrap
+    broker = local_broker(settings)
+    if broker.is_running():
+        return broker.bootstrap
+    raise ConfigError(
+        "no Kafka: set KAFKA_BOOTSTRAP, or run `spendbus up` to start the local broker"
+    )
+
+
+def worker_process(settings: Settings, env: dict[str, str] | None = None) -> WorkerProcess:
+    return WorkerProcess(
+        run_dir=(settings.home / "run").resolve(),
+        env={
+            "SPENDBUS_HOME": str(settings.home.resolve()),
+            "CLICKHOUSE_DSN": settings.dsn,
+            "SPENDBUS_TOPIC_PREFIX": settings.topic_prefix,
+            "SPENDBUS_PARTITIONS": str(settings.partitions),
+            "SPENDBUS_WEB_PORT": str(settings.web_port),
+            **(env or {}),
+        },
+        web_port=settings.web_port,
+    )
+
+
+@dataclass
+class LocalStack:
+    settings: Settings
+
+    def up(self, with_worker: bool = True) -> str:
+        """Start what is not running yet; returns the bootstrap address."""
+        settings = self.settings
+        if settings.kafka_bootstrap:
+            bootstrap = settings.kafka_bootstrap
+        else:
+            ensure_broker_jars(settings.cache_dir)
+            broker = local_broker(settings)
+            broker.start()
+            bootstrap = broker.bootstrap
+        asyncio.run(ensure_topics(bootstrap, settings.topics, settings.partitions))
+        if with_worker:
+            worker_process(settings, {"KAFKA_BOOTSTRAP": bootstrap}).start()
+        return bootstrap
+
+    def down(self) -> None:
+        worker_process(self.settings).stop()
+        if not self.settings.kafka_bootstrap:
+            local_broker(self.settings).stop()
+
+    def status(self) -> dict[str, Any]:
+        settings = self.settings
+        worker = worker_process(settings)
+        broker_running = bool(settings.kafka_bootstrap) or local_broker(settings).is_running()
+        status: dict[str, Any] = {
+            "kafka": {
+                "bootstrap": settings.kafka_bootstrap
+                or (local_broker(settings).bootstrap if broker_running else None),
+                "managed": not settings.kafka_bootstrap,
+                "running": broker_running,
+            },
+            "clickhouse": {"dsn": settings.dsn},
+            "worker": {"pid": worker.pid(), "web_port": settings.web_port},
+        }
+        if worker.pid() is not None:
+            try:
+                status["worker"]["stats"] = worker.get("/stats", timeout=3)
+            except Exception as exc:  # status reports what it sees, it does not fail
+                status["worker"]["error"] = str(exc)
+        return status
+
+
+def dump(status: dict[str, Any]) -> str:
+    return json.dumps(status, indent=2, default=str)

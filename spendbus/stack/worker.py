@@ -1,0 +1,155 @@
+"""The aggregator worker as a child process: start, wait until serving, stop, talk to its web port.
+
+The worker owns the embedded ClickHouse path (one process per path), so
+analyst queries while it runs go through its ``/sql`` page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import SpendbusError
+
+
+class WorkerError(SpendbusError):
+    pass
+
+
+@dataclass
+class WorkerProcess:
+    """One aggregator worker (``spendbus aggregator run``) with its pid and log files in ``run_dir``."""
+
+    run_dir: Path
+    env: dict[str, str]
+    web_port: int
+    name: str = "aggregator"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return pid
+
+    def start(self, timeout: float = 120.0) -> int:
+        existing = self.pid()
+        if existing is not None:
+            return existing
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_file.open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "spendbus", "aggregator", "run"],
+            env={**os.environ, **self.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.pid_file.write_text(str(process.pid))
+        self.wait_ready(process, timeout)
+        return process.pid
+
+    def wait_ready(self, process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise WorkerError(
+                    f"the aggregator worker exited with {process.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                stats = self.get("/stats", timeout=2)
+                if stats.get("reference_ready"):
+                    return
+            except (OSError, WorkerError):
+                pass
+            time.sleep(0.25)
+        raise WorkerError(
+            f"the aggregator worker did not become ready in {timeout:.0f}s:\n{self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 30.0, sig: int = signal.SIGTERM) -> None:
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return
+        os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """kill -9: what a crash looks like (fault tests)."""
+        self.stop(timeout=10, sig=signal.SIGKILL)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def get(self, path: str, timeout: float = 10) -> Any:
+        return self._request(path, None, timeout)
+
+    def post(self, path: str, body: Any, timeout: float = 60) -> Any:
+        return self._request(path, body, timeout)
+
+    def _request(self, path: str, body: Any, timeout: float) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.web_port}{path}",
+            data=data,
+            headers={"content-type": "application/json"},
+            method="GET" if body is None else "POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            with contextlib.suppress(ValueError):
+                detail = json.loads(detail).get("error", detail)
+            raise WorkerError(f"{path}: {detail}") from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,104 @@
+"""Session fixtures: one real Kafka broker and the real ClickHouse engine.
+
+Where they come from, in order:
+  1. KAFKA_BOOTSTRAP / CLICKHOUSE_DSN when set (an existing cluster / server);
+  2. testcontainers, when a Docker engine answers;
+  3. the local broker from infra/kafka (Maven-fetched, KRaft, 127.0.0.1, a free
+     port) and the embedded ClickHouse engine (chdb) in a temporary folder.
+Each test gets fresh topics (a unique prefix) and consumer group ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas.topics import Topics
+from spendbus.stack.topics import ensure_topics
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("KAFKA_BOOTSTRAP"):
+        yield os.environ["KAFKA_BOOTSTRAP"]
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer  # type: ignore[import-untyped]
+
+        with KafkaContainer().with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+
+    ensure_broker_jars()
+    broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka"), port=0)
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def local_broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A broker of our own, for tests that stop and restart it (never the shared one)."""
+    from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+
+    ensure_broker_jars()
+    broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka-own"), port=0)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def clickhouse_server_dsn() -> Iterator[str | None]:
+    """A ClickHouse server DSN when one is configured or Docker can start one; else None (use chdb)."""
+    if os.environ.get("CLICKHOUSE_DSN"):
+        yield os.environ["CLICKHOUSE_DSN"]
+        return
+    if _docker_answers():
+        from testcontainers.clickhouse import ClickHouseContainer  # type: ignore[import-untyped]
+
+        with ClickHouseContainer() as container:
+            yield container.get_connection_url().replace("clickhouse://", "http://")
+        return
+    yield None
+
+
+@pytest.fixture
+def clickhouse_dsn(clickhouse_server_dsn: str | None, tmp_path: Path) -> str:
+    """A store for one test: a fresh database on the server, or a fresh embedded engine path."""
+    if clickhouse_server_dsn is None:
+        return f"chdb://{tmp_path / 'clickhouse'}"
+    return clickhouse_server_dsn
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str, unique: str) -> Topics:
+    """Fresh topics of the whole contract for one test."""
+    names = Topics(prefix=f"t{unique}.")
+    asyncio.run(ensure_topics(kafka_bootstrap, names, partitions=4))
+    return names

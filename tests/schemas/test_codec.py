@@ -1,0 +1,287 @@
+"""The Avro contract: every schema round-trips, headers identify the writer, bad bytes are named."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from importlib import resources
+
+import pytest
+from fastavro import parse_schema
+from fastavro.schema import fingerprint as avro_fingerprint
+from fastavro.schema import to_parsing_canonical_form
+
+from schemas import codec as codec_module
+from schemas.codec import (
+    ALERT,
+    BUDGET_POLICY,
+    DEAD_LETTER,
+    MAGIC,
+    PRICE_TABLE,
+    PRICED_USAGE,
+    SCHEMA_NAMES,
+    USAGE_EVENT,
+    VERDICT,
+    codec_for,
+    expanded_schemas,
+    history_versions,
+)
+from schemas.errors import DecodeError
+from schemas.usage import new_usage_event
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def usage() -> dict:
+    return new_usage_event(
+        provider="anthropic",
+        api="anthropic-messages",
+        model="claude-sonnet-4-5",
+        secret_id="sk-1",
+        org_id="acme",
+        gateway_id="gw-1",
+        input_tokens=1200,
+        output_tokens=300,
+        cache_read_tokens=5000,
+        cache_write_tokens=100,
+        cache_write_1h_tokens=40,
+        reasoning_tokens=120,
+        occurred_at=NOW,
+        groups=["eng"],
+        tags={"team": "search"},
+        user_id="alice@example.com",
+    )
+
+
+FIXTURES = {
+    "UsageEvent": usage(),
+    "PricedUsage": {
+        "event": usage(),
+        "cost_nanos": 123_456_789,
+        "price_version": "2026-11-01",
+        "price_match": "claude-sonnet-4",
+        "unpriced": False,
+        "source_partition": 3,
+        "source_offset": 42,
+        "priced_at": NOW,
+    },
+    "BudgetPolicy": {
+        "budget_id": "acme-monthly",
+        "scope": "org",
+        "match": {"org_id": "acme"},
+        "window": "month",
+        "limit_nanos": 500 * 10**9,
+        "limit_tokens": None,
+        "limit_requests": None,
+        "action": "enforce",
+        "alert_at": [0.8, 1.0],
+        "count_denied": False,
+        "applied_at": NOW,
+    },
+    "PriceTable": {
+        "version": "2026-11-01",
+        "effective_from": NOW,
+        "models": [
+            {
+                "match": "claude-sonnet-4",
+                "input_per_mtok": "3.00",
+                "output_per_mtok": "15.00",
+                "cache_read_per_mtok": "0.30",
+                "cache_write_per_mtok": None,
+                "cache_write_1h_per_mtok": None,
+                "long_context": {
+                    "above_input_tokens": 200000,
+                    "input_per_mtok": "6.00",
+                    "output_per_mtok": "22.50",
+                },
+            }
+        ],
+        "fallback": None,
+    },
+    "Verdict": {
+        "counter_key": "12:acme-monthly,4:acme,",
+        "budget_id": "acme-monthly",
+        "scope": "org",
+        "scope_values": ["acme"],
+        "period": "m:2026-11",
+        "state": "alert",
+        "spent_nanos": 400 * 10**9,
+        "spent_tokens": 10,
+        "spent_requests": 1,
+        "limit_nanos": 500 * 10**9,
+        "limit_tokens": None,
+        "limit_requests": None,
+        "action": "enforce",
+        "refusal": "budget_exceeded",
+        "reset_at": datetime(2026, 12, 1, tzinfo=UTC),
+        "as_of": NOW,
+        "seq": 7,
+        "emitted_at": NOW,
+    },
+    "Alert": {
+        "alert_id": "12:acme-monthly,4:acme,|m:2026-11|0.8",
+        "kind": "threshold",
+        "counter_key": "12:acme-monthly,4:acme,",
+        "budget_id": "acme-monthly",
+        "period": "m:2026-11",
+        "threshold": 0.8,
+        "state": "alert",
+        "spent_nanos": 400 * 10**9,
+        "spent_tokens": 0,
+        "spent_requests": 0,
+        "limit_nanos": 500 * 10**9,
+        "limit_tokens": None,
+        "limit_requests": None,
+        "model": None,
+        "as_of": NOW,
+    },
+    "DeadLetter": {
+        "reason": "bad_magic",
+        "detail": "not an Avro single-object message",
+        "stage": "aggregator",
+        "source_topic": "usage.raw",
+        "source_partition": 0,
+        "source_offset": 9,
+        "key": b"acme",
+        "value": b"\x00garbage",
+        "failed_at": NOW,
+    },
+}
+
+
+@pytest.mark.parametrize("name", SCHEMA_NAMES)
+def test_every_schema_round_trips(name: str) -> None:
+    c = codec_for(name)
+    data = c.encode(FIXTURES[name])
+    assert data[:2] == MAGIC
+    assert c.decode(data) == FIXTURES[name]
+
+
+@pytest.mark.parametrize("name", SCHEMA_NAMES)
+def test_header_is_the_crc64_fingerprint_of_the_canonical_form(name: str) -> None:
+    schema = expanded_schemas()[name]
+    expected = bytes.fromhex(avro_fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+    assert codec_for(name).header == MAGIC + expected
+
+
+def test_fingerprint_matches_the_avro_spec_test_vector() -> None:
+    # The Avro spec's CRC-64-AVRO of the schema "int" is 0x7275d51a3f395c8f, little-endian on the wire.
+    assert codec_module.fingerprint("int") == (0x7275D51A3F395C8F).to_bytes(8, "little")  # type: ignore[arg-type]
+
+
+def test_fingerprints_are_distinct() -> None:
+    assert len({codec_for(n).header for n in SCHEMA_NAMES}) == len(SCHEMA_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "bad_magic"),
+        (b"garbage bytes that are not avro", "bad_magic"),
+        (MAGIC + b"\x00" * 8 + b"\x02", "unknown_fingerprint"),
+        (USAGE_EVENT.header + b"\x02", "malformed"),  # truncated body
+        (VERDICT.encode(FIXTURES["Verdict"]), "wrong_schema"),
+    ],
+)
+def test_undecodable_bytes_name_their_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        USAGE_EVENT.decode(data)
+    assert info.value.reason == reason
+
+
+def test_trailing_bytes_are_malformed() -> None:
+    with pytest.raises(DecodeError) as info:
+        USAGE_EVENT.decode(USAGE_EVENT.encode(FIXTURES["UsageEvent"]) + b"\x00")
+    assert info.value.reason == "malformed"
+
+
+def test_codec_constants_are_the_named_codecs() -> None:
+    assert [
+        c.name
+        for c in (
+            USAGE_EVENT,
+            PRICED_USAGE,
+            BUDGET_POLICY,
+            PRICE_TABLE,
+            VERDICT,
+            ALERT,
+            DEAD_LETTER,
+        )
+    ] == [
+        "UsageEvent",
+        "PricedUsage",
+        "BudgetPolicy",
+        "PriceTable",
+        "Verdict",
+        "Alert",
+        "DeadLetter",
+    ]
+
+
+# --- schema evolution -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCHEMA_NAMES)
+def test_current_schema_is_the_latest_released_version(name: str) -> None:
+    """A schema change must add a history file (avro/history/<Name>/v<N+1>.avsc): see schemas/README.md."""
+    versions = history_versions(name)
+    assert versions, f"no released version of {name}"
+    assert versions[-1] == expanded_schemas()[name], (
+        f"schemas/avro/{name}.avsc changed without a new history version; "
+        "run `make schema-release` after checking compatibility"
+    )
+
+
+def _sample(schema: dict) -> dict:
+    """A record for ``schema`` with every field present (defaults, or a typed placeholder)."""
+    return FIXTURES[schema["name"]]
+
+
+@pytest.mark.parametrize("name", SCHEMA_NAMES)
+def test_each_version_is_backward_compatible_with_the_previous(name: str) -> None:
+    """Every newer version reads what every older version wrote (Avro schema resolution)."""
+    from io import BytesIO
+
+    from fastavro import schemaless_reader, schemaless_writer
+
+    versions = history_versions(name)
+    for older, newer in zip(versions, versions[1:], strict=False):
+        added = {f["name"] for f in newer["fields"]} - {f["name"] for f in older["fields"]}
+        for field in newer["fields"]:
+            if field["name"] in added:
+                assert "default" in field, f"{name}: new field {field['name']!r} needs a default"
+        buf = BytesIO()
+        record = {f["name"]: FIXTURES[name].get(f["name"]) for f in older["fields"]}
+        schemaless_writer(buf, parse_schema(older), record)
+        buf.seek(0)
+        schemaless_reader(buf, parse_schema(older), parse_schema(newer))
+    # and the codec itself decodes every shipped version's header
+    for old in versions:
+        fp = codec_module.fingerprint(old)
+        assert fp == codec_for(name).header[2:] or fp in codec_for(name).writers
+
+
+def test_an_older_writer_version_decodes_through_the_codec(tmp_path, monkeypatch) -> None:
+    """Simulate a v1 producer after a compatible v2 (a new optional field) ships."""
+    v1 = json.loads(
+        (resources.files("schemas") / "avro" / "history" / "UsageEvent" / "v1.avsc").read_text()
+    )
+    v2 = json.loads(json.dumps(v1))
+    v2["fields"].append({"name": "region", "type": ["null", "string"], "default": None})
+    from io import BytesIO
+
+    from fastavro import schemaless_writer
+
+    buf = BytesIO()
+    buf.write(MAGIC + codec_module.fingerprint(v1))
+    schemaless_writer(buf, parse_schema(v1), FIXTURES["UsageEvent"])
+    new_codec = codec_module.Codec(
+        name="UsageEvent",
+        schema=v2,
+        parsed=parse_schema(v2),
+        header=MAGIC + codec_module.fingerprint(v2),
+        writers={codec_module.fingerprint(v1): parse_schema(v1)},
+    )
+    decoded = new_codec.decode(buf.getvalue())
+    assert decoded["region"] is None
+    assert decoded["event_id"] == FIXTURES["UsageEvent"]["event_id"]
