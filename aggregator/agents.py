@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import faust
@@ -28,10 +29,85 @@ from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor, RawRecord
 from aggregator.reference import Reference, ReferenceFollower
-from schemas.codec import PRICED_USAGE
+from aggregator.sink import (
+    ClickHouseSink,
+    SinkError,
+    SinkUnavailable,
+    apply_schema,
+    open_client,
+    run_query,
+)
+from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.topics import Topics
 
 log = logging.getLogger(__name__)
+
+
+class ClickHouseWriter:
+    """The sink agents' side of ClickHouse: open once, write a batch until it is stored.
+
+    A batch is acknowledged to Kafka only after ``write_until_done`` returns, so
+    while ClickHouse is away the sink agents wait (and Kafka keeps the rows);
+    the counting agent, verdicts and alerts do not depend on it.
+    """
+
+    def __init__(self, dsn: str, metrics: Metrics) -> None:
+        self.dsn = dsn
+        self.metrics = metrics
+        self.sink: ClickHouseSink | None = None
+        self._opening = asyncio.Lock()
+        # one call into the client at a time: the embedded engine is one session per process
+        self._using = asyncio.Lock()
+
+    async def open(self) -> ClickHouseSink:
+        async with self._opening:
+            while self.sink is None:
+                try:
+                    self.sink = await asyncio.to_thread(self._open)
+                except SinkUnavailable as exc:
+                    self.metrics.sink_failures.inc()
+                    log.warning("ClickHouse unavailable (%s); retrying in 2s", exc)
+                    await asyncio.sleep(2)
+            return self.sink
+
+    def _open(self) -> ClickHouseSink:
+        client = open_client(self.dsn)
+        apply_schema(client)
+        return ClickHouseSink(client)
+
+    async def write_until_done(
+        self, records: list[dict[str, Any]], *, verdicts: bool = False
+    ) -> None:
+        sink = await self.open()
+        write = sink.write_verdicts if verdicts else sink.write
+        backoff = 0.5
+        while True:
+            try:
+                async with self._using:
+                    inserted = await asyncio.to_thread(write, records)
+            except SinkError as exc:  # unavailable or rejected: never ack, retry the same batch
+                self.metrics.sink_failures.inc()
+                log.warning("ClickHouse insert failed (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            if not verdicts:
+                self.metrics.sink_rows.inc(inserted)
+                self.metrics.sink_skipped.inc(len(records) - inserted)
+            return
+
+    async def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        sink = await self.open()
+        async with self._using:
+            return await asyncio.to_thread(run_query, sink.client, sql)
+
+
+def _read_as(
+    stream: StreamT, by_partition: dict[int, EventT], table: faust.Table, partition: int, key: str
+) -> Any:
+    """Read ``table[key]`` as stored for ``partition`` (see the write loop in ``count``)."""
+    stream._set_current_event(by_partition[partition])
+    return table.get(key)
 
 
 def install(app: faust.App, config: AggregatorConfig) -> None:
@@ -79,10 +155,14 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 RawRecord(e.message.partition, e.message.offset, e.message.key, e.message.value)
                 for e in events
             ]
-            out = processor.process(records, counters, seen)
-            # A table write goes to the changelog partition of the "current event":
-            # point it at an event of the right source partition before each write.
+            # Faust keeps table values per partition and reads and writes those of the
+            # "current event": point it at an event of the right partition each time.
             by_partition: dict[int, EventT] = {e.message.partition: e for e in events}
+            out = processor.process(
+                records,
+                partial(_read_as, stream, by_partition, counters),
+                partial(_read_as, stream, by_partition, seen),
+            )
             for (partition, key), value in out.counter_writes.items():
                 stream._set_current_event(by_partition[partition])
                 counters[key] = value
@@ -102,29 +182,44 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 metrics.unpriced_models.update(out.unpriced_models)
 
     if config.clickhouse_dsn:
-        from aggregator.sink.clickhouse import ClickHouseSink
-
-        sink = ClickHouseSink(config.clickhouse_dsn)
-        app.spendbus_sink = sink  # type: ignore[attr-defined]
+        writer = ClickHouseWriter(config.clickhouse_dsn, metrics)
 
         @app.agent(usage_priced, name="sink")
         async def write_clickhouse(stream: StreamT) -> None:
-            await asyncio.to_thread(sink.open)
+            await writer.open()
             async for values in stream.take(
                 config.sink_batch_size, within=config.sink_batch_seconds
             ):
-                records = [PRICED_USAGE.decode(v) for v in values]
-                await sink.write_until_done(records, metrics)
+                await writer.write_until_done([PRICED_USAGE.decode(v) for v in values])
+
+        @app.agent(verdicts, name="verdict-sink")
+        async def write_budget_state(stream: StreamT) -> None:
+            await writer.open()
+            async for values in stream.take(
+                config.sink_batch_size, within=config.sink_batch_seconds
+            ):
+                await writer.write_until_done([VERDICT.decode(v) for v in values], verdicts=True)
+
+        @app.on_partitions_revoked.connect
+        async def forget_revoked(sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+            # another worker may write these partitions now: re-read their fences later
+            gone = {tp.partition for tp in revoked if tp.topic == topics.usage_priced}
+            if gone and writer.sink is not None:
+                writer.sink.forget(gone)
 
         @app.page("/sql")
-        async def sql(web: Any, request: Any) -> Any:
+        class SqlView(faust.web.View):
             """Analyst queries while the worker owns the embedded store (one process per path)."""
-            body = await request.json()
-            try:
-                columns, rows = await asyncio.to_thread(sink.query, body["sql"])
-            except Exception as exc:  # the analyst's SQL error goes back to the analyst
-                return web.json({"error": str(exc)}, status=400)
-            return web.json({"columns": columns, "rows": json.loads(json.dumps(rows, default=str))})
+
+            async def post(self, request: faust.web.Request) -> faust.web.Response:
+                body = await request.json()
+                try:
+                    columns, rows = await writer.query(body["sql"])
+                except Exception as exc:  # the analyst's SQL error goes back to the analyst
+                    return self.json({"error": str(exc)}, status=400)
+                return self.json(
+                    {"columns": columns, "rows": json.loads(json.dumps(rows, default=str))}
+                )
 
     @app.page("/stats")
     async def stats(web: Any, request: Any) -> Any:

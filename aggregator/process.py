@@ -19,7 +19,7 @@ The dedupe entry is written in the same batch as the counters it protects.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +30,10 @@ from schemas.budgets import Budget, applicable
 from schemas.codec import ALERT, DEAD_LETTER, PRICED_USAGE, USAGE_EVENT, VERDICT
 from schemas.errors import ContractError
 from schemas.usage import validate_usage_event
+
+#: reads one table value as stored for a source partition: (partition, key) -> value or None.
+#: Faust keeps a table's values per partition, so a read must name the partition.
+StateReader = Callable[[int, str], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +90,8 @@ class BatchProcessor:
     def process(
         self,
         records: list[RawRecord],
-        counters: MutableMapping[str, Any],
-        seen: MutableMapping[str, Any],
+        counters: StateReader,
+        seen: StateReader,
         now: datetime | None = None,
     ) -> BatchOutput:
         now = now or datetime.now(UTC)
@@ -108,7 +112,7 @@ class BatchProcessor:
                 continue
             position = f"{record.partition}:{record.offset}"
             seen_key = event["event_id"]
-            first = seen_in_batch.get(seen_key) or seen.get(seen_key)
+            first = seen_in_batch.get(seen_key) or seen(record.partition, seen_key)
             if first is not None and first != position:
                 out.stats.duplicates += 1
                 continue
@@ -126,7 +130,7 @@ class BatchProcessor:
             for budget, key, scope_values in applicable(budgets, event):
                 loaded = states.get(key)
                 if loaded is None:
-                    raw = counters.get(key)
+                    raw = counters(record.partition, key)
                     loaded = (
                         record.partition,
                         CounterState() if raw is None else CounterState.from_json(raw),

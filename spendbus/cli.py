@@ -36,7 +36,7 @@ _register_optional()
 
 def main() -> None:
     try:
-        cli.main(standalone_mode=False)
+        sys.exit(cli.main(standalone_mode=False) or 0)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.exceptions.Exit as exc:

@@ -84,8 +84,14 @@ class Store:
         self.counters: dict[str, Any] = {}
         self.seen: dict[str, Any] = {}
 
+    def read_counter(self, partition: int, key: str) -> Any:
+        return self.counters.get(key)
+
+    def read_seen(self, partition: int, key: str) -> Any:
+        return self.seen.get(key)
+
     def run(self, processor: BatchProcessor, batch: list[RawRecord]):  # type: ignore[no-untyped-def]
-        out = processor.process(batch, self.counters, self.seen, now=T0)
+        out = processor.process(batch, self.read_counter, self.read_seen, now=T0)
         for (_, key), value in out.counter_writes.items():
             self.counters[key] = value
         for (_, key), value in out.seen_writes.items():
@@ -134,7 +140,7 @@ def test_a_crash_between_counter_writes_is_repaired_by_the_fences() -> None:
     """Only one of two counters was written before the crash: re-delivery completes the other."""
     store, processor = Store(), BatchProcessor(reference(), source_topic="usage.raw")
     batch = records([event(0)])
-    out = processor.process(batch, store.counters, store.seen, now=T0)
+    out = processor.process(batch, store.read_counter, store.read_seen, now=T0)
     first_key = sorted(k for _, k in out.counter_writes)[0]
     store.counters[first_key] = out.counter_writes[(0, first_key)]  # the rest was lost
     store.run(processor, batch)

@@ -1,0 +1,194 @@
+"""`spendbus price` and `spendbus prices check`: price a call, find unpriced models.
+
+Both read a YAML price file (default: the one shipped in ``schemas/data``) and
+price exactly as the aggregator does (``schemas.pricing``). ``prices apply``
+is added to the ``prices`` group by the command line (it needs Kafka).
+
+Exit codes: 0 ok; 1 ``prices check`` found unpriced models; 2 bad input
+(unreadable price file, bad option value).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+import click
+
+from schemas.errors import ContractError, SpendbusError
+from schemas.money import nanos_to_usd
+from schemas.pricing import PriceBook, default_price_file, load_price_file
+
+
+class BadInput(click.ClickException):
+    """A price file or option value that cannot be used (exit code 2)."""
+
+    exit_code = 2
+
+
+def _book(path: Path | None) -> PriceBook:
+    try:
+        return PriceBook(load_price_file(default_price_file() if path is None else path))
+    except SpendbusError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def parse_at(text: str | None) -> datetime:
+    """An RFC 3339 time (``Z`` or an offset; a bare date is 00:00 UTC); None is now."""
+    if text is None:
+        return datetime.now(UTC)
+    value = text.strip()
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise BadInput(f"--at: not an RFC 3339 time: {text!r}") from None
+    if parsed.tzinfo is None:
+        if len(value) != 10:
+            raise BadInput(f"--at: {text!r} needs a time zone (use Z for UTC)")
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def usd_text(nanos: int) -> str:
+    """Exact decimal USD of ``nanos``, without trailing zeros (``0.0105``, ``15``, ``0``)."""
+    return format(nanos_to_usd(nanos).normalize(), "f") if nanos else "0"
+
+
+_PRICES_OPTION = click.option(
+    "--prices",
+    "prices_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="YAML price file (default: the price file shipped with spendbus).",
+)
+_AT_OPTION = click.option(
+    "--at",
+    "at_text",
+    default=None,
+    metavar="TIMESTAMP",
+    help="RFC 3339 time whose price version applies (default: now).",
+)
+_TOKENS = click.IntRange(min=0)
+
+
+@click.command("price")
+@_PRICES_OPTION
+@click.option("--model", required=True, help="Model id, as a usage event carries it.")
+@click.option("--input-tokens", type=_TOKENS, default=0, show_default=True)
+@click.option("--output-tokens", type=_TOKENS, default=0, show_default=True)
+@click.option("--cache-read-tokens", type=_TOKENS, default=0, show_default=True)
+@click.option(
+    "--cache-write-tokens",
+    type=_TOKENS,
+    default=0,
+    show_default=True,
+    help="All cache writes (5-minute and 1-hour).",
+)
+@click.option(
+    "--cache-write-1h-tokens",
+    type=_TOKENS,
+    default=0,
+    show_default=True,
+    help="The part of --cache-write-tokens written with a 1-hour TTL.",
+)
+@_AT_OPTION
+def price(
+    prices_path: Path | None,
+    model: str,
+    input_tokens: int,
+    output_tokens: int,
+    cache_read_tokens: int,
+    cache_write_tokens: int,
+    cache_write_1h_tokens: int,
+    at_text: str | None,
+) -> None:
+    """Print what one call costs, as JSON:
+    {cost_nanos, cost_usd, price_version, matched, unpriced}."""
+    if cache_write_1h_tokens > cache_write_tokens:
+        raise BadInput(
+            "--cache-write-1h-tokens is a part of --cache-write-tokens: it cannot exceed it"
+        )
+    book = _book(prices_path)
+    try:
+        result = book.price(
+            model,
+            at=parse_at(at_text),
+            input_tokens=input_tokens,
+            cache_read_tokens=cache_read_tokens,
+            cache_write_tokens=cache_write_tokens,
+            cache_write_1h_tokens=cache_write_1h_tokens,
+            output_tokens=output_tokens,
+        )
+    except ContractError as exc:
+        raise BadInput(str(exc)) from None
+    out = {
+        "cost_nanos": result.cost_nanos,
+        "cost_usd": usd_text(result.cost_nanos),
+        "price_version": result.price_version,
+        "matched": result.matched,
+        "unpriced": result.unpriced,
+    }
+    click.echo(json.dumps(out, separators=(",", ":")))
+
+
+@click.group("prices")
+def prices() -> None:
+    """Price versions: publish them (apply), find models a price file does not price (check)."""
+
+
+def _read_models(stream: IO[str]) -> list[str]:
+    """One model id per line; blank lines and ``#`` comments skipped."""
+    models = []
+    for line in stream:
+        text = line.strip()
+        if text and not text.startswith("#"):
+            models.append(text)
+    return models
+
+
+@prices.command("check")
+@_PRICES_OPTION
+@click.option(
+    "--models-from",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="File of model ids, one per line ('-' for stdin).",
+)
+@_AT_OPTION
+@click.argument("models", nargs=-1)
+def check(
+    prices_path: Path | None,
+    models_from: IO[str] | None,
+    at_text: str | None,
+    models: tuple[str, ...],
+) -> None:
+    """List the MODELS that no price entry (nor fallback) prices at --at, one per line.
+
+    Exits 1 if any is unpriced, 0 if all are priced.
+    """
+    wanted = list(models) + (_read_models(models_from) if models_from is not None else [])
+    if not wanted:
+        raise click.UsageError("give model ids as arguments or with --models-from")
+    book = _book(prices_path)
+    at = parse_at(at_text)
+    table = book.table_at(at)
+    unpriced = book.unpriced_models(wanted, at)
+    for model in unpriced:
+        click.echo(model)
+    checked = len(dict.fromkeys(wanted))
+    version = table.version if table is not None else "none in force"
+    summary = f"{len(unpriced)} of {checked} model(s) unpriced at {at.isoformat()} (price version: {version})"
+    if table is not None and table.fallback is not None:
+        on_fallback = [m for m in dict.fromkeys(wanted) if table.lookup(m) is None]
+        if on_fallback:
+            summary += f"; {len(on_fallback)} priced by the fallback: {', '.join(on_fallback)}"
+    click.echo(summary, err=True)
+    if unpriced:
+        # SystemExit, not ctx.exit(1): click's main(standalone_mode=False) returns the code
+        # of ctx.exit instead of exiting with it
+        raise SystemExit(1)
+
+
+__all__ = ["check", "parse_at", "price", "prices", "usd_text"]

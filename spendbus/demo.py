@@ -1,0 +1,474 @@
+"""`spendbus demo`: the whole pipeline on the embedded default, checked end to end.
+
+1. start a Kafka broker and the topics (or use KAFKA_BOOTSTRAP with a fresh prefix),
+   apply the shipped prices and the demo budgets, start an aggregator worker that
+   owns a fresh embedded ClickHouse store;
+2. a proxy loop: for each request, the enforcer checks it; an allowed one gets a
+   realistic provider response (each provider's wire format) read by the usage
+   tap as it streams, and the publisher sends the UsageEvent (a refused one
+   sends a refusal event); a few events are published twice, as a retrying
+   proxy would;
+3. show spend per org and secret live, the exhausted secret's refusal, and
+   analyst queries in ClickHouse;
+4. check: events in ClickHouse = unique events sent; ClickHouse and verdict
+   totals = the exact sum priced independently; the exhausted secret is refused.
+Exit status 0 only when every check passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from enforcer import Enforcer, EnforcerConfig
+from ingest.publisher import PublisherConfig, UsagePublisher
+from ingest.taps import open_tap
+from schemas.budgets import budgets_from_yaml
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+from schemas.money import format_usd
+from schemas.pricing import PriceBook, default_price_file, load_price_file
+from schemas.usage import new_usage_event
+from spendbus.fake_upstream.responses import FakeUsage, synthesize
+from spendbus.settings import Settings
+from spendbus.stack.compacted import publish
+from spendbus.stack.kafka import free_port
+from spendbus.stack.local import LocalStack, worker_process
+
+console = Console()
+
+EXHAUSTED_SECRET = ("initech", "sk-initech-intern")
+#: (org, secret, users, weight)
+PRINCIPALS = [
+    ("acme", "sk-acme-prod", ["ana@acme.io", "raj@acme.io"], 5),
+    ("acme", "sk-acme-batch", ["batch-runner"], 3),
+    ("globex", "sk-globex-search", ["li@globex.com", "sam@globex.com"], 4),
+    ("globex", "sk-globex-support", ["support-bot"], 2),
+    ("initech", "sk-initech-prod", ["peter@initech.com"], 2),
+    ("initech", "sk-initech-intern", ["intern@initech.com"], 2),
+]
+#: (api format, provider, model, weight)
+MODELS = [
+    ("anthropic-messages", "anthropic", "claude-sonnet-4-5-20250929", 5),
+    ("anthropic-messages", "anthropic", "claude-haiku-4-5-20251001", 3),
+    ("openai-chat", "openai", "gpt-4o-2024-11-20", 3),
+    ("openai-chat", "openai", "gpt-4o-mini", 3),
+    ("openai-responses", "openai", "gpt-5-2025-08-07", 2),
+    ("openai-responses", "openai", "o4-mini", 1),
+    ("gemini", "gemini", "gemini-2.5-flash", 3),
+    ("gemini", "gemini", "gemini-2.5-pro", 1),
+    ("bedrock-converse", "bedrock", "anthropic.claude-sonnet-4-5-20250929-v1:0", 2),
+]
+ANALYST_QUERIES = {
+    "Spend by org today": """
+        SELECT org_id, count() AS calls, sum(cost_nanos) / 1e9 AS usd,
+               sum(input_tokens + cache_read_tokens + cache_write_tokens + output_tokens) AS tokens
+        FROM usage_events WHERE toDate(occurred_at) = today() GROUP BY org_id ORDER BY usd DESC""",
+    "Top secrets this month": """
+        SELECT org_id, secret_id, round(sum(cost_nanos) / 1e9, 4) AS usd, count() AS calls
+        FROM usage_events WHERE toStartOfMonth(occurred_at) = toStartOfMonth(now())
+        GROUP BY org_id, secret_id ORDER BY usd DESC LIMIT 5""",
+    "Spend by provider and model": """
+        SELECT provider, model, count() AS calls, round(sum(cost_nanos) / 1e9, 4) AS usd,
+               sum(cache_read_tokens) AS cache_reads, countIf(usage_source = 'estimated') AS estimated
+        FROM usage_events GROUP BY provider, model ORDER BY usd DESC""",
+    "Refusals by decision": """
+        SELECT decision, decision_budget_id, status_code, count() AS requests
+        FROM usage_events WHERE outcome != 'allowed'
+        GROUP BY decision, decision_budget_id, status_code ORDER BY requests DESC""",
+}
+
+
+@dataclass
+class Ledger:
+    """What the demo itself sent: the independent side of every check."""
+
+    sent_unique: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    estimated: int = 0
+    expected_nanos: int = 0
+    per_principal: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    refused_by: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: the exhausted secret's answer at the end: (status, body, headers)
+    final_refusal: tuple[int, dict[str, Any] | None, dict[str, str]] = (0, None, {})
+    #: per (org, secret): the secret-monthly spend the enforcer's verdicts show at the end
+    verdict_nanos: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _pick(rng: random.Random, items: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    return rng.choices(items, weights=[i[-1] for i in items])[0]
+
+
+def _usage(rng: random.Random, fmt: str) -> FakeUsage:
+    input_tokens = int(rng.lognormvariate(7.5, 1.0))  # median ~1.8k, long tail
+    output_tokens = max(1, int(rng.lognormvariate(5.5, 0.9)))  # median ~250
+    cache_read = cache_write = cache_write_1h = reasoning = 0
+    if fmt in ("anthropic-messages", "bedrock-converse") and rng.random() < 0.4:
+        cache_read = int(rng.lognormvariate(8.5, 0.8))
+        if rng.random() < 0.3:
+            cache_write = int(rng.lognormvariate(7.0, 0.8))
+            if fmt == "anthropic-messages" and rng.random() < 0.3:
+                cache_write_1h = cache_write // 2
+    elif fmt in ("openai-chat", "openai-responses", "gemini") and rng.random() < 0.3:
+        cache_read = int(rng.lognormvariate(7.5, 0.8))
+    if fmt in ("openai-responses", "gemini") and rng.random() < 0.5:
+        reasoning = int(rng.lognormvariate(6.0, 0.8))
+        output_tokens += reasoning
+    return FakeUsage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=cache_read,
+        cache_write_tokens=cache_write,
+        cache_write_1h_tokens=cache_write_1h,
+        reasoning_tokens=reasoning,
+    )
+
+
+def _spend_table(enforcer: Enforcer, ledger: Ledger) -> Table:
+    table = Table(title="Spend per secret (from the verdicts the enforcer follows)", expand=False)
+    for column in ("org", "secret", "spent this month", "limit", "state", "refused"):
+        table.add_column(
+            column,
+            justify="right" if column in ("spent this month", "limit", "refused") else "left",
+        )
+    for org, secret, users, _ in PRINCIPALS:
+        statuses = enforcer.usage(enforcer.context(org_id=org, secret_id=secret, user_id=users[0]))
+        secret_budget = [s for s in statuses if s.budget_id in ("intern-key", "secret-monthly")]
+        status = min(secret_budget, key=lambda s: s.limit_nanos or 0) if secret_budget else None
+        state = status.state if status else "-"
+        colour = {"exceeded": "red", "alert": "yellow"}.get(state, "green")
+        table.add_row(
+            org,
+            secret,
+            format_usd(status.spent_nanos if status else 0),
+            format_usd(status.limit_nanos) if status and status.limit_nanos else "-",
+            f"[{colour}]{state}[/{colour}]",
+            str(ledger.refused_by.get(secret, 0)),
+        )
+    return table
+
+
+async def _workload(
+    enforcer: Enforcer, publisher: UsagePublisher, prices: PriceBook, events: int, seed: int
+) -> Ledger:
+    rng = random.Random(seed)
+    ledger = Ledger()
+    progress = Progress(
+        TextColumn("[bold]proxy traffic"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} req/s"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("requests", total=events, rate="-")
+    started = time.monotonic()
+    with Live(
+        Group(progress, _spend_table(enforcer, ledger)), console=console, refresh_per_second=4
+    ) as live:
+        for n in range(events):
+            org, secret, users, _ = _pick(rng, PRINCIPALS)
+            fmt, provider, model, _ = _pick(rng, MODELS)
+            user = rng.choice(users)
+            stream = rng.random() < 0.7
+            usage = _usage(rng, fmt)
+            cut = (
+                rng.randrange(3, 12) if stream and rng.random() < 0.02 else None
+            )  # a client hang-up
+            tags = {"team": "search"} if secret == "sk-globex-search" else {}
+            session = f"job-{rng.randrange(40)}" if secret == "sk-acme-batch" else None
+            exchange = synthesize(
+                fmt, model=model, usage=usage, stream=stream, rng=rng, cut_after=cut
+            )
+            ctx = enforcer.context(
+                org_id=org,
+                secret_id=secret,
+                user_id=user,
+                session_id=session,
+                tags=tags,
+                provider=provider,
+                api=fmt,
+                model=model,
+                request_bytes=len(exchange.request_bytes),
+                max_output_tokens=exchange.request.get("max_tokens")
+                or exchange.request.get("max_output_tokens"),
+            )
+            decision = enforcer.check(ctx)
+            common = dict(
+                provider=provider,
+                api=fmt,
+                secret_id=secret,
+                org_id=org,
+                gateway_id="demo-gateway",
+                user_id=user,
+                session_id=session,
+                tags=tags,
+                stream=stream,
+            )
+            if not decision.allowed:
+                event = new_usage_event(
+                    model=model,
+                    input_tokens=0,
+                    output_tokens=0,
+                    status_code=decision.status,
+                    outcome=decision.outcome,
+                    decision=decision.decision,
+                    decision_budget_id=decision.budget_id,
+                    **common,
+                )
+                ledger.refused += 1
+                ledger.refused_by[secret] += 1
+            else:
+                tap = open_tap(
+                    fmt,
+                    exchange.request_bytes,
+                    content_type=exchange.content_type,
+                    status=exchange.status,
+                )
+                for chunk in exchange.chunks:
+                    tap.feed(chunk)
+                result = tap.finish(cut="client_disconnected" if cut is not None else None)
+                event = new_usage_event(
+                    model=result.model or model,
+                    input_tokens=result.input_tokens,
+                    output_tokens=result.output_tokens,
+                    cache_read_tokens=result.cache_read_tokens,
+                    cache_write_tokens=result.cache_write_tokens,
+                    cache_write_1h_tokens=result.cache_write_1h_tokens,
+                    reasoning_tokens=result.reasoning_tokens,
+                    usage_source=result.usage_source,
+                    estimate_reason=result.estimate_reason,
+                    status_code=exchange.status,
+                    outcome=decision.outcome,
+                    decision=decision.decision,
+                    **common,
+                )
+                ledger.estimated += result.usage_source == "estimated"
+            await publisher.publish(event)
+            if decision.allowed:
+                enforcer.settle(decision.hold_id, event)
+            ledger.sent_unique += 1
+            cost = prices.price_event(event).cost_nanos
+            ledger.expected_nanos += cost
+            ledger.per_principal[(org, secret)] += cost
+            if rng.random() < 0.01:  # a proxy retry re-publishes the same event id
+                await publisher.publish(event)
+                ledger.duplicates += 1
+            if n % 25 == 0:
+                await asyncio.sleep(0)  # let the enforcer's follower read verdicts
+                rate = (n + 1) / max(time.monotonic() - started, 1e-6)
+                progress.update(task, completed=n + 1, rate=f"{rate:,.0f}")
+                live.update(Group(progress, _spend_table(enforcer, ledger)))
+        progress.update(task, completed=events)
+        await publisher.flush()
+        live.update(Group(progress, _spend_table(enforcer, ledger)))
+    return ledger
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        ok, last = predicate()
+        if ok:
+            return last
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out waiting for {what} (last seen: {last})")
+
+
+def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: int = 2026) -> int:
+    home = (settings.home / "demo").resolve()
+    if not keep and home.exists():
+        shutil.rmtree(home)
+    prefix = settings.topic_prefix or (
+        f"demo-{uuid.uuid4().hex[:6]}." if settings.kafka_bootstrap else ""
+    )
+    demo_settings = settings.model_copy(
+        update={
+            "home": home,
+            "topic_prefix": prefix,
+            "web_port": free_port(),
+            "clickhouse_dsn": settings.clickhouse_dsn,
+        }
+    )
+    stack = LocalStack(demo_settings)
+    worker = worker_process(demo_settings)
+    console.rule("[bold]spendbus demo")
+    try:
+        with console.status(
+            "starting Kafka and creating the topics (the first run fetches the broker)..."
+        ):
+            bootstrap = stack.up(with_worker=False)
+        console.print(
+            f"kafka [bold]{bootstrap}[/bold], clickhouse [bold]{demo_settings.dsn}[/bold]"
+        )
+        tables = load_price_file(default_price_file())
+        budgets_file = Path(str(resources.files("spendbus") / "demo_data" / "budgets.yaml"))
+        import yaml
+
+        budgets = budgets_from_yaml(
+            yaml.safe_load(budgets_file.read_text()), source=str(budgets_file)
+        )
+        now = datetime.now(UTC)
+        asyncio.run(
+            publish(
+                bootstrap,
+                demo_settings.topics.pricing,
+                [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+            )
+        )
+        asyncio.run(
+            publish(
+                bootstrap,
+                demo_settings.topics.budget_policies,
+                [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in budgets],
+            )
+        )
+        console.print(f"applied {len(tables)} price version(s) and {len(budgets)} budgets")
+        with console.status("starting the aggregator worker (Faust)..."):
+            worker.env["KAFKA_BOOTSTRAP"] = bootstrap
+            worker.start()
+        ledger = asyncio.run(
+            _drive(worker, bootstrap, prefix, home, PriceBook(tables), events, seed)
+        )
+        return _check_and_report(worker, ledger)
+    finally:
+        if not keep:
+            with console.status("stopping the demo stack..."):
+                worker.stop()
+                stack.down()
+
+
+def _verdict_spend(enforcer: Enforcer) -> dict[tuple[str, str], int]:
+    return {
+        (org, secret): next(
+            (
+                s.spent_nanos
+                for s in enforcer.usage(enforcer.context(org_id=org, secret_id=secret))
+                if s.budget_id == "secret-monthly"
+            ),
+            0,
+        )
+        for org, secret, _, _ in PRINCIPALS
+    }
+
+
+async def _drive(
+    worker: Any, bootstrap: str, prefix: str, home: Path, prices: PriceBook, events: int, seed: int
+) -> Ledger:
+    config = EnforcerConfig(bootstrap=bootstrap, topic_prefix=prefix, gateway_id="demo-gateway")
+    publisher = UsagePublisher(
+        PublisherConfig(bootstrap=bootstrap, topic_prefix=prefix, spool_dir=home / "spool")
+    )
+    async with Enforcer(config) as enforcer:
+        await enforcer.wait_ready(60)
+        await publisher.start()
+        try:
+            ledger = await _workload(enforcer, publisher, prices, events, seed)
+        finally:
+            await publisher.stop()
+        # every record read by the aggregator, then its last verdicts seen by the enforcer
+        records = ledger.sent_unique + ledger.duplicates
+        deadline = time.monotonic() + 120
+        with console.status("waiting for the aggregator and the last verdicts..."):
+            while time.monotonic() < deadline:
+                stats = await asyncio.to_thread(worker.get, "/stats")
+                if stats.get("events", 0) >= records and _verdict_spend(enforcer) == {
+                    (org, secret): ledger.per_principal.get((org, secret), 0)
+                    for org, secret, _, _ in PRINCIPALS
+                }:
+                    break
+                await asyncio.sleep(0.25)
+        ledger.verdict_nanos = _verdict_spend(enforcer)
+        refused = enforcer.peek(
+            enforcer.context(
+                org_id=EXHAUSTED_SECRET[0],
+                secret_id=EXHAUSTED_SECRET[1],
+                user_id="intern@initech.com",
+                model="claude-sonnet-4-5",
+            )
+        )
+        ledger.final_refusal = (refused.status, refused.body, dict(refused.headers))
+    return ledger
+
+
+def _check_and_report(worker: Any, ledger: Ledger) -> int:
+    def ch_totals() -> tuple[bool, tuple[int, int]]:
+        rows = worker.post("/sql", {"sql": "SELECT count(), sum(cost_nanos) FROM usage_events"})[
+            "rows"
+        ]
+        count, nanos = int(rows[0][0]), int(rows[0][1] or 0)
+        return count >= ledger.sent_unique, (count, nanos)
+
+    with console.status("waiting for ClickHouse to hold every event..."):
+        try:
+            count, nanos = _wait_for(ch_totals, 120, "the ClickHouse sink")
+        except TimeoutError as exc:
+            console.print(f"[red]{exc}")
+            count, nanos = ch_totals()[1]
+    for title, query in ANALYST_QUERIES.items():
+        result = worker.post("/sql", {"sql": query})
+        table = Table(*result["columns"], title=title, title_justify="left")
+        for row in result["rows"]:
+            table.add_row(*(f"{v:,.4f}" if isinstance(v, float) else str(v) for v in row))
+        console.print(table)
+    status, body, headers = ledger.final_refusal
+    console.print(
+        Panel(
+            f"HTTP {status}  Retry-After: {headers.get('Retry-After', '-')}\n{json.dumps(body, indent=2)}",
+            title=f"{EXHAUSTED_SECRET[1]} is refused",
+            border_style="red",
+        )
+    )
+    stats = worker.get("/stats")
+    verdict_matches = all(
+        ledger.verdict_nanos[p] == ledger.per_principal.get(p, 0) for p in ledger.verdict_nanos
+    )
+    checks = [
+        (
+            f"events in ClickHouse = unique events sent ({count} = {ledger.sent_unique})",
+            count == ledger.sent_unique,
+        ),
+        (
+            f"ClickHouse total = exact sum ({format_usd(nanos, 9)} = {format_usd(ledger.expected_nanos, 9)})",
+            nanos == ledger.expected_nanos,
+        ),
+        ("verdict spend per secret = exact sum per secret", verdict_matches),
+        (
+            f"duplicate publishes charged once ({ledger.duplicates} sent, {stats.get('duplicates', 0)} skipped)",
+            stats.get("duplicates", 0) == ledger.duplicates,
+        ),
+        (
+            f"{EXHAUSTED_SECRET[1]} refused with 402 budget_exceeded",
+            status == 402 and (body or {}).get("error") == "budget_exceeded",
+        ),
+        (
+            f"nothing dead-lettered ({stats.get('dead_letters', 0)})",
+            stats.get("dead_letters", 0) == 0,
+        ),
+    ]
+    table = Table("check", "result", title="End-to-end checks", title_justify="left")
+    for name, ok in checks:
+        table.add_row(name, "[green]pass" if ok else "[red]FAIL")
+    console.print(table)
+    console.print(
+        f"sent {ledger.sent_unique} events ({ledger.refused} refusals, {ledger.estimated} estimated, "
+        f"{ledger.duplicates} duplicate publishes); charged {format_usd(ledger.expected_nanos)}"
+    )
+    return 0 if all(ok for _, ok in checks) else 1

@@ -1,0 +1,86 @@
+"""The whole pipeline for tests: an aggregator worker process on the real broker and engine."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from schemas.budgets import budgets_from_yaml
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.topics import Topics
+from spendbus.stack.compacted import publish
+from spendbus.stack.kafka import free_port
+from spendbus.stack.worker import WorkerProcess
+
+PRICES_YAML = """
+version: "it-1"
+effective_from: "2026-01-01T00:00:00Z"
+models:
+  - {match: claude-sonnet-4, input_per_mtok: "3.00", output_per_mtok: "15.00", cache_read_per_mtok: "0.30"}
+  - {match: gpt-4o-mini, input_per_mtok: "0.15", output_per_mtok: "0.60"}
+"""
+BUDGETS_YAML = """
+- {id: per-secret, scope: secret, window: month, limit_usd: "0.10", alert_at: [0.5, 1.0]}
+- {id: org-total, scope: org, window: total, limit_tokens: 1000000000}
+"""
+
+
+def price_book() -> PriceBook:
+    table = price_table_from_yaml(yaml.safe_load(PRICES_YAML), source="it")
+    return PriceBook(table if isinstance(table, list) else [table])
+
+
+class Pipeline:
+    """A running aggregator worker plus helpers to feed and read it."""
+
+    def __init__(self, bootstrap: str, topics: Topics, home: Path, dsn: str) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.dsn = dsn
+        self.worker = WorkerProcess(
+            run_dir=home / "run",
+            env={
+                "KAFKA_BOOTSTRAP": bootstrap,
+                "CLICKHOUSE_DSN": dsn,
+                "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+                "SPENDBUS_HOME": str(home),
+                "SPENDBUS_PARTITIONS": "4",
+                "SPENDBUS_WEB_PORT": str(free_port()),
+            },
+            web_port=0,
+        )
+        self.worker.web_port = int(self.worker.env["SPENDBUS_WEB_PORT"])
+        self.prices = price_book()
+
+    def apply_reference(self) -> None:
+        table = price_table_from_yaml(yaml.safe_load(PRICES_YAML), source="it")
+        tables = table if isinstance(table, list) else [table]
+        now = datetime.now(UTC)
+        asyncio.run(
+            publish(
+                self.bootstrap,
+                self.topics.pricing,
+                [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+            )
+        )
+        asyncio.run(
+            publish(
+                self.bootstrap,
+                self.topics.budget_policies,
+                [
+                    (b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now)))
+                    for b in budgets_from_yaml(yaml.safe_load(BUDGETS_YAML))
+                ],
+            )
+        )
+
+    def sql(self, query: str) -> list[list[Any]]:
+        return self.worker.post("/sql", {"sql": query})["rows"]  # type: ignore[no-any-return]
+
+    def stats(self) -> dict[str, Any]:
+        return self.worker.get("/stats")  # type: ignore[no-any-return]

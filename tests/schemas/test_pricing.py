@@ -1,0 +1,788 @@
+"""Versioned pricing: exact costs, tiers, prefixes, versions, YAML errors, the record, the shipped file.
+
+Golden costs are worked out by hand in the comments. A price of P USD per
+million tokens is P x 10^9 / 10^6 = P x 1000 nanos per token.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import PRICE_TABLE
+from schemas.errors import ConfigError, ContractError, InvalidRecord
+from schemas.money import line_cost, round_nanos
+from schemas.pricing import (
+    FALLBACK_MATCH,
+    NO_VERSION,
+    LongContextTier,
+    ModelPrice,
+    Price,
+    PriceBook,
+    PriceTable,
+    default_price_file,
+    load_price_file,
+    model_id_candidates,
+    price_table_from_yaml,
+)
+from schemas.usage import new_usage_event
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+SONNET = ModelPrice.of(
+    "claude-sonnet-4",
+    "3.00",
+    "15.00",
+    long_context=LongContextTier(200_000, Decimal("6.00"), Decimal("22.50")),
+)
+
+
+def table(
+    *models: ModelPrice, version: str = "v1", at: datetime = T0, fallback: ModelPrice | None = None
+) -> PriceTable:
+    return PriceTable(version=version, effective_from=at, models=models, fallback=fallback)
+
+
+def book(*models: ModelPrice, fallback: ModelPrice | None = None) -> PriceBook:
+    return PriceBook([table(*models, fallback=fallback)])
+
+
+def cost(price: ModelPrice, **tokens: int) -> int:
+    return (
+        book(price)
+        .price("claude-sonnet-4-5" if price is SONNET else price.match, at=AT, **tokens)
+        .cost_nanos
+    )
+
+
+# --- golden costs ---------------------------------------------------------------------
+
+
+def test_every_token_class_at_its_price() -> None:
+    # input 1234 x 3000 = 3_702_000; cache reads 10_000 x 300 = 3_000_000;
+    # 5-minute writes (2000 - 500) x 3750 = 5_625_000; 1-hour writes 500 x 6000 = 3_000_000;
+    # output 567 x 15_000 = 8_505_000; total 23_832_000
+    assert (
+        cost(
+            SONNET,
+            input_tokens=1234,
+            cache_read_tokens=10_000,
+            cache_write_tokens=2000,
+            cache_write_1h_tokens=500,
+            output_tokens=567,
+        )
+        == 23_832_000
+    )
+    # 1000 x 3000 + 500 x 15_000 = 10_500_000
+    assert cost(SONNET, input_tokens=1000, output_tokens=500) == 10_500_000
+
+
+def test_five_minute_and_one_hour_cache_writes() -> None:
+    # 1000 five-minute writes at 3.75 = 3_750_000; all 1-hour at 6.00 = 6_000_000;
+    # 600 of them 1-hour: 400 x 3750 + 600 x 6000 = 1_500_000 + 3_600_000 = 5_100_000
+    assert cost(SONNET, cache_write_tokens=1000) == 3_750_000
+    assert cost(SONNET, cache_write_tokens=1000, cache_write_1h_tokens=1000) == 6_000_000
+    assert cost(SONNET, cache_write_tokens=1000, cache_write_1h_tokens=600) == 5_100_000
+    with pytest.raises(ContractError, match="part of cache_write_tokens"):
+        cost(SONNET, cache_write_tokens=1, cache_write_1h_tokens=2)
+
+
+def test_default_cache_prices_are_ratios_of_input() -> None:
+    price = ModelPrice.of("m", "0.25", "1.25")
+    assert price.cache_read_per_mtok == Decimal("0.025")  # 0.1 x
+    assert price.cache_write_per_mtok == Decimal("0.3125")  # 1.25 x
+    assert price.cache_write_1h_per_mtok == Decimal("0.50")  # 2 x
+    # 0.3125 x 1000 = 312.5 nanos per 5-minute write: 2 writes = 625 exactly
+    assert cost(price, cache_write_tokens=2) == 625
+    # 1 write = 312.5 -> tie -> 312 (even); 3 writes = 937.5 -> 938 (even)
+    assert cost(price, cache_write_tokens=1) == 312
+    assert cost(price, cache_write_tokens=3) == 938
+    explicit = ModelPrice.of("m", "0.25", "1.25", cache_read_per_mtok="0.03")
+    assert explicit.cache_read_per_mtok == Decimal("0.03")
+    assert explicit.cache_write_per_mtok == Decimal("0.3125")
+
+
+def test_fractional_nanos_round_once_half_to_even() -> None:
+    half = ModelPrice.of("m", "0.0005", "0.0005")  # 0.5 nanos per token
+    # 1 -> 0.5 -> 0; 3 -> 1.5 -> 2; 5 -> 2.5 -> 2; 7 -> 3.5 -> 4 (ties go to even)
+    assert [cost(half, input_tokens=n) for n in (1, 3, 5, 7)] == [0, 2, 2, 4]
+    # rounded once per event, not per line: 0.5 + 0.5 = 1 (per line would give 0 + 0)
+    assert cost(half, input_tokens=1, output_tokens=1) == 1
+    nova = ModelPrice.of("m", "0.035", "0.14", cache_read_per_mtok="0.00875")  # 8.75 per read
+    # 2 reads = 17.5 -> 18 (even); 6 reads = 52.5 -> 52 (even); 1 read = 8.75 -> 9
+    assert cost(nova, cache_read_tokens=2) == 18
+    assert cost(nova, cache_read_tokens=6) == 52
+    assert cost(nova, cache_read_tokens=1) == 9
+    # 0.4 nanos per token: 4 tokens = 1.6 -> 2, 1 token = 0.4 -> 0
+    tenth = ModelPrice.of("m", "0.0004", "0")
+    assert cost(tenth, input_tokens=4) == 2
+    assert cost(tenth, input_tokens=1) == 0
+
+
+# --- long context ---------------------------------------------------------------------
+
+
+def test_long_context_tier_boundary() -> None:
+    # exactly at 200_000: base tier. 200_000 x 3000 + 1000 x 15_000 = 615_000_000
+    assert cost(SONNET, input_tokens=200_000, output_tokens=1000) == 615_000_000
+    # one more: the whole request at the tier. 200_001 x 6000 + 1000 x 22_500
+    # = 1_200_006_000 + 22_500_000 = 1_222_506_000
+    assert cost(SONNET, input_tokens=200_001, output_tokens=1000) == 1_222_506_000
+
+
+def test_long_context_counts_cache_reads_and_writes_in_the_prompt() -> None:
+    # 100_000 + 100_000 reads = 200_000: base. 100_000 x 3000 + 100_000 x 300 = 330_000_000
+    assert cost(SONNET, input_tokens=100_000, cache_read_tokens=100_000) == 330_000_000
+    # 100_001 reads: tier, cache reads scale like input (0.30 -> 0.60):
+    # 100_000 x 6000 + 100_001 x 600 = 600_000_000 + 60_000_600 = 660_000_600
+    assert cost(SONNET, input_tokens=100_000, cache_read_tokens=100_001) == 660_000_600
+    # writes count too: 1 + 200_000 written (5-minute, 3.75 -> 7.50 in the tier):
+    # 1 x 6000 + 200_000 x 7500 = 1_500_006_000
+    assert cost(SONNET, input_tokens=1, cache_write_tokens=200_000) == 1_500_006_000
+    # 1-hour writes in the tier: 6.00 -> 12.00: 1 x 6000 + 200_000 x 12_000
+    assert (
+        cost(SONNET, input_tokens=1, cache_write_tokens=200_000, cache_write_1h_tokens=200_000)
+        == 2_400_006_000
+    )
+
+
+def test_tier_cache_prices_scale_exactly_even_when_the_ratio_does_not_terminate() -> None:
+    # input 3 -> 7 in the tier: ratio 7/3; cache reads 0.31 -> 0.31 x 7/3 = 0.72333...
+    # i.e. 723.333... nanos per read. Prompt 1 + 2 = 3 > 1: tier.
+    # 1 x 7000 + 2 x 723.333... = 8446.666... -> 8447
+    price = ModelPrice.of(
+        "m",
+        "3",
+        "15",
+        cache_read_per_mtok="0.31",
+        long_context=LongContextTier(1, Decimal("7"), Decimal("15")),
+    )
+    assert cost(price, input_tokens=1, cache_read_tokens=2) == 8447
+    # 3 reads x 723.333... = 2170 exactly (+ 7000 input)
+    assert cost(price, input_tokens=1, cache_read_tokens=3) == 9170
+    tier = price.tier_prices()
+    assert tier is not None and tier[1] == Fraction(31, 100) * Fraction(7, 3)
+
+
+def test_a_tier_needs_a_base_input_price() -> None:
+    with pytest.raises(ContractError, match="input_per_mtok > 0"):
+        ModelPrice.of("m", "0", "1", long_context=LongContextTier(10, Decimal(1), Decimal(1)))
+
+
+# --- which entry ----------------------------------------------------------------------
+
+
+def test_longest_prefix_wins() -> None:
+    t = table(
+        ModelPrice.of("gpt-4o", "2.50", "10"),
+        ModelPrice.of("gpt-4o-mini", "0.15", "0.60"),
+        ModelPrice.of("gpt-4o-2024-05-13", "5", "15"),
+    )
+    assert t.lookup("gpt-4o-mini-2024-07-18").match == "gpt-4o-mini"  # type: ignore[union-attr]
+    assert t.lookup("gpt-4o-2024-08-06").match == "gpt-4o"  # type: ignore[union-attr]
+    assert t.lookup("gpt-4o-2024-05-13").match == "gpt-4o-2024-05-13"  # type: ignore[union-attr]
+    assert t.lookup("gpt-4o").match == "gpt-4o"  # type: ignore[union-attr]
+    assert t.lookup("gpt-4") is None
+    assert t.lookup("") is None
+
+
+def test_model_id_decorations() -> None:
+    assert model_id_candidates("us.anthropic.claude-sonnet-4-5-20250929-v1:0") == [
+        "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "claude-sonnet-4-5-20250929-v1:0",
+    ]
+    assert model_id_candidates("models/gemini-2.5-pro") == [
+        "models/gemini-2.5-pro",
+        "gemini-2.5-pro",
+    ]
+    assert model_id_candidates("claude-sonnet-4@20250514")[-1] == "claude-sonnet-4-20250514"
+    arn = "arn:aws:bedrock:us-east-1::foundation-model/anthropic.claude-3-haiku-20240307-v1:0"
+    assert model_id_candidates(arn)[-1] == "claude-3-haiku-20240307-v1:0"
+    assert model_id_candidates("gpt-4.1-mini") == ["gpt-4.1-mini"]  # a dot is not a label
+    assert model_id_candidates("ft:gpt-4o-mini:acme::x") == ["ft:gpt-4o-mini:acme::x"]
+    t = table(SONNET, ModelPrice.of("gemini-2.5-pro", "1.25", "10"))
+    for model in (
+        "anthropic.claude-sonnet-4-20250514-v1:0",
+        "eu.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        "claude-sonnet-4@20250514",
+        "Claude-Sonnet-4-5",
+    ):
+        assert t.lookup(model) is SONNET, model
+    assert t.lookup("models/gemini-2.5-pro").match == "gemini-2.5-pro"  # type: ignore[union-attr]
+
+
+def test_an_entry_for_the_id_as_carried_beats_the_normalised_id() -> None:
+    regional = ModelPrice.of("anthropic.claude-sonnet-4-5", "3.30", "16.50")
+    world = ModelPrice.of("global.anthropic.claude-sonnet-4-5", "3.00", "15.00")
+    t = table(SONNET, regional, world)
+    assert t.lookup("us.anthropic.claude-sonnet-4-5-20250929-v1:0") is regional
+    assert t.lookup("anthropic.claude-sonnet-4-5-20250929-v1:0") is regional
+    assert t.lookup("global.anthropic.claude-sonnet-4-5-20250929-v1:0") is world
+    assert t.lookup("claude-sonnet-4-5") is SONNET
+
+
+def test_unknown_model_is_unpriced_and_costs_nothing() -> None:
+    b = book(SONNET)
+    assert b.price("mystery-1", at=AT, input_tokens=10**6) == Price(0, "v1", None, True)
+    assert b.unpriced_models(["mystery-1", "claude-sonnet-4", "mystery-1", "x"], AT) == [
+        "mystery-1",
+        "x",
+    ]
+
+
+def test_fallback_prices_what_nothing_matches() -> None:
+    fallback = ModelPrice.of(FALLBACK_MATCH, "10", "50")
+    b = book(SONNET, fallback=fallback)
+    # 1000 x 10_000 + 100 x 50_000 = 15_000_000
+    assert b.price("mystery-1", at=AT, input_tokens=1000, output_tokens=100) == Price(
+        15_000_000, "v1", "*", False
+    )
+    assert b.price("claude-sonnet-4", at=AT, input_tokens=1).matched == "claude-sonnet-4"
+    assert b.unpriced_models(["mystery-1"], AT) == []
+    assert b.tables[0].lookup("mystery-1") is None  # lookup never returns the fallback
+    with pytest.raises(ContractError, match="fallback"):
+        table(SONNET, fallback=ModelPrice.of("x", "1", "1"))
+
+
+def test_match_must_be_a_prefix() -> None:
+    with pytest.raises(ContractError, match="not a glob"):
+        ModelPrice.of("gpt-4*", "1", "1")
+    with pytest.raises(ContractError, match="non-empty"):
+        ModelPrice.of("", "1", "1")
+    with pytest.raises(ContractError, match="twice"):
+        table(ModelPrice.of("a", "1", "1"), ModelPrice.of("a", "2", "2"))
+
+
+# --- versions -------------------------------------------------------------------------
+
+
+def versions() -> PriceBook:
+    return PriceBook(
+        [
+            table(ModelPrice.of("m", "1", "1"), version="v1", at=T0),
+            table(ModelPrice.of("m", "2", "2"), version="v2", at=T0 + timedelta(days=100)),
+        ]
+    )
+
+
+def test_the_version_in_force_at_the_event_time_prices_it() -> None:
+    b = versions()
+    switch = T0 + timedelta(days=100)
+    assert b.price("m", at=switch - timedelta(microseconds=1), input_tokens=1).price_version == "v1"
+    assert b.price("m", at=switch, input_tokens=1) == Price(2000, "v2", "m", False)
+    assert b.price("m", at=T0, input_tokens=1) == Price(1000, "v1", "m", False)
+    # before the first version: unpriced, no version (not the earliest version's prices)
+    assert b.price("m", at=T0 - timedelta(microseconds=1), input_tokens=1) == NO_VERSION
+    assert Price(0, None, None, True) == NO_VERSION
+    assert b.table_at(T0 - timedelta(days=1)) is None
+    assert b.unpriced_models(["m"], T0 - timedelta(days=1)) == ["m"]
+    assert b.table_at(datetime(2027, 1, 1, 9, tzinfo=UTC)).version == "v2"  # type: ignore[union-attr]
+
+
+def test_reapplied_version_replaces_and_removed_version_is_gone() -> None:
+    b = versions()
+    event_time = T0 + timedelta(days=1)
+    assert b.price("m", at=event_time, input_tokens=1).cost_nanos == 1000  # now cached
+    b.add(table(ModelPrice.of("m", "5", "5"), version="v1", at=T0))
+    assert b.price("m", at=event_time, input_tokens=1).cost_nanos == 5000
+    assert len(b) == 2
+    b.remove("v1")
+    assert b.price("m", at=event_time, input_tokens=1) == NO_VERSION
+    b.remove("never-applied")  # a tombstone for an unknown version is harmless
+    assert [t.version for t in b.tables] == ["v2"]
+
+
+def test_same_effective_from_the_greater_version_wins_whatever_the_order() -> None:
+    a = table(ModelPrice.of("m", "1", "1"), version="2026-a", at=T0)
+    b = table(ModelPrice.of("m", "2", "2"), version="2026-b", at=T0)
+    for order in ([a, b], [b, a]):
+        assert PriceBook(order).price("m", at=AT, input_tokens=1).price_version == "2026-b"
+
+
+def test_times_need_a_zone() -> None:
+    with pytest.raises(ContractError, match="time zone"):
+        versions().price("m", at=datetime(2026, 5, 1))
+    with pytest.raises(ContractError, match="time zone"):
+        table(SONNET, at=datetime(2026, 5, 1))
+
+
+# --- events, worst case -------------------------------------------------------------
+
+
+def event(**kw: object) -> dict:
+    fields: dict = {
+        "provider": "anthropic",
+        "api": "anthropic-messages",
+        "model": "claude-sonnet-4-5-20250929",
+        "secret_id": "sk-1",
+        "org_id": "acme",
+        "gateway_id": "gw",
+        "input_tokens": 1234,
+        "output_tokens": 567,
+        "cache_read_tokens": 10_000,
+        "cache_write_tokens": 2000,
+        "cache_write_1h_tokens": 500,
+        "occurred_at": AT,
+    }
+    fields.update(kw)
+    return new_usage_event(**fields)
+
+
+def test_price_event_is_price_of_the_event_fields() -> None:
+    b = PriceBook([table(SONNET), table(SONNET, version="v0", at=T0 - timedelta(days=9))])
+    for ev in (
+        event(),
+        event(input_tokens=250_000),  # long context
+        event(model="nope"),  # unpriced
+        event(occurred_at=T0 - timedelta(days=1)),  # an older version
+        event(occurred_at=T0 - timedelta(days=30)),  # before every version
+    ):
+        for _ in range(2):  # resolving, then cached
+            assert b.price_event(ev) == b.price(
+                ev["model"],
+                at=ev["occurred_at"],
+                input_tokens=ev["input_tokens"],
+                cache_read_tokens=ev["cache_read_tokens"],
+                cache_write_tokens=ev["cache_write_tokens"],
+                cache_write_1h_tokens=ev["cache_write_1h_tokens"],
+                output_tokens=ev["output_tokens"],
+            )
+    assert b.price_event(event()) == Price(23_832_000, "v1", "claude-sonnet-4", False)
+    assert b.price_event(event(occurred_at=T0 - timedelta(days=1))).price_version == "v0"
+    naive = dict(event(), occurred_at=datetime(2026, 11, 30))
+    with pytest.raises(InvalidRecord, match="occurred_at"):
+        b.price_event(naive)
+    bad = dict(event(), cache_write_tokens=1, cache_write_1h_tokens=2)
+    with pytest.raises(InvalidRecord, match="cache_write_1h_tokens"):
+        b.price_event(bad)
+    assert PriceBook().price_event(event()) == NO_VERSION
+
+
+def test_worst_case_is_input_and_max_output_tier_aware() -> None:
+    b = book(SONNET)
+    # 1000 x 3000 + 4096 x 15_000 = 3_000_000 + 61_440_000
+    assert (
+        b.worst_case_nanos("claude-sonnet-4-5", at=AT, input_tokens=1000, max_output_tokens=4096)
+        == 64_440_000
+    )
+    # 300_000 > 200_000: tier. 300_000 x 6000 + 8192 x 22_500 = 1_800_000_000 + 184_320_000
+    assert (
+        b.worst_case_nanos("claude-sonnet-4-5", at=AT, input_tokens=300_000, max_output_tokens=8192)
+        == 1_984_320_000
+    )
+    assert b.worst_case_nanos("unknown", at=AT, input_tokens=10, max_output_tokens=10) == 0
+
+
+# --- exactness, by brute force ---------------------------------------------------------
+
+
+def half_even(value: Fraction) -> int:
+    floor = value.numerator // value.denominator
+    rest = value - floor
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and floor % 2 == 1):
+        return floor + 1
+    return floor
+
+
+def brute_force(price: ModelPrice, inp: int, read: int, write: int, write_1h: int, out: int) -> int:
+    """Each line in exact fractions (USD per Mtok x tokens x 10^9 / 10^6), summed, rounded once."""
+    prices = [
+        Fraction(str(p))
+        for p in (
+            price.input_per_mtok,
+            price.cache_read_per_mtok,
+            price.cache_write_per_mtok,
+            price.cache_write_1h_per_mtok,
+            price.output_per_mtok,
+        )
+    ]
+    tier = price.long_context
+    if tier is not None and inp + read + write > tier.above_input_tokens:
+        ratio = Fraction(str(tier.input_per_mtok)) / prices[0]
+        prices = [
+            Fraction(str(tier.input_per_mtok)),
+            prices[1] * ratio,
+            prices[2] * ratio,
+            prices[3] * ratio,
+            Fraction(str(tier.output_per_mtok)),
+        ]
+    counts = [inp, read, write - write_1h, write_1h, out]
+    exact = sum(
+        (Fraction(n) * p * 10**9 / 10**6 for n, p in zip(counts, prices, strict=True)), Fraction(0)
+    )
+    return half_even(exact)
+
+
+#: decimal strings with 2 to 6 places, at most 10^5 USD/Mtok
+usd_per_mtok = st.builds(
+    lambda units, places: str(Decimal(units).scaleb(-places)),
+    st.integers(min_value=0, max_value=10**7),
+    st.integers(min_value=2, max_value=6),
+)
+optional_usd = st.none() | usd_per_mtok
+token_counts = st.integers(min_value=0, max_value=3_000_000)
+thresholds = st.integers(min_value=0, max_value=4_000_000)
+
+
+@st.composite
+def model_prices(draw: Callable) -> ModelPrice:
+    tier = None
+    base = draw(usd_per_mtok)
+    if Decimal(base) > 0 and draw(st.booleans()):
+        tier = LongContextTier(
+            draw(thresholds), Decimal(draw(usd_per_mtok)), Decimal(draw(usd_per_mtok))
+        )
+    return ModelPrice.of(
+        "m",
+        base,
+        draw(usd_per_mtok),
+        cache_read_per_mtok=draw(optional_usd),
+        cache_write_per_mtok=draw(optional_usd),
+        cache_write_1h_per_mtok=draw(optional_usd),
+        long_context=tier,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    price=model_prices(),
+    inp=token_counts,
+    read=token_counts,
+    write=token_counts,
+    write_1h=token_counts,
+    out=token_counts,
+)
+def test_cost_is_the_exact_sum_rounded_once_half_even(
+    price: ModelPrice, inp: int, read: int, write: int, write_1h: int, out: int
+) -> None:
+    write_1h = min(write_1h, write)
+    expected = brute_force(price, inp, read, write, write_1h, out)
+    b = book(price)
+    got = b.price(
+        "m",
+        at=AT,
+        input_tokens=inp,
+        cache_read_tokens=read,
+        cache_write_tokens=write,
+        cache_write_1h_tokens=write_1h,
+        output_tokens=out,
+    )
+    assert got.cost_nanos == expected
+    if price.long_context is None:  # the same as summing money.line_cost and rounding once
+        lines = (
+            line_cost(inp, price.input_per_mtok)
+            + line_cost(read, price.cache_read_per_mtok)
+            + line_cost(write - write_1h, price.cache_write_per_mtok)
+            + line_cost(write_1h, price.cache_write_1h_per_mtok)
+            + line_cost(out, price.output_per_mtok)
+        )
+        assert round_nanos(lines) == expected
+
+
+# --- YAML -----------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, text: str, name: str = "prices.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+GOOD = """
+    version: "2026-11-01"
+    effective_from: "2026-11-01T00:00:00Z"
+    models:
+      - match: claude-sonnet-4
+        input_per_mtok: "3.00"
+        output_per_mtok: "15.00"
+        cache_read_per_mtok: "0.30"
+        cache_write_per_mtok: "3.75"
+        cache_write_1h_per_mtok: "6.00"
+        long_context: {above_input_tokens: 200000, input_per_mtok: "6.00", output_per_mtok: "22.50"}
+      - match: gpt-4o
+        input_per_mtok: 2
+        output_per_mtok: "10"
+"""
+
+
+def test_yaml_one_table(tmp_path: Path) -> None:
+    [t] = load_price_file(write(tmp_path, GOOD))
+    assert t.version == "2026-11-01"
+    assert t.effective_from == datetime(2026, 11, 1, tzinfo=UTC)
+    assert t.fallback is None
+    assert t.models[0] == SONNET
+    assert t.models[1] == ModelPrice.of("gpt-4o", 2, "10")
+    assert t.models[1].cache_write_1h_per_mtok == Decimal(4)
+
+
+def test_yaml_versions_list_and_plain_dates(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        versions:
+          - version: 2026-01-01
+            effective_from: 2026-01-01
+            models: [{match: m, input_per_mtok: "1", output_per_mtok: "2"}]
+          - version: "2026-06"
+            effective_from: 2026-06-01T00:00:00+02:00
+            models: [{match: m, input_per_mtok: "2", output_per_mtok: "4"}]
+            fallback: {input_per_mtok: "9", output_per_mtok: "9"}
+        """,
+    )
+    first, second = load_price_file(path)
+    assert first.version == "2026-01-01"  # an unquoted date is read as its ISO text
+    assert first.effective_from == datetime(2026, 1, 1, tzinfo=UTC)  # a bare date: midnight UTC
+    assert second.effective_from == datetime(2026, 5, 31, 22, tzinfo=UTC)
+    assert second.fallback == ModelPrice.of("*", "9", "9")
+    parsed = price_table_from_yaml(yaml.safe_load(path.read_text()), source="x")
+    assert isinstance(parsed, list) and len(parsed) == 2
+    assert isinstance(
+        price_table_from_yaml(yaml.safe_load(textwrap.dedent(GOOD)), source="x"), PriceTable
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            'input_per_mtok: 3.0\n        output_per_mtok: "1"',
+            "'input_per_mtok': give prices as strings",
+        ),
+        (
+            'input_per_mtok: "-1"\n        output_per_mtok: "1"',
+            "'input_per_mtok': '-1' must be a finite amount >= 0",
+        ),
+        (
+            'input_per_mtok: "abc"\n        output_per_mtok: "1"',
+            "'input_per_mtok': 'abc' is not a decimal",
+        ),
+        ('input_per_mtok: "NaN"\n        output_per_mtok: "1"', "'input_per_mtok'"),
+        (
+            'input_per_mtok: true\n        output_per_mtok: "1"',
+            "'input_per_mtok': expected a decimal string",
+        ),
+        ('input_per_mtok: "1"', "field 'output_per_mtok': required"),
+        (
+            'input_per_mtok: "1"\n        output_per_mtok: "1"\n        cache_read_per_mtok: 0.1',
+            "'cache_read_per_mtok': give prices",
+        ),
+        (
+            'input_per_mtok: "1"\n        output_per_mtok: "1"\n        input_price: "1"',
+            "field 'input_price': unknown field",
+        ),
+        (
+            'input_per_mtok: "1"\n        output_per_mtok: "1"\n        long_context: {above_input_tokens: 10, input_per_mtok: "2", output_per_mtok: "2", cache_read_per_mtok: "1"}',
+            "long_context: field 'cache_read_per_mtok': unknown field",
+        ),
+        (
+            'input_per_mtok: "1"\n        output_per_mtok: "1"\n        long_context: {above_input_tokens: 1.5, input_per_mtok: "2", output_per_mtok: "2"}',
+            "long_context: field 'above_input_tokens'",
+        ),
+        (
+            'input_per_mtok: "1"\n        output_per_mtok: "1"\n        long_context: {above_input_tokens: 10, input_per_mtok: "2"}',
+            "long_context: field 'output_per_mtok': required",
+        ),
+        (
+            'input_per_mtok: "1"\n        output_per_mtok: "1"\n        input_per_mtok: "2"',
+            "found the key 'input_per_mtok' twice",
+        ),
+    ],
+)
+def test_yaml_errors_name_file_model_and_field(tmp_path: Path, entry: str, message: str) -> None:
+    fields = "\n".join(f"    {line.strip()}" for line in entry.split("\n"))
+    doc = f'version: "v9"\neffective_from: "2026-11-01T00:00:00Z"\nmodels:\n  - match: claude-x\n{fields}\n'
+    path = tmp_path / "prices.yaml"
+    path.write_text(doc)
+    with pytest.raises(ConfigError) as info:
+        load_price_file(path)
+    text = str(info.value)
+    assert str(path) in text
+    assert message in text
+    if "twice" not in message:
+        assert "version 'v9': model 'claude-x': " in text
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ("models: []", "expected a price table"),
+        ("version: v1\nmodels: []", "version 'v1': field 'effective_from': required"),
+        ('version: v1\neffective_from: "2026-11-01T00:00:00"\nmodels: []', "needs a time zone"),
+        ('version: v1\neffective_from: "soon"\nmodels: []', "not an RFC 3339 time"),
+        (
+            'version: v1\neffective_from: "2026-11-01"\nmodels: {}',
+            "field 'models': required, a list",
+        ),
+        (
+            'version: v1\neffective_from: "2026-11-01"\nmodels: []\ncurrency: EUR',
+            "field 'currency': unknown field",
+        ),
+        (
+            'version: 1.5\neffective_from: "2026-11-01"\nmodels: []',
+            "field 'version': required, a string",
+        ),
+        (
+            'version: v1\neffective_from: "2026-11-01"\nmodels:\n  - {match: "gpt-4*", input_per_mtok: "1", output_per_mtok: "1"}',
+            "model 'gpt-4*': field 'match': 'gpt-4*' is a prefix, not a glob",
+        ),
+        (
+            'version: v1\neffective_from: "2026-11-01"\nmodels:\n  - {input_per_mtok: "1", output_per_mtok: "1"}',
+            "model #1: field 'match': required",
+        ),
+        (
+            'version: v1\neffective_from: "2026-11-01"\nmodels:\n  - {match: a, input_per_mtok: "1", output_per_mtok: "1"}\n  - {match: a, input_per_mtok: "2", output_per_mtok: "1"}',
+            "model 'a': field 'match': also given by model #1",
+        ),
+        (
+            'version: v1\neffective_from: "2026-11-01"\nmodels: []\nfallback: {match: x, input_per_mtok: "1", output_per_mtok: "1"}',
+            "fallback: field 'match': unknown field",
+        ),
+        (
+            'versions:\n  - {version: a, effective_from: "2026-01-01", models: []}\n  - {version: a, effective_from: "2026-02-01", models: []}',
+            "version 'a': field 'version': given twice",
+        ),
+        ("versions: []", "field 'versions': a non-empty list"),
+        ("version: [unclosed", "not valid YAML"),
+    ],
+)
+def test_yaml_table_errors(tmp_path: Path, doc: str, message: str) -> None:
+    path = write(tmp_path, doc)
+    with pytest.raises(ConfigError) as info:
+        load_price_file(path)
+    assert str(path) in str(info.value)
+    assert message in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_price_file(tmp_path / "nope.yaml")
+
+
+# --- the PriceTable record ----------------------------------------------------------
+
+
+def test_record_round_trip_through_the_codec() -> None:
+    original = table(
+        SONNET,
+        ModelPrice.of("amazon.nova-micro", "0.035", "0.14", cache_read_per_mtok="0.00875"),
+        ModelPrice.of("tiny", "0.000000000000000001", "1E+3"),
+        version="2026-11-01",
+        at=datetime(2026, 11, 1, 6, 30, 0, 123456, tzinfo=UTC),
+        fallback=ModelPrice.of("*", "10", "50"),
+    )
+    record = original.to_record()
+    assert record["models"][1]["cache_read_per_mtok"] == "0.00875"  # exact strings
+    assert record["models"][1]["cache_write_per_mtok"] == "0.04375"  # defaults written out
+    decoded = PriceTable.from_record(PRICE_TABLE.decode(PRICE_TABLE.encode(record)))
+    assert decoded == original
+    assert decoded.effective_from == original.effective_from
+    for mine, theirs in zip(decoded.models, original.models, strict=True):
+        assert mine.to_record() == theirs.to_record()  # same digits, not only equal values
+    # a record written without cache prices gets the defaults
+    model = {"match": "m", "input_per_mtok": "2", "output_per_mtok": "8"}
+    bare = {
+        "version": "x",
+        "effective_from": T0,
+        "models": [model],
+        "fallback": None,
+    }
+    read_back = PriceTable.from_record(PRICE_TABLE.decode(PRICE_TABLE.encode(bare)))
+    assert read_back.models[0] == ModelPrice.of("m", "2", "8")
+    assert read_back.models[0].cache_write_per_mtok == Decimal("2.5")
+    with pytest.raises(ContractError):
+        PriceTable.from_record({**bare, "models": [{**model, "input_per_mtok": "-1"}]})
+
+
+# --- the shipped price file -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shipped() -> PriceBook:
+    return PriceBook.from_file()
+
+
+def test_the_shipped_file_loads(shipped: PriceBook) -> None:
+    assert default_price_file().is_file()
+    [t] = shipped.tables
+    assert t.effective_from <= datetime(2024, 1, 1, tzinfo=UTC)
+    assert len(t.models) > 40
+    for price in t.models:
+        assert price.match == price.match.lower(), price.match
+
+
+@pytest.mark.parametrize(
+    ("model", "matched", "usd_per_mtok_input"),
+    [
+        ("claude-sonnet-4-5-20250929", "claude-sonnet-4", "3"),
+        ("claude-opus-4-5-20251101", "claude-opus-4-5", "5"),
+        ("claude-opus-4-1-20250805", "claude-opus-4-1", "15"),
+        ("claude-opus-4-20250514", "claude-opus-4-20250514", "15"),
+        ("claude-haiku-4-5", "claude-haiku-4-5", "1"),
+        ("claude-3-5-haiku-latest", "claude-3-5-haiku", "0.8"),
+        ("anthropic.claude-3-haiku-20240307-v1:0", "claude-3-haiku", "0.25"),
+        ("us.anthropic.claude-sonnet-4-5-20250929-v1:0", "anthropic.claude-sonnet-4-5", "3.3"),
+        (
+            "global.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            "global.anthropic.claude-sonnet-4-5",
+            "3",
+        ),
+        ("us.anthropic.claude-sonnet-4-20250514-v1:0", "claude-sonnet-4", "3"),
+        ("claude-sonnet-4@20250514", "claude-sonnet-4", "3"),
+        ("us.amazon.nova-pro-v1:0", "amazon.nova-pro", "0.8"),
+        ("gpt-5-2025-08-07", "gpt-5", "1.25"),
+        ("gpt-5-mini", "gpt-5-mini", "0.25"),
+        ("gpt-4o-mini-2024-07-18", "gpt-4o-mini", "0.15"),
+        ("gpt-4.1-nano", "gpt-4.1-nano", "0.1"),
+        ("o4-mini-2025-04-16", "o4-mini", "1.1"),
+        ("o3", "o3", "2"),
+        ("ft:gpt-4o-mini-2024-07-18:acme::abc", "ft:gpt-4o-mini", "0.3"),
+        ("models/gemini-2.5-pro", "gemini-2.5-pro", "1.25"),
+        ("gemini-2.5-flash", "gemini-2.5-flash", "0.3"),
+        ("gemini-2.5-flash-lite", "gemini-2.5-flash-lite", "0.1"),
+        ("gemini-2.0-flash-001", "gemini-2.0-flash", "0.1"),
+    ],
+)
+def test_shipped_prices(
+    shipped: PriceBook, model: str, matched: str, usd_per_mtok_input: str
+) -> None:
+    price = shipped.price(model, at=AT, input_tokens=1000)
+    assert price.matched == matched
+    assert not price.unpriced
+    assert price.cost_nanos == int(Decimal(usd_per_mtok_input) * 1000 * 1000)
+
+
+def test_shipped_long_context_and_caches(shipped: PriceBook) -> None:
+    # Gemini 2.5 Pro above 200k: 250_000 x 2500 + 1000 x 15_000 = 625_000_000 + 15_000_000
+    assert (
+        shipped.price("gemini-2.5-pro", at=AT, input_tokens=250_000, output_tokens=1000).cost_nanos
+        == 640_000_000
+    )
+    # Sonnet 4.5, 1-hour cache write 6.00 and read 0.30: 1000 x 6000 + 1000 x 300
+    assert (
+        shipped.price(
+            "claude-sonnet-4-5",
+            at=AT,
+            cache_write_tokens=1000,
+            cache_write_1h_tokens=1000,
+            cache_read_tokens=1000,
+        ).cost_nanos
+        == 6_300_000
+    )
+    # gpt-4o cached input is 1.25: 1000 x 1250
+    assert shipped.price("gpt-4o", at=AT, cache_read_tokens=1000).cost_nanos == 1_250_000
+    # an unknown future model is flagged, not mispriced by a broad prefix
+    assert shipped.unpriced_models(["claude-opus-4-9", "my-azure-deployment", "gpt-4o"], AT) == [
+        "claude-opus-4-9",
+        "my-azure-deployment",
+    ]
