@@ -19,10 +19,12 @@ import asyncio
 import json
 import logging
 import time
+import weakref
 from functools import partial
 from typing import Any
 
 import faust
+from faust.streams import _current_event
 from faust.types import EventT, StreamT
 
 from aggregator.config import AggregatorConfig
@@ -102,11 +104,23 @@ class ClickHouseWriter:
             return await asyncio.to_thread(run_query, sink.client, sql)
 
 
-def _read_as(
-    stream: StreamT, by_partition: dict[int, EventT], table: faust.Table, partition: int, key: str
-) -> Any:
-    """Read ``table[key]`` as stored for ``partition`` (see the write loop in ``count``)."""
-    stream._set_current_event(by_partition[partition])
+def _act_as(event: EventT) -> None:
+    """Make ``event`` the current event of this task, for Faust's table reads and writes.
+
+    Faust keeps a table's values per partition and picks the partition (for a
+    read, a write and its changelog record) from the current event, a context
+    variable. A batch holds events of several partitions, so each access names
+    its own. Only the context variable is set, never the stream's
+    ``current_event`` attribute: the stream's background reader uses that one
+    to pair each buffered value with its event, and changing it under the
+    reader would swap a new record for an old one.
+    """
+    _current_event.set(weakref.ref(event))
+
+
+def _read_as(by_partition: dict[int, EventT], table: faust.Table, partition: int, key: str) -> Any:
+    """Read ``table[key]`` as stored for ``partition``."""
+    _act_as(by_partition[partition])
     return table.get(key)
 
 
@@ -155,19 +169,18 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 RawRecord(e.message.partition, e.message.offset, e.message.key, e.message.value)
                 for e in events
             ]
-            # Faust keeps table values per partition and reads and writes those of the
-            # "current event": point it at an event of the right partition each time.
+            # table values live per partition: every access names its partition (_act_as)
             by_partition: dict[int, EventT] = {e.message.partition: e for e in events}
             out = processor.process(
                 records,
-                partial(_read_as, stream, by_partition, counters),
-                partial(_read_as, stream, by_partition, seen),
+                partial(_read_as, by_partition, counters),
+                partial(_read_as, by_partition, seen),
             )
             for (partition, key), value in out.counter_writes.items():
-                stream._set_current_event(by_partition[partition])
+                _act_as(by_partition[partition])
                 counters[key] = value
             for (partition, key), value in out.seen_writes.items():
-                stream._set_current_event(by_partition[partition])
+                _act_as(by_partition[partition])
                 seen[key] = value
             for key, value in out.priced:
                 await usage_priced.send(key=key, value=value)

@@ -21,6 +21,7 @@ class AggregatorConfig(BaseModel):
     #: rocksdb:// for durable local table state (recovered from changelogs), memory:// for tests
     store: str = "rocksdb://"
     partitions: int = Field(default=4, ge=1)
+    web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=0, le=65535)
     #: largest batch the counting agent folds at once, and the longest it waits to fill one;
     #: verdicts are coalesced per batch, so `batch_seconds` bounds their extra latency
@@ -28,4 +29,5 @@ class AggregatorConfig(BaseModel):
     batch_seconds: float = Field(default=0.05, gt=0, le=0.1)
     sink_batch_size: int = Field(default=10_000, ge=1)
     sink_batch_seconds: float = Field(default=1.0, gt=0)
+    session_timeout_s: float = Field(default=10.0, ge=3.0)
     log_level: str = "WARNING"

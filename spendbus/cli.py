@@ -25,10 +25,12 @@ for command in (up, down, status, demo, sql, usage, budgets, aggregator):
 def _register_optional() -> None:
     """Commands of the other rooms, each in its own module."""
     from spendbus.commands.pricing import price, prices
+    from spendbus.commands.tap import tap
 
     prices.add_command(prices_apply_command())
     cli.add_command(price)
     cli.add_command(prices)
+    cli.add_command(tap)
 
 
 _register_optional()

@@ -10,13 +10,14 @@ CLICKHOUSE_DSN             chdb:///abs/path or http(s)://user:pw@host:8123  chdb
 SPENDBUS_TOPIC_PREFIX      prefix of every topic name                       (none)
 SPENDBUS_PARTITIONS        partitions of the data topics, set at creation   4
 SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
+SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
 SPENDBUS_CACHE_DIR         where the Kafka broker jars are cached           ~/.cache/spendbus
 SPENDBUS_CONFIG            a YAML file with any of the keys below           (none)
 =========================  ===============================================  ==========================
 
 A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
-``web_port``, ``cache_dir``); environment variables win over the file.
+``web_port``, ``web_host``, ``cache_dir``); environment variables win over the file.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Settings(BaseModel):
     topic_prefix: str = ""
     partitions: int = Field(default=4, ge=1, le=256)
     web_port: int = Field(default=6066, ge=1, le=65535)
+    web_host: str = "127.0.0.1"
     cache_dir: Path = Path.home() / ".cache" / "spendbus"
 
     @property
@@ -59,6 +61,7 @@ _ENV = {
     "SPENDBUS_TOPIC_PREFIX": "topic_prefix",
     "SPENDBUS_PARTITIONS": "partitions",
     "SPENDBUS_WEB_PORT": "web_port",
+    "SPENDBUS_WEB_HOST": "web_host",
     "SPENDBUS_CACHE_DIR": "cache_dir",
 }
 

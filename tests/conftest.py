@@ -15,6 +15,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,19 @@ def topics(kafka_bootstrap: str, unique: str) -> Topics:
     names = Topics(prefix=f"t{unique}.")
     asyncio.run(ensure_topics(kafka_bootstrap, names, partitions=4))
     return names
+
+
+@pytest.fixture
+def pipeline(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
+) -> Iterator[Any]:
+    """A running aggregator worker process on fresh topics and a fresh store (see pipeline_kit)."""
+    from pipeline_kit import Pipeline
+
+    p = Pipeline(kafka_bootstrap, topics, tmp_path, clickhouse_dsn)
+    p.apply_reference()
+    p.worker.start(timeout=180)
+    try:
+        yield p
+    finally:
+        p.worker.stop()

@@ -44,6 +44,7 @@ def run(store: str, no_sink: bool, app_id: str | None, log_level: str) -> None:
         store=store,
         partitions=settings.partitions,
         web_port=settings.web_port,
+        web_host=settings.web_host,
         log_level=log_level.upper(),
     )
     logging.basicConfig(

@@ -1,0 +1,170 @@
+"""Anthropic Messages API (``POST /v1/messages``).
+
+Streamed: SSE with ``event:`` lines. ``message_start`` carries
+``message.model`` and ``message.usage`` (input counts final, output so far);
+each ``message_delta`` carries a cumulative ``usage`` (several with server
+tools): the latest value of each field wins, never a sum. ``message_stop``
+ends the message. ``error`` events may follow a 200. Only those events are
+parsed, plus ``content_block_delta`` for the estimate's text (text,
+partial_json, thinking) unless ``delta_text="payload_bytes"``.
+
+Not streamed: one JSON message with ``model`` and ``usage``.
+
+``input_tokens`` already excludes cache reads and writes;
+``cache_creation_input_tokens`` is every cache write and
+``cache_creation.ephemeral_1h_input_tokens`` its 1-hour part. Thinking tokens
+are inside ``output_tokens`` and not reported apart: ``reasoning_tokens`` is 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Handler, Path, describe_error, loads, text_len
+from .usage import InvalidUsage, Usage, tok
+
+_SKIP = frozenset({b"ping", b"content_block_start", b"content_block_stop"})
+_START = frozenset({("message", "usage"), ("message", "model")})
+_DELTA = frozenset({("usage",)})
+_ERROR = frozenset({("error",)})
+_ANY = _START | _DELTA | _ERROR | {("type",)}
+
+
+def usage_from(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        raise InvalidUsage("usage is not an object")
+    cache_write = tok(raw, "cache_creation_input_tokens")
+    breakdown = raw.get("cache_creation") if isinstance(raw, dict) else None
+    write_1h = tok(breakdown, "ephemeral_1h_input_tokens")
+    write_5m = tok(breakdown, "ephemeral_5m_input_tokens")
+    # The breakdown should add up to the total; if it adds up to more, charge more.
+    cache_write = max(cache_write, write_1h + write_5m)
+    return Usage(
+        input_tokens=tok(raw, "input_tokens", required=True),
+        cache_read_tokens=tok(raw, "cache_read_input_tokens"),
+        cache_write_tokens=cache_write,
+        cache_write_1h_tokens=write_1h,
+        output_tokens=tok(raw, "output_tokens", required=True),
+    )
+
+
+class AnthropicHandler(Handler):
+    fmt = "anthropic-messages"
+    body_paths = frozenset({("usage",), ("model",), ("type",), ("error",)})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._usage: dict[str, Any] = {}
+        self._started = False
+        self._delta_usage = False
+        self._stopped = False
+        self._body = False
+
+    def usage_from(self, raw: Any) -> Usage:
+        return usage_from(raw)
+
+    # -- streamed ------------------------------------------------------------
+    def on_event(self, name: bytes, data: bytes) -> None:
+        if name == b"content_block_delta":
+            self.delta_events += 1
+            if not self.parse_deltas:
+                self.text_chars += len(data)
+                return
+            obj, problem = loads(data)
+            delta = obj.get("delta") if type(obj) is dict else None
+            if type(delta) is dict:
+                text = delta.get("text")
+                if type(text) is str:  # the common case, kept short
+                    self.text_chars += len(text)
+                else:
+                    self._on("content_block_delta", obj)
+            elif problem is not None:
+                self.problem(problem)
+            return
+        if name in _SKIP:
+            return
+        obj = self.parse(data)
+        if isinstance(obj, dict):
+            kind = name.decode("ascii", "replace") if name else obj.get("type")
+            if not name and kind == "content_block_delta":
+                self.delta_events += 1
+            self._on(kind, obj)
+
+    def _on(self, kind: Any, obj: dict[str, Any]) -> None:
+        if kind == "content_block_delta":
+            delta = obj.get("delta")
+            if isinstance(delta, dict):
+                thinking = text_len(delta.get("thinking"))
+                self.reasoning_chars += thinking
+                self.text_chars += (
+                    thinking + text_len(delta.get("text")) + text_len(delta.get("partial_json"))
+                )
+        elif kind == "message_start":
+            message = obj.get("message")
+            if isinstance(message, dict):
+                self.set_model(message.get("model"))
+                self._merge(message.get("usage"))
+            self._started = True
+        elif kind == "message_delta":
+            if self._merge(obj.get("usage")):
+                self._delta_usage = True
+        elif kind == "message_stop":
+            self._stopped = True
+        elif kind == "error":
+            self.error(describe_error(obj) or "error event")
+
+    def _merge(self, usage: Any) -> bool:
+        """Cumulative usage: each field's latest value replaces the previous."""
+        if isinstance(usage, dict):
+            self._usage.update((k, v) for k, v in usage.items() if v is not None)
+            return True
+        if usage is not None:
+            self.problem("invalid_usage: usage is not an object")
+        return False
+
+    def large_event_paths(self, name: bytes) -> frozenset[Path]:
+        if name == b"message_start":
+            return _START
+        if name == b"message_delta":
+            return _DELTA
+        if name == b"error":
+            return _ERROR
+        return _ANY if not name else frozenset()
+
+    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+        kind: Any = name.decode("ascii", "replace") if name else obj.get("type")
+        if kind == "content_block_delta" or (not name and kind is None):
+            self.delta_events += 1
+            self.text_chars += size  # bytes bound the text from above
+        elif ended and kind not in ("ping", "content_block_start", "content_block_stop"):
+            self._on(kind, obj)
+
+    # -- not streamed --------------------------------------------------------
+    def on_body(self, obj: Any, size: int) -> None:
+        self._body = True
+        if not isinstance(obj, dict):
+            self.problem("unreadable: the body is not a JSON object")
+            return
+        self.set_model(obj.get("model"))
+        if obj.get("type") == "error" or "error" in obj:
+            self.error(describe_error(obj))
+        self._merge(obj.get("usage"))
+
+    # -- end -----------------------------------------------------------------
+    def final_usage(self, cut: str | None) -> Usage | None:
+        if not self._usage:
+            return None
+        usage = self.map_usage(self._usage)
+        if self._body:
+            return usage
+        self.partial = usage
+        return usage if self._stopped and self._delta_usage else None
+
+    def incomplete_reason(self) -> str:
+        if self._body:
+            return "no_usage: the body carries no usage"
+        if not self._started:
+            return "no_usage: the stream has no message_start"
+        if not self._stopped:
+            return "stream_incomplete: the stream ended before message_stop"
+        return "no_usage: the stream has no message_delta usage"

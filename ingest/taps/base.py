@@ -1,0 +1,233 @@
+"""What the stages of a tap share: memory limits, the handler interface, helpers.
+
+A tap (tap.py) is a pipeline of three stages, each bounded in memory:
+
+    raw bytes --decode.py--> decoded pieces --framing--> events --handler--> state
+                 (gzip, br..)                 (sse.py, eventstream.py,        (one per
+                                               jsonscan.py for bodies)         provider)
+
+and ``Tap.finish`` turns the handler's state into one ``TapResult`` (usage.py):
+reported usage, or an estimate from estimate.py with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import json.scanner
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+from .estimate import EstimatorConfig, Observed
+from .request import RequestInfo
+from .usage import InvalidUsage, Usage
+
+Cut = Literal["client_disconnected", "upstream_cut"]
+CUTS: frozenset[str] = frozenset({"client_disconnected", "upstream_cut"})
+
+#: Bytes of one SSE event, non-streamed body or realtime message parsed whole;
+#: anything larger is scanned incrementally for the paths that carry usage.
+WHOLE_PARSE_LIMIT = 256 * 1024
+#: Bytes of one captured JSON value (a usage object, a model name...).
+CAPTURE_LIMIT = 64 * 1024
+#: Bytes of one AWS event-stream frame (real Converse frames are < 1 KiB).
+FRAME_LIMIT = 512 * 1024
+#: Bytes of decoded output produced per decompression step.
+DECODE_PIECE = 64 * 1024
+#: Problems kept per response (the first one is the estimate's reason).
+MAX_PROBLEMS = 8
+
+Path = tuple[str, ...]
+
+
+class _Large:
+    """Stands for a captured JSON value larger than ``CAPTURE_LIMIT``."""
+
+    _instance: _Large | None = None
+
+    def __new__(cls) -> _Large:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "LARGE"
+
+
+LARGE: Any = _Large()
+
+
+def describe_error(obj: Any) -> str | None:
+    """A one-line description of an error object of any provider, or None."""
+    if not isinstance(obj, dict):
+        return None
+    err = obj.get("error")
+    if isinstance(err, str) and err:
+        return clip(err)
+    if isinstance(err, dict):
+        kind = err.get("type") or err.get("status") or err.get("code")
+        message = err.get("message")
+        parts = [str(p) for p in (kind, message) if isinstance(p, str | int) and p != ""]
+        return clip(": ".join(parts)) if parts else "error"
+    if obj.get("type") == "error" or "message" in obj or "Message" in obj:
+        message = obj.get("message", obj.get("Message"))
+        if isinstance(message, str):
+            return clip(message)
+    return None
+
+
+def clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def text_len(value: Any) -> int:
+    """Characters of a text delta (0 when the field is not a string)."""
+    return len(value) if isinstance(value, str) else 0
+
+
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed: the C scanner takes a decoder
+)
+
+
+def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
+    """``json.loads`` that reports instead of raising: ``(value, problem)``.
+
+    Calls the C scanner behind ``json.loads`` directly (about 3x less overhead
+    per call, which matters at one call per streamed event); anything unusual
+    (leading whitespace, a BOM) takes the ``json.loads`` path.
+    """
+    try:
+        text = data if isinstance(data, str) else data.decode("utf-8")
+        try:
+            value, end = _scan_once(text, 0)
+        except StopIteration:
+            value, end = json.loads(data), len(text)
+        if end != len(text) and not text[end:].isspace():
+            return None, "unreadable: malformed JSON (extra data)"
+        return value, None
+    except RecursionError:
+        return None, "unreadable: JSON nested too deeply"
+    except UnicodeDecodeError:
+        return None, "unreadable: invalid UTF-8 in JSON"
+    except ValueError as exc:
+        return None, f"unreadable: malformed JSON ({str(exc).split(':')[0]})"
+
+
+class Handler:
+    """The provider-specific half of a tap: what is read where.
+
+    The framing stage calls ``on_event`` (SSE events, bedrock frames) or
+    ``on_body`` (a non-streamed body). Events and bodies larger than
+    ``WHOLE_PARSE_LIMIT`` are never parsed whole: the framing stage scans them
+    for ``large_event_paths``/``body_paths`` and hands over a sparse object
+    holding just those paths (values above ``CAPTURE_LIMIT`` replaced by
+    ``LARGE``). Handlers record what they saw; ``final_usage`` decides at the
+    end whether the usage is complete.
+    """
+
+    fmt: ClassVar[str]
+    #: Paths (object keys, "*" for any array element) read from large bodies.
+    body_paths: ClassVar[frozenset[Path]] = frozenset()
+
+    def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
+        self.request = request
+        self.config = config
+        self.model: str | None = None
+        self.delta_events = 0
+        self.text_chars = 0
+        self.reasoning_chars = 0
+        self.partial: Usage | None = None
+        self.problems: list[str] = []
+        self.upstream_error: str | None = None
+        #: False once the tap knows the body is one JSON document.
+        self.streaming = True
+        self.parse_deltas = config.delta_text == "parsed"
+
+    # -- recording -------------------------------------------------------
+    def problem(self, reason: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(reason)
+
+    def error(self, description: str | None) -> None:
+        if self.upstream_error is None and description:
+            self.upstream_error = clip(description)
+
+    def set_model(self, value: Any) -> None:
+        if isinstance(value, str) and value:
+            self.model = value[:200]
+
+    def parse(self, data: bytes | bytearray) -> Any:
+        value, problem = loads(data)
+        if problem is not None:
+            self.problem(problem)
+        return value
+
+    def map_usage(self, raw: Any) -> Usage | None:
+        """``self.usage_from(raw)``, recording invalid usage as a problem."""
+        try:
+            return self.usage_from(raw)
+        except InvalidUsage as exc:
+            self.problem(f"invalid_usage: {exc}")
+            return None
+
+    # -- provider hooks --------------------------------------------------
+    def usage_from(self, raw: Any) -> Usage:
+        raise NotImplementedError
+
+    def on_event(self, name: bytes, data: bytes) -> None:
+        """One SSE event (``name`` is b"" when the event had no ``event:`` line)."""
+
+    def large_event_paths(self, name: bytes) -> frozenset[Path]:
+        """Paths to read from an event too large to parse whole."""
+        return frozenset()
+
+    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+        """An event too large to parse whole, as a sparse object of its paths
+        (``ended`` is False when the stream stopped inside it)."""
+
+    def on_frame(self, headers: dict[str, Any], payload: bytes) -> None:
+        """One AWS event-stream message (bedrock only)."""
+
+    def on_body(self, obj: Any, size: int) -> None:
+        """A whole non-streamed body (sparse when it was larger than the limit)."""
+
+    def final_usage(self, cut: str | None) -> Usage | None:
+        """The usage to charge if the response carried it completely, else None."""
+        raise NotImplementedError
+
+    def incomplete_reason(self) -> str:
+        """Why ``final_usage`` is None when nothing else went wrong."""
+        return "no_usage: the response carried no usage"
+
+
+def observed(
+    handler: Handler, *, streaming: bool, body_bytes: int, output_unknown: bool
+) -> Observed:
+    return Observed(
+        streaming=streaming,
+        delta_events=handler.delta_events,
+        text_chars=handler.text_chars,
+        reasoning_chars=handler.reasoning_chars,
+        body_bytes=body_bytes,
+        output_unknown=output_unknown,
+        partial=handler.partial,
+    )
+
+
+__all__ = [
+    "CAPTURE_LIMIT",
+    "CUTS",
+    "DECODE_PIECE",
+    "FRAME_LIMIT",
+    "LARGE",
+    "WHOLE_PARSE_LIMIT",
+    "Cut",
+    "Handler",
+    "Path",
+    "clip",
+    "describe_error",
+    "loads",
+    "observed",
+    "text_len",
+]

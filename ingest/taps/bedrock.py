@@ -1,0 +1,132 @@
+"""Amazon Bedrock Converse (``/model/{id}/converse`` and ``/converse-stream``).
+
+Streamed: AWS event-stream binary messages (``eventstream.py`` checks both
+CRCs). ``:message-type`` ``event`` messages are named by ``:event-type``:
+``messageStart``, ``contentBlockStart``, ``contentBlockDelta`` (text,
+``toolUse.input``, ``reasoningContent.text``), ``contentBlockStop``,
+``messageStop``, then ``metadata`` whose JSON payload holds ``usage``.
+``exception`` messages (``:exception-type``, e.g. ``throttlingException``,
+``modelStreamErrorException``) and ``error`` messages can arrive after the 200:
+they become ``upstream_error``; without a ``metadata`` usage the response is
+estimated. Only ``metadata``, errors and (for the estimate) deltas are parsed.
+
+Not streamed: one JSON object with ``usage`` (no model: it is in the URL, so
+the proxy passes it as the model hint).
+
+``inputTokens`` excludes ``cacheReadInputTokens`` and ``cacheWriteInputTokens``
+(``totalTokens`` adds all four); ``cacheDetails`` lists cache writes per TTL
+(``5m`` / ``1h``): the ``1h`` entries are the 1-hour part. Reasoning is inside
+``outputTokens`` and not reported apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Handler, describe_error, loads, text_len
+from .eventstream import message_kind
+from .usage import InvalidUsage, Usage, tok
+
+
+def usage_from(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        raise InvalidUsage("usage is not an object")
+    cache_write = tok(raw, "cacheWriteInputTokens")
+    details = raw.get("cacheDetails")
+    write_1h = detailed = 0
+    if details is not None:
+        if not isinstance(details, list):
+            raise InvalidUsage("cacheDetails is not a list")
+        for detail in details:
+            tokens = tok(detail, "inputTokens", required=True)
+            detailed += tokens
+            if detail.get("ttl") == "1h":
+                write_1h += tokens
+    return Usage(
+        input_tokens=tok(raw, "inputTokens", required=True),
+        cache_read_tokens=tok(raw, "cacheReadInputTokens"),
+        cache_write_tokens=max(cache_write, detailed),
+        cache_write_1h_tokens=write_1h,
+        output_tokens=tok(raw, "outputTokens", required=True),
+    )
+
+
+class BedrockHandler(Handler):
+    fmt = "bedrock-converse"
+    body_paths = frozenset({("usage",), ("message",), ("Message",)})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._usage: Any = None
+        self._metadata = False
+        self._stopped = False
+        self._body = False
+
+    def usage_from(self, raw: Any) -> Usage:
+        return usage_from(raw)
+
+    # -- streamed ------------------------------------------------------------
+    def on_frame(self, headers: dict[str, Any], payload: bytes) -> None:
+        kind, name = message_kind(headers)
+        if kind == "event":
+            if name == "contentBlockDelta":
+                self.delta_events += 1
+                if not self.parse_deltas:
+                    self.text_chars += len(payload)
+                    return
+                obj = self.parse(payload)
+                delta = obj.get("delta") if isinstance(obj, dict) else None
+                if isinstance(delta, dict):
+                    self._delta(delta)
+            elif name == "metadata":
+                obj = self.parse(payload)
+                if isinstance(obj, dict):
+                    self._metadata = True
+                    self._usage = obj.get("usage")
+            elif name == "messageStop":
+                self._stopped = True
+        elif kind in ("exception", "error"):
+            message = None
+            if kind == "error":
+                message = headers.get(":error-message")
+            elif payload:
+                obj, _ = loads(payload)
+                message = describe_error(obj)
+            self.error(f"{name or kind}: {message}" if message else name or kind)
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        chars = text_len(delta.get("text"))
+        tool = delta.get("toolUse")
+        if isinstance(tool, dict):
+            chars += text_len(tool.get("input"))
+        reasoning = delta.get("reasoningContent")
+        if isinstance(reasoning, dict):
+            thought = text_len(reasoning.get("text"))
+            self.reasoning_chars += thought
+            chars += thought
+        self.text_chars += chars
+
+    # -- not streamed --------------------------------------------------------
+    def on_body(self, obj: Any, size: int) -> None:
+        self._body = True
+        if not isinstance(obj, dict):
+            self.problem("unreadable: the body is not a JSON object")
+            return
+        if "usage" not in obj:
+            self.error(describe_error(obj))
+        self._usage = obj.get("usage")
+
+    # -- end -----------------------------------------------------------------
+    def final_usage(self, cut: str | None) -> Usage | None:
+        if self._usage is None:
+            return None
+        return self.map_usage(self._usage)
+
+    def incomplete_reason(self) -> str:
+        if self._body:
+            return "no_usage: the body carries no usage"
+        if self._metadata:
+            return "no_usage: the metadata event carries no usage"
+        if self._stopped:
+            return "no_usage: the stream ended after messageStop without metadata"
+        return "stream_incomplete: the stream ended before the metadata event"

@@ -1,0 +1,165 @@
+"""Gemini API (``generateContent`` / ``streamGenerateContent``).
+
+Streamed (``?alt=sse``): SSE of ``data:`` chunks (lines end with CRLF), each a
+``GenerateContentResponse``. Every chunk may carry a cumulative
+``usageMetadata``: the last chunk's is authoritative. It is final once a
+candidate has a ``finishReason`` or the stream ends normally, not right after an
+error chunk (Gemini sends no terminal event). Chunks have no event type, so each is parsed: ``modelVersion``,
+``error``, ``usageMetadata``, ``candidates[].finishReason`` and, for the
+estimate, the text of ``candidates[].content.parts[]`` (``thought`` parts are
+reasoning). With ``delta_text="payload_bytes"`` only the last few chunks are
+parsed, at the end.
+
+Not streamed: one ``GenerateContentResponse`` object; a streamed call without
+``alt=sse`` returns a JSON array of them, read the same way (last usage wins).
+
+``promptTokenCount`` includes ``cachedContentTokenCount`` (subtracted for
+``input_tokens``); ``toolUsePromptTokenCount`` (results of server tools fed back
+to the model) is billed as input and added to it; ``thoughtsTokenCount`` is
+NOT inside ``candidatesTokenCount``, bills as output, and is added to it.
+There are no cache writes (explicit caches bill storage separately).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+from .base import Handler, Path, describe_error, text_len
+from .usage import InvalidUsage, Usage, sub, tok
+
+_RING = 4
+_RING_BYTES = 128 * 1024
+_PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
+_BODY_PATHS = frozenset(
+    {("usageMetadata",), ("modelVersion",), ("error",)}
+    | {("*", "usageMetadata"), ("*", "modelVersion"), ("*", "error")}
+)
+
+
+def usage_from(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        raise InvalidUsage("usageMetadata is not an object")
+    prompt = tok(raw, "promptTokenCount")
+    cached = tok(raw, "cachedContentTokenCount")
+    thoughts = tok(raw, "thoughtsTokenCount")
+    return Usage(
+        input_tokens=sub(prompt, cached, "promptTokenCount", "cachedContentTokenCount")
+        + tok(raw, "toolUsePromptTokenCount"),
+        cache_read_tokens=cached,
+        output_tokens=tok(raw, "candidatesTokenCount") + thoughts,
+        reasoning_tokens=thoughts,
+    )
+
+
+class GeminiHandler(Handler):
+    fmt = "gemini"
+    body_paths = _BODY_PATHS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._usage: Any = None
+        self._finished = False
+        self._body = False
+        self._ring: deque[bytes] = deque()
+        self._ring_bytes = 0
+
+    def usage_from(self, raw: Any) -> Usage:
+        return usage_from(raw)
+
+    # -- streamed ------------------------------------------------------------
+    def on_event(self, name: bytes, data: bytes) -> None:
+        if self.parse_deltas:
+            obj = self.parse(data)
+            if isinstance(obj, dict):
+                self._chunk(obj)
+            return
+        self.delta_events += 1
+        self.text_chars += len(data)
+        ring = self._ring
+        ring.append(data)
+        self._ring_bytes += len(data)
+        while len(ring) > _RING or (self._ring_bytes > _RING_BYTES and len(ring) > 1):
+            self._ring_bytes -= len(ring.popleft())
+
+    def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
+        self.set_model(obj.get("modelVersion"))
+        if obj.get("error"):
+            self.error(describe_error(obj))
+        candidates = obj.get("candidates")
+        if isinstance(candidates, list) and candidates:
+            if count:
+                self.delta_events += 1
+            for candidate in candidates:
+                if not isinstance(candidate, dict):
+                    continue
+                if candidate.get("finishReason"):
+                    self._finished = True
+                content = candidate.get("content")
+                parts = content.get("parts") if isinstance(content, dict) else None
+                if count and isinstance(parts, list):
+                    self._parts(parts)
+        if obj.get("usageMetadata") is not None:
+            self._usage = obj["usageMetadata"]
+
+    def _parts(self, parts: list[Any]) -> None:
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            chars = text_len(part.get("text"))
+            if part.get("thought") is True:
+                self.reasoning_chars += chars
+            call = part.get("functionCall")
+            if isinstance(call, dict):
+                chars += text_len(call.get("name")) + len(
+                    json.dumps(call.get("args"), separators=(",", ":"))
+                )
+            code = part.get("executableCode")
+            if isinstance(code, dict):
+                chars += text_len(code.get("code"))
+            self.text_chars += chars
+
+    def large_event_paths(self, name: bytes) -> frozenset[Path]:
+        return _PATHS
+
+    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+        self.delta_events += 1
+        self.text_chars += size  # bytes bound the text from above
+        if ended:
+            self._chunk(obj, count=False)
+
+    # -- not streamed --------------------------------------------------------
+    def on_body(self, obj: Any, size: int) -> None:
+        self._body = True
+        chunks = obj if isinstance(obj, list) else [obj]
+        for chunk in chunks:
+            if isinstance(chunk, dict):
+                self._chunk(chunk, count=False)
+            else:
+                self.problem("unreadable: the body is not a JSON object")
+                return
+
+    # -- end -----------------------------------------------------------------
+    def final_usage(self, cut: str | None) -> Usage | None:
+        if self._ring:
+            for data in self._ring:
+                obj = self.parse(data)
+                if isinstance(obj, dict):
+                    self._chunk(obj, count=False)
+            self._ring.clear()
+        if self._usage is None:
+            return None
+        usage = self.map_usage(self._usage)
+        if self._body:
+            return usage
+        self.partial = usage
+        # No terminal event: a normal end finalises the usage, unless the stream
+        # ended on an error chunk (then the last usage is only partial).
+        ended = cut is None and self.upstream_error is None
+        return usage if self._finished or ended else None
+
+    def incomplete_reason(self) -> str:
+        if self._body:
+            return "no_usage: the body carries no usageMetadata"
+        return "no_usage: the stream carried no usageMetadata"

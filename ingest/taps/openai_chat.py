@@ -1,0 +1,188 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``) and compatible servers.
+
+Streamed: SSE of ``data:`` chunks ending with ``data: [DONE]``. Usage arrives
+only with ``stream_options.include_usage``, in a last chunk whose ``choices``
+is empty (``[]``; ``null`` or absent on some compatible servers). Servers that
+put a cumulative ``usage`` in every chunk are read too: the last one wins, and
+it is final once the ``choices``-less chunk, ``[DONE]`` or a normal end of the
+stream (not after an error chunk) says so. Chunks have no event type, so each is parsed (its ``model``,
+``error``, ``usage``, and the text of ``choices[].delta`` for the estimate).
+
+With ``delta_text="payload_bytes"`` chunks are not parsed as they pass: the
+last few are kept (bounded) and parsed at the end, where the usage chunk is,
+and every chunk counts as a delta with its payload bytes as text.
+
+Not streamed: one ``chat.completion`` JSON object with ``model`` and ``usage``.
+
+``prompt_tokens`` includes ``prompt_tokens_details.cached_tokens`` (subtracted
+for ``input_tokens``); ``completion_tokens`` includes
+``completion_tokens_details.reasoning_tokens``. There are no cache writes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from .base import Handler, Path, describe_error, loads, text_len
+from .usage import InvalidUsage, Usage, sub, tok
+
+_RING = 4
+_RING_BYTES = 128 * 1024
+_PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",)})
+
+
+def usage_from(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        raise InvalidUsage("usage is not an object")
+    prompt = tok(raw, "prompt_tokens", required=True)
+    completion = tok(raw, "completion_tokens", required=True)
+    cached = tok(raw.get("prompt_tokens_details"), "cached_tokens")
+    reasoning = tok(raw.get("completion_tokens_details"), "reasoning_tokens")
+    sub(completion, reasoning, "completion_tokens", "reasoning_tokens")  # validates
+    return Usage(
+        input_tokens=sub(prompt, cached, "prompt_tokens", "cached_tokens"),
+        cache_read_tokens=cached,
+        output_tokens=completion,
+        reasoning_tokens=reasoning,
+    )
+
+
+class OpenAIChatHandler(Handler):
+    fmt = "openai-chat"
+    body_paths = frozenset({("usage",), ("model",), ("error",)})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._usage: Any = None
+        self._usage_final = False
+        self._done = False
+        self._body = False
+        self._ring: deque[bytes] = deque()
+        self._ring_bytes = 0
+        self._first = True
+
+    def usage_from(self, raw: Any) -> Usage:
+        return usage_from(raw)
+
+    # -- streamed ------------------------------------------------------------
+    def on_event(self, name: bytes, data: bytes) -> None:
+        if data[:6] == b"[DONE]" and data.strip() == b"[DONE]":
+            self._done = True
+            return
+        if self.parse_deltas:
+            obj, problem = loads(data)
+            if type(obj) is not dict:
+                if problem is not None:
+                    self.problem(problem)
+                return
+            choices = obj.get("choices")
+            if (  # the common chunk: one choice's delta, no usage, no error
+                type(choices) is list
+                and len(choices) == 1
+                and obj.get("usage") is None
+                and not obj.get("error")
+                and self.model is not None
+            ):
+                self.delta_events += 1
+                choice = choices[0]
+                delta = choice.get("delta") if type(choice) is dict else None
+                if type(delta) is dict:
+                    self._delta(delta)
+                return
+            self._chunk(obj)
+            return
+        # payload_bytes: parse the first chunk (model) and the last few at the end.
+        self.delta_events += 1
+        self.text_chars += len(data)
+        if self._first:
+            self._first = False
+            obj = self.parse(data)
+            if isinstance(obj, dict):
+                self.set_model(obj.get("model"))
+        ring = self._ring
+        ring.append(data)
+        self._ring_bytes += len(data)
+        while len(ring) > _RING or (self._ring_bytes > _RING_BYTES and len(ring) > 1):
+            self._ring_bytes -= len(ring.popleft())
+
+    def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
+        self.set_model(obj.get("model"))
+        if obj.get("error"):
+            self.error(describe_error(obj))
+        choices = obj.get("choices")
+        if choices and count:
+            self.delta_events += 1
+            if isinstance(choices, list):
+                for choice in choices:
+                    delta = choice.get("delta") if isinstance(choice, dict) else None
+                    if isinstance(delta, dict):
+                        self._delta(delta)
+        if "usage" in obj and obj["usage"] is not None:
+            self._usage = obj["usage"]
+            self._usage_final = not choices
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        if len(delta) == 1:
+            content = delta.get("content")
+            if type(content) is str:
+                self.text_chars += len(content)
+                return
+        reasoning = text_len(delta.get("reasoning_content")) + text_len(delta.get("reasoning"))
+        self.reasoning_chars += reasoning
+        chars = reasoning + text_len(delta.get("content")) + text_len(delta.get("refusal"))
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for call in calls:
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    chars += text_len(function.get("arguments")) + text_len(function.get("name"))
+        audio = delta.get("audio")
+        if isinstance(audio, dict):
+            chars += text_len(audio.get("transcript"))
+        self.text_chars += chars
+
+    def large_event_paths(self, name: bytes) -> frozenset[Path]:
+        return _PATHS
+
+    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+        if not ("choices" in obj and not obj["choices"]):  # unless surely a usage chunk
+            self.delta_events += 1
+            self.text_chars += size  # bytes bound the text from above
+        if ended:
+            self._chunk(obj, count=False)
+
+    # -- not streamed --------------------------------------------------------
+    def on_body(self, obj: Any, size: int) -> None:
+        self._body = True
+        if not isinstance(obj, dict):
+            self.problem("unreadable: the body is not a JSON object")
+            return
+        self.set_model(obj.get("model"))
+        if obj.get("error"):
+            self.error(describe_error(obj))
+        self._usage = obj.get("usage")
+
+    # -- end -----------------------------------------------------------------
+    def final_usage(self, cut: str | None) -> Usage | None:
+        if self._ring:
+            for data in self._ring:  # oldest first: the last usage wins
+                obj = self.parse(data)
+                if isinstance(obj, dict):
+                    self._chunk(obj, count=False)
+            self._ring.clear()
+        if self._usage is None:
+            return None
+        usage = self.map_usage(self._usage)
+        if self._body:
+            return usage
+        self.partial = usage
+        ended = cut is None and self.upstream_error is None
+        return usage if self._usage_final or self._done or ended else None
+
+    def incomplete_reason(self) -> str:
+        if self._body:
+            return "no_usage: the body carries no usage"
+        if self._done:
+            return "no_usage: no usage chunk (was stream_options.include_usage set?)"
+        return "stream_incomplete: the stream ended without [DONE]"

@@ -1,0 +1,169 @@
+"""OpenAI Responses API (``POST /v1/responses``).
+
+Streamed: SSE with ``event:`` lines naming the ``type`` of each JSON event.
+The usage is in ``response.usage`` of the terminal event:
+``response.completed``, ``response.incomplete`` or ``response.failed`` (the
+last may have none). ``response.created`` gives the model early; ``error``
+events may follow a 200. Those are parsed, plus ``*.delta`` events for the
+estimate's text (``delta``), unless ``delta_text="payload_bytes"``; audio deltas
+count as one token each (their base64 is not text). Everything else (output
+items, content parts, ``*.done`` events repeating the text) is not parsed.
+
+Not streamed: one ``response`` JSON object with ``model``, ``status`` and
+``usage`` (a ``background`` response is ``queued`` with no usage yet: it is
+estimated, and the request's background mode lifts the input floor).
+
+``input_tokens`` includes ``input_tokens_details.cached_tokens``;
+``output_tokens`` includes ``output_tokens_details.reasoning_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Handler, Path, describe_error, text_len
+from .usage import InvalidUsage, Usage, sub, tok
+
+TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
+_EARLY = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
+_AUDIO = frozenset({b"response.output_audio.delta", b"response.audio.delta"})
+_REASONING = frozenset({b"response.reasoning_text.delta", b"response.reasoning_summary_text.delta"})
+_RESPONSE_PATHS = frozenset(
+    {("response", "usage"), ("response", "model"), ("response", "status"), ("response", "error")}
+)
+_ERROR_PATHS = frozenset({("code",), ("message",), ("error",), ("type",)})
+
+
+def usage_from(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        raise InvalidUsage("usage is not an object")
+    total_in = tok(raw, "input_tokens", required=True)
+    output = tok(raw, "output_tokens", required=True)
+    cached = tok(raw.get("input_tokens_details"), "cached_tokens")
+    reasoning = tok(raw.get("output_tokens_details"), "reasoning_tokens")
+    sub(output, reasoning, "output_tokens", "reasoning_tokens")  # validates
+    return Usage(
+        input_tokens=sub(total_in, cached, "input_tokens", "cached_tokens"),
+        cache_read_tokens=cached,
+        output_tokens=output,
+        reasoning_tokens=reasoning,
+    )
+
+
+class OpenAIResponsesHandler(Handler):
+    fmt = "openai-responses"
+    body_paths = frozenset({("usage",), ("model",), ("status",), ("error",)})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._usage: Any = None
+        self._terminal: str | None = None
+        self._status: str | None = None
+        self._body = False
+
+    def usage_from(self, raw: Any) -> Usage:
+        return usage_from(raw)
+
+    # -- streamed ------------------------------------------------------------
+    def on_event(self, name: bytes, data: bytes) -> None:
+        if name.endswith(b".delta"):
+            self.delta_events += 1
+            if name in _AUDIO:
+                return
+            if not self.parse_deltas:
+                self.text_chars += len(data)
+                return
+            obj = self.parse(data)
+            if isinstance(obj, dict):
+                self._delta(name, obj)
+        elif name in TERMINAL or name in _EARLY or name == b"error" or not name:
+            obj = self.parse(data)
+            if not isinstance(obj, dict):
+                return
+            if not name:
+                kind = obj.get("type")
+                if not isinstance(kind, str):
+                    return
+                name = kind.encode()
+                if name.endswith(b".delta"):
+                    self.delta_events += 1
+                    if name not in _AUDIO:
+                        self._delta(name, obj)
+                    return
+            self._on(name, obj)
+
+    def _delta(self, name: bytes, obj: dict[str, Any]) -> None:
+        chars = text_len(obj.get("delta"))
+        self.text_chars += chars
+        if name in _REASONING:
+            self.reasoning_chars += chars
+
+    def _on(self, name: bytes, obj: dict[str, Any]) -> None:
+        if name == b"error":
+            self.error(describe_error(obj) if obj.get("error") else _error_event(obj))
+            return
+        response = obj.get("response")
+        if not isinstance(response, dict):
+            return
+        self.set_model(response.get("model"))
+        if name in TERMINAL:
+            self._terminal = name.decode()
+            self._read_response(response)
+
+    def _read_response(self, response: dict[str, Any]) -> None:
+        status = response.get("status")
+        self._status = status if isinstance(status, str) else None
+        if response.get("error"):
+            self.error(describe_error(response))
+        if response.get("usage") is not None:
+            self._usage = response["usage"]
+
+    def large_event_paths(self, name: bytes) -> frozenset[Path]:
+        if name in TERMINAL or name in _EARLY:
+            return _RESPONSE_PATHS
+        if name == b"error":
+            return _ERROR_PATHS
+        if not name:
+            return _RESPONSE_PATHS | _ERROR_PATHS
+        return frozenset()
+
+    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+        if not name and isinstance(obj.get("type"), str):
+            name = obj["type"].encode()
+        if name.endswith(b".delta") or not name:
+            self.delta_events += 1
+            if name not in _AUDIO:
+                self.text_chars += size  # bytes bound the text from above
+        elif ended and (name in TERMINAL or name in _EARLY or name == b"error"):
+            self._on(name, obj)
+
+    # -- not streamed --------------------------------------------------------
+    def on_body(self, obj: Any, size: int) -> None:
+        self._body = True
+        if not isinstance(obj, dict):
+            self.problem("unreadable: the body is not a JSON object")
+            return
+        self.set_model(obj.get("model"))
+        self._read_response(obj)
+
+    # -- end -----------------------------------------------------------------
+    def final_usage(self, cut: str | None) -> Usage | None:
+        if self._usage is None:
+            return None
+        usage = self.map_usage(self._usage)
+        if self._body or self._terminal is not None:
+            return usage
+        self.partial = usage
+        return None
+
+    def incomplete_reason(self) -> str:
+        if self._body:
+            return f"no_usage: the response is {self._status or 'without usage'}"
+        if self._terminal is not None:
+            return f"no_usage: {self._terminal} carries no usage"
+        return "stream_incomplete: the stream ended before response.completed"
+
+
+def _error_event(obj: dict[str, Any]) -> str:
+    parts = [str(obj[k]) for k in ("code", "message") if isinstance(obj.get(k), str | int)]
+    return ": ".join(parts) or "error event"

@@ -1,0 +1,273 @@
+"""What a request tells the estimate: its size, limits, reasoning, server state.
+
+Requests are read structurally (dict keys and JSON paths, never substrings of
+text), so what a user writes in a message cannot change an estimate. The
+request is already in the proxy's memory; it is parsed once per response.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+#: Containers visited when looking for server-side state in a request; a larger
+#: request is assumed to name server-side state (pessimistic).
+WALK_BUDGET = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """The parts of a request an estimate needs.
+
+    ``size`` is the request body in bytes (None: no request was given);
+    ``readable`` is False when the body was not a JSON object. ``server_state``
+    names what in the request refers to state kept by the provider (empty when
+    none), each as a short phrase for analysts.
+    """
+
+    size: int | None = None
+    readable: bool = True
+    model: str | None = None
+    stream: bool | None = None
+    max_output_tokens: int | None = None
+    reasoning: bool = False
+    thinking_budget: int | None = None
+    server_state: tuple[str, ...] = ()
+
+
+def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | None) -> RequestInfo:
+    """Read a request body (bytes, text or an already-parsed dict) of ``fmt``."""
+    if request is None:
+        return RequestInfo()
+    if isinstance(request, dict):
+        obj: Any = request
+        size = len(json.dumps(request, separators=(",", ":"), default=str).encode())
+    else:
+        raw = request.encode() if isinstance(request, str) else bytes(request)
+        size = len(raw)
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            return RequestInfo(size=size, readable=False)
+    if not isinstance(obj, dict):
+        return RequestInfo(size=size, readable=False)
+    reader = _READERS.get(fmt)
+    fields: dict[str, Any] = reader(obj) if reader is not None else {}
+    found: list[str] = list(fields.pop("server_state", ()))
+    found.extend(_references(obj))
+    return RequestInfo(size=size, server_state=tuple(dict.fromkeys(found)), **fields)
+
+
+def _pos_int(value: Any) -> int | None:
+    return value if type(value) is int and value > 0 else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _tool_types(tools: Any) -> Iterator[str]:
+    if isinstance(tools, list):
+        for tool in tools:
+            if isinstance(tool, dict) and isinstance(tool.get("type"), str):
+                yield tool["type"]
+
+
+def _anthropic(obj: dict[str, Any]) -> dict[str, Any]:
+    state: list[str] = []
+    reasoning, budget = False, None
+    thinking = obj.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        reasoning, budget = True, _pos_int(thinking.get("budget_tokens"))
+    for kind in _tool_types(obj.get("tools")):
+        if kind.startswith(("web_search", "web_fetch", "code_execution", "tool_search", "mcp")):
+            state.append(f"server tool {kind}")
+    if obj.get("mcp_servers"):
+        state.append("MCP servers")
+    if obj.get("container"):
+        state.append("code execution container")
+    return {
+        "model": _str(obj.get("model")),
+        "stream": _bool(obj.get("stream")),
+        "max_output_tokens": _pos_int(obj.get("max_tokens")),
+        "reasoning": reasoning,
+        "thinking_budget": budget,
+        "server_state": state,
+    }
+
+
+def _openai_chat(obj: dict[str, Any]) -> dict[str, Any]:
+    state: list[str] = []
+    effort = obj.get("reasoning_effort")
+    if obj.get("web_search_options") is not None:
+        state.append("server tool web_search")
+    return {
+        "model": _str(obj.get("model")),
+        "stream": _bool(obj.get("stream")),
+        "max_output_tokens": _pos_int(obj.get("max_completion_tokens"))
+        or _pos_int(obj.get("max_tokens")),
+        "reasoning": isinstance(effort, str) and effort != "none",
+        "server_state": state,
+    }
+
+
+_RESPONSES_SERVER_TOOLS = (
+    "web_search",
+    "file_search",
+    "mcp",
+    "code_interpreter",
+    "image_generation",
+)
+
+
+def _openai_responses(obj: dict[str, Any]) -> dict[str, Any]:
+    state: list[str] = []
+    if obj.get("previous_response_id"):
+        state.append("previous_response_id")
+    if obj.get("conversation"):
+        state.append("conversation")
+    if obj.get("prompt"):
+        state.append("stored prompt")
+    if obj.get("background") is True:
+        state.append("background mode")
+    for kind in _tool_types(obj.get("tools")):
+        if kind.startswith(_RESPONSES_SERVER_TOOLS):
+            state.append(f"server tool {kind}")
+    reasoning = obj.get("reasoning")
+    return {
+        "model": _str(obj.get("model")),
+        "stream": _bool(obj.get("stream")),
+        "max_output_tokens": _pos_int(obj.get("max_output_tokens")),
+        "reasoning": isinstance(reasoning, dict) and reasoning.get("effort") != "none",
+        "server_state": state,
+    }
+
+
+_GEMINI_SERVER_TOOLS = {
+    "googleSearch": "google_search",
+    "googleSearchRetrieval": "google_search_retrieval",
+    "codeExecution": "code_execution",
+    "urlContext": "url_context",
+    "fileSearch": "file_search",
+    "googleMaps": "google_maps",
+    "retrieval": "retrieval",
+}
+
+
+def _either(obj: dict[str, Any], camel: str, snake: str) -> Any:
+    value = obj.get(camel)
+    return obj.get(snake) if value is None else value
+
+
+def _gemini(obj: dict[str, Any]) -> dict[str, Any]:
+    state: list[str] = []
+    if _either(obj, "cachedContent", "cached_content"):
+        state.append("cached content")
+    tools = obj.get("tools")
+    if isinstance(tools, list):
+        for tool in tools:
+            if isinstance(tool, dict):
+                for camel, snake in _GEMINI_SERVER_TOOLS.items():
+                    if camel in tool or snake in tool:
+                        state.append(f"server tool {camel}")
+    config = _either(obj, "generationConfig", "generation_config")
+    config = config if isinstance(config, dict) else {}
+    thinking = _either(config, "thinkingConfig", "thinking_config")
+    reasoning, budget = False, None
+    if isinstance(thinking, dict):
+        raw_budget = _either(thinking, "thinkingBudget", "thinking_budget")
+        level = _either(thinking, "thinkingLevel", "thinking_level")
+        reasoning = (type(raw_budget) is int and raw_budget != 0) or bool(level)
+        budget = _pos_int(raw_budget)
+    return {
+        "model": _str(obj.get("model")),
+        "max_output_tokens": _pos_int(_either(config, "maxOutputTokens", "max_output_tokens")),
+        "reasoning": reasoning,
+        "thinking_budget": budget,
+        "server_state": state,
+    }
+
+
+def _bedrock(obj: dict[str, Any]) -> dict[str, Any]:
+    state: list[str] = []
+    if obj.get("promptVariables"):
+        state.append("stored prompt")
+    inference = obj.get("inferenceConfig")
+    extra = obj.get("additionalModelRequestFields")
+    reasoning, budget = False, None
+    if isinstance(extra, dict):
+        for key in ("thinking", "reasoning_config", "reasoningConfig"):
+            block = extra.get(key)
+            if isinstance(block, dict) and block.get("type") in ("enabled", "adaptive"):
+                reasoning = True
+                budget = _pos_int(block.get("budget_tokens")) or _pos_int(block.get("budgetTokens"))
+    return {
+        "model": _str(obj.get("modelId")),
+        "max_output_tokens": _pos_int(inference.get("maxTokens"))
+        if isinstance(inference, dict)
+        else None,
+        "reasoning": reasoning,
+        "thinking_budget": budget,
+        "server_state": state,
+    }
+
+
+_READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "anthropic-messages": _anthropic,
+    "openai-chat": _openai_chat,
+    "openai-responses": _openai_responses,
+    "gemini": _gemini,
+    "bedrock-converse": _bedrock,
+}
+
+_ID_KEYS = {
+    "file_id": "file by id",
+    "fileId": "file by id",
+    "fileUri": "file by URL",
+    "file_uri": "file by URL",
+    "file_url": "file by URL",
+    "s3Location": "object by S3 location",
+}
+
+
+def _is_remote_url(value: Any) -> bool:
+    return isinstance(value, str) and value[:8].lower().startswith(("http://", "https://", "gs://"))
+
+
+def _references(obj: Any) -> list[str]:
+    """Content that the provider fetches or keeps: files/images by id or URL."""
+    found: dict[str, None] = {}
+    stack: list[Any] = [obj]
+    budget = WALK_BUDGET
+    while stack:
+        node = stack.pop()
+        budget -= 1
+        if budget < 0:
+            found["request too large to inspect"] = None
+            break
+        if isinstance(node, list):
+            stack.extend(item for item in node if isinstance(item, dict | list))
+            continue
+        for key, value in node.items():
+            if isinstance(value, dict | list):
+                stack.append(value)
+            if key in _ID_KEYS and value:
+                found[_ID_KEYS[key]] = None
+            elif key == "image_url" and (
+                _is_remote_url(value)
+                or (isinstance(value, dict) and _is_remote_url(value.get("url")))
+            ):
+                found["image by URL"] = None
+            elif (
+                key == "source" and isinstance(value, dict) and value.get("type") in ("url", "file")
+            ):
+                found[f"content by {value['type']}"] = None
+            elif key == "type" and value in ("item_reference", "container_upload"):
+                found[str(value)] = None
+    return list(found)

@@ -1,0 +1,284 @@
+"""Incremental parser of ``text/event-stream`` (the WHATWG SSE format).
+
+Chunks may split anywhere: inside a line, inside a CRLF, inside a UTF-8
+character. Lines end with LF, CRLF or CR; an event ends at a blank line; field
+values lose one leading space; ``:`` lines are comments; ``data`` lines are
+joined with LF; an event without ``data`` is not dispatched. Bytes are never
+decoded here: field names are compared as bytes and data goes to the handler
+(which parses it as JSON) as bytes.
+
+Cost: events are found with ``bytes.find``/``split`` over whole chunks; the only
+Python work per event is splitting its (usually one or two) lines. Bytes of an
+unfinished event are kept in a list of parts and joined once when it ends.
+
+Memory: an event larger than ``limit`` is not kept; the parser switches to
+streaming its ``data`` to a sink from ``open_large(name)`` (a JSON path scanner
+in practice) and returns to normal parsing at the blank line that ends it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+
+class LargeEventSink(Protocol):
+    def feed(self, data: bytes) -> None: ...
+
+    def close(self, name: bytes, ended: bool) -> None:
+        """``ended`` is False when the stream stopped inside the event."""
+
+
+OnEvent = Callable[[bytes, bytes], None]
+OpenLarge = Callable[[bytes], LargeEventSink]
+
+_AT_START, _FIELD, _DATA_SPACE, _DATA, _EVENT, _SKIP = range(6)
+_MAX_FIELD = 64
+_MAX_NAME = 256
+
+
+class _Large:
+    """State of an event being streamed because it exceeds the limit."""
+
+    __slots__ = ("data_started", "field", "name", "sink", "state")
+
+    def __init__(self) -> None:
+        self.state = _AT_START
+        self.field = bytearray()
+        self.name = b""
+        self.data_started = False
+        self.sink: LargeEventSink | None = None
+
+
+def _strip1(value: bytes) -> bytes:
+    return value[1:] if value[:1] == b" " else value
+
+
+class SSEParser:
+    """Calls ``on_event(name, data)`` per event (``name`` b"" when absent)."""
+
+    def __init__(self, on_event: OnEvent, open_large: OpenLarge, *, limit: int) -> None:
+        self.on_event = on_event
+        self.open_large = open_large
+        self.limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._cr = False
+        self._first = True
+        self._large: _Large | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self._cr:
+            data = b"\r" + data
+            self._cr = False
+        if b"\r" in data:
+            if data[-1:] == b"\r":  # maybe the first half of a CRLF
+                self._cr = True
+                data = data[:-1]
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._first and data:
+            if data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
+            self._first = False
+        while data:
+            data = self._feed_large(data) if self._large is not None else self._feed_normal(data)
+
+    def close(self, *, complete: bool) -> None:
+        """End of the stream. ``complete`` (a normal end) dispatches an event
+        that lacks its final blank line; after a cut it is dropped."""
+        if self._cr:
+            self._cr = False
+            self.feed(b"\n")
+        large = self._large
+        if large is not None:
+            self._large = None
+            if large.sink is not None:
+                large.sink.close(large.name, complete)
+            return
+        if self._parts and complete:
+            block = b"".join(self._parts).rstrip(b"\n")  # parts never start with LF
+            if len(block) > self.limit:
+                self._large_block(block)
+            elif block:
+                self._dispatch(block)
+        self._parts = []
+        self._size = 0
+
+    # -- normal mode ---------------------------------------------------------
+    # An event is "large" when its block (its lines, without the blank lines
+    # before it, which are no-ops, and without the blank line that ends it)
+    # exceeds ``limit``, however the bytes were chunked: a pending block is
+    # switched to streaming once it holds more than ``limit + 1`` bytes (the
+    # block plus at most the first LF of its end).
+
+    def _feed_normal(self, data: bytes) -> bytes:
+        parts = self._parts
+        if parts:
+            if b"\n\n" not in data and not (data[:1] == b"\n" and parts[-1][-1:] == b"\n"):
+                parts.append(data)
+                self._size += len(data)
+                if self._size > self.limit + 1:
+                    return self._go_large()
+                return b""
+            scan = self._size - 1
+            buf = b"".join(parts) + data
+            parts.clear()
+            self._size = 0
+        else:
+            buf = data
+            scan = 0
+        start = 0
+        find = buf.find
+        on_event = self.on_event
+        limit = self.limit
+        while True:
+            end = find(b"\n\n", scan)
+            if end < 0:
+                break
+            if end - start > limit:
+                block = buf[start:end].lstrip(b"\n")
+                if len(block) > limit:
+                    self._large_block(block)
+                else:
+                    self._dispatch(block)
+            elif end > start:
+                # Inline fast paths: one `data:` line (OpenAI chat, Gemini), or
+                # `event:` then `data:` (Anthropic, Responses); else _dispatch.
+                nl = find(b"\n", start, end)
+                if nl < 0 and buf.startswith(b"data:", start):
+                    start += 6 if buf[start + 5 : start + 6] == b" " else 5
+                    on_event(b"", buf[start:end])
+                elif (
+                    nl > 0
+                    and buf.startswith(b"event:", start)
+                    and buf.startswith(b"data:", nl + 1)
+                    and find(b"\n", nl + 1, end) < 0
+                ):
+                    name = buf[start + 6 : nl]
+                    data_at = nl + (7 if buf[nl + 6 : nl + 7] == b" " else 6)
+                    on_event(name[1:] if name[:1] == b" " else name, buf[data_at:end])
+                else:
+                    self._dispatch(buf[start:end])
+            start = scan = end + 2
+        if start < len(buf):
+            rest = buf[start:] if start else buf
+            if rest[:1] == b"\n":
+                rest = rest.lstrip(b"\n")
+            if rest:
+                parts.append(rest)
+                self._size = len(rest)
+                if self._size > limit + 1:
+                    return self._go_large()
+        return b""
+
+    def _large_block(self, block: bytes) -> None:
+        """A complete event larger than the limit (``block`` does not start
+        with LF): stream it like a pending one."""
+        self._large = _Large()
+        self._feed_large(block + b"\n\n")
+
+    def _dispatch(self, block: bytes) -> None:
+        """The general case: any number of lines, comments, fields."""
+        name = b""
+        data: list[bytes] = []
+        for line in block.split(b"\n"):
+            if not line or line[:1] == b":":
+                continue
+            field, colon, value = line.partition(b":")
+            if colon:
+                value = _strip1(value)
+            if field == b"data":
+                data.append(value)
+            elif field == b"event":
+                name = value
+        if data:
+            self.on_event(name, data[0] if len(data) == 1 else b"\n".join(data))
+
+    # -- large-event mode ----------------------------------------------------
+    def _go_large(self) -> bytes:
+        """Switch to streaming the pending event; returns its bytes to re-read."""
+        pending = b"".join(self._parts)
+        self._parts = []
+        self._size = 0
+        self._large = _Large()
+        return pending
+
+    def _feed_large(self, data: bytes) -> bytes:
+        """Streams ``data`` of a large event; returns what follows its end."""
+        large = self._large
+        assert large is not None
+        i, n = 0, len(data)
+        while i < n:
+            state = large.state
+            if state == _AT_START:
+                if data[i] == 0x0A:  # blank line: the event ends
+                    self._large = None
+                    if large.sink is not None:
+                        large.sink.close(large.name, True)
+                    return data[i + 1 :]
+                large.state = _FIELD
+                large.field.clear()
+            elif state == _FIELD:
+                colon = data.find(b":", i)
+                nl = data.find(b"\n", i)
+                j = colon if colon >= 0 and (nl < 0 or colon < nl) else nl
+                if j < 0:
+                    large.field += data[i:]
+                    if len(large.field) > _MAX_FIELD:
+                        large.state = _SKIP
+                    return b""
+                large.field += data[i:j]
+                field = bytes(large.field)
+                i = j + 1
+                if data[j] == 0x3A:  # `field:`
+                    if field == b"data":
+                        self._data_line(large)
+                        large.state = _DATA_SPACE
+                    elif field == b"event":
+                        large.field.clear()
+                        large.state = _EVENT
+                    else:
+                        large.state = _SKIP
+                else:  # a line without a colon: the whole line names the field
+                    if field == b"data":
+                        self._data_line(large)
+                    elif field == b"event":
+                        large.name = b""
+                    large.state = _AT_START
+            elif state == _DATA_SPACE:
+                if data[i] == 0x20:
+                    i += 1
+                large.state = _DATA
+            elif state == _DATA:
+                nl = data.find(b"\n", i)
+                end = n if nl < 0 else nl
+                if end > i and large.sink is not None:
+                    large.sink.feed(data[i:end])
+                if nl < 0:
+                    return b""
+                large.state = _AT_START
+                i = nl + 1
+            elif state == _EVENT:
+                nl = data.find(b"\n", i)
+                end = n if nl < 0 else nl
+                if len(large.field) < _MAX_NAME:
+                    large.field += data[i:end][: _MAX_NAME - len(large.field)]
+                if nl < 0:
+                    return b""
+                large.name = _strip1(bytes(large.field))
+                large.state = _AT_START
+                i = nl + 1
+            else:  # _SKIP: the rest of an ignored line
+                nl = data.find(b"\n", i)
+                if nl < 0:
+                    return b""
+                large.state = _AT_START
+                i = nl + 1
+        return b""
+
+    def _data_line(self, large: _Large) -> None:
+        if large.sink is None:
+            large.sink = self.open_large(large.name)
+        elif large.data_started:
+            large.sink.feed(b"\n")
+        large.data_started = True

@@ -1,0 +1,289 @@
+"""The tap: decode -> frame -> handler, and the end of a response.
+
+``Tap.feed`` and ``Tap.finish`` never raise: anything unexpected ends reading
+(the bytes keep being counted) and the response is charged an estimate that
+names the reason. The proxy's response path never depends on a tap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, Literal
+
+from .base import CUTS, WHOLE_PARSE_LIMIT, Handler, Path, clip, observed
+from .decode import ContentDecoder, DecodeError
+from .estimate import EstimatorConfig, Observed, estimate_usage
+from .eventstream import EventStreamDecoder, EventStreamError
+from .jsonscan import JsonBody, JsonPathScanner
+from .request import RequestInfo
+from .sse import SSEParser
+from .usage import TapResult, Usage
+
+Mode = Literal["sse", "eventstream", "json", "auto"]
+
+_EVENT_STREAM_TYPES = ("application/vnd.amazon.eventstream",)
+
+
+class _ScanSink:
+    """Receives the data of an SSE event too large to parse whole."""
+
+    def __init__(self, handler: Handler, paths: frozenset[Path]) -> None:
+        self.handler = handler
+        self.size = 0
+        self.scanner = JsonPathScanner(paths) if paths else None
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.scanner is not None:
+            self.scanner.feed(data)
+
+    def close(self, name: bytes, ended: bool) -> None:
+        obj: dict[str, Any] = {}
+        if self.scanner is not None:
+            error = self.scanner.finish()
+            if error is None:
+                sparse = self.scanner.sparse()
+                obj = sparse if isinstance(sparse, dict) else {}
+            elif ended:
+                self.handler.problem(f"unreadable: {error} in a large event")
+        self.handler.on_large_event(name, obj, self.size, ended)
+
+
+class Tap:
+    """Reads the usage of one upstream response as its bytes stream by.
+
+    Use :func:`open_tap` to make one. ``feed`` every chunk the client is sent
+    (the chunk is not modified or kept), then ``finish`` once.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        mode: Mode,
+        request: RequestInfo,
+        config: EstimatorConfig,
+        content_encoding: str | None,
+        status: int | None,
+        model_hint: str | None,
+        limit: int = WHOLE_PARSE_LIMIT,
+    ) -> None:
+        self.handler = handler
+        self.request = request
+        self.config = config
+        self.status = status
+        self.model_hint = model_hint
+        self.limit = limit
+        self.raw_bytes = 0
+        self._decoded = 0
+        self._direct_from: int | None = None
+        self._mode: Mode = mode
+        self._sniff = b""
+        self._fatal: str | None = None
+        self._result: TapResult | None = None
+        self._sse: SSEParser | None = None
+        self._frames: EventStreamDecoder | None = None
+        self._body: JsonBody | None = None
+        self._decoder: ContentDecoder | None = None
+        self._frame: Callable[[bytes], None] = self._sniffing
+        # Where raw chunks go: the decoder, or straight to the framing.
+        self._push: Callable[[bytes], None] = self._on_decoded
+        try:
+            self._decoder = ContentDecoder(content_encoding, self._on_decoded)
+            if not self._decoder.identity:
+                self._push = self._decoder.feed
+            if mode != "auto":
+                self._start(mode)
+        except DecodeError as exc:
+            self._fatal = f"unreadable: {exc}"
+        except Exception as exc:  # pragma: no cover - defensive
+            self._fatal = _internal(exc)
+
+    # -- public --------------------------------------------------------------
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of the body after content decoding."""
+        if self._direct_from is None:
+            return self._decoded
+        return self._decoded + self.raw_bytes - self._direct_from
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        """One chunk of the response body as received. Never raises."""
+        try:
+            self.raw_bytes += len(chunk)
+            if self._fatal is None and self._result is None:
+                self._push(chunk if type(chunk) is bytes else bytes(chunk))
+        except (DecodeError, EventStreamError) as exc:
+            self._fatal = f"unreadable: {exc}"
+        except Exception as exc:
+            self._fatal = _internal(exc)
+
+    def finish(self, *, cut: str | None = None) -> TapResult:
+        """The response ended: normally (``cut=None``), or ``client_disconnected``
+        / ``upstream_cut``. Returns the same result when called again."""
+        if self._result is not None:
+            return self._result
+        try:
+            if cut is not None and cut not in CUTS:
+                cut = clip(str(cut), 60)
+            self._close(cut)
+            result = self._resolve(cut)
+        except Exception as exc:
+            result = self._fallback(_internal(exc))
+        self._result = result
+        return result
+
+    # -- pipeline ------------------------------------------------------------
+    def _start(self, mode: Mode) -> None:
+        self._mode = mode
+        handler = self.handler
+        if mode == "sse":
+            self._sse = SSEParser(handler.on_event, self._open_large, limit=self.limit)
+            self._frame = self._sse.feed
+        elif mode == "eventstream":
+            self._frames = EventStreamDecoder(handler.on_frame)
+            self._frame = self._frames.feed
+        else:
+            self._body = JsonBody(handler.body_paths, limit=self.limit)
+            self._frame = self._body.feed
+        handler.streaming = mode != "json"
+        if self._push == self._on_decoded:  # no content-encoding: skip a hop
+            self._direct_from = self.raw_bytes
+            self._push = self._frame
+
+    def _open_large(self, name: bytes) -> _ScanSink:
+        return _ScanSink(self.handler, self.handler.large_event_paths(name))
+
+    def _on_decoded(self, piece: bytes) -> None:
+        self._decoded += len(piece)
+        self._frame(piece)
+
+    def _sniffing(self, piece: bytes) -> None:
+        """Auto mode: wait for the first non-blank byte, then pick the framing."""
+        piece = self._sniff + piece
+        head = piece.lstrip()
+        if not head:
+            self._sniff = piece[-64:]
+            return
+        self._sniff = b""
+        self._start(self._auto_mode(head[:1]))
+        self._frame(piece)
+
+    def _auto_mode(self, first: bytes) -> Mode:
+        if first in (b"{", b"["):
+            return "json"
+        return "eventstream" if self.handler.fmt == "bedrock-converse" else "sse"
+
+    def _close(self, cut: str | None) -> None:
+        if self._fatal is not None:
+            return
+        handler = self.handler
+        try:
+            if self._decoder is not None:
+                self._decoder.close()
+        except DecodeError as exc:
+            self._fatal = f"unreadable: {exc}"
+            return
+        if self._sse is not None:
+            self._sse.close(complete=cut is None)
+        elif self._frames is not None:
+            if self._frames.pending and cut is None:
+                handler.problem("unreadable: the event stream ends inside a message")
+        elif self._body is not None:
+            obj, problem = self._body.close()
+            if obj is not None:
+                handler.on_body(obj, self._body.size)
+            elif cut is None and self.decoded_bytes:
+                handler.problem(problem or "unreadable: body")
+            handler.streaming = False
+        else:  # auto mode saw nothing but whitespace
+            handler.streaming = bool(self.request.stream)
+
+    def _model(self) -> str | None:
+        return self.handler.model or self.request.model or self.model_hint
+
+    def _resolve(self, cut: str | None) -> TapResult:
+        handler = self.handler
+        if self.status is not None and not 200 <= self.status <= 299:
+            usage = handler.final_usage(None) if self._fatal is None else None
+            error = f"HTTP {self.status}"
+            if handler.upstream_error:
+                error = f"{error}: {handler.upstream_error}"
+            if usage is not None and not handler.problems:
+                return TapResult.from_usage(self._model(), usage, "reported", upstream_error=error)
+            return TapResult(self._model(), usage_source="none", upstream_error=error)
+        usage = handler.final_usage(cut)
+        if usage is not None and not handler.problems and self._fatal is None:
+            return TapResult.from_usage(
+                self._model(), usage, "reported", upstream_error=handler.upstream_error
+            )
+        if usage is not None:  # complete, but something was unreadable: a floor
+            handler.partial = usage
+        reason = (
+            self._fatal
+            or (handler.problems[0] if handler.problems else None)
+            or (f"upstream_error: {handler.upstream_error}" if handler.upstream_error else None)
+            or cut
+            or ("no_usage: the response body is empty" if not self.decoded_bytes else None)
+            or handler.incomplete_reason()
+        )
+        seen = observed(
+            handler,
+            streaming=handler.streaming,
+            body_bytes=self.decoded_bytes,
+            output_unknown=self._fatal is not None,
+        )
+        estimate = estimate_usage(self.request, seen, self.config)
+        return TapResult.from_usage(
+            self._model(),
+            estimate,
+            "estimated",
+            reason=reason,
+            upstream_error=handler.upstream_error,
+        )
+
+    def _fallback(self, reason: str) -> TapResult:
+        """The result when the tap itself failed: the pessimistic bound."""
+        try:
+            estimate = estimate_usage(
+                self.request, Observed(streaming=True, output_unknown=True), self.config
+            )
+        except Exception:
+            estimate = Usage(self.config.server_state_input_floor, 0, 0, 0, self.config.output_cap)
+        model = None
+        with contextlib.suppress(Exception):
+            model = self._model()
+        return TapResult.from_usage(model, estimate, "estimated", reason=reason)
+
+
+def _internal(exc: BaseException) -> str:
+    return f"unreadable: tap internal error ({type(exc).__name__})"
+
+
+def resolve_mode(
+    fmt: str,
+    *,
+    streaming: bool | None,
+    content_type: str | None,
+    request_stream: bool | None,
+    status: int | None,
+) -> Mode:
+    """Which framing a response needs (``auto``: sniff the first bytes)."""
+    streamed: Mode = "eventstream" if fmt == "bedrock-converse" else "sse"
+    if status is not None and not 200 <= status <= 299:
+        return "json"  # error bodies are JSON documents
+    if streaming is not None:
+        return streamed if streaming else "json"
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind == "text/event-stream" or kind in _EVENT_STREAM_TYPES:
+        return "eventstream" if kind in _EVENT_STREAM_TYPES else "sse"
+    if kind.endswith("json"):
+        return "json"
+    if request_stream is not None:
+        return streamed if request_stream else "json"
+    return "auto"

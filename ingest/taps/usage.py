@@ -1,0 +1,177 @@
+"""The normalised usage of one response, and reading token counts safely."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+UsageSource = Literal["reported", "estimated", "none"]
+
+#: Largest token count accepted in one field of one response: a larger value is
+#: an upstream bug, and charging it would exhaust every budget it touches.
+MAX_TOKENS = 10_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Normalised token counts (see DESIGN.md, "Normalised usage")."""
+
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _check_counts(self)
+
+
+@dataclass(frozen=True, slots=True)
+class TapResult:
+    """What one upstream response is charged.
+
+    ``usage_source`` is ``reported`` (read from the provider), ``estimated``
+    (usage missing or unreadable; ``estimate_reason`` says why) or ``none`` (a
+    non-2xx response that carried no usage: not billable). ``upstream_error``
+    names an error the upstream reported (an error event after a 200, or the
+    body of a non-2xx response).
+    """
+
+    model: str | None
+    input_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    usage_source: UsageSource = "none"
+    estimate_reason: str | None = None
+    upstream_error: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_counts(self)
+        if self.usage_source not in ("reported", "estimated", "none"):
+            raise ValueError(f"unknown usage_source {self.usage_source!r}")
+        if (self.usage_source == "estimated") != (self.estimate_reason is not None):
+            raise ValueError("estimate_reason is set exactly when usage_source is 'estimated'")
+
+    @property
+    def total_tokens(self) -> int:
+        """Every billed token: input + cache reads + cache writes + output."""
+        return (
+            self.input_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+            + self.output_tokens
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object ``spendbus tap inspect`` prints."""
+        out: dict[str, Any] = {
+            "model": self.model,
+            "input_tokens": self.input_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cache_write_1h_tokens": self.cache_write_1h_tokens,
+            "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "usage_source": self.usage_source,
+        }
+        if self.estimate_reason is not None:
+            out["estimate_reason"] = self.estimate_reason
+        if self.upstream_error is not None:
+            out["upstream_error"] = self.upstream_error
+        return out
+
+    @classmethod
+    def from_usage(
+        cls,
+        model: str | None,
+        usage: Usage,
+        source: UsageSource,
+        *,
+        reason: str | None = None,
+        upstream_error: str | None = None,
+    ) -> TapResult:
+        return cls(
+            model=model,
+            input_tokens=usage.input_tokens,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            cache_write_1h_tokens=usage.cache_write_1h_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            usage_source=source,
+            estimate_reason=reason,
+            upstream_error=upstream_error,
+        )
+
+
+_COUNTS = (
+    "input_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+)
+
+
+def _check_counts(obj: Usage | TapResult) -> None:
+    for name in _COUNTS:
+        value = getattr(obj, name)
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if obj.cache_write_1h_tokens > obj.cache_write_tokens:
+        raise ValueError("cache_write_1h_tokens exceeds cache_write_tokens")
+    if obj.reasoning_tokens > obj.output_tokens:
+        raise ValueError("reasoning_tokens exceeds output_tokens")
+
+
+class InvalidUsage(ValueError):
+    """A usage object the provider sent cannot be charged as is."""
+
+
+def tok(obj: Any, key: str, *, required: bool = False) -> int:
+    """Read one token count from a usage object.
+
+    Missing or null counts are 0 unless ``required``; anything that is not a
+    non-negative integer (an integral float is accepted: JSON does not tell
+    ``3`` from ``3.0``) raises :class:`InvalidUsage`.
+    """
+    if not isinstance(obj, dict):
+        if obj is None and not required:
+            return 0
+        raise InvalidUsage(f"expected an object holding {key}, got {type(obj).__name__}")
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise InvalidUsage(f"{key} is missing")
+        return 0
+    raw = value
+    if type(value) is int:
+        pass
+    elif type(value) is float and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    else:
+        raise InvalidUsage(f"{key} is not an integer: {_short(value)}")
+    if value < 0:
+        raise InvalidUsage(f"{key} is negative: {_short(raw)}")
+    if value > MAX_TOKENS:
+        raise InvalidUsage(f"{key} is implausibly large: {_short(raw)}")
+    return value
+
+
+def sub(total: int, part: int, total_name: str, part_name: str) -> int:
+    """``total - part`` where the provider reports ``part`` inside ``total``."""
+    if part > total:
+        raise InvalidUsage(f"{part_name} ({part}) exceeds {total_name} ({total})")
+    return total - part
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,275 @@
+"""Estimates for missing usage, and what requests tell them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ingest.taps import EstimatorConfig, open_tap, read_request
+from ingest.taps.estimate import Observed, estimate_usage
+from ingest.taps.request import RequestInfo
+from ingest.taps.usage import Usage
+
+CFG = EstimatorConfig()
+
+
+def est(request: RequestInfo, **seen: object) -> Usage:
+    return estimate_usage(request, Observed(**{"streaming": True, **seen}), CFG)  # type: ignore[arg-type]
+
+
+def test_output_is_text_over_four_at_least_one_per_delta() -> None:
+    req = RequestInfo(size=400)
+    assert est(req, delta_events=3, text_chars=41).output_tokens == 11
+    assert est(req, delta_events=30, text_chars=41).output_tokens == 30
+
+
+def test_output_capped_by_max_tokens_else_config_cap() -> None:
+    assert est(RequestInfo(size=4, max_output_tokens=50), text_chars=10_000).output_tokens == 50
+    assert est(RequestInfo(size=4), text_chars=10**9).output_tokens == 128_000
+    small = EstimatorConfig(output_cap=1000)
+    seen = Observed(streaming=True, text_chars=10**9)
+    assert estimate_usage(RequestInfo(size=4), seen, small).output_tokens == 1000
+
+
+def test_non_streamed_output_is_body_bytes_over_four() -> None:
+    seen = Observed(streaming=False, body_bytes=1001)
+    assert estimate_usage(RequestInfo(size=4), seen, CFG).output_tokens == 251
+
+
+def test_unreadable_output_charges_the_cap() -> None:
+    req = RequestInfo(size=4, max_output_tokens=700)
+    assert est(req, output_unknown=True, text_chars=5).output_tokens == 700
+
+
+def test_at_least_the_thinking_budget_when_reasoning() -> None:
+    req = RequestInfo(size=4, max_output_tokens=20_000, reasoning=True, thinking_budget=16_000)
+    usage = est(req, delta_events=1, text_chars=4)
+    assert (usage.output_tokens, usage.reasoning_tokens) == (16_000, 16_000)
+    no_budget = RequestInfo(size=4, max_output_tokens=1000, reasoning=True)
+    assert est(no_budget, text_chars=4).output_tokens == 1000  # floor 4096, capped at 1000
+    assert est(RequestInfo(size=4, reasoning=True), text_chars=4).output_tokens == 4096
+
+
+def test_input_is_request_bytes_over_four_or_the_floor_with_server_state() -> None:
+    assert est(RequestInfo(size=401)).input_tokens == 101
+    assert est(RequestInfo(size=401, server_state=("conversation",))).input_tokens == 200_000
+    assert est(RequestInfo(size=10**7, server_state=("x",))).input_tokens == 2_500_000
+    assert est(RequestInfo()).input_tokens == 200_000  # no request: unknown
+    assert est(RequestInfo(size=40, readable=False)).input_tokens == 200_000
+
+
+def test_partial_report_fixes_input_and_floors_output() -> None:
+    partial = Usage(
+        input_tokens=7,
+        cache_read_tokens=9,
+        cache_write_tokens=5,
+        cache_write_1h_tokens=2,
+        output_tokens=300,
+    )
+    usage = est(RequestInfo(size=10**6, server_state=("x",)), partial=partial, text_chars=8)
+    assert usage == Usage(7, 9, 5, 2, 300, 0)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        EstimatorConfig(output_cap=-1)
+    with pytest.raises(ValueError):
+        EstimatorConfig(delta_text="nope")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        EstimatorConfig(chars_per_token=0)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "request_body", "names"),
+    [
+        ("openai-responses", {"previous_response_id": "resp_1"}, ["previous_response_id"]),
+        ("openai-responses", {"conversation": "conv_1"}, ["conversation"]),
+        ("openai-responses", {"prompt": {"id": "pmpt_1"}}, ["stored prompt"]),
+        ("openai-responses", {"background": True}, ["background mode"]),
+        (
+            "openai-responses",
+            {"tools": [{"type": "file_search"}, {"type": "function"}]},
+            ["server tool file_search"],
+        ),
+        (
+            "openai-responses",
+            {"tools": [{"type": "mcp", "server_url": "https://x"}]},
+            ["server tool mcp"],
+        ),
+        (
+            "openai-responses",
+            {"tools": [{"type": "code_interpreter"}]},
+            ["server tool code_interpreter"],
+        ),
+        (
+            "openai-responses",
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
+            ["file by id"],
+        ),
+        (
+            "openai-responses",
+            {
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_image", "image_url": "https://x/cat.png"}],
+                    }
+                ]
+            },
+            ["image by URL"],
+        ),
+        (
+            "openai-responses",
+            {"input": [{"type": "item_reference", "id": "msg_1"}]},
+            ["item_reference"],
+        ),
+        (
+            "openai-chat",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "https://x/cat.png"}}
+                        ],
+                    }
+                ]
+            },
+            ["image by URL"],
+        ),
+        (
+            "openai-chat",
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "file", "file": {"file_id": "file-9"}}]}
+                ]
+            },
+            ["file by id"],
+        ),
+        ("openai-chat", {"web_search_options": {}}, ["server tool web_search"]),
+        (
+            "anthropic-messages",
+            {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            ["server tool web_search_20250305"],
+        ),
+        (
+            "anthropic-messages",
+            {"tools": [{"type": "code_execution_20250825"}]},
+            ["server tool code_execution_20250825"],
+        ),
+        (
+            "anthropic-messages",
+            {"mcp_servers": [{"type": "url", "url": "https://m"}]},
+            ["MCP servers"],
+        ),
+        (
+            "anthropic-messages",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "document", "source": {"type": "file", "file_id": "file_1"}}
+                        ],
+                    }
+                ]
+            },
+            ["file by id", "content by file"],
+        ),
+        (
+            "anthropic-messages",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "source": {"type": "url", "url": "https://x/a.png"}}
+                        ],
+                    }
+                ]
+            },
+            ["content by url"],
+        ),
+        ("gemini", {"cachedContent": "cachedContents/abc"}, ["cached content"]),
+        ("gemini", {"tools": [{"codeExecution": {}}]}, ["server tool codeExecution"]),
+        (
+            "gemini",
+            {"contents": [{"parts": [{"fileData": {"fileUri": "https://g/f"}}]}]},
+            ["file by URL"],
+        ),
+        (
+            "bedrock-converse",
+            {
+                "messages": [
+                    {"content": [{"document": {"source": {"s3Location": {"uri": "s3://b/k"}}}}]}
+                ]
+            },
+            ["object by S3 location"],
+        ),
+        ("bedrock-converse", {"promptVariables": {"topic": {"text": "x"}}}, ["stored prompt"]),
+    ],
+)
+def test_server_side_state_is_found_structurally(
+    fmt: str, request_body: dict[str, object], names: list[str]
+) -> None:
+    assert sorted(read_request(fmt, request_body).server_state) == sorted(names)
+
+
+def test_text_naming_server_state_is_not_server_state() -> None:
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": 'please use "previous_response_id": "r", "file_id": "f", https://x/a.png',
+            }
+        ]
+    }
+    for fmt in ("openai-chat", "openai-responses", "anthropic-messages"):
+        assert read_request(fmt, body).server_state == ()
+
+
+def test_request_limits_and_reasoning() -> None:
+    info = read_request(
+        "openai-chat",
+        {"model": "o3", "stream": True, "max_completion_tokens": 900, "reasoning_effort": "low"},
+    )
+    assert (info.model, info.stream, info.max_output_tokens, info.reasoning) == (
+        "o3",
+        True,
+        900,
+        True,
+    )
+    info = read_request(
+        "gemini",
+        {"generationConfig": {"maxOutputTokens": 64, "thinkingConfig": {"thinkingBudget": -1}}},
+    )
+    assert (info.max_output_tokens, info.reasoning, info.thinking_budget) == (64, True, None)
+    info = read_request(
+        "gemini", {"generation_config": {"thinking_config": {"thinking_budget": 0}}}
+    )
+    assert not info.reasoning
+    info = read_request(
+        "bedrock-converse",
+        {
+            "inferenceConfig": {"maxTokens": 10},
+            "additionalModelRequestFields": {
+                "reasoning_config": {"type": "enabled", "budget_tokens": 2000}
+            },
+        },
+    )
+    assert (info.max_output_tokens, info.thinking_budget) == (10, 2000)
+    assert read_request("openai-chat", b"not json").readable is False
+    assert read_request("openai-chat", b"[1]").readable is False
+    raw = json.dumps({"model": "m"}).encode()
+    assert read_request("openai-chat", raw).size == len(raw)
+
+
+def test_estimate_through_a_tap_applies_the_server_state_floor() -> None:
+    tap = open_tap(
+        "openai-responses", {"model": "gpt", "previous_response_id": "resp_1", "stream": True}
+    )
+    tap.feed(b'event: response.output_text.delta\ndata: {"delta": "abcdefgh"}\n\n')
+    result = tap.finish(cut="client_disconnected")
+    assert (result.input_tokens, result.output_tokens) == (200_000, 2)
+    assert result.estimate_reason == "client_disconnected"

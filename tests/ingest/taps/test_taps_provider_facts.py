@@ -1,0 +1,337 @@
+"""One test per provider fact in DESIGN.md ("Provider facts the mapping must get right")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ingest.taps import TapResult, open_tap
+from ingest.taps.eventstream import encode_message
+
+
+def sse(*events: tuple[str | None, Any], crlf: bool = False) -> bytes:
+    nl = "\r\n" if crlf else "\n"
+    out = ""
+    for name, obj in events:
+        if name:
+            out += f"event: {name}{nl}"
+        out += f"data: {obj if isinstance(obj, str) else json.dumps(obj)}{nl}{nl}"
+    return out.encode()
+
+
+def tap(
+    fmt: str,
+    body: bytes,
+    *,
+    streaming: bool = True,
+    cut: str | None = None,
+    model: str | None = None,
+) -> TapResult:
+    t = open_tap(fmt, {"model": "req-model"}, streaming=streaming, model=model)
+    t.feed(body)
+    return t.finish(cut=cut)
+
+
+def anthropic_stream(start_usage: dict[str, Any], *deltas: dict[str, Any]) -> bytes:
+    events: list[tuple[str | None, Any]] = [
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {"id": "msg_1", "model": "claude-x", "usage": start_usage},
+            },
+        ),
+    ]
+    for usage in deltas:
+        events.append(
+            (
+                "message_delta",
+                {"type": "message_delta", "delta": {"stop_reason": None}, "usage": usage},
+            )
+        )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return sse(*events)
+
+
+# -- Anthropic -----------------------------------------------------------------
+def test_anthropic_input_tokens_already_exclude_cache() -> None:
+    body = anthropic_stream(
+        {
+            "input_tokens": 10,
+            "cache_read_input_tokens": 500,
+            "cache_creation_input_tokens": 70,
+            "output_tokens": 1,
+        },
+        {"output_tokens": 9},
+    )
+    r = tap("anthropic-messages", body)
+    assert (r.input_tokens, r.cache_read_tokens, r.cache_write_tokens) == (10, 500, 70)
+    assert r.total_tokens == 10 + 500 + 70 + 9
+
+
+def test_anthropic_message_delta_usage_is_cumulative_latest_wins() -> None:
+    body = anthropic_stream(
+        {"input_tokens": 100, "output_tokens": 1},
+        {"input_tokens": 300, "output_tokens": 50},
+        {"output_tokens": 80},  # fields it lacks keep their latest value
+        {"input_tokens": 300, "output_tokens": 120},
+    )
+    r = tap("anthropic-messages", body)
+    assert (r.input_tokens, r.output_tokens, r.usage_source) == (300, 120, "reported")
+
+
+def test_anthropic_ephemeral_1h_is_the_1h_part_of_cache_writes() -> None:
+    body = anthropic_stream(
+        {
+            "input_tokens": 5,
+            "cache_creation_input_tokens": 1000,
+            "output_tokens": 1,
+            "cache_creation": {"ephemeral_5m_input_tokens": 400, "ephemeral_1h_input_tokens": 600},
+        },
+        {"output_tokens": 3},
+    )
+    r = tap("anthropic-messages", body)
+    assert (r.cache_write_tokens, r.cache_write_1h_tokens) == (1000, 600)
+
+
+def test_anthropic_cache_breakdown_larger_than_total_charges_the_larger() -> None:
+    body = anthropic_stream(
+        {
+            "input_tokens": 5,
+            "cache_creation_input_tokens": 100,
+            "output_tokens": 1,
+            "cache_creation": {"ephemeral_5m_input_tokens": 80, "ephemeral_1h_input_tokens": 70},
+        },
+        {"output_tokens": 3},
+    )
+    r = tap("anthropic-messages", body)
+    assert (r.cache_write_tokens, r.cache_write_1h_tokens) == (150, 70)
+
+
+# -- OpenAI Chat ---------------------------------------------------------------
+def chat_chunk(choices: Any, usage: Any = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "gpt-x",
+        "choices": choices,
+        "usage": usage,
+        **extra,
+    }
+
+
+USAGE = {
+    "prompt_tokens": 1000,
+    "completion_tokens": 300,
+    "prompt_tokens_details": {"cached_tokens": 600},
+    "completion_tokens_details": {"reasoning_tokens": 200},
+}
+
+
+def test_openai_chat_usage_only_with_include_usage_in_last_chunk() -> None:
+    text = [(None, chat_chunk([{"index": 0, "delta": {"content": "hi"}}]))]
+    r = tap("openai-chat", sse(*text, (None, "[DONE]")))
+    assert r.usage_source == "estimated"
+    assert r.estimate_reason is not None and r.estimate_reason.startswith("no_usage")
+    r = tap("openai-chat", sse(*text, (None, chat_chunk([], USAGE)), (None, "[DONE]")))
+    assert r.usage_source == "reported"
+
+
+def test_openai_chat_usage_chunk_with_choices_null() -> None:
+    body = sse(
+        (None, chat_chunk([{"index": 0, "delta": {"content": "hi"}}])),
+        (None, chat_chunk(None, USAGE)),
+        (None, "[DONE]"),
+    )
+    assert tap("openai-chat", body).usage_source == "reported"
+
+
+def test_openai_chat_prompt_tokens_include_cached_tokens() -> None:
+    r = tap("openai-chat", sse((None, chat_chunk([], USAGE)), (None, "[DONE]")))
+    assert (r.input_tokens, r.cache_read_tokens) == (400, 600)
+
+
+def test_openai_chat_completion_tokens_include_reasoning_tokens() -> None:
+    r = tap("openai-chat", sse((None, chat_chunk([], USAGE)), (None, "[DONE]")))
+    assert (r.output_tokens, r.reasoning_tokens) == (300, 200)
+    assert r.total_tokens == 1300
+
+
+def test_openai_chat_cached_above_prompt_is_invalid() -> None:
+    bad = {**USAGE, "prompt_tokens": 10}
+    r = tap("openai-chat", sse((None, chat_chunk([], bad)), (None, "[DONE]")))
+    assert r.usage_source == "estimated"
+    assert r.estimate_reason == "invalid_usage: cached_tokens (600) exceeds prompt_tokens (10)"
+
+
+# -- OpenAI Responses ----------------------------------------------------------
+RESP_USAGE = {
+    "input_tokens": 900,
+    "input_tokens_details": {"cached_tokens": 512},
+    "output_tokens": 70,
+    "output_tokens_details": {"reasoning_tokens": 40},
+}
+
+
+def test_openai_responses_usage_in_response_completed() -> None:
+    body = sse(
+        (
+            "response.created",
+            {"type": "response.created", "response": {"model": "gpt-r", "usage": None}},
+        ),
+        (
+            "response.completed",
+            {"type": "response.completed", "response": {"model": "gpt-r", "usage": RESP_USAGE}},
+        ),
+    )
+    r = tap("openai-responses", body)
+    assert (r.model, r.usage_source, r.output_tokens, r.reasoning_tokens) == (
+        "gpt-r",
+        "reported",
+        70,
+        40,
+    )
+
+
+def test_openai_responses_input_tokens_include_cached_tokens() -> None:
+    for terminal in ("response.completed", "response.incomplete", "response.failed"):
+        body = sse((terminal, {"type": terminal, "response": {"usage": RESP_USAGE}}))
+        r = tap("openai-responses", body)
+        assert (r.input_tokens, r.cache_read_tokens, r.usage_source) == (388, 512, "reported")
+
+
+def test_openai_responses_events_without_event_lines_are_read_by_type() -> None:
+    body = sse(
+        (None, {"type": "response.output_text.delta", "delta": "hello"}),
+        (None, {"type": "response.completed", "response": {"usage": RESP_USAGE}}),
+    )
+    assert tap("openai-responses", body).usage_source == "reported"
+
+
+# -- Gemini --------------------------------------------------------------------
+def gemini_chunk(text: str, usage: dict[str, Any] | None, finish: bool = False) -> dict[str, Any]:
+    cand: dict[str, Any] = {"content": {"parts": [{"text": text}], "role": "model"}, "index": 0}
+    if finish:
+        cand["finishReason"] = "STOP"
+    out: dict[str, Any] = {"candidates": [cand], "modelVersion": "gemini-x"}
+    if usage is not None:
+        out["usageMetadata"] = usage
+    return out
+
+
+def test_gemini_prompt_token_count_includes_cached_content() -> None:
+    usage = {"promptTokenCount": 1000, "cachedContentTokenCount": 800, "candidatesTokenCount": 5}
+    r = tap("gemini", sse((None, gemini_chunk("x", usage, True)), crlf=True))
+    assert (r.input_tokens, r.cache_read_tokens) == (200, 800)
+
+
+def test_gemini_thoughts_are_not_in_candidates_and_bill_as_output() -> None:
+    usage = {"promptTokenCount": 10, "candidatesTokenCount": 5, "thoughtsTokenCount": 95}
+    r = tap("gemini", sse((None, gemini_chunk("x", usage, True)), crlf=True))
+    assert (r.output_tokens, r.reasoning_tokens) == (100, 95)
+
+
+def test_gemini_last_chunk_usage_is_authoritative() -> None:
+    body = sse(
+        (None, gemini_chunk("a", {"promptTokenCount": 10, "candidatesTokenCount": 1})),
+        (None, gemini_chunk("b", {"promptTokenCount": 10, "candidatesTokenCount": 7})),
+        (None, gemini_chunk("c", {"promptTokenCount": 12, "candidatesTokenCount": 9}, True)),
+        crlf=True,
+    )
+    r = tap("gemini", body)
+    assert (r.input_tokens, r.output_tokens, r.usage_source) == (12, 9, "reported")
+
+
+def test_gemini_zero_counts_omitted_by_proto3_json() -> None:
+    r = tap("gemini", sse((None, gemini_chunk("", {"promptTokenCount": 4}, True))))
+    assert (r.input_tokens, r.output_tokens, r.usage_source) == (4, 0, "reported")
+
+
+# -- Bedrock -------------------------------------------------------------------
+def frame(event: str, payload: dict[str, Any], kind: str = "event") -> bytes:
+    headers = {":message-type": kind, ":content-type": "application/json"}
+    headers[":exception-type" if kind == "exception" else ":event-type"] = event
+    return encode_message(headers, json.dumps(payload).encode())
+
+
+BEDROCK_USAGE = {
+    "inputTokens": 30,
+    "outputTokens": 12,
+    "totalTokens": 542,
+    "cacheReadInputTokens": 400,
+    "cacheWriteInputTokens": 100,
+}
+
+
+def test_bedrock_usage_is_in_the_final_metadata_event() -> None:
+    body = (
+        frame("messageStart", {"role": "assistant"})
+        + frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "hi"}})
+        + frame("messageStop", {"stopReason": "end_turn"})
+    )
+    r = tap("bedrock-converse", body, model="bedrock-model")
+    assert r.usage_source == "estimated"
+    assert r.model == "bedrock-model"
+    r = tap("bedrock-converse", body + frame("metadata", {"usage": BEDROCK_USAGE}))
+    assert (r.input_tokens, r.cache_read_tokens, r.cache_write_tokens, r.output_tokens) == (
+        30,
+        400,
+        100,
+        12,
+    )
+    assert r.usage_source == "reported"
+
+
+def test_bedrock_error_as_a_stream_event_after_200() -> None:
+    body = frame("messageStart", {"role": "assistant"}) + frame(
+        "throttlingException", {"message": "Too many tokens"}, kind="exception"
+    )
+    r = tap("bedrock-converse", body)
+    assert r.usage_source == "estimated"
+    assert r.upstream_error == "throttlingException: Too many tokens"
+    assert r.estimate_reason == "upstream_error: throttlingException: Too many tokens"
+
+
+def test_bedrock_error_message_type() -> None:
+    body = encode_message(
+        {":message-type": "error", ":error-code": "InternalFailure", ":error-message": "boom"}, b""
+    )
+    r = tap("bedrock-converse", body)
+    assert r.upstream_error == "InternalFailure: boom"
+
+
+def test_bedrock_cache_details_give_the_1h_part() -> None:
+    usage = {
+        **BEDROCK_USAGE,
+        "cacheWriteInputTokens": 100,
+        "cacheDetails": [{"ttl": "1h", "inputTokens": 60}, {"ttl": "5m", "inputTokens": 40}],
+    }
+    r = tap("bedrock-converse", frame("metadata", {"usage": usage}))
+    assert (r.cache_write_tokens, r.cache_write_1h_tokens) == (100, 60)
+
+
+def test_gemini_stream_ending_on_an_error_chunk_is_estimated() -> None:
+    error = {"error": {"code": 500, "message": "Internal error", "status": "INTERNAL"}}
+    body = sse(
+        (None, gemini_chunk("a", {"promptTokenCount": 10, "candidatesTokenCount": 1})),
+        (None, error),
+        crlf=True,
+    )
+    r = tap("gemini", body)
+    assert (r.usage_source, r.upstream_error) == ("estimated", "INTERNAL: Internal error")
+    assert r.estimate_reason == "upstream_error: INTERNAL: Internal error"
+    assert r.input_tokens == 10  # the partial usageMetadata still counts
+
+
+def test_openai_chat_stream_ending_on_an_error_chunk_is_estimated() -> None:
+    running = {"prompt_tokens": 50, "completion_tokens": 2}  # continuous usage stats
+    body = sse(
+        (None, chat_chunk([{"index": 0, "delta": {"content": "hi"}}], running)),
+        (None, {"error": {"message": "The server had an error", "type": "server_error"}}),
+    )
+    r = tap("openai-chat", body)
+    assert (r.usage_source, r.upstream_error) == (
+        "estimated",
+        "server_error: The server had an error",
+    )
+    assert r.input_tokens == 50
