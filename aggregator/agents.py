@@ -182,8 +182,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
             for (partition, key), value in out.seen_writes.items():
                 _act_as(by_partition[partition])
                 seen[key] = value
-            for key, value in out.priced:
-                await usage_priced.send(key=key, value=value)
+            for partition, key, value in out.priced:
+                await usage_priced.send(key=key, value=value, partition=partition)
             for counter, value in out.verdicts.items():
                 await verdicts.send(key=counter.encode(), value=value)
             for key, value in out.alerts:
@@ -241,6 +241,9 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 **metrics.snapshot(),
                 "reference_ready": follower.ready.is_set(),
                 "budgets": len(reference.budgets),
+                # serving = budgets and prices loaded and this worker owns (recovered) partitions
+                "assigned_partitions": len(assigned := app.assignor.assigned_actives()),
+                "serving": follower.ready.is_set() and bool(assigned) and not app.rebalancing,
             }
         )
 

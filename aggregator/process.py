@@ -57,8 +57,9 @@ class BatchStats:
 
 @dataclass
 class BatchOutput:
-    #: (key, value) for usage.priced
-    priced: list[tuple[bytes, bytes]] = field(default_factory=list)
+    #: (partition, key, value) for usage.priced: the partition is the source partition, so
+    #: one sink owner reads every priced record of one usage.raw partition in offset order
+    priced: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     #: counter key -> Verdict bytes (last state of the batch only)
     verdicts: dict[str, bytes] = field(default_factory=dict)
     alerts: list[tuple[bytes, bytes]] = field(default_factory=list)
@@ -153,6 +154,7 @@ class BatchProcessor:
                 states[key] = (record.partition, state)
             out.priced.append(
                 (
+                    record.partition,
                     event["org_id"].encode(),
                     PRICED_USAGE.encode(
                         {

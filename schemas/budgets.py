@@ -68,14 +68,13 @@ def _values(attrs: Mapping[str, Any], attribute: str) -> list[str]:
     """Canonical values of ``attribute`` in an event or request context (0, 1 or many)."""
     if attribute.startswith("tag:"):
         tags = attrs.get("tags") or {}
-        value = tags.get(attribute[4:])
-        return [] if value is None else [canonical_id(value)]
-    if attribute == "group":
-        return [canonical_id(g) for g in attrs.get(_GROUPS) or ()]
-    value = attrs.get(attribute)
-    if value is None or value == "":
-        return []
-    return [canonical_id(value, attribute)]
+        raw: list[str] = [] if tags.get(attribute[4:]) is None else [tags[attribute[4:]]]
+    elif attribute == "group":
+        raw = list(attrs.get(_GROUPS) or ())
+    else:
+        raw = [] if attrs.get(attribute) is None else [attrs[attribute]]
+    # a blank id is no id: it must not name a counter of its own
+    return [v for v in (canonical_id(r, attribute) for r in raw) if v]
 
 
 @dataclass(frozen=True, slots=True)

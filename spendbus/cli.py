@@ -24,6 +24,9 @@ for command in (up, down, status, demo, sql, usage, budgets, aggregator):
 
 def _register_optional() -> None:
     """Commands of the other rooms, each in its own module."""
+    from spendbus.commands.enforcer import check, enforcer
+    from spendbus.commands.fake_upstream import fake_upstream
+    from spendbus.commands.ingest import ingest
     from spendbus.commands.pricing import price, prices
     from spendbus.commands.tap import tap
 
@@ -31,6 +34,10 @@ def _register_optional() -> None:
     cli.add_command(price)
     cli.add_command(prices)
     cli.add_command(tap)
+    cli.add_command(ingest)
+    cli.add_command(fake_upstream)
+    cli.add_command(enforcer)
+    cli.add_command(check)
 
 
 _register_optional()

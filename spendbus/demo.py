@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import shutil
 import time
@@ -150,53 +151,47 @@ def _spend_table(enforcer: Enforcer, ledger: Ledger) -> Table:
     for org, secret, users, _ in PRINCIPALS:
         statuses = enforcer.usage(enforcer.context(org_id=org, secret_id=secret, user_id=users[0]))
         secret_budget = [s for s in statuses if s.budget_id in ("intern-key", "secret-monthly")]
-        status = min(secret_budget, key=lambda s: s.limit_nanos or 0) if secret_budget else None
+        status = (
+            min(secret_budget, key=lambda s: s.plan.limit_nanos or 0) if secret_budget else None
+        )
         state = status.state if status else "-"
         colour = {"exceeded": "red", "alert": "yellow"}.get(state, "green")
         table.add_row(
             org,
             secret,
             format_usd(status.spent_nanos if status else 0),
-            format_usd(status.limit_nanos) if status and status.limit_nanos else "-",
+            format_usd(status.plan.limit_nanos) if status and status.plan.limit_nanos else "-",
             f"[{colour}]{state}[/{colour}]",
             str(ledger.refused_by.get(secret, 0)),
         )
     return table
 
 
-async def _workload(
-    enforcer: Enforcer, publisher: UsagePublisher, prices: PriceBook, events: int, seed: int
-) -> Ledger:
-    rng = random.Random(seed)
-    ledger = Ledger()
-    progress = Progress(
-        TextColumn("[bold]proxy traffic"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]} req/s"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    task = progress.add_task("requests", total=events, rate="-")
-    started = time.monotonic()
-    with Live(
-        Group(progress, _spend_table(enforcer, ledger)), console=console, refresh_per_second=4
-    ) as live:
-        for n in range(events):
-            org, secret, users, _ = _pick(rng, PRINCIPALS)
-            fmt, provider, model, _ = _pick(rng, MODELS)
-            user = rng.choice(users)
-            stream = rng.random() < 0.7
-            usage = _usage(rng, fmt)
-            cut = (
-                rng.randrange(3, 12) if stream and rng.random() < 0.02 else None
-            )  # a client hang-up
-            tags = {"team": "search"} if secret == "sk-globex-search" else {}
-            session = f"job-{rng.randrange(40)}" if secret == "sk-acme-batch" else None
-            exchange = synthesize(
-                fmt, model=model, usage=usage, stream=stream, rng=rng, cut_after=cut
-            )
-            ctx = enforcer.context(
+@dataclass
+class Proxy:
+    """What a gateway does per request: check, forward (here: a synthesized provider
+    response), read usage from the stream with the tap, publish, settle."""
+
+    enforcer: Enforcer
+    publisher: UsagePublisher
+    prices: PriceBook
+    rng: random.Random
+    ledger: Ledger = field(default_factory=Ledger)
+
+    async def request(self, principal: tuple[Any, ...]) -> Any:
+        rng = self.rng
+        org, secret, users, _ = principal
+        fmt, provider, model, _ = _pick(rng, MODELS)
+        user = rng.choice(users)
+        stream = rng.random() < 0.7
+        cut = rng.randrange(3, 12) if stream and rng.random() < 0.02 else None  # a client hang-up
+        tags = {"team": "search"} if secret == "sk-globex-search" else {}
+        session = f"job-{rng.randrange(40)}" if secret == "sk-acme-batch" else None
+        exchange = synthesize(
+            fmt, model=model, usage=_usage(rng, fmt), stream=stream, rng=rng, cut_after=cut
+        )
+        decision = self.enforcer.check(
+            self.enforcer.context(
                 org_id=org,
                 secret_id=secret,
                 user_id=user,
@@ -209,76 +204,136 @@ async def _workload(
                 max_output_tokens=exchange.request.get("max_tokens")
                 or exchange.request.get("max_output_tokens"),
             )
-            decision = enforcer.check(ctx)
-            common = dict(
-                provider=provider,
-                api=fmt,
-                secret_id=secret,
-                org_id=org,
-                gateway_id="demo-gateway",
-                user_id=user,
-                session_id=session,
-                tags=tags,
-                stream=stream,
+        )
+        common: dict[str, Any] = dict(
+            provider=provider,
+            api=fmt,
+            secret_id=secret,
+            org_id=org,
+            gateway_id="demo-gateway",
+            user_id=user,
+            session_id=session,
+            tags=tags,
+            stream=stream,
+            outcome=decision.outcome,
+            decision=decision.decision,
+        )
+        if not decision.allowed:  # a refusal never reaches the provider; it is usage all the same
+            event = new_usage_event(
+                model=model,
+                input_tokens=0,
+                output_tokens=0,
+                status_code=decision.status,
+                decision_budget_id=decision.budget_id,
+                **common,
             )
-            if not decision.allowed:
-                event = new_usage_event(
-                    model=model,
-                    input_tokens=0,
-                    output_tokens=0,
-                    status_code=decision.status,
-                    outcome=decision.outcome,
-                    decision=decision.decision,
-                    decision_budget_id=decision.budget_id,
-                    **common,
-                )
-                ledger.refused += 1
-                ledger.refused_by[secret] += 1
-            else:
-                tap = open_tap(
-                    fmt,
-                    exchange.request_bytes,
-                    content_type=exchange.content_type,
-                    status=exchange.status,
-                )
-                for chunk in exchange.chunks:
-                    tap.feed(chunk)
-                result = tap.finish(cut="client_disconnected" if cut is not None else None)
-                event = new_usage_event(
-                    model=result.model or model,
-                    input_tokens=result.input_tokens,
-                    output_tokens=result.output_tokens,
-                    cache_read_tokens=result.cache_read_tokens,
-                    cache_write_tokens=result.cache_write_tokens,
-                    cache_write_1h_tokens=result.cache_write_1h_tokens,
-                    reasoning_tokens=result.reasoning_tokens,
-                    usage_source=result.usage_source,
-                    estimate_reason=result.estimate_reason,
-                    status_code=exchange.status,
-                    outcome=decision.outcome,
-                    decision=decision.decision,
-                    **common,
-                )
-                ledger.estimated += result.usage_source == "estimated"
-            await publisher.publish(event)
-            if decision.allowed:
-                enforcer.settle(decision.hold_id, event)
-            ledger.sent_unique += 1
-            cost = prices.price_event(event).cost_nanos
-            ledger.expected_nanos += cost
-            ledger.per_principal[(org, secret)] += cost
-            if rng.random() < 0.01:  # a proxy retry re-publishes the same event id
-                await publisher.publish(event)
-                ledger.duplicates += 1
+            self.ledger.refused += 1
+            self.ledger.refused_by[secret] += 1
+        else:
+            tap = open_tap(
+                fmt,
+                exchange.request_bytes,
+                content_type=exchange.content_type,
+                status=exchange.status,
+            )
+            for chunk in exchange.chunks:  # the bytes the client receives, untouched
+                tap.feed(chunk)
+            result = tap.finish(cut="client_disconnected" if cut is not None else None)
+            event = new_usage_event(
+                model=result.model or model,
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
+                cache_read_tokens=result.cache_read_tokens,
+                cache_write_tokens=result.cache_write_tokens,
+                cache_write_1h_tokens=result.cache_write_1h_tokens,
+                reasoning_tokens=result.reasoning_tokens,
+                usage_source=result.usage_source,
+                estimate_reason=result.estimate_reason,
+                status_code=exchange.status,
+                **common,
+            )
+            self.ledger.estimated += result.usage_source == "estimated"
+        await self.publisher.publish(event)
+        if decision.allowed:
+            self.enforcer.settle(decision.hold_id, event)
+        cost = self.prices.price_event(event).cost_nanos
+        self.ledger.sent_unique += 1
+        self.ledger.expected_nanos += cost
+        self.ledger.per_principal[(org, secret)] += cost
+        if rng.random() < 0.01:  # a retrying proxy re-publishes the same event id
+            await self.publisher.publish(event)
+            self.ledger.duplicates += 1
+        return decision
+
+
+async def _workload(proxy: Proxy, events: int) -> None:
+    progress = Progress(
+        TextColumn("[bold]proxy traffic"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} req/s"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("requests", total=events, rate="-")
+    started = time.monotonic()
+
+    def view() -> Group:
+        return Group(progress, _spend_table(proxy.enforcer, proxy.ledger))
+
+    with Live(view(), console=console, refresh_per_second=4) as live:
+        for n in range(events):
+            await proxy.request(_pick(proxy.rng, PRINCIPALS))
             if n % 25 == 0:
                 await asyncio.sleep(0)  # let the enforcer's follower read verdicts
                 rate = (n + 1) / max(time.monotonic() - started, 1e-6)
                 progress.update(task, completed=n + 1, rate=f"{rate:,.0f}")
-                live.update(Group(progress, _spend_table(enforcer, ledger)))
+                live.update(view())
         progress.update(task, completed=events)
-        await publisher.flush()
-        live.update(Group(progress, _spend_table(enforcer, ledger)))
-    return ledger
+        await proxy.publisher.flush()
+        live.update(view())
+
+
+async def _exhaust(proxy: Proxy, seconds: float = 30.0) -> None:
+    """Spend the intern's key: it calls until the gateway refuses it, then a usage import
+    adds the calls it made around the gateway, so its counter reaches the limit."""
+    enforcer, ledger = proxy.enforcer, proxy.ledger
+    principal = next(p for p in PRINCIPALS if (p[0], p[1]) == EXHAUSTED_SECRET)
+    ctx = enforcer.context(
+        org_id=EXHAUSTED_SECRET[0], secret_id=EXHAUSTED_SECRET[1], user_id=principal[2][0]
+    )
+    with console.status(f"{EXHAUSTED_SECRET[1]} keeps calling until the gateway refuses it..."):
+        # reserve-and-settle: in-flight holds refuse it before its verdict can pass the limit
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and (await proxy.request(principal)).allowed:
+            await asyncio.sleep(0)
+    # The intern also called the provider directly with the same key (a notebook); the
+    # provider's usage export is imported as events, as `spendbus ingest FILE.jsonl` does.
+    intern = next(s for s in enforcer.usage(ctx) if s.budget_id == "intern-key")
+    # what the gateway sent so far (the verdicts may still be catching up with it)
+    left = (intern.plan.limit_nanos or 0) - ledger.per_principal[EXHAUSTED_SECRET]
+    # claude-sonnet-4-5 input costs 3,000 nanos a token: enough tokens to pass what is left
+    imported = new_usage_event(
+        provider="anthropic",
+        api="anthropic-messages",
+        model="claude-sonnet-4-5-20250929",
+        secret_id=EXHAUSTED_SECRET[1],
+        org_id=EXHAUSTED_SECRET[0],
+        gateway_id="usage-import",
+        user_id=principal[2][0],
+        input_tokens=max(1, left // 3_000 + 1_000),
+        output_tokens=0,
+    )
+    await proxy.publisher.publish(imported)
+    await proxy.publisher.flush()
+    cost = proxy.prices.price_event(imported).cost_nanos
+    ledger.sent_unique += 1
+    ledger.expected_nanos += cost
+    ledger.per_principal[EXHAUSTED_SECRET] += cost
+    console.print(
+        f"imported {imported['input_tokens']:,} tokens the intern spent outside the gateway "
+        f"({format_usd(cost)}; {format_usd(max(left, 0))} was left)"
+    )
 
 
 def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
@@ -293,6 +348,8 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
 
 
 def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: int = 2026) -> int:
+    # producing right after a topic is created retries until its leader is known: not news
+    logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
     home = (settings.home / "demo").resolve()
     if not keep and home.exists():
         shutil.rmtree(home)
@@ -379,8 +436,12 @@ async def _drive(
     async with Enforcer(config) as enforcer:
         await enforcer.wait_ready(60)
         await publisher.start()
+        proxy = Proxy(enforcer, publisher, prices, random.Random(seed))
+        ledger = proxy.ledger
         try:
-            ledger = await _workload(enforcer, publisher, prices, events, seed)
+            await _workload(proxy, events)
+            await _exhaust(proxy)
+            await publisher.flush()
         finally:
             await publisher.stop()
         # every record read by the aggregator, then its last verdicts seen by the enforcer
@@ -396,6 +457,7 @@ async def _drive(
                     break
                 await asyncio.sleep(0.25)
         ledger.verdict_nanos = _verdict_spend(enforcer)
+        console.print(_spend_table(enforcer, ledger))
         refused = enforcer.peek(
             enforcer.context(
                 org_id=EXHAUSTED_SECRET[0],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -31,9 +33,28 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> list
         for name, code, message in _errors(response):
             if code != 0 and code != TopicAlreadyExistsError.errno:
                 raise RuntimeError(f"cannot create topic {name}: error {code} {message}")
-        return [s.name for s in wanted]
+        created = [s.name for s in wanted]
+        await _wait_for_leaders(admin, created)
+        return created
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(
+    admin: AIOKafkaAdminClient, names: list[str], timeout: float = 30.0
+) -> None:
+    """A new topic takes a moment to elect its leaders; producing before that only logs retries."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        described = await admin.describe_topics(names)
+        if all(
+            t["error_code"] == 0
+            and t["partitions"]
+            and all(p["leader"] >= 0 for p in t["partitions"])
+            for t in described
+        ):
+            return
+        await asyncio.sleep(0.1)
 
 
 def _errors(response: object) -> list[tuple[str, int, str | None]]:

@@ -81,7 +81,7 @@ class WorkerProcess:
                 )
             try:
                 stats = self.get("/stats", timeout=2)
-                if stats.get("reference_ready"):
+                if stats.get("serving"):
                     return
             except (OSError, WorkerError):
                 pass

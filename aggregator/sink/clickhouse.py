@@ -1,0 +1,427 @@
+"""The ClickHouse sink: PricedUsage records into ``usage_events``, verdicts into ``budget_state``.
+
+Delivery is at-least-once (a batch may come again after a crash, a rebalance
+or a failed write); the sink makes it exactly-once in ClickHouse with two
+mechanisms, both keyed by the event's usage.raw position (source_partition,
+source_offset):
+
+- **Offset fences.** For each (source_partition, month of occurred_at) the
+  highest source_offset stored. A partition's fences are read from
+  ``usage_events`` (through its ``fences`` projection) the first time a batch
+  holds that partition, and advanced after each successful insert; a row at or
+  below its fence is already stored and is skipped. Records of one
+  source_partition arrive in offset order, so a redelivered batch is a re-read
+  of a suffix and is skipped exactly up to what was stored. Fences are per
+  month because the table is partitioned by month: one INSERT writes one part
+  per month, each committed on its own, so a crash can leave one month of an
+  insert stored and another not; within one (partition, month), rows are
+  stored as whole parts in offset order, so its max offset is an exact fence.
+- **Insert tokens.** Each INSERT carries an ``insert_deduplication_token``
+  derived from its (partition, offset) list. An insert that raised is kept as
+  *pending* and is the first thing the next write sends, identical, with the
+  same token: ClickHouse drops what it already committed (in usage_events and,
+  by the token, in the rollup views) and adds the rest. An insert can raise
+  after committing (a view failing after the table part was written, an HTTP
+  timeout), so the fences alone would leave the rollups short.
+
+Flush order (aggregator/sink/README.md, enforced by tests): 1. insert rows,
+2. advance the fences, 3. only then may the caller commit the Kafka offsets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from operator import itemgetter
+from typing import Any, Final
+
+from clickhouse_connect.driver.client import Client
+
+from aggregator.sink.errors import SinkRejected, translate
+from schemas.ids import canonical_id
+
+log = logging.getLogger(__name__)
+
+Record = Mapping[str, Any]
+Row = tuple[Any, ...]
+
+USAGE_TABLE: Final = "usage_events"
+VERDICT_TABLE: Final = "budget_state"
+#: rows per INSERT at most: well below max_insert_block_size, so ClickHouse
+#: writes each INSERT as one block (one part per month), never split further
+MAX_ROWS_PER_INSERT: Final = 100_000
+
+#: usage_events columns the sink writes, in order, with their ClickHouse types
+#: (passed as column_type_names: no DESCRIBE per insert). inserted_at is the
+#: table's DEFAULT. A test checks this against the DDL.
+USAGE_COLUMNS: Final = (
+    ("event_id", "String"),
+    ("occurred_at", "DateTime64(6, 'UTC')"),
+    ("provider", "LowCardinality(String)"),
+    ("api", "LowCardinality(String)"),
+    ("model", "LowCardinality(String)"),
+    ("secret_id", "String"),
+    ("org_id", "String"),
+    ("project_id", "Nullable(String)"),
+    ("grant_id", "Nullable(String)"),
+    ("permission_id", "Nullable(String)"),
+    ("user_id", "Nullable(String)"),
+    ("groups", "Array(String)"),
+    ("session_id", "Nullable(String)"),
+    ("tags", "Map(String, String)"),
+    ("input_tokens", "Int64"),
+    ("cache_read_tokens", "Int64"),
+    ("cache_write_tokens", "Int64"),
+    ("cache_write_1h_tokens", "Int64"),
+    ("output_tokens", "Int64"),
+    ("reasoning_tokens", "Int64"),
+    ("usage_source", "LowCardinality(String)"),
+    ("estimate_reason", "Nullable(String)"),
+    ("outcome", "LowCardinality(String)"),
+    ("decision", "LowCardinality(String)"),
+    ("decision_budget_id", "Nullable(String)"),
+    ("status_code", "UInt16"),
+    ("stream", "Bool"),
+    ("gateway_id", "LowCardinality(String)"),
+    ("request_id", "Nullable(String)"),
+    ("latency_ms", "Nullable(Int32)"),
+    ("cost_nanos", "Int64"),
+    ("price_version", "LowCardinality(Nullable(String))"),
+    ("price_match", "LowCardinality(Nullable(String))"),
+    ("unpriced", "Bool"),
+    ("source_partition", "Int32"),
+    ("source_offset", "Int64"),
+    ("priced_at", "DateTime64(6, 'UTC')"),
+)
+USAGE_COLUMN_NAMES: Final = tuple(name for name, _ in USAGE_COLUMNS)
+USAGE_COLUMN_TYPES: Final = tuple(kind for _, kind in USAGE_COLUMNS)
+_OCCURRED_AT: Final = USAGE_COLUMN_NAMES.index("occurred_at")
+_PARTITION: Final = USAGE_COLUMN_NAMES.index("source_partition")
+_OFFSET: Final = USAGE_COLUMN_NAMES.index("source_offset")
+
+VERDICT_COLUMNS: Final = (
+    ("counter_key", "String"),
+    ("budget_id", "LowCardinality(String)"),
+    ("scope", "LowCardinality(String)"),
+    ("scope_values", "Array(String)"),
+    ("period", "LowCardinality(String)"),
+    ("state", "LowCardinality(String)"),
+    ("spent_nanos", "Int64"),
+    ("spent_tokens", "Int64"),
+    ("spent_requests", "Int64"),
+    ("limit_nanos", "Nullable(Int64)"),
+    ("limit_tokens", "Nullable(Int64)"),
+    ("limit_requests", "Nullable(Int64)"),
+    ("action", "LowCardinality(String)"),
+    ("refusal", "LowCardinality(String)"),
+    ("reset_at", "Nullable(DateTime64(6, 'UTC'))"),
+    ("as_of", "DateTime64(6, 'UTC')"),
+    ("seq", "Int64"),
+    ("emitted_at", "DateTime64(6, 'UTC')"),
+)
+VERDICT_COLUMN_NAMES: Final = tuple(name for name, _ in VERDICT_COLUMNS)
+VERDICT_COLUMN_TYPES: Final = tuple(kind for _, kind in VERDICT_COLUMNS)
+
+#: settings of every usage_events INSERT besides its token: synchronous (the
+#: insert has landed when the call returns) and deduplicated down the views too
+_INSERT_SETTINGS: Final = {
+    "async_insert": 0,
+    "insert_deduplicate": 1,
+    "deduplicate_blocks_in_dependent_materialized_views": 1,
+}
+_FENCE_QUERY: Final = (
+    "SELECT source_partition, toYYYYMM(occurred_at) AS month, max(source_offset) "
+    "FROM {table}{where} GROUP BY source_partition, month"
+)
+
+
+def _canonicalizer(field: str, *, optional: bool) -> Callable[[str], str | None]:
+    """canonical_id for ``field``, memoised (ids repeat a lot); for an optional id,
+    empty once canonical means absent (as budgets read it)."""
+    if optional:
+        return lru_cache(maxsize=1 << 16)(lambda value: canonical_id(value, field) or None)
+    return lru_cache(maxsize=1 << 16)(lambda value: canonical_id(value, field))
+
+
+_SECRET: Final = _canonicalizer("secret_id", optional=False)
+_ORG: Final = _canonicalizer("org_id", optional=False)
+_PROJECT: Final = _canonicalizer("project_id", optional=True)
+_GRANT: Final = _canonicalizer("grant_id", optional=True)
+_PERMISSION: Final = _canonicalizer("permission_id", optional=True)
+_USER: Final = _canonicalizer("user_id", optional=True)
+_SESSION: Final = _canonicalizer("session_id", optional=True)
+_GROUP: Final = lru_cache(maxsize=1 << 16)(canonical_id)
+# the columns around the canonical ids, copied as they are (itemgetter builds the tuples in C)
+_EVENT_HEAD: Final = itemgetter(*USAGE_COLUMN_NAMES[: USAGE_COLUMN_NAMES.index("secret_id")])
+_EVENT_TAIL: Final = itemgetter(
+    *USAGE_COLUMN_NAMES[USAGE_COLUMN_NAMES.index("tags") : USAGE_COLUMN_NAMES.index("cost_nanos")]
+)
+_PRICING: Final = itemgetter(*USAGE_COLUMN_NAMES[USAGE_COLUMN_NAMES.index("cost_nanos") :])
+
+
+def rows_from_priced(records: Iterable[Record]) -> list[Row]:
+    """usage_events rows (tuples in USAGE_COLUMNS order) from decoded PricedUsage records.
+
+    Scope ids are stored canonical (schemas.ids.canonical_id), the form the
+    budget counters use; an optional id that is empty once canonical is NULL.
+    """
+    rows = []
+    for rec in records:
+        ev = rec["event"]
+        project, grant, permission = ev["project_id"], ev["grant_id"], ev["permission_id"]
+        user, session = ev["user_id"], ev["session_id"]
+        rows.append(
+            (
+                *_EVENT_HEAD(ev),
+                _SECRET(ev["secret_id"]),
+                _ORG(ev["org_id"]),
+                None if project is None else _PROJECT(project),
+                None if grant is None else _GRANT(grant),
+                None if permission is None else _PERMISSION(permission),
+                None if user is None else _USER(user),
+                [_GROUP(group) for group in ev["groups"]],
+                None if session is None else _SESSION(session),
+                *_EVENT_TAIL(ev),
+                *_PRICING(rec),
+            )
+        )
+    return rows
+
+
+def rows_from_verdicts(records: Iterable[Record]) -> list[Row]:
+    """budget_state rows (tuples in VERDICT_COLUMNS order) from decoded Verdict records."""
+    return [tuple(rec[name] for name in VERDICT_COLUMN_NAMES) for rec in records]
+
+
+def month_of(ts: datetime) -> int:
+    """``YYYYMM`` of ``ts`` in UTC: ClickHouse's toYYYYMM(occurred_at), the table's partition."""
+    if ts.tzinfo is not UTC:
+        if ts.tzinfo is None:
+            raise SinkRejected(f"occurred_at {ts.isoformat()} has no time zone")
+        ts = ts.astimezone(UTC)
+    return ts.year * 100 + ts.month
+
+
+FenceKey = tuple[int, int]  # (source_partition, YYYYMM)
+
+
+@dataclass(frozen=True, slots=True)
+class _Insert:
+    """One INSERT: its rows, the (partition, month) -> max offset they carry, and its token."""
+
+    rows: list[Row]
+    tops: dict[FenceKey, int]
+    token: str
+
+    @classmethod
+    def of(cls, rows: list[Row], keys: list[FenceKey], table: str) -> _Insert:
+        """``keys[i]`` is the (partition, month) of ``rows[i]``."""
+        tops: dict[FenceKey, int] = {}
+        digest = hashlib.sha256(table.encode())
+        positions = []
+        for row, key in zip(rows, keys, strict=True):
+            offset = row[_OFFSET]
+            if offset > tops.get(key, -1):
+                tops[key] = offset
+            positions.append(b"%d:%d," % (key[0], offset))
+        digest.update(b"".join(positions))
+        return cls(rows=rows, tops=tops, token=f"spendbus-{digest.hexdigest()}")
+
+    @property
+    def partitions(self) -> set[int]:
+        return {partition for partition, _ in self.tops}
+
+
+class ClickHouseSink:
+    """Writes PricedUsage batches into usage_events exactly once, and verdicts into budget_state.
+
+    Synchronous and serialised by a lock: the Faust agent calls ``write`` from
+    its ``stream.take(10_000, within=1.0)`` loop through ``asyncio.to_thread``,
+    retries the same batch on SinkUnavailable, and acknowledges the batch only
+    after ``write`` returned. On partition revocation it calls ``forget``.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        table: str = USAGE_TABLE,
+        verdict_table: str = VERDICT_TABLE,
+        max_rows_per_insert: int = MAX_ROWS_PER_INSERT,
+    ) -> None:
+        if not 0 < max_rows_per_insert <= MAX_ROWS_PER_INSERT:
+            raise ValueError(f"max_rows_per_insert must be in 1..{MAX_ROWS_PER_INSERT}")
+        self.client = client
+        self.table = table
+        self.verdict_table = verdict_table
+        self.max_rows_per_insert = max_rows_per_insert
+        self._fences: dict[FenceKey, int] = {}
+        self._loaded: set[int] = set()
+        self._pending: _Insert | None = None
+        self._lock = threading.RLock()
+
+    # -- fences ---------------------------------------------------------------------
+
+    @property
+    def fences(self) -> dict[FenceKey, int]:
+        """A copy of the fences: (source_partition, YYYYMM) -> highest source_offset stored."""
+        with self._lock:
+            return dict(self._fences)
+
+    @property
+    def pending(self) -> int:
+        """Rows of a failed insert that the next write sends first (0 when none)."""
+        pending = self._pending
+        return 0 if pending is None else len(pending.rows)
+
+    def load_fences(self, partitions: Iterable[int] | None = None) -> None:
+        """Read the fences of ``partitions`` (every partition stored when None) from ClickHouse."""
+        with self._lock:
+            self._load_fences(None if partitions is None else set(partitions))
+
+    def forget(self, partitions: Iterable[int] | None = None) -> None:
+        """Drop what the sink knows of ``partitions`` (all when None): call on revocation.
+
+        Another worker may write them meanwhile, so their fences are read again
+        from ClickHouse the next time a batch holds them. A pending insert
+        touching them is dropped too (the new owner writes those rows); its
+        other partitions are re-read as well, as it may have been committed.
+        """
+        with self._lock:
+            gone = set(self._loaded) if partitions is None else set(partitions)
+            pending = self._pending
+            if pending is not None and pending.partitions & gone:
+                log.warning(
+                    "dropping a failed insert of %d rows on revocation of partitions %s; "
+                    "if it had reached usage_events but not the rollups, rebuild them "
+                    "(infra/clickhouse/README.md)",
+                    len(pending.rows),
+                    sorted(pending.partitions & gone),
+                )
+                gone |= pending.partitions
+                self._pending = None
+            self._loaded -= gone
+            for key in [k for k in self._fences if k[0] in gone]:
+                del self._fences[key]
+
+    def _load_fences(self, partitions: set[int] | None) -> None:
+        where = ""
+        if partitions is not None:
+            if not partitions:
+                return
+            listed = ",".join(str(int(p)) for p in sorted(partitions))
+            where = f" WHERE source_partition IN ({listed})"
+        try:
+            result = self.client.query(_FENCE_QUERY.format(table=self.table, where=where))
+        except Exception as exc:
+            raise translate(exc, f"reading the fences of {self.table}") from exc
+        if partitions is None:
+            self._fences.clear()
+        else:
+            for key in [k for k in self._fences if k[0] in partitions]:
+                del self._fences[key]
+        for partition, month, offset in result.result_rows:
+            self._fences[(int(partition), int(month))] = int(offset)
+        # a partition with nothing stored yet is loaded too: it has no fence
+        self._loaded |= partitions or {partition for partition, _ in self._fences}
+
+    # -- usage_events ---------------------------------------------------------------
+
+    def write(self, records: Iterable[Record]) -> int:
+        """Store a batch of PricedUsage records; returns the number of rows inserted.
+
+        Rows already stored (at or below their fence) and repeats within the
+        batch are skipped. Raises SinkUnavailable (retriable: call again with
+        the same batch) or SinkRejected; in both cases nothing may be
+        acknowledged to Kafka.
+        """
+        return self.write_rows(rows_from_priced(records))
+
+    def write_rows(self, rows: Sequence[Row]) -> int:
+        """``write`` for rows already built by :func:`rows_from_priced`."""
+        with self._lock:
+            unseen = {row[_PARTITION] for row in rows} - self._loaded
+            if unseen:
+                self._load_fences(unseen)
+            written = 0
+            # a failed insert goes first, identical: the token makes it land once
+            if self._pending is not None:
+                written += self._insert(self._pending)
+            fresh, keys = self._fresh(rows)
+            step = self.max_rows_per_insert
+            for start in range(0, len(fresh), step):
+                chunk = _Insert.of(
+                    fresh[start : start + step], keys[start : start + step], self.table
+                )
+                written += self._insert(chunk)
+            return written
+
+    def _fresh(self, rows: Sequence[Row]) -> tuple[list[Row], list[FenceKey]]:
+        """Rows above their fence, first occurrence of each (partition, offset) only.
+
+        Returns them with their (partition, month) keys.
+        """
+        fences = self._fences
+        seen: set[tuple[int, int]] = set()
+        fresh: list[Row] = []
+        keys: list[FenceKey] = []
+        for row in rows:
+            partition, offset = row[_PARTITION], row[_OFFSET]
+            key = (partition, month_of(row[_OCCURRED_AT]))
+            if offset <= fences.get(key, -1) or (partition, offset) in seen:
+                continue
+            seen.add((partition, offset))
+            fresh.append(row)
+            keys.append(key)
+        return fresh, keys
+
+    def _insert(self, insert: _Insert) -> int:
+        """The flush steps for one INSERT, in the order README.md gives."""
+        # Step 1: insert the rows. On failure keep them as pending and leave
+        # the fences where they were: the caller retries, nothing is acknowledged.
+        try:
+            self.client.insert(
+                self.table,
+                insert.rows,
+                column_names=USAGE_COLUMN_NAMES,
+                column_type_names=USAGE_COLUMN_TYPES,
+                settings={**_INSERT_SETTINGS, "insert_deduplication_token": insert.token},
+            )
+        except Exception as exc:
+            self._pending = insert
+            raise translate(exc, f"inserting {len(insert.rows)} rows into {self.table}") from exc
+        # Step 2: only now advance the fences (and forget the pending insert).
+        self._pending = None
+        for key, offset in insert.tops.items():
+            if offset > self._fences.get(key, -1):
+                self._fences[key] = offset
+        # Step 3 is the caller's: acknowledge/commit the Kafka offsets after we return.
+        return len(insert.rows)
+
+    # -- budget_state ---------------------------------------------------------------
+
+    def write_verdicts(self, records: Iterable[Record]) -> int:
+        """Store a batch of Verdict records; returns the number of rows inserted.
+
+        No fence is needed: a verdict written twice has the same seq and values,
+        and every budget_state query takes argMax(..., seq).
+        """
+        rows = rows_from_verdicts(records)
+        if not rows:
+            return 0
+        try:
+            self.client.insert(
+                self.verdict_table,
+                rows,
+                column_names=VERDICT_COLUMN_NAMES,
+                column_type_names=VERDICT_COLUMN_TYPES,
+                settings={"async_insert": 0},
+            )
+        except Exception as exc:
+            raise translate(exc, f"inserting {len(rows)} rows into {self.verdict_table}") from exc
+        return len(rows)

@@ -1,0 +1,996 @@
+"""check(ctx) → Decision: pure, in memory, no I/O.
+
+The counters a request counts in are exactly those of
+``schemas.budgets.applicable(budgets, ctx)`` (a property test holds the fast
+path below to it); this module only precomputes, per policy version, what
+``applicable`` would recompute on every call:
+
+* budgets whose ``match`` pins ``org_id`` are indexed by org, so a check only
+  looks at the budgets that can apply to its org;
+* counters are looked up by id, ``(budget_id, *scope_values)`` (the decomposed
+  counter key, with budget ids and orgs interned), so no key string is built
+  or hashed per check; the string key is composed only for display;
+* the current period of each budget is cached until the period ends, and
+  worst-case estimates per (model, input, max output) until prices change.
+
+Every applicable budget must pass. For one counter (spend = the verdict's, or
+zero when the verdict is of another period; limits = the budget's):
+
+=========  =========================================  ==============================
+action     condition                                  outcome
+=========  =========================================  ==============================
+enforce    spent ≥ limit                              refused: budget.refusal
+                                                      (budget_exceeded, or
+                                                      job_budget_exceeded for session)
+enforce    spent + held + this estimate > limit       refused: in_flight_budget_exceeded
+enforce    spent ≥ an alert threshold × limit         allowed, X-Spend-Budget state=alert
+warn       spent ≥ limit / ≥ an alert threshold      allowed, X-Spend-Budget state=exceeded|alert
+=========  =========================================  ==============================
+
+When the verdicts are not ready or stale beyond ``grace``, a request that an
+enforce budget applies to is decided by ``fail_mode`` (failed_open /
+failed_closed); warn budgets never block.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from enforcer import refusals
+from enforcer.config import EnforcerConfig
+from enforcer.errors import InvalidContext
+from enforcer.holds import Holds
+from enforcer.metrics import EnforcerMetrics
+from enforcer.state import CounterId, CounterVerdict, EnforcerState
+from schemas.budgets import Budget
+from schemas.ids import MAX_ID_LENGTH, canonical_id, compose
+from schemas.periods import from_micros, period_end, period_key
+from schemas.usage import (
+    ALLOWED,
+    FAILED_CLOSED,
+    FAILED_OPEN,
+    IN_FLIGHT_BUDGET_EXCEEDED,
+    MAX_TOKENS_PER_EVENT,
+    billed_tokens,
+    new_usage_event,
+)
+
+log = logging.getLogger("spendbus.enforcer.decisions")
+
+#: a request's input is estimated at one token per this many bytes when no token
+#: estimate is given (typical text runs ~4 bytes/token: 3 errs on the side of holding more)
+BYTES_PER_TOKEN_ESTIMATE: Final = 3
+MAX_GROUPS: Final = 256
+MAX_TAGS: Final = 64
+MAX_REQUEST_BYTES: Final = 1 << 40
+
+
+_FIELDS: Final = (
+    "org_id",
+    "secret_id",
+    "project_id",
+    "grant_id",
+    "permission_id",
+    "user_id",
+    "groups",
+    "session_id",
+    "tags",
+    "provider",
+    "api",
+    "model",
+    "input_tokens",
+    "request_bytes",
+    "max_output_tokens",
+)
+_FIELD_NAMES: Final = frozenset(_FIELDS)
+
+
+def _id(canon: dict[str, tuple[str, ...]], name: str, value: Any) -> None:
+    """Validate one optional id/text field and record its canonical values."""
+    if value is None or value == "":
+        canon[name] = ()  # as schemas.budgets reads an absent attribute
+        return
+    if type(value) is not str:
+        raise InvalidContext(name, "must be a string or null")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidContext(name, f"longer than {MAX_ID_LENGTH} characters")
+    canon[name] = (canonical_id(value, name),)
+
+
+def _count(name: str, value: Any, bound: int) -> None:
+    if value is not None and (type(value) is not int or not 0 <= value <= bound):
+        raise InvalidContext(name, f"an integer in 0..{bound} or null")
+
+
+class Context:
+    """The verified principal and the request, as the proxy knows them.
+
+    Built once per request and validated here: ids longer than the contract
+    allows (the usage event would be dead-lettered, so the request would never
+    be charged), wrong types, blank required ids and oversized lists raise
+    :class:`InvalidContext`. Values are kept as given; which counters they
+    reach is decided by the contract's canonical ids (``schemas.ids``).
+    Read-only by contract (a plain slotted class: built once per request, it
+    must be cheap).
+    """
+
+    __slots__ = (*_FIELDS, "canon", "org")
+
+    org_id: str
+    secret_id: str
+    project_id: str | None
+    grant_id: str | None
+    permission_id: str | None
+    user_id: str | None
+    groups: tuple[str, ...]
+    session_id: str | None
+    tags: Mapping[str, str]
+    provider: str | None
+    api: str | None
+    model: str | None
+    #: estimated input tokens of the request (preferred over request_bytes)
+    input_tokens: int | None
+    #: size of the request body, used for the input estimate when input_tokens is absent
+    request_bytes: int | None
+    max_output_tokens: int | None
+    #: derived: canonical values per attribute (``tag:<name>`` included), the canonical org
+    canon: dict[str, tuple[str, ...]]
+    org: str
+
+    def __init__(
+        self,
+        *,
+        org_id: str,
+        secret_id: str,
+        project_id: str | None = None,
+        grant_id: str | None = None,
+        permission_id: str | None = None,
+        user_id: str | None = None,
+        groups: list[str] | tuple[str, ...] = (),
+        session_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        provider: str | None = None,
+        api: str | None = None,
+        model: str | None = None,
+        input_tokens: int | None = None,
+        request_bytes: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> None:
+        canon: dict[str, tuple[str, ...]] = {}
+        for name, value in (("org_id", org_id), ("secret_id", secret_id)):
+            if type(value) is not str or not value.strip():
+                raise InvalidContext(name, "required, a non-empty string")
+            if len(value) > MAX_ID_LENGTH:
+                raise InvalidContext(name, f"longer than {MAX_ID_LENGTH} characters")
+            canon[name] = (canonical_id(value, name),)
+        _id(canon, "project_id", project_id)
+        _id(canon, "grant_id", grant_id)
+        _id(canon, "permission_id", permission_id)
+        _id(canon, "user_id", user_id)
+        _id(canon, "session_id", session_id)
+        _id(canon, "provider", provider)
+        _id(canon, "api", api)
+        _id(canon, "model", model)
+        if type(groups) is not tuple:
+            if type(groups) is not list:
+                raise InvalidContext("groups", "must be a list of strings")
+            groups = tuple(groups)
+        if groups:
+            if len(groups) > MAX_GROUPS:
+                raise InvalidContext("groups", f"more than {MAX_GROUPS} groups")
+            for g in groups:
+                if type(g) is not str or len(g) > MAX_ID_LENGTH:
+                    raise InvalidContext("groups", f"each group a string of <= {MAX_ID_LENGTH}")
+            canon["group"] = tuple(dict.fromkeys(canonical_id(g) for g in groups))
+        else:
+            canon["group"] = ()
+        if tags:
+            if not isinstance(tags, Mapping):
+                raise InvalidContext("tags", "must be a map of string to string")
+            if len(tags) > MAX_TAGS:
+                raise InvalidContext("tags", f"more than {MAX_TAGS} tags")
+            tags = dict(tags)
+            for k, v in tags.items():
+                if type(k) is not str or type(v) is not str:
+                    raise InvalidContext("tags", "must be a map of string to string")
+                if len(k) > MAX_ID_LENGTH or len(v) > MAX_ID_LENGTH:
+                    raise InvalidContext(
+                        "tags", f"keys and values of <= {MAX_ID_LENGTH} characters"
+                    )
+                canon[f"tag:{k}"] = (canonical_id(v),)
+        elif tags is None or isinstance(tags, Mapping):
+            tags = {}
+        else:
+            raise InvalidContext("tags", "must be a map of string to string")
+        _count("input_tokens", input_tokens, MAX_TOKENS_PER_EVENT)
+        _count("request_bytes", request_bytes, MAX_REQUEST_BYTES)
+        _count("max_output_tokens", max_output_tokens, MAX_TOKENS_PER_EVENT)
+        self.org_id = org_id
+        self.secret_id = secret_id
+        self.project_id = project_id
+        self.grant_id = grant_id
+        self.permission_id = permission_id
+        self.user_id = user_id
+        self.groups = groups
+        self.session_id = session_id
+        self.tags = tags
+        self.provider = provider
+        self.api = api
+        self.model = model
+        self.input_tokens = input_tokens
+        self.request_bytes = request_bytes
+        self.max_output_tokens = max_output_tokens
+        self.canon = canon
+        # the state holds orgs interned: lookups compare them by identity
+        self.org = sys.intern(canon["org_id"][0])
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.to_json().items())
+        return f"Context({shown})"
+
+    @classmethod
+    def from_mapping(cls, data: Any) -> Context:
+        """A context from JSON-like data (the sidecar, the CLI); unknown keys are refused."""
+        if not isinstance(data, Mapping):
+            raise InvalidContext("<ctx>", "must be a JSON object")
+        for name in data:
+            if name not in _FIELD_NAMES:
+                raise InvalidContext(str(name), "not a context field")
+        for name in ("org_id", "secret_id"):
+            if name not in data:
+                raise InvalidContext(name, "required, a non-empty string")
+        return cls(**data)
+
+    # Mapping-like access for schemas.budgets (Budget.counter_keys / applicable)
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default) if name in _FIELD_NAMES else default
+
+    def values(self, attribute: str) -> tuple[str, ...]:
+        """Canonical values of ``attribute`` (as schemas.budgets reads them)."""
+        return self.canon.get(attribute, ())
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if value is None or (name in ("groups", "tags") and not value):
+                continue
+            out[name] = list(value) if name == "groups" else value
+        return out
+
+
+# --- the per-policy index -----------------------------------------------------------
+_SCOPE_ATTRIBUTE: Final = {
+    "secret": "secret_id",
+    "project": "project_id",
+    "grant": "grant_id",
+    "group": "group",
+    "user": "user_id",
+}
+_NEVER: Final = 1 << 62
+#: counter states, as the hot path keeps them (indexes into per-budget metric slots)
+OK_I, ALERT_I, EXCEEDED_I, IN_FLIGHT_I, FAILED_OPEN_I, FAILED_CLOSED_I = range(6)
+STATE_NAMES: Final = ("ok", "alert", "exceeded", "in_flight", "failed_open", "failed_closed")
+#: a counter row: (plan, counter id, period, end µs, verdict, spent n/t/r, held n/t/r, state)
+Row = tuple[
+    "Plan", CounterId, str, "int | None", "CounterVerdict | None",
+    int, int, int, int, int, int, int,
+]  # fmt: skip
+STATE: Final = 11
+
+
+class Plan:
+    """One budget, with what a check needs precomputed (key prefix, period cache, limits)."""
+
+    __slots__ = (
+        "alert_min",
+        "budget",
+        "budget_id",
+        "counts",
+        "enforce",
+        "holdable",
+        "limit_nanos",
+        "limit_requests",
+        "limit_tokens",
+        "match",
+        "period",
+        "period_end_us",
+        "period_from_us",
+        "period_until_us",
+        "scope",
+        "scope_attribute",
+        "window",
+    )
+
+    def __init__(self, budget: Budget, counts: list[int] | None = None) -> None:
+        self.budget = budget
+        self.budget_id = sys.intern(budget.budget_id)
+        self.scope = budget.scope
+        self.scope_attribute = _SCOPE_ATTRIBUTE.get(budget.scope, budget.scope)
+        self.window = budget.window
+        self.enforce = budget.action == "enforce"
+        self.limit_nanos = budget.limit_nanos
+        self.limit_tokens = budget.limit_tokens
+        self.limit_requests = budget.limit_requests
+        self.holdable = self.enforce and (
+            budget.limit_nanos is not None
+            or budget.limit_tokens is not None
+            or budget.limit_requests is not None
+        )
+        self.alert_min = min(budget.alert_at) if budget.alert_at else None
+        self.match = tuple((a, frozenset(v)) for a, v in budget.match.items())
+        #: per-state check counts (metrics), shared across plan rebuilds of one budget
+        self.counts = counts if counts is not None else [0] * len(STATE_NAMES)
+        # the current period, valid for now_us in [period_from_us, period_until_us)
+        self.period = ""
+        self.period_end_us: int | None = None
+        self.period_from_us = _NEVER
+        self.period_until_us = 0
+
+    def current_period(self, now_us: int) -> tuple[str, int | None]:
+        """(period key, end of the period in µs or None), recomputed only when it ends."""
+        if self.period_from_us <= now_us < self.period_until_us:
+            return self.period, self.period_end_us
+        now = from_micros(now_us)
+        end = period_end(self.window, now)
+        end_us = None if end is None else _micros(end)
+        self.period = sys.intern(period_key(self.window, now))
+        self.period_end_us = end_us
+        self.period_from_us = now_us if end_us is not None else 0
+        self.period_until_us = _NEVER if end_us is None else end_us
+        return self.period, end_us
+
+    def keys(self, ctx: Context) -> Sequence[CounterId]:
+        """The id (budget id, *scope values) of every counter of this budget ``ctx`` counts in.
+
+        ``compose`` of each is what ``Budget.counter_keys(ctx)`` returns (a property test
+        holds them equal).
+        """
+        canon = ctx.canon
+        for attribute, allowed in self.match:
+            for value in canon.get(attribute, ()):
+                if value in allowed:
+                    break
+            else:
+                return ()
+        scope = self.scope
+        if scope == "org":
+            return ((self.budget_id, ctx.org),)
+        if scope == "session":
+            sessions = canon["session_id"]
+            if not sessions:
+                return ()
+            identity = canon["user_id"] or canon["secret_id"]
+            return ((self.budget_id, ctx.org, identity[0], sessions[0]),)
+        values = canon.get(self.scope_attribute, ())
+        if len(values) == 1:
+            return ((self.budget_id, ctx.org, values[0]),)
+        return [(self.budget_id, ctx.org, value) for value in values]
+
+
+class Index:
+    """Every budget as a :class:`Plan`; budgets pinned to orgs by ``match: org_id``."""
+
+    def __init__(
+        self, budgets: Mapping[str, Budget], counts: Callable[[str], list[int]] | None = None
+    ) -> None:
+        self.general: list[Plan] = []
+        self.by_org: dict[str, list[Plan]] = {}
+        for budget_id in sorted(budgets):
+            plan = Plan(budgets[budget_id], None if counts is None else counts(budget_id))
+            orgs = budgets[budget_id].match.get("org_id")
+            if orgs:
+                for org in set(orgs):
+                    self.by_org.setdefault(org, []).append(plan)
+            else:
+                self.general.append(plan)
+
+    def plans(self, ctx: Context) -> list[Plan]:
+        pinned = self.by_org.get(ctx.org)
+        return self.general if pinned is None else self.general + pinned
+
+    def applicable(self, ctx: Context) -> list[tuple[Plan, str, tuple[str, ...]]]:
+        """(plan, counter key, scope values) for every counter ``ctx`` counts in: the
+        contract's ``applicable(budgets, ctx)``, computed from the index."""
+        return [(plan, compose(cid), cid[1:]) for plan in self.plans(ctx) for cid in plan.keys(ctx)]
+
+
+def _micros(ts: datetime) -> int:
+    delta = ts - _EPOCH
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# --- the decision ---------------------------------------------------------------------
+OK: Final = "ok"
+ALERT: Final = "alert"
+EXCEEDED: Final = "exceeded"
+IN_FLIGHT: Final = "in_flight"
+
+
+class CounterStatus:
+    """One applicable counter as the check saw it (read-only for callers).
+
+    ``state``: ok | alert | exceeded | in_flight (this request's estimate would
+    pass the limit) | failed_open | failed_closed (verdicts stale: not evaluated).
+    """
+
+    __slots__ = (
+        "counter_id",
+        "end_us",
+        "held_nanos",
+        "held_requests",
+        "held_tokens",
+        "period",
+        "plan",
+        "spent_nanos",
+        "spent_requests",
+        "spent_tokens",
+        "state",
+        "verdict",
+    )
+
+    def __init__(self, row: Row) -> None:
+        (
+            self.plan,
+            self.counter_id,
+            self.period,
+            self.end_us,
+            self.verdict,
+            self.spent_nanos,
+            self.spent_tokens,
+            self.spent_requests,
+            self.held_nanos,
+            self.held_tokens,
+            self.held_requests,
+            state,
+        ) = row
+        self.state = STATE_NAMES[state]
+
+    @property
+    def budget_id(self) -> str:
+        return self.plan.budget_id
+
+    @property
+    def counter(self) -> str:
+        """The counter key (``schemas.ids.counter_key``), as on the verdict topic."""
+        return compose(self.counter_id)
+
+    @property
+    def scope_values(self) -> tuple[str, ...]:
+        return self.counter_id[1:]
+
+    @property
+    def action(self) -> str:
+        return "enforce" if self.plan.enforce else "warn"
+
+    @property
+    def reset_at(self) -> datetime | None:
+        return None if self.end_us is None else from_micros(self.end_us)
+
+    def used_fraction(self) -> float:
+        """The largest spent/limit over the budget's limits (verdict spend, holds excluded)."""
+        plan = self.plan
+        used = 0.0
+        for spent, limit in (
+            (self.spent_nanos, plan.limit_nanos),
+            (self.spent_tokens, plan.limit_tokens),
+            (self.spent_requests, plan.limit_requests),
+        ):
+            if limit:
+                used = max(used, spent / limit)
+        return used
+
+    def remaining(self) -> dict[str, int | None]:
+        """What is left under each limit after verdict spend and holds (None: no such limit)."""
+        plan = self.plan
+        return {
+            "nanos": _left(plan.limit_nanos, self.spent_nanos + self.held_nanos),
+            "tokens": _left(plan.limit_tokens, self.spent_tokens + self.held_tokens),
+            "requests": _left(plan.limit_requests, self.spent_requests + self.held_requests),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "budget_id": plan.budget_id,
+            "scope": plan.scope,
+            "scope_values": list(self.scope_values),
+            "counter": self.counter,
+            "action": self.action,
+            "window": plan.window.spec,
+            "period": self.period,
+            "state": self.state,
+            "spent_nanos": self.spent_nanos,
+            "spent_tokens": self.spent_tokens,
+            "spent_requests": self.spent_requests,
+            "held_nanos": self.held_nanos,
+            "held_tokens": self.held_tokens,
+            "held_requests": self.held_requests,
+            "limit_nanos": plan.limit_nanos,
+            "limit_tokens": plan.limit_tokens,
+            "limit_requests": plan.limit_requests,
+            "remaining": self.remaining(),
+            "used_pct": round(self.used_fraction() * 100, 2),
+            "reset_at": refusals.iso(self.reset_at),
+            "as_of": None if self.verdict is None else refusals.iso_us(self.verdict.as_of_us),
+            "seq": None if self.verdict is None else self.verdict.seq,
+        }
+
+
+def _left(limit: int | None, used: int) -> int | None:
+    return None if limit is None else max(0, limit - used)
+
+
+_REFUSING: Final = (EXCEEDED, IN_FLIGHT)
+
+
+class Decision:
+    """What the enforcer decided for one request; every attribute is read-only.
+
+    The policy-hook flags (``over_budget``, ``job_over_budget``,
+    ``exceeded_budgets``, ``counters``, ``remaining``) only read what the check
+    computed: reading them never counts as a request and changes nothing.
+    """
+
+    __slots__ = (
+        "_config",
+        "_counters",
+        "_refusal",
+        "_response",
+        "_rows",
+        "ctx",
+        "decision",
+        "hold_id",
+        "now_us",
+        "outcome",
+        "reason",
+    )
+
+    def __init__(
+        self,
+        ctx: Context,
+        decision: str,
+        outcome: str,
+        rows: list[Row],
+        refusal: int,
+        now_us: int,
+        config: EnforcerConfig,
+        hold_id: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.decision = decision
+        self.outcome = outcome
+        self._rows = rows
+        self._counters: tuple[CounterStatus, ...] | None = None
+        #: index of the refusing row, -1 for none
+        self._refusal = refusal
+        self.now_us = now_us
+        self._config = config
+        self.hold_id = hold_id
+        #: failed_* only: ``not_ready`` or ``stale``
+        self.reason = reason
+        self._response: refusals.Response | None = None
+
+    def __repr__(self) -> str:
+        return f"<Decision {self.decision} status={self.status} budget={self.budget_id!r}>"
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome == "allowed" or self.outcome == "failed_open"
+
+    @property
+    def counters(self) -> tuple[CounterStatus, ...]:
+        """Every applicable counter, as the check saw it."""
+        if self._counters is None:
+            self._counters = tuple(CounterStatus(row) for row in self._rows)
+        return self._counters
+
+    @property
+    def refusing(self) -> CounterStatus | None:
+        """The counter that refused (the one resetting last when several do)."""
+        return None if self._refusal < 0 else self.counters[self._refusal]
+
+    @property
+    def budget_id(self) -> str | None:
+        return None if self._refusal < 0 else self._rows[self._refusal][0].budget_id
+
+    @property
+    def warnings(self) -> tuple[CounterStatus, ...]:
+        """Counters past an alert threshold or a warn budget's limit (X-Spend-Budget)."""
+        if not any(r[STATE] == ALERT_I or r[STATE] == EXCEEDED_I for r in self._rows):
+            return ()
+        return tuple(c for c in self.counters if c.state in (ALERT, EXCEEDED) and c.verdict)
+
+    # --- the HTTP answer --------------------------------------------------------------
+    def _answer(self) -> refusals.Response:
+        if self._response is None:
+            self._response = refusals.respond(self, self._config)
+        return self._response
+
+    @property
+    def status(self) -> int:
+        return self._answer().status
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """Refusal headers (Retry-After...), or X-Spend-Budget warnings on an allowed request."""
+        return self._answer().headers
+
+    @property
+    def body(self) -> dict[str, Any] | None:
+        """The JSON refusal body (None when allowed)."""
+        return self._answer().body
+
+    @property
+    def retry_after(self) -> int | None:
+        return self._answer().retry_after
+
+    # --- the policy hook ----------------------------------------------------------------
+    def _refusing_rows(self) -> list[Row]:
+        return [
+            r
+            for r in self._rows
+            if (r[STATE] == EXCEEDED_I or r[STATE] == IN_FLIGHT_I) and r[0].enforce
+        ]
+
+    @property
+    def over_budget(self) -> bool:
+        """Some enforce budget refuses this request (exhausted or in flight)."""
+        return bool(self._refusing_rows())
+
+    @property
+    def job_over_budget(self) -> bool:
+        """A per-job (session) ceiling refuses this request."""
+        return any(r[0].scope == "session" for r in self._refusing_rows())
+
+    @property
+    def exceeded_budgets(self) -> tuple[str, ...]:
+        """The enforce budgets refusing this request (exhausted or in flight)."""
+        return tuple(dict.fromkeys(r[0].budget_id for r in self._refusing_rows()))
+
+    def remaining(self) -> dict[str, dict[str, int | None]]:
+        """Per counter key: what is left under each limit."""
+        return {c.counter: c.remaining() for c in self.counters}
+
+    # --- decisions are usage too -------------------------------------------------------------
+    def usage_fields(self) -> dict[str, Any]:
+        """Fields to set on the request's UsageEvent (outcome, decision, decision budget)."""
+        return {
+            "outcome": self.outcome,
+            "decision": self.decision,
+            "decision_budget_id": self.budget_id,
+        }
+
+    def refusal_event(
+        self, *, gateway_id: str | None = None, event_id: str | None = None, **fields: Any
+    ) -> dict[str, Any] | None:
+        """The UsageEvent of a refused request (zero tokens); None when the request was allowed."""
+        if self.allowed:
+            return None
+        ctx = self.ctx
+        optional = {
+            name: getattr(ctx, name)
+            for name in ("project_id", "grant_id", "permission_id", "user_id", "session_id")
+        }
+        optional.update(fields)
+        return new_usage_event(
+            provider=ctx.provider or "unknown",
+            api=ctx.api or "unknown",
+            model=ctx.model or "unknown",
+            secret_id=ctx.secret_id,
+            org_id=ctx.org_id,
+            gateway_id=gateway_id or self._config.gateway_id,
+            input_tokens=0,
+            output_tokens=0,
+            status_code=self.status,
+            occurred_at=from_micros(self.now_us),
+            event_id=event_id,
+            groups=list(ctx.groups),
+            tags=dict(ctx.tags or {}),
+            usage_source="none",
+            outcome=self.outcome,
+            decision=self.decision,
+            decision_budget_id=self.budget_id,
+            **optional,
+        )
+
+    def to_json(self, *, counters: bool = True) -> dict[str, Any]:
+        """The decision as JSON (the sidecar's and ``spendbus check``'s answer)."""
+        answer = self._answer()
+        # only a budget refusal has refusing rows: skip the scans otherwise
+        refusing = self._refusing_rows() if self.outcome == "refused" else []
+        out = {
+            "allowed": self.allowed,
+            "decision": self.decision,
+            "outcome": self.outcome,
+            "status": answer.status,
+            "budget_id": self.budget_id,
+            "reason": self.reason,
+            "retry_after": answer.retry_after,
+            "headers": [list(h) for h in answer.headers],
+            "body": answer.body,
+            "hold_id": self.hold_id,
+            "over_budget": bool(refusing),
+            "job_over_budget": any(r[0].scope == "session" for r in refusing),
+            "exceeded_budgets": list(dict.fromkeys(r[0].budget_id for r in refusing)),
+            "usage_fields": self.usage_fields(),
+        }
+        if counters:
+            out["counters"] = [c.to_json() for c in self.counters]
+        return out
+
+
+# --- the checker ------------------------------------------------------------------------
+Clock = Callable[[], float]
+#: estimates cached per (model, input tokens, max output) until prices or time move on
+ESTIMATE_CACHE_SIZE: Final = 4096
+
+
+class Checker:
+    """Answers check(ctx) from an :class:`EnforcerState` and :class:`Holds`."""
+
+    def __init__(
+        self,
+        state: EnforcerState,
+        holds: Holds,
+        config: EnforcerConfig,
+        metrics: EnforcerMetrics,
+        clock: Clock,
+    ) -> None:
+        self.state = state
+        self.holds = holds
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self._grace_us = config.grace_us
+        self._default_output = config.default_max_output_tokens
+        self._index = Index({})
+        self._index_version = -1
+        self._estimates: dict[tuple[str, int, int], int] = {}
+        self._estimates_version = -1
+        self._estimates_until_us = 0
+
+    @property
+    def index(self) -> Index:
+        if self._index_version != self.state.policy_version:
+            self._index = Index(self.state.budgets, self.metrics.budget_counts)
+            self._index_version = self.state.policy_version
+        return self._index
+
+    def stale_reason(self, now_us: int) -> str | None:
+        state = self.state
+        if not state.ready:
+            return "not_ready"
+        if state.fresh_at_us is None or now_us - state.fresh_at_us > self._grace_us:
+            return "stale"
+        return None
+
+    def estimate_tokens(self, ctx: Context) -> tuple[int, int]:
+        """(input estimate, max output) of the request, in tokens."""
+        if ctx.input_tokens is not None:
+            input_tokens = ctx.input_tokens
+        elif ctx.request_bytes:
+            input_tokens = min(
+                MAX_TOKENS_PER_EVENT, -(-ctx.request_bytes // BYTES_PER_TOKEN_ESTIMATE)
+            )
+        else:
+            input_tokens = 0
+        output = ctx.max_output_tokens
+        return input_tokens, self._default_output if output is None else output
+
+    def estimate_nanos(self, model: str, input_tokens: int, max_output: int, now_us: int) -> int:
+        """Worst-case cost (schemas.pricing), cached until the price book or version changes."""
+        state = self.state
+        if state.price_version != self._estimates_version or now_us >= self._estimates_until_us:
+            self._estimates.clear()
+            self._estimates_version = state.price_version
+            self._estimates_until_us = _NEVER
+            for table in state.prices.tables:  # the next version to come into force
+                start = _micros(table.effective_from)
+                if start > now_us:
+                    self._estimates_until_us = min(self._estimates_until_us, start)
+        key = (model, input_tokens, max_output)
+        nanos = self._estimates.get(key)
+        if nanos is None:
+            if len(self._estimates) >= ESTIMATE_CACHE_SIZE:
+                self._estimates.clear()
+            nanos = state.prices.worst_case_nanos(
+                model,
+                at=from_micros(now_us),
+                input_tokens=input_tokens,
+                max_output_tokens=max_output,
+            )
+            self._estimates[key] = nanos
+        return nanos
+
+    def check(self, ctx: Context, *, reserve: bool = True) -> Decision:
+        """Decide for one request. With ``reserve``, an allowed request holds its estimate
+        and the decision is counted as a check; without, it is a peek (no hold, no count)."""
+        now_us = int(self.clock() * 1_000_000)
+        state = self.state
+        fresh_at = state.fresh_at_us
+        if state.ready and fresh_at is not None and now_us - fresh_at <= self._grace_us:
+            decision = self._evaluate(ctx, now_us, reserve, True)
+        else:
+            decision = self._stale(ctx, now_us, reserve)
+        if reserve:
+            self.metrics.decisions[decision.decision] += 1
+        else:
+            self.metrics.peeks[decision.decision] += 1
+        return decision
+
+    def usage(self, ctx: Context) -> list[CounterStatus]:
+        """Every counter ``ctx`` counts in, with spend, holds and limits; holds and counts nothing."""
+        now_us = int(self.clock() * 1_000_000)
+        return list(self._evaluate(ctx, now_us, False, False).counters)
+
+    def _evaluate(self, ctx: Context, now_us: int, reserve: bool, in_flight: bool) -> Decision:
+        """Every applicable counter against its budget (the table in the module docstring).
+
+        ``in_flight=False`` reports verdict states only and holds nothing (usage).
+        """
+        verdicts = self.state.verdicts
+        by_counter = self.holds.by_counter
+        rows: list[Row] = []
+        refusal = -1
+        refusal_end = 0
+        hard = False
+        to_hold: list[tuple[CounterId, str]] = []
+        est_tokens = est_nanos = -1
+        est_input = est_output = 0
+        index = self._index
+        if self._index_version != self.state.policy_version:
+            index = self.index
+        for plan in index.plans(ctx):
+            keys = plan.keys(ctx)
+            if not keys:
+                continue
+            if plan.period_from_us <= now_us < plan.period_until_us:
+                period, end_us = plan.period, plan.period_end_us
+            else:
+                period, end_us = plan.current_period(now_us)
+            ln, lt, lr = plan.limit_nanos, plan.limit_tokens, plan.limit_requests
+            for cid in keys:
+                verdict = verdicts.get(cid)
+                if verdict is not None and verdict.period == period:
+                    sn, st, sr = verdict.spent_nanos, verdict.spent_tokens, verdict.spent_requests
+                else:
+                    sn = st = sr = 0
+                hn = ht = hr = 0
+                if (
+                    (ln is not None and sn >= ln)
+                    or (lt is not None and st >= lt)
+                    or (lr is not None and sr >= lr)
+                ):
+                    state = EXCEEDED_I
+                else:
+                    state = OK_I
+                    if plan.holdable:
+                        periods = by_counter.get(cid) if by_counter else None
+                        if periods is not None:
+                            held = periods.get(period)
+                            if held is not None:
+                                hn, ht, hr = held.nanos, held.tokens, held.requests
+                        if in_flight:
+                            if est_tokens < 0:
+                                est_input, est_output = self.estimate_tokens(ctx)
+                                est_tokens = est_input + est_output
+                            if ln is not None and est_nanos < 0:
+                                est_nanos = self.estimate_nanos(
+                                    ctx.model or "", est_input, est_output, now_us
+                                )
+                            if (
+                                (ln is not None and sn + hn + est_nanos > ln)
+                                or (lt is not None and st + ht + est_tokens > lt)
+                                or (lr is not None and sr + hr + 1 > lr)
+                            ):
+                                state = IN_FLIGHT_I
+                            else:
+                                to_hold.append((cid, period))
+                    if state == OK_I and plan.alert_min is not None and (sn or st or sr):
+                        used = sn / ln if ln else 0.0
+                        if lt and st / lt > used:
+                            used = st / lt
+                        if lr and sr / lr > used:
+                            used = sr / lr
+                        if used >= plan.alert_min:
+                            state = ALERT_I
+                if reserve:
+                    plan.counts[state] += 1
+                if state >= EXCEEDED_I and plan.enforce:
+                    is_hard = state == EXCEEDED_I
+                    end = _NEVER if end_us is None else end_us
+                    if (
+                        refusal < 0
+                        or (is_hard and not hard)
+                        or (is_hard == hard and end > refusal_end)
+                    ):
+                        refusal, refusal_end, hard = len(rows), end, is_hard
+                rows.append((plan, cid, period, end_us, verdict, sn, st, sr, hn, ht, hr, state))
+
+        config = self.config
+        if refusal >= 0:
+            refusing = rows[refusal][0]
+            value = refusing.budget.refusal if hard else IN_FLIGHT_BUDGET_EXCEEDED
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "refused %s by %s counter %r", value, refusing.budget_id, rows[refusal][1]
+                )
+            return Decision(ctx, value, "refused", rows, refusal, now_us, config)
+        hold_id = None
+        if reserve and to_hold:
+            hold_id = self.holds.reserve(
+                to_hold, nanos=max(est_nanos, 0), tokens=est_tokens, requests=1, now_us=now_us
+            )
+        return Decision(ctx, ALLOWED, "allowed", rows, -1, now_us, config, hold_id)
+
+    def _stale(self, ctx: Context, now_us: int, reserve: bool) -> Decision:
+        """Verdicts not loaded or stale: fail_mode decides requests an enforce budget covers."""
+        reason = self.stale_reason(now_us) or "stale"
+        index = self.index
+        hits = [(plan, cid) for plan in index.plans(ctx) for cid in plan.keys(ctx)]
+        if reason != "not_ready" and not any(plan.enforce for plan, _ in hits):
+            return self._evaluate(ctx, now_us, reserve, True)  # warn budgets never block
+        closed = self.config.fail_mode == "closed"
+        state = FAILED_CLOSED_I if closed else FAILED_OPEN_I
+        rows: list[Row] = []
+        first = -1
+        for plan, cid in hits:
+            period, end_us = plan.current_period(now_us)
+            if first < 0 and plan.enforce:
+                first = len(rows)
+            if reserve:
+                plan.counts[state] += 1
+            rows.append((plan, cid, period, end_us, None, 0, 0, 0, 0, 0, 0, state))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s (%s) for org %r", STATE_NAMES[state], reason, ctx.org_id)
+        if closed:
+            return Decision(
+                ctx, FAILED_CLOSED, "failed_closed", rows, first, now_us, self.config, None, reason
+            )
+        return Decision(
+            ctx, FAILED_OPEN, "failed_open", rows, -1, now_us, self.config, None, reason
+        )
+
+    # --- settle --------------------------------------------------------------------------
+    def settle(self, hold_id: int, event: Mapping[str, Any]) -> bool:
+        """The usage event of a held request was published: hold its actual cost instead."""
+        hold = self.holds.get(hold_id)
+        if hold is None:
+            return False
+        occurred = event["occurred_at"]
+        tokens = {
+            name: event.get(name, 0)
+            for name in (
+                "input_tokens",
+                "cache_read_tokens",
+                "cache_write_tokens",
+                "cache_write_1h_tokens",
+                "output_tokens",
+            )
+        }
+        price = self.state.prices.price(event["model"], at=occurred, **tokens)
+        counts = event.get("outcome", "allowed") in ("allowed", "failed_open")
+        verdicts = self.state.verdicts
+        seqs = {}
+        for cid, period in hold.counters:
+            verdict = verdicts.get(cid)
+            if verdict is not None:
+                seqs[(cid, period)] = verdict.seq
+        return self.holds.settle(
+            hold_id,
+            nanos=price.cost_nanos,
+            tokens=billed_tokens(tokens),
+            requests=1 if counts else 0,
+            occurred_us=_micros(occurred),
+            now_us=int(self.clock() * 1_000_000),
+            seqs=seqs,
+        )

@@ -1,0 +1,84 @@
+"""The enforcer's configuration: one frozen, validated object.
+
+Only the CLI (``spendbus enforcer serve`` / ``spendbus check``) reads the
+environment or files; the library takes an :class:`EnforcerConfig`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from schemas.errors import ConfigError
+
+#: hosts on which the sidecar may run without a bearer token
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+class EnforcerConfig(BaseModel):
+    """Everything the enforcer library and its sidecar need; immutable once built."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Kafka bootstrap servers (``host:port[,host:port]``)
+    bootstrap: str = "127.0.0.1:9092"
+    #: prefix of every topic name (``schemas.topics.Topics(prefix)``)
+    topic_prefix: str = ""
+    #: what a check does while verdicts are stale or not yet loaded: ``open`` allows,
+    #: ``closed`` answers 503 for requests an enforce budget applies to
+    fail_mode: Literal["open", "closed"] = "open"
+    #: how long the verdict stream may go unconfirmed before it counts as stale
+    grace_s: float = Field(default=900.0, gt=0)
+    #: ``default``: spendbus's own 402/429 JSON; ``native``: the error each provider SDK knows
+    refusal_style: Literal["default", "native"] = "default"
+    #: a hold not settled (or, once settled, not covered by a verdict) is dropped after this
+    hold_timeout_s: float = Field(default=600.0, gt=0)
+    #: output tokens held for a request that does not say its max output tokens
+    default_max_output_tokens: int = Field(default=8192, ge=1, le=100_000_000)
+    #: Retry-After of an in-flight refusal (holds settle within seconds)
+    in_flight_retry_after_s: int = Field(default=5, ge=1)
+    #: Retry-After of a fail-closed 503
+    fail_closed_retry_after_s: int = Field(default=30, ge=1)
+    #: gateway_id written on the refusal events this enforcer produces
+    gateway_id: str = Field(default="spendbus-enforcer", min_length=1, max_length=200)
+    #: Kafka client id
+    client_id: str = Field(default="spendbus-enforcer", min_length=1)
+    #: how long start-up may take to catch up before :class:`NotReady`
+    ready_timeout_s: float = Field(default=120.0, gt=0)
+    #: sidecar: listen address, port, bearer token (required unless bound to loopback)
+    sidecar_host: str = "127.0.0.1"
+    sidecar_port: int = Field(default=8787, ge=0, le=65535)
+    sidecar_token: SecretStr | None = None
+    #: sidecar: publish a refusal UsageEvent to usage.raw for every refused check
+    publish_refusals: bool = True
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> EnforcerConfig:
+        if self.sidecar_token is None and self.sidecar_host not in LOOPBACK_HOSTS:
+            raise ValueError(
+                f"sidecar_token is required when the sidecar listens on {self.sidecar_host!r} "
+                "(only loopback may go without one)"
+            )
+        if self.sidecar_token is not None and not self.sidecar_token.get_secret_value():
+            raise ValueError("sidecar_token must not be empty")
+        return self
+
+    @property
+    def grace_us(self) -> int:
+        return int(self.grace_s * 1_000_000)
+
+    @property
+    def hold_timeout_us(self) -> int:
+        return int(self.hold_timeout_s * 1_000_000)
+
+
+def load_config(source: str = "<enforcer config>", **values: Any) -> EnforcerConfig:
+    """Build a config; a bad value raises ConfigError naming the field (for the CLI)."""
+    try:
+        return EnforcerConfig(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(p) for p in first["loc"]) or "<config>"
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{source}: field {path!r}: {message}") from None

@@ -1,0 +1,350 @@
+"""The sidecar: the enforcer over HTTP, for proxies in other languages.
+
+A thin aiohttp adapter over :class:`enforcer.Enforcer`; it decides nothing
+itself.
+
+======================  =====  ====================================================
+route                   auth   answer
+======================  =====  ====================================================
+POST /v1/check          yes    JSON ctx (+ optional ``"reserve": false`` to peek) →
+                               the decision (``?counters=1`` adds every counter)
+POST /v1/settle         yes    ``{"hold_id", "usage": {...}}`` or
+                               ``{"hold_id", "release": true}`` → ``{"settled": bool}``
+GET  /v1/usage          yes    ctx as query (``org_id``, ``secret_id``, ``group`` (repeat),
+                               ``tag.<name>``, ...) → every counter it counts in
+GET  /healthz           no     200 while the follower runs
+GET  /readyz            no     200 once caught up and fresh, else 503
+GET  /metrics           no     Prometheus text
+======================  =====  ====================================================
+
+Auth is ``Authorization: Bearer <sidecar_token>`` (constant-time compare);
+without a token the sidecar only listens on loopback (see EnforcerConfig).
+A refused check (not a peek) publishes its refusal UsageEvent to usage.raw
+(keyed by org_id) unless ``publish_refusals`` is off; a publish failure is
+counted, never turned into a different decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import signal
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Final
+
+from aiohttp import web
+from aiokafka import AIOKafkaProducer
+
+from enforcer.check import Context
+from enforcer.config import EnforcerConfig
+from enforcer.errors import InvalidContext
+from enforcer.metrics import EnforcerMetrics
+from enforcer.service import Enforcer
+from schemas.codec import USAGE_EVENT
+from schemas.errors import ContractError
+from schemas.periods import from_micros
+from schemas.topics import Topics
+
+log = logging.getLogger("spendbus.enforcer.sidecar")
+
+MAX_BODY: Final = 256 * 1024
+ENFORCER_KEY: Final = web.AppKey("enforcer", Enforcer)
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class RefusalPublisher:
+    """Publishes refusal UsageEvents to usage.raw with a plain aiokafka producer."""
+
+    def __init__(self, config: EnforcerConfig, metrics: EnforcerMetrics) -> None:
+        self.topic = Topics(config.topic_prefix).usage_raw
+        self.metrics = metrics
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=config.bootstrap,
+            client_id=f"{config.client_id}-refusals",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+        )
+        self._pending: set[asyncio.Future[Any]] = set()
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await self._producer.stop()
+
+    async def publish(self, event: dict[str, Any]) -> None:
+        """Hand the event to the producer; delivery is counted when the broker acknowledges."""
+        try:
+            future = await self._producer.send(
+                self.topic, USAGE_EVENT.encode(event), key=event["org_id"].encode()
+            )
+        except Exception:
+            self.metrics.published["error"] += 1
+            log.exception("refusal event not published")
+            return
+        self._pending.add(future)
+        future.add_done_callback(self._delivered)
+
+    def _delivered(self, future: asyncio.Future[Any]) -> None:
+        self._pending.discard(future)
+        if future.cancelled() or future.exception() is not None:
+            self.metrics.published["error"] += 1
+            log.error("refusal event not delivered: %s", future.exception())
+        else:
+            self.metrics.published["ok"] += 1
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_dumps(data).encode(), status=status, content_type="application/json")
+
+
+def _error(status: int, error: str, message: str, **extra: Any) -> web.Response:
+    return _json({"error": error, "message": message, **extra}, status)
+
+
+def create_app(
+    enforcer: Enforcer,
+    publisher: RefusalPublisher | None = None,
+    *,
+    token: str | None = None,
+) -> web.Application:
+    """The sidecar's aiohttp application over ``enforcer``."""
+    config = enforcer.config
+    if token is None and config.sidecar_token is not None:
+        token = config.sidecar_token.get_secret_value()
+    expected = f"Bearer {token}".encode() if token else None
+
+    def unauthorized(request: web.Request) -> web.Response | None:
+        """A 401 unless the request carries the bearer token (checked inline: no middleware
+        layer on the hot path)."""
+        if expected is None:
+            return None
+        given = request.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(given, expected):
+            return None
+        response = _error(401, "unauthorized", "a valid bearer token is required")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    async def read_json(request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise web.HTTPBadRequest(
+                text=_dumps({"error": "invalid_json", "message": str(exc)}),
+                content_type="application/json",
+            ) from None
+
+    async def check(request: web.Request) -> web.Response:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        data = await read_json(request)
+        reserve = True
+        if isinstance(data, dict) and "reserve" in data:
+            data = dict(data)
+            reserve = data.pop("reserve")
+            if not isinstance(reserve, bool):
+                return _error(400, "invalid_context", "reserve must be true or false")
+        try:
+            ctx = Context.from_mapping(data)
+        except InvalidContext as exc:
+            return _error(400, "invalid_context", str(exc), field=exc.field)
+        decision = enforcer.check(ctx, reserve=reserve)
+        out = decision.to_json(counters=request.query.get("counters") == "1")
+        if publisher is not None and reserve and not decision.allowed:
+            event = decision.refusal_event()
+            if event is not None:
+                await publisher.publish(event)
+                out["published"] = True
+        return _json(out)
+
+    async def settle(request: web.Request) -> web.Response:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        data = await read_json(request)
+        if not isinstance(data, dict):
+            return _error(400, "invalid_settle", "expected a JSON object")
+        hold_id = data.get("hold_id")
+        if type(hold_id) is not int:
+            return _error(400, "invalid_settle", "hold_id must be the integer /v1/check returned")
+        if data.get("release") is True:
+            return _json({"settled": False, "released": enforcer.release(hold_id)})
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            return _error(400, "invalid_settle", "give usage {...} or release: true")
+        try:
+            event = _settle_event(usage, enforcer.clock())
+            settled = enforcer.settle(hold_id, event)
+        except ContractError as exc:
+            return _error(400, "invalid_settle", str(exc))
+        return _json({"settled": settled})
+
+    async def usage(request: web.Request) -> web.Response:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        query = request.query
+        fields: dict[str, Any] = {}
+        tags: dict[str, str] = {}
+        for name, value in query.items():
+            if name == "group":
+                continue
+            if name.startswith("tag."):
+                tags[name[4:]] = value
+            elif name in ("input_tokens", "request_bytes", "max_output_tokens"):
+                try:
+                    fields[name] = int(value)
+                except ValueError:
+                    return _error(400, "invalid_context", f"{name} must be an integer")
+            else:
+                fields[name] = value
+        fields["groups"] = query.getall("group", [])
+        fields["tags"] = tags
+        try:
+            ctx = Context.from_mapping(fields)
+        except InvalidContext as exc:
+            return _error(400, "invalid_context", str(exc), field=exc.field)
+        counters = [c.to_json() for c in enforcer.usage(ctx)]
+        return _json({"ready": enforcer.ready, "stale": enforcer.stale, "counters": counters})
+
+    async def healthz(request: web.Request) -> web.Response:
+        failure = enforcer.follower.failure
+        if failure is not None:
+            return _json({"status": "failed", "error": repr(failure)}, 500)
+        return _json({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        ready, stale = enforcer.ready, enforcer.stale
+        body = {
+            "ready": ready,
+            "stale": stale,
+            "counters": len(enforcer.state.verdicts),
+            "budgets": len(enforcer.state.budgets),
+        }
+        return _json(body, 200 if ready and not stale else 503)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            body=enforcer.metrics.render(),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app[ENFORCER_KEY] = enforcer
+    app.router.add_post("/v1/check", check)
+    app.router.add_post("/v1/settle", settle)
+    app.router.add_get("/v1/usage", usage)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _settle_event(usage: dict[str, Any], now_s: float) -> dict[str, Any]:
+    """The fields settle reads, from a JSON usage object (times RFC 3339 or µs)."""
+    occurred = usage.get("occurred_at")
+    if occurred is None:
+        at = from_micros(int(now_s * 1_000_000))
+    elif type(occurred) is int:
+        at = from_micros(occurred)
+    elif isinstance(occurred, str):
+        try:
+            at = datetime.fromisoformat(occurred.replace("Z", "+00:00"))
+        except ValueError:
+            raise ContractError(f"occurred_at: not an RFC 3339 time: {occurred!r}") from None
+        if at.tzinfo is None:
+            raise ContractError("occurred_at: needs a time zone (use Z for UTC)")
+    else:
+        raise ContractError("occurred_at: an RFC 3339 string or integer microseconds")
+    model = usage.get("model")
+    if not isinstance(model, str) or not model:
+        raise ContractError("model: required, the model the provider billed")
+    event: dict[str, Any] = {"model": model, "occurred_at": at}
+    for name in (
+        "input_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "cache_write_1h_tokens",
+        "output_tokens",
+    ):
+        value = usage.get(name, 0)
+        if type(value) is not int or value < 0:
+            raise ContractError(f"{name}: must be an integer >= 0")
+        event[name] = value
+    event["outcome"] = usage.get("outcome", "allowed")
+    return event
+
+
+class Sidecar:
+    """Enforcer + refusal publisher + HTTP server, started and stopped in order.
+
+    start: 1. enforcer (reads topics) 2. publisher 3. HTTP listener (readyz is 503
+    until the enforcer is caught up). stop: the reverse.
+    """
+
+    def __init__(
+        self,
+        config: EnforcerConfig,
+        *,
+        clock: Callable[[], float] | None = None,
+        publish: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.enforcer = Enforcer(config) if clock is None else Enforcer(config, clock=clock)
+        wants = config.publish_refusals if publish is None else publish
+        self.publisher = RefusalPublisher(config, self.enforcer.metrics) if wants else None
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        # 1. the enforcer starts reading (checks follow fail_mode until it is ready)
+        await self.enforcer.start()
+        try:
+            # 2. the refusal publisher
+            if self.publisher is not None:
+                await self.publisher.start()
+            # 3. the HTTP listener
+            app = create_app(self.enforcer, self.publisher)
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.config.sidecar_host, self.config.sidecar_port)
+            await site.start()
+        except BaseException:
+            await self.stop()
+            raise
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.config.sidecar_port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self.publisher is not None:
+            await self.publisher.stop()
+        await self.enforcer.stop()
+
+
+async def serve(
+    config: EnforcerConfig, *, on_started: Callable[[Sidecar], None] | None = None
+) -> None:
+    """Run the sidecar until SIGINT/SIGTERM."""
+    sidecar = Sidecar(config)
+    await sidecar.start()
+    if on_started is not None:
+        on_started(sidecar)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await sidecar.stop()

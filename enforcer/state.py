@@ -1,0 +1,170 @@
+"""The enforcer's whole state, in memory: budgets, prices, verdicts.
+
+Fed by :mod:`enforcer.follower` from three compacted topics, read from the
+beginning (or directly by tests). Rules applied here, once:
+
+* ``budget.policies`` key = budget id; a null value deletes the budget.
+* ``pricing`` key = price version; a null value removes the version.
+* ``budget.verdicts`` key = counter key (no period in it). A verdict whose
+  ``seq`` is lower than the one held is ignored (a re-delivered or reordered
+  older state). A verdict of an *older period* than the one held is ignored
+  too, whatever its seq: a late event landing in yesterday's counter must not
+  replace today's view. A null value deletes the counter.
+
+Whether a held verdict's spend counts for the current period is decided at
+check time (:mod:`enforcer.check`), because periods roll over with the clock,
+not with messages.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.budgets import Budget
+from schemas.errors import ContractError
+from schemas.ids import decompose
+from schemas.periods import to_micros
+from schemas.pricing import PriceBook, PriceTable
+
+Record = Mapping[str, Any]
+
+
+#: a counter's identity in memory: ``decompose(counter_key)`` = (budget id, *scope values).
+#: Hashing it reuses the cached hashes of its strings; the composed key string is only
+#: built for display (``compose`` is one-to-one, so both identify the same counter).
+CounterId = tuple[str, ...]
+
+
+@dataclass(slots=True)
+class CounterVerdict:
+    """The last verdict held for one counter (a trimmed Verdict record, times in µs)."""
+
+    counter_key: str
+    budget_id: str
+    scope: str
+    scope_values: tuple[str, ...]
+    period: str
+    state: str
+    spent_nanos: int
+    spent_tokens: int
+    spent_requests: int
+    reset_at_us: int | None
+    as_of_us: int
+    seq: int
+    emitted_at_us: int
+
+    @classmethod
+    def from_record(cls, record: Record) -> CounterVerdict:
+        reset_at = record.get("reset_at")
+        return cls(
+            counter_key=record["counter_key"],
+            budget_id=record["budget_id"],
+            scope=record["scope"],
+            scope_values=tuple(record["scope_values"]),
+            period=sys.intern(record["period"]),  # compared by identity on the hot path
+            state=record["state"],
+            spent_nanos=int(record["spent_nanos"]),
+            spent_tokens=int(record["spent_tokens"]),
+            spent_requests=int(record["spent_requests"]),
+            reset_at_us=None if reset_at is None else to_micros(reset_at),
+            as_of_us=to_micros(record["as_of"]),
+            seq=int(record["seq"]),
+            emitted_at_us=to_micros(record["emitted_at"]),
+        )
+
+
+def period_is_older(candidate: str, held: str) -> bool:
+    """True when both are calendar periods of one kind and ``candidate`` comes first.
+
+    ``d:YYYY-MM-DD``, ``w:YYYY-Www`` and ``m:YYYY-MM`` sort as text; ``t`` and
+    ``r:<dur>`` have one period only; different kinds (the window changed) are
+    not comparable, so the newer message wins by seq.
+    """
+    return (
+        len(candidate) > 2
+        and len(held) > 2
+        and candidate[0] == held[0]
+        and candidate[0] in "dwm"
+        and candidate < held
+    )
+
+
+#: called with (counter id, period, as_of µs, seq) for every verdict applied
+VerdictListener = Callable[[CounterId, str, int, int], object]
+
+
+class EnforcerState:
+    """Budgets, price book and one verdict per counter. Single-threaded (one event loop)."""
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, Budget] = {}
+        #: bumped on every policy change; the checker rebuilds its index when it moves
+        self.policy_version = 0
+        self.prices = PriceBook()
+        self.price_version = 0
+        #: counter id (decomposed counter key) -> its last verdict
+        self.verdicts: dict[CounterId, CounterVerdict] = {}
+        self.verdicts_applied = 0
+        self.verdicts_ignored = 0
+        #: emitted_at of the newest verdict applied (for the verdict-lag metric)
+        self.last_emitted_at_us: int | None = None
+        self._listeners: list[VerdictListener] = []
+        #: set by the follower: caught up with the end offsets seen at start
+        self.ready = False
+        #: set by the follower: when (clock, µs) the verdict stream was last confirmed caught up
+        self.fresh_at_us: int | None = None
+
+    def on_verdict(self, listener: VerdictListener) -> None:
+        self._listeners.append(listener)
+
+    # --- budget.policies -------------------------------------------------------------
+    def apply_policy(self, budget_id: str, record: Record | None) -> None:
+        """Add, replace (``record``) or delete (None) one budget. Raises on a bad record."""
+        if record is None:
+            if self.budgets.pop(budget_id, None) is not None:
+                self.policy_version += 1
+            return
+        self.budgets[budget_id] = Budget.from_record(record)
+        self.policy_version += 1
+
+    # --- pricing ---------------------------------------------------------------------
+    def apply_price(self, version: str, record: Record | None) -> None:
+        """Add/replace (``record``) or remove (None) one price version. Raises on a bad record."""
+        if record is None:
+            self.prices.remove(version)
+        else:
+            self.prices.add(PriceTable.from_record(record))  # replaces the same version
+        self.price_version += 1
+
+    # --- budget.verdicts -------------------------------------------------------------
+    def apply_verdict(self, key: str, record: Record | None) -> bool:
+        """Apply one verdict (``key``: the message key, a counter key); False when ignored
+        (lower seq, older period). Raises on a bad record or a malformed key."""
+        parts = decompose(key)
+        if not parts:
+            raise ContractError(f"empty counter key {key!r}", reason="bad_key")
+        # budget ids and orgs repeat across many counters: one shared string each (memory,
+        # and lookups compare them by identity against the interned ids of a check)
+        parts[0] = sys.intern(parts[0])
+        if len(parts) > 1:
+            parts[1] = sys.intern(parts[1])
+        cid = tuple(parts)
+        if record is None:
+            return self.verdicts.pop(cid, None) is not None
+        verdict = CounterVerdict.from_record(record)
+        held = self.verdicts.get(cid)
+        if held is not None and (
+            verdict.seq < held.seq or period_is_older(verdict.period, held.period)
+        ):
+            self.verdicts_ignored += 1
+            return False
+        self.verdicts[cid] = verdict
+        self.verdicts_applied += 1
+        if self.last_emitted_at_us is None or verdict.emitted_at_us > self.last_emitted_at_us:
+            self.last_emitted_at_us = verdict.emitted_at_us
+        for listener in self._listeners:
+            listener(cid, verdict.period, verdict.as_of_us, verdict.seq)
+        return True

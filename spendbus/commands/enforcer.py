@@ -1,0 +1,157 @@
+"""`spendbus enforcer serve` (the sidecar) and `spendbus check` (one decision from the shell)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import click
+
+from schemas.errors import SpendbusError
+from spendbus.settings import load_settings
+from spendbus.stack.local import bootstrap_or_fail
+
+#: the one environment variable this command reads besides spendbus.settings'
+TOKEN_ENV = "SPENDBUS_ENFORCER_TOKEN"
+
+
+def _config(**values: Any) -> Any:
+    from enforcer import load_config
+
+    settings = load_settings()
+    return load_config(
+        "spendbus enforcer",
+        bootstrap=bootstrap_or_fail(settings),
+        topic_prefix=settings.topic_prefix,
+        **values,
+    )
+
+
+@click.group()
+def enforcer() -> None:
+    """The budget enforcer: its HTTP sidecar for proxies in other languages."""
+
+
+@enforcer.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
+@click.option("--port", default=8787, show_default=True, type=int, help="Listen port (0: any).")
+@click.option(
+    "--token",
+    envvar=TOKEN_ENV,
+    default=None,
+    help=f"Bearer token required on /v1/* (or ${TOKEN_ENV}); needed off loopback.",
+)
+@click.option("--fail-mode", type=click.Choice(["open", "closed"]), default=None)
+@click.option("--grace", type=float, default=None, help="Seconds of verdict staleness allowed.")
+@click.option("--refusal-style", type=click.Choice(["default", "native"]), default=None)
+@click.option("--hold-timeout", type=float, default=None, help="Seconds a hold may live.")
+@click.option(
+    "--default-max-output-tokens", type=int, default=None, help="Held when a request has none."
+)
+@click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
+@click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
+@click.option("--log-level", default="INFO", show_default=True)
+def serve(
+    host: str,
+    port: int,
+    token: str | None,
+    fail_mode: str | None,
+    grace: float | None,
+    refusal_style: str | None,
+    hold_timeout: float | None,
+    default_max_output_tokens: int | None,
+    gateway_id: str | None,
+    no_publish_refusals: bool,
+    log_level: str,
+) -> None:
+    """Serve /v1/check, /v1/settle, /v1/usage, /healthz, /readyz and /metrics."""
+    from enforcer import serve as run_sidecar
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        config = _config(
+            sidecar_host=host,
+            sidecar_port=port,
+            sidecar_token=token or None,
+            fail_mode=fail_mode,
+            grace_s=grace,
+            refusal_style=refusal_style,
+            hold_timeout_s=hold_timeout,
+            default_max_output_tokens=default_max_output_tokens,
+            gateway_id=gateway_id,
+            publish_refusals=not no_publish_refusals,
+        )
+    except SpendbusError as exc:
+        raise click.ClickException(str(exc)) from None
+
+    def started(sidecar: Any) -> None:
+        click.echo(json.dumps({"listening": f"http://{host}:{sidecar.port}"}), err=True)
+
+    asyncio.run(run_sidecar(config, on_started=started))
+
+
+@click.command("check")
+@click.option("--org-id", required=True)
+@click.option("--secret-id", required=True)
+@click.option("--project-id")
+@click.option("--grant-id")
+@click.option("--permission-id")
+@click.option("--user-id")
+@click.option("--group", "groups", multiple=True, help="Repeat for each group.")
+@click.option("--session-id")
+@click.option("--tag", "tags", multiple=True, help="name=value; repeat for each tag.")
+@click.option("--provider")
+@click.option("--api")
+@click.option("--model")
+@click.option("--input-tokens", type=int, help="Estimated input tokens of the request.")
+@click.option("--request-bytes", type=int, help="Request size, when no token estimate.")
+@click.option("--max-output-tokens", type=int)
+@click.option("--fail-mode", type=click.Choice(["open", "closed"]), default=None)
+@click.option("--refusal-style", type=click.Choice(["default", "native"]), default=None)
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to load.")
+def check(
+    groups: tuple[str, ...],
+    tags: tuple[str, ...],
+    fail_mode: str | None,
+    refusal_style: str | None,
+    timeout: float,
+    **fields: Any,
+) -> None:
+    """Print the decision for one request as JSON (exit 0 allowed, 2 refused, 1 error).
+
+    Reads the topics like an enforcer, waits until caught up, then decides
+    without holding anything (a check from the shell is not a request).
+    """
+    from enforcer import Context, Enforcer
+
+    tag_map: dict[str, str] = {}
+    for tag in tags:
+        name, sep, value = tag.partition("=")
+        if not sep:
+            raise click.ClickException(f"--tag {tag!r}: expected name=value")
+        tag_map[name] = value
+    try:
+        ctx = Context(
+            groups=groups,
+            tags=tag_map,
+            **{k: v for k, v in fields.items() if v is not None},
+        )
+        config = _config(fail_mode=fail_mode, refusal_style=refusal_style)
+    except SpendbusError as exc:  # InvalidContext too: exit 1, never the 2 of a refusal
+        raise click.ClickException(str(exc)) from None
+
+    async def decide() -> Any:
+        async with Enforcer(config) as e:
+            await e.wait_ready(timeout)
+            return e.peek(ctx)
+
+    try:
+        decision = asyncio.run(decide())
+    except SpendbusError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(decision.to_json(), indent=2))
+    click.get_current_context().exit(0 if decision.allowed else 2)

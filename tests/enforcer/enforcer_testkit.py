@@ -1,0 +1,155 @@
+"""Builders shared by the enforcer tests: budgets, prices and verdicts as topic records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from enforcer import Enforcer, EnforcerConfig
+from schemas.budgets import Budget
+from schemas.ids import counter_key
+from schemas.periods import parse_window, period_end, period_key
+from schemas.pricing import ModelPrice, PriceTable
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+MODEL = "claude-sonnet-4-5"
+#: $3 / $15 per Mtok: 1000 input + 1000 output tokens = 3_000_000 + 15_000_000 nanos
+PRICES = PriceTable(
+    version="2026-01-01",
+    effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    models=(ModelPrice.of("claude-sonnet-4", "3", "15"), ModelPrice.of("gpt-4o", "2.5", "10")),
+)
+
+
+class FakeClock:
+    """An injectable clock (seconds since the epoch) that only moves when told."""
+
+    def __init__(self, at: datetime = NOW) -> None:
+        self.t = at.timestamp()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+    def set(self, at: datetime) -> None:
+        self.t = at.timestamp()
+
+    @property
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.t, UTC)
+
+
+def budget(
+    budget_id: str,
+    scope: str = "org",
+    *,
+    window: str = "month",
+    limit_usd: int | None = None,
+    limit_nanos: int | None = None,
+    limit_tokens: int | None = None,
+    limit_requests: int | None = None,
+    action: str = "enforce",
+    match: dict[str, Sequence[str]] | None = None,
+    alert_at: Sequence[float] = (),
+    count_denied: bool = False,
+) -> Budget:
+    if limit_usd is not None:
+        limit_nanos = limit_usd * 1_000_000_000
+    return Budget(
+        budget_id=budget_id,
+        scope=scope,
+        window=parse_window(window),
+        action=action,
+        match={k: tuple(v) for k, v in (match or {}).items()},
+        limit_nanos=limit_nanos,
+        limit_tokens=limit_tokens,
+        limit_requests=limit_requests,
+        alert_at=tuple(alert_at),
+        count_denied=count_denied,
+    )
+
+
+def verdict(
+    b: Budget,
+    scope_values: Sequence[str],
+    *,
+    spent_nanos: int = 0,
+    spent_tokens: int = 0,
+    spent_requests: int = 0,
+    seq: int = 1,
+    at: datetime = NOW,
+    period: str | None = None,
+    emitted_at: datetime | None = None,
+) -> dict[str, Any]:
+    """A Verdict record for counter (b, scope_values) in the period of ``at``."""
+    exceeded = any(
+        limit is not None and spent >= limit
+        for spent, limit in (
+            (spent_nanos, b.limit_nanos),
+            (spent_tokens, b.limit_tokens),
+            (spent_requests, b.limit_requests),
+        )
+    )
+    return {
+        "counter_key": counter_key(b.budget_id, scope_values),
+        "budget_id": b.budget_id,
+        "scope": b.scope,
+        "scope_values": list(scope_values),
+        "period": period or period_key(b.window, at),
+        "state": "exceeded" if exceeded else "ok",
+        "spent_nanos": spent_nanos,
+        "spent_tokens": spent_tokens,
+        "spent_requests": spent_requests,
+        "limit_nanos": b.limit_nanos,
+        "limit_tokens": b.limit_tokens,
+        "limit_requests": b.limit_requests,
+        "action": b.action,
+        "refusal": b.refusal,
+        "reset_at": period_end(b.window, at),
+        "as_of": at,
+        "seq": seq,
+        "emitted_at": emitted_at or at + timedelta(milliseconds=50),
+    }
+
+
+def loaded_enforcer(
+    budgets: Sequence[Budget] = (),
+    verdicts: Sequence[dict[str, Any]] = (),
+    *,
+    clock: FakeClock | None = None,
+    **config: Any,
+) -> tuple[Enforcer, FakeClock]:
+    """An enforcer whose state is fed directly (no Kafka), ready and fresh."""
+    clock = clock or FakeClock()
+    enforcer = Enforcer(EnforcerConfig(**config), clock=clock)
+    for b in budgets:
+        enforcer.state.apply_policy(b.budget_id, b.to_record(NOW))
+    enforcer.state.apply_price(PRICES.version, PRICES.to_record())
+    for v in verdicts:
+        enforcer.state.apply_verdict(v["counter_key"], v)
+    enforcer.state.ready = True
+    enforcer.state.fresh_at_us = int(clock() * 1_000_000)
+    return enforcer, clock
+
+
+def ctx(**fields: Any) -> Any:
+    from enforcer import Context
+
+    base: dict[str, Any] = {
+        "org_id": "acme",
+        "secret_id": "sk-1",
+        "provider": "anthropic",
+        "model": MODEL,
+        "input_tokens": 1000,
+        "max_output_tokens": 1000,
+    }
+    base.update(fields)
+    return Context(**base)
+
+
+def refresh(enforcer: Enforcer) -> None:
+    """Mark the verdict stream confirmed as of the enforcer's clock (what the follower does)."""
+    enforcer.state.fresh_at_us = int(enforcer.clock() * 1_000_000)

@@ -1,0 +1,72 @@
+"""The enforcer's public surface is exactly its __init__'s __all__."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import enforcer
+
+EXPECTED = [
+    "Context",
+    "CounterStatus",
+    "Decision",
+    "Enforcer",
+    "EnforcerConfig",
+    "EnforcerError",
+    "InvalidContext",
+    "NotReady",
+    "RefusalPublisher",
+    "Sidecar",
+    "TopicsMissing",
+    "create_app",
+    "load_config",
+    "serve",
+]
+ROOM = Path(enforcer.__file__).parent
+
+
+def test_all_is_the_public_surface() -> None:
+    assert enforcer.__all__ == EXPECTED
+    for name in EXPECTED:
+        assert getattr(enforcer, name) is not None
+
+
+def test_errors_share_the_spendbus_root() -> None:
+    from schemas.errors import SpendbusError
+
+    for name in ("EnforcerError", "InvalidContext", "NotReady", "TopicsMissing"):
+        assert issubclass(getattr(enforcer, name), SpendbusError)
+    assert enforcer.NotReady.retriable and not enforcer.InvalidContext.retriable
+
+
+def test_the_room_imports_no_other_stage() -> None:
+    """The enforcer talks to the other stages only through topics and schemas/."""
+    for path in ROOM.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                root = name.split(".")[0]
+                assert root not in ("aggregator", "ingest", "spendbus"), f"{path.name}: {name}"
+
+
+def test_config_is_frozen_and_validated() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from schemas.errors import ConfigError
+
+    config = enforcer.EnforcerConfig()
+    assert config.fail_mode == "open" and config.grace_s == 900
+    with pytest.raises(ValidationError):
+        config.fail_mode = "closed"  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="sidecar_token is required"):
+        enforcer.load_config(sidecar_host="0.0.0.0")
+    with pytest.raises(ConfigError, match="fail_mode"):
+        enforcer.load_config(fail_mode="sideways")
+    assert enforcer.load_config(sidecar_host="0.0.0.0", sidecar_token="s3cret").sidecar_token

@@ -1,0 +1,133 @@
+"""Reserve-and-settle, in memory: estimates held, settled to the actual cost, dropped."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from enforcer_testkit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
+
+from enforcer.holds import Holds
+from schemas.usage import ALLOWED, IN_FLIGHT_BUDGET_EXCEEDED
+
+USD = 1_000_000_000
+#: worst case of ctx(): 1000 input x $3/M + 1000 output x $15/M
+ESTIMATE = 18_000_000
+
+
+def usage(**tokens: Any) -> dict[str, Any]:
+    event = {"model": "claude-sonnet-4-5", "occurred_at": NOW, "input_tokens": 0}
+    event.update(tokens)
+    return event
+
+
+def test_a_burst_of_20_that_each_fit_alone_is_stopped() -> None:
+    b = budget("org", limit_nanos=100_000_000)  # $0.10: room for five $0.018 estimates
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"], spent_nanos=0)])
+    assert all(e.peek(ctx()).allowed for _ in range(20))  # each fits alone
+    decisions = [e.check(ctx()) for _ in range(20)]
+    allowed = [d for d in decisions if d.allowed]
+    assert len(allowed) == 5  # 5 x 18M = 90M <= 100M; a sixth would pass the limit
+    refused = [d for d in decisions if not d.allowed]
+    assert {d.decision for d in refused} == {IN_FLIGHT_BUDGET_EXCEEDED}
+    assert refused[0].status == 402 and refused[0].retry_after == 5
+    assert refused[0].body is not None and refused[0].body["held_nanos"] == 5 * ESTIMATE
+    held = e.holds.totals(("org", "acme"), "m:2026-11")
+    assert held is not None and held.nanos == 5 * ESTIMATE
+
+
+def test_settle_then_a_covering_verdict_drops_the_hold() -> None:
+    b = budget("org", limit_usd=1)
+    e, _clock = loaded_enforcer([b], [verdict(b, ["acme"], seq=1)])
+    key = verdict(b, ["acme"])["counter_key"]
+    d = e.check(ctx())
+    cid = ("org", "acme")  # the counter id: decompose(counter key)
+    assert e.holds.totals(cid, "m:2026-11").nanos == ESTIMATE  # type: ignore[union-attr]
+    occurred = NOW + timedelta(seconds=1)
+    assert e.settle(d.hold_id, usage(input_tokens=100, output_tokens=10, occurred_at=occurred))
+    actual = 100 * 3_000 + 10 * 15_000
+    assert e.holds.totals(cid, "m:2026-11").nanos == actual  # type: ignore[union-attr]
+    assert not e.settle(d.hold_id, usage())  # settles once
+    # a verdict whose as_of is before the event does not cover it
+    e.state.apply_verdict(key, verdict(b, ["acme"], seq=2, at=NOW))
+    assert len(e.holds) == 1
+    # one that reaches the event's time does
+    e.state.apply_verdict(key, verdict(b, ["acme"], seq=3, at=occurred, spent_nanos=actual))
+    assert len(e.holds) == 0 and cid not in e.holds.by_counter
+    assert e.usage(ctx())[0].spent_nanos == actual
+
+
+def test_a_verdict_already_held_at_settle_time_does_not_cover_the_event() -> None:
+    b = budget("org", limit_usd=1)
+    late = NOW + timedelta(minutes=5)
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"], seq=7, at=late)])  # as_of already past
+    key = verdict(b, ["acme"])["counter_key"]
+    d = e.check(ctx())
+    e.settle(d.hold_id, usage(output_tokens=10))
+    e.state.apply_verdict(key, verdict(b, ["acme"], seq=7, at=late))  # re-delivery: same seq
+    assert len(e.holds) == 1
+    e.state.apply_verdict(key, verdict(b, ["acme"], seq=8, at=late))
+    assert len(e.holds) == 0
+
+
+def test_unsettled_holds_survive_verdicts_and_expire() -> None:
+    b = budget("org", limit_usd=1)
+    e, clock = loaded_enforcer([b], [verdict(b, ["acme"])], hold_timeout_s=60)
+    key = verdict(b, ["acme"])["counter_key"]
+    e.check(ctx())
+    e.state.apply_verdict(key, verdict(b, ["acme"], seq=5, at=NOW + timedelta(hours=1)))
+    assert len(e.holds) == 1  # still in flight: no verdict can cover it
+    clock.advance(59)
+    assert e.holds.expire(int(clock() * 1e6)) == 0
+    clock.advance(1)
+    assert e.holds.expire(int(clock() * 1e6)) == 1 and len(e.holds) == 0
+    assert e.holds.dropped_by_timeout == 1
+
+
+def test_release_drops_the_hold() -> None:
+    b = budget("org", limit_nanos=ESTIMATE)
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"])])
+    first = e.check(ctx())
+    assert first.allowed and not e.check(ctx()).allowed
+    assert e.release(first.hold_id) and not e.release(first.hold_id)
+    assert e.check(ctx()).allowed
+
+
+def test_token_budgets_hold_input_plus_max_output_or_the_cap() -> None:
+    b = budget("tokens", limit_tokens=10_000)
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"])], default_max_output_tokens=4000)
+    d = e.check(ctx(input_tokens=None, request_bytes=3000, max_output_tokens=None))
+    assert d.allowed and e.holds.get(d.hold_id).tokens == 1000 + 4000  # type: ignore[union-attr]
+    d2 = e.check(ctx(input_tokens=0, max_output_tokens=4999))
+    assert d2.allowed  # 5000 + 4999 <= 10000
+    assert e.check(ctx(input_tokens=0, max_output_tokens=1)).allowed  # reaches it exactly
+    assert e.check(ctx(input_tokens=0, max_output_tokens=1)).decision == IN_FLIGHT_BUDGET_EXCEEDED
+
+
+def test_warn_budgets_hold_nothing() -> None:
+    b = budget("soft", action="warn", limit_nanos=1)
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"])])
+    d = e.check(ctx())
+    assert d.decision == ALLOWED and d.hold_id is None and len(e.holds) == 0
+
+
+def test_holds_of_the_old_period_do_not_count_after_rollover() -> None:
+    b = budget("daily", window="day", limit_nanos=ESTIMATE)
+    e, clock = loaded_enforcer([b], [verdict(b, ["acme"])])
+    assert e.check(ctx()).allowed and not e.check(ctx()).allowed
+    clock.advance(12 * 3600)
+    refresh(e)
+    assert e.check(ctx()).allowed
+
+
+def test_holds_track_each_counter_separately() -> None:
+    holds = Holds(timeout_us=10**9)
+    a, b = ("budget", "a"), ("budget", "b")
+    h = holds.reserve([(a, "p"), (b, "p")], nanos=10, tokens=5, requests=1, now_us=0)
+    holds.settle(h, nanos=7, tokens=3, requests=1, occurred_us=100, now_us=1)
+    assert holds.on_verdict(a, "p", 100, 1) == 1
+    assert a not in holds.by_counter and holds.totals(b, "p").nanos == 7  # type: ignore[union-attr]
+    assert len(holds) == 1 and holds.held_nanos == 7
+    assert holds.on_verdict(b, "other-period", 100, 1) == 0
+    assert holds.on_verdict(b, "p", 99, 2) == 0
+    assert holds.on_verdict(b, "p", 100, 2) == 1 and len(holds) == 0 and not holds.by_counter
