@@ -21,11 +21,11 @@ import logging
 import time
 import weakref
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.streams import _current_event
-from faust.types import EventT, StreamT
+from faust.types import EventT, StreamT, TableT
 
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
@@ -118,7 +118,7 @@ def _act_as(event: EventT) -> None:
     _current_event.set(weakref.ref(event))
 
 
-def _read_as(by_partition: dict[int, EventT], table: faust.Table, partition: int, key: str) -> Any:
+def _read_as(by_partition: dict[int, EventT], table: TableT, partition: int, key: str) -> Any:
     """Read ``table[key]`` as stored for ``partition``."""
     _act_as(by_partition[partition])
     return table.get(key)
@@ -163,7 +163,10 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     @app.agent(usage_raw, name="count")
     async def count(stream: StreamT) -> None:
         await follower.ready.wait()
-        async for events in stream.take_events(config.batch_size, within=config.batch_seconds):
+        batches = cast(faust.Stream, stream).take_events(
+            config.batch_size, within=config.batch_seconds
+        )
+        async for events in batches:
             started = time.perf_counter()
             records = [
                 RawRecord(e.message.partition, e.message.offset, e.message.key, e.message.value)
@@ -176,20 +179,20 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 partial(_read_as, by_partition, counters),
                 partial(_read_as, by_partition, seen),
             )
-            for (partition, key), value in out.counter_writes.items():
+            for (partition, counter), state in out.counter_writes.items():
                 _act_as(by_partition[partition])
-                counters[key] = value
-            for (partition, key), value in out.seen_writes.items():
+                counters[counter] = state
+            for (partition, event_id), position in out.seen_writes.items():
                 _act_as(by_partition[partition])
-                seen[key] = value
-            for partition, key, value in out.priced:
-                await usage_priced.send(key=key, value=value, partition=partition)
-            for counter, value in out.verdicts.items():
-                await verdicts.send(key=counter.encode(), value=value)
-            for key, value in out.alerts:
-                await alerts.send(key=key, value=value)
-            for key, value in out.dead_letters:
-                await dlq.send(key=key, value=value)
+                seen[event_id] = position
+            for partition, org, priced in out.priced:
+                await usage_priced.send(key=org, value=priced, partition=partition)
+            for counter, verdict in out.verdicts.items():
+                await verdicts.send(key=counter.encode(), value=verdict)
+            for counter_bytes, alert in out.alerts:
+                await alerts.send(key=counter_bytes, value=alert)
+            for raw_key, letter in out.dead_letters:
+                await dlq.send(key=raw_key, value=letter)
             metrics.record_batch(out.stats, len(out.verdicts), time.perf_counter() - started)
             if out.unpriced_models:
                 metrics.unpriced_models.update(out.unpriced_models)
@@ -213,7 +216,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
             ):
                 await writer.write_until_done([VERDICT.decode(v) for v in values], verdicts=True)
 
-        @app.on_partitions_revoked.connect
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def forget_revoked(sender: Any, revoked: set[Any], **kwargs: Any) -> None:
             # another worker may write these partitions now: re-read their fences later
             gone = {tp.partition for tp in revoked if tp.topic == topics.usage_priced}

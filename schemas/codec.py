@@ -191,7 +191,7 @@ class Codec:
                 f"malformed {self.name}: {len(data) - body.tell()} trailing bytes",
                 reason="malformed",
             )
-        return record  # type: ignore[no-any-return]
+        return record  # type: ignore[return-value]
 
 
 def _build(name: str, schema: dict[str, Any]) -> Codec:

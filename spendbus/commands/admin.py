@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.budgets import Budget, budgets_from_yaml
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.money import format_usd
 from schemas.pricing import load_price_file
@@ -127,7 +127,7 @@ def prices_apply_command() -> click.Command:
 
 @click.command()
 @click.option("--org-id", required=True)
-@click.option("--secret-id")
+@click.option("--secret-id", required=True)
 @click.option("--project-id")
 @click.option("--grant-id")
 @click.option("--user-id")
@@ -136,49 +136,30 @@ def prices_apply_command() -> click.Command:
 @click.option("--tag", "tags", multiple=True, help="name=value")
 @click.option("--json", "as_json", is_flag=True)
 def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: str | None) -> None:
-    """Per applicable budget, the numbers the enforcer uses (the verdicts), with limits and resets."""
-    settings = load_settings()
-    bootstrap = bootstrap_or_fail(settings)
-    ctx: dict[str, Any] = {k: v for k, v in ids.items() if v}
-    ctx["groups"] = list(groups)
-    ctx["tags"] = dict(t.split("=", 1) for t in tags)
-    policies = asyncio.run(read_compacted(bootstrap, settings.topics.budget_policies))
-    live = [Budget.from_record(BUDGET_POLICY.decode(v)) for v in policies.values() if v is not None]
-    verdicts = asyncio.run(read_compacted(bootstrap, settings.topics.budget_verdicts))
-    rows = []
-    from schemas.budgets import applicable
-    from schemas.periods import period_key
+    """Per applicable budget, the numbers the enforcer uses (its verdicts), with limits and resets.
 
-    now = datetime.now(UTC)
-    for budget, key, values in applicable(live, ctx):
-        raw = verdicts.get(key.encode())
-        verdict = VERDICT.decode(raw) if raw else None
-        current = period_key(budget.window, now)
-        fresh = verdict is not None and (
-            verdict["period"] == current or budget.window.kind == "rolling"
-        )
-        rows.append(
-            {
-                "budget_id": budget.budget_id,
-                "counter": key,
-                "scope_values": list(values),
-                "period": current,
-                "state": verdict["state"] if fresh else "ok",
-                "spent_nanos": verdict["spent_nanos"] if fresh else 0,
-                "spent_tokens": verdict["spent_tokens"] if fresh else 0,
-                "spent_requests": verdict["spent_requests"] if fresh else 0,
-                "limit_nanos": budget.limit_nanos,
-                "limit_tokens": budget.limit_tokens,
-                "limit_requests": budget.limit_requests,
-                "action": budget.action,
-                "reset_at": verdict["reset_at"].isoformat()
-                if fresh and verdict["reset_at"]
-                else None,
-                "as_of": verdict["as_of"].isoformat() if fresh else None,
-            }
-        )
+    This is the enforcer itself, caught up with the verdict topic: reporting and
+    enforcement read the same counters.
+    """
+    from enforcer import Enforcer, EnforcerConfig
+
+    settings = load_settings()
+    config = EnforcerConfig(
+        bootstrap=bootstrap_or_fail(settings), topic_prefix=settings.topic_prefix
+    )
+    fields: dict[str, Any] = {k: v for k, v in ids.items() if v}
+
+    async def read() -> list[dict[str, Any]]:
+        async with Enforcer(config) as enforcer:
+            await enforcer.wait_ready()
+            ctx = enforcer.context(
+                groups=groups, tags=dict(t.split("=", 1) for t in tags), **fields
+            )
+            return [status.to_json() for status in enforcer.usage(ctx)]
+
+    rows = asyncio.run(read())
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows, indent=2, default=str))
         return
     table = Table("budget", "scope", "period", "state", "spent", "limit", "reset")
     for r in rows:
@@ -188,12 +169,12 @@ def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: 
             r["period"],
             r["state"],
             _limits(
-                r["spent_nanos"] if r["limit_nanos"] else None,
-                r["spent_tokens"] if r["limit_tokens"] else None,
-                r["spent_requests"] if r["limit_requests"] else None,
+                r["spent_nanos"] if r["limit_nanos"] is not None else None,
+                r["spent_tokens"] if r["limit_tokens"] is not None else None,
+                r["spent_requests"] if r["limit_requests"] is not None else None,
             ),
             _limits(r["limit_nanos"], r["limit_tokens"], r["limit_requests"]),
-            r["reset_at"] or "never",
+            str(r["reset_at"] or "never"),
         )
     console.print(table)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas.kafka import topic_partitions
@@ -37,7 +39,9 @@ async def read_compacted(
         await consumer.stop()
 
 
-async def publish(bootstrap: str, topic: str, records: list[tuple[bytes, bytes | None]]) -> None:
+async def publish(
+    bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes | None]]
+) -> None:
     """Publish keyed records and wait until the broker acknowledged all of them."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await producer.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import UTC, datetime
 from importlib import resources
@@ -245,7 +246,7 @@ def test_each_version_is_backward_compatible_with_the_previous(name: str) -> Non
     from fastavro import schemaless_reader, schemaless_writer
 
     versions = history_versions(name)
-    for older, newer in zip(versions, versions[1:], strict=False):
+    for older, newer in itertools.pairwise(versions):
         added = {f["name"] for f in newer["fields"]} - {f["name"] for f in older["fields"]}
         for field in newer["fields"]:
             if field["name"] in added:
