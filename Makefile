@@ -35,7 +35,7 @@ check: install
 	$(BIN)/mypy schemas aggregator enforcer ingest spendbus
 
 bench: broker
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf .spendbus build *.egg-info

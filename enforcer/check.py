@@ -98,7 +98,12 @@ def _id(canon: dict[str, tuple[str, ...]], name: str, value: Any) -> None:
         raise InvalidContext(name, "must be a string or null")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidContext(name, f"longer than {MAX_ID_LENGTH} characters")
-    canon[name] = (canonical_id(value, name),)
+    canon[name] = _present(canonical_id(value, name))
+
+
+def _present(value: str) -> tuple[str, ...]:
+    """A blank id is no id (as schemas.budgets reads it): it names no counter."""
+    return (value,) if value else ()
 
 
 def _count(name: str, value: Any, bound: int) -> None:
@@ -185,7 +190,7 @@ class Context:
             for g in groups:
                 if type(g) is not str or len(g) > MAX_ID_LENGTH:
                     raise InvalidContext("groups", f"each group a string of <= {MAX_ID_LENGTH}")
-            canon["group"] = tuple(dict.fromkeys(canonical_id(g) for g in groups))
+            canon["group"] = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
         else:
             canon["group"] = ()
         if tags:
@@ -201,7 +206,7 @@ class Context:
                     raise InvalidContext(
                         "tags", f"keys and values of <= {MAX_ID_LENGTH} characters"
                     )
-                canon[f"tag:{k}"] = (canonical_id(v),)
+                canon[f"tag:{k}"] = _present(canonical_id(v))
         elif tags is None or isinstance(tags, Mapping):
             tags = {}
         else:

@@ -67,12 +67,13 @@ _GROUPS: Final = "groups"
 def _values(attrs: Mapping[str, Any], attribute: str) -> list[str]:
     """Canonical values of ``attribute`` in an event or request context (0, 1 or many)."""
     if attribute.startswith("tag:"):
-        tags = attrs.get("tags") or {}
-        raw: list[str] = [] if tags.get(attribute[4:]) is None else [tags[attribute[4:]]]
+        value = (attrs.get("tags") or {}).get(attribute[4:])
+        raw: list[str] = [] if value is None else [value]
     elif attribute == "group":
         raw = list(attrs.get(_GROUPS) or ())
     else:
-        raw = [] if attrs.get(attribute) is None else [attrs[attribute]]
+        value = attrs.get(attribute)
+        raw = [] if value is None else [value]
     # a blank id is no id: it must not name a counter of its own
     return [v for v in (canonical_id(r, attribute) for r in raw) if v]
 

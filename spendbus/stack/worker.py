@@ -34,6 +34,8 @@ class WorkerProcess:
     env: dict[str, str]
     web_port: int
     name: str = "aggregator"
+    #: extra arguments of `spendbus aggregator run` (e.g. --no-sink)
+    args: tuple[str, ...] = ()
 
     @property
     def pid_file(self) -> Path:
@@ -61,7 +63,7 @@ class WorkerProcess:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_file.open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "spendbus", "aggregator", "run"],
+            [sys.executable, "-m", "spendbus", "aggregator", "run", *self.args],
             env={**os.environ, **self.env},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,76 @@
+"""`make bench`: run every benchmark, write bench/results/<name>.json, show a summary table.
+
+Each benchmark is its own script printing one JSON object (run them alone with
+`python bench/bench_<name>.py --help`). None of them is a test: numbers on a
+shared machine are read as medians and side-by-side ratios, never thresholds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+BENCHES = {
+    "taps": ["--repeats", "11"],
+    "publisher": ["--events", "100000", "--runs", "3"],
+    "sink": ["--runs", "3"],
+    "enforcer": [],
+    "pipeline": ["--events", "50000", "--seconds", "10"],
+}
+#: (bench, dotted path in its JSON, label) shown in the summary
+HEADLINES = [
+    ("pipeline", "throughput.aggregator_events_per_s", "aggregator events/s (1 worker)"),
+    ("pipeline", "throughput.raw_consume_events_per_s", "raw aiokafka consume events/s"),
+    ("pipeline", "throughput.ratio_to_raw", "aggregator / raw"),
+    ("pipeline", "latency.verdict_latency_ms.p99", "verdict latency p99 ms"),
+    ("pipeline", "latency.kafka_floor_ms.p99", "Kafka produce->consume p99 ms"),
+    ("publisher", "events_per_s.publish_prepared", "publisher events/s (prepared)"),
+    ("sink", "rows_per_s_median", "ClickHouse sink rows/s"),
+    ("enforcer", "check.p99_us", "enforcer check() p99 µs"),
+    ("enforcer", "sidecar.checks_per_s", "sidecar checks/s"),
+]
+
+
+def dig(data: dict, path: str) -> object:
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return "-"
+        data = data[part]
+    return data
+
+
+def main() -> None:
+    console = Console()
+    out_dir = Path(__file__).resolve().parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    results: dict[str, dict] = {}
+    for name, args in BENCHES.items():
+        script = Path(__file__).resolve().parent / f"bench_{name}.py"
+        with console.status(f"bench {name}..."):
+            started = time.monotonic()
+            done = subprocess.run(
+                [sys.executable, str(script), *args], capture_output=True, text=True
+            )
+        if done.returncode != 0:
+            console.print(f"[red]bench {name} failed[/red]\n{done.stderr[-2000:]}")
+            continue
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        (out_dir / f"{name}.json").write_text(json.dumps(results[name], indent=2))
+        console.print(
+            f"bench {name}: {time.monotonic() - started:.0f}s -> bench/results/{name}.json"
+        )
+    table = Table("measure", "value", title="spendbus benchmarks (this machine, this run)")
+    for name, path, label in HEADLINES:
+        if name in results:
+            table.add_row(label, str(dig(results[name], path)))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

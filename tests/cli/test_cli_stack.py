@@ -1,0 +1,118 @@
+"""The command line over a real stack: up, apply, list, usage, sql (through the worker and
+directly on the store), status, down."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from schemas.pricing import default_price_file
+from spendbus.stack.kafka import free_port
+
+pytestmark = pytest.mark.integration
+
+BUDGETS = """
+- id: acme-monthly
+  scope: org
+  match: {org_id: acme}
+  window: month
+  limit_usd: "500"
+"""
+EVENTS = [
+    {
+        "event_id": f"cli-{i}",
+        "occurred_at": "2026-11-30T10:00:00Z",
+        "provider": "anthropic",
+        "api": "anthropic-messages",
+        "model": "claude-sonnet-4-5",
+        "secret_id": "sk-1",
+        "org_id": "acme",
+        "gateway_id": "cli-test",
+        "input_tokens": 1000,
+        "output_tokens": 100,
+    }
+    for i in range(20)
+]
+# 1000 input x $3/M + 100 output x $15/M = 4_500_000 nanos each
+
+
+def spendbus(
+    env: dict[str, str], *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "spendbus", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"spendbus {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
+    return done
+
+
+def test_the_local_stack_from_the_command_line(
+    kafka_bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    env = {
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "SPENDBUS_HOME": str(tmp_path / "home"),
+        "SPENDBUS_TOPIC_PREFIX": f"cli{unique}.",
+        "SPENDBUS_WEB_PORT": str(free_port()),
+    }
+    spendbus(env, "up")
+    try:
+        status = json.loads(spendbus(env, "status", "--json").stdout)
+        assert status["worker"]["pid"] and status["worker"]["stats"]["serving"]
+        (tmp_path / "budgets.yaml").write_text(BUDGETS)
+        spendbus(env, "prices", "apply", str(default_price_file()))
+        spendbus(env, "budgets", "apply", str(tmp_path / "budgets.yaml"))
+        listed = json.loads(spendbus(env, "budgets", "list", "--json").stdout)
+        assert [b["budget_id"] for b in listed] == ["acme-monthly"]
+
+        # a budget file with an error names the file, the budget and the field, and applies nothing
+        (tmp_path / "bad.yaml").write_text(BUDGETS.replace("window: month", "window: fortnight"))
+        bad = spendbus(env, "budgets", "apply", str(tmp_path / "bad.yaml"), check=False)
+        assert bad.returncode != 0
+        assert "bad.yaml" in bad.stdout + bad.stderr and "window" in bad.stdout + bad.stderr
+
+        # the budget is read by the worker live: give it a moment before the events
+        time.sleep(2)
+        (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in EVENTS) + "\n")
+        spendbus(env, "ingest", str(tmp_path / "events.jsonl"))
+
+        deadline = time.monotonic() + 90
+        rows: list = []
+        while time.monotonic() < deadline:
+            out = spendbus(
+                env,
+                "sql",
+                "--json",
+                "SELECT count() AS n, sum(cost_nanos) AS nanos FROM usage_events",
+            )
+            rows = json.loads(out.stdout)
+            if int(rows[0]["n"]) >= len(EVENTS):
+                break
+            time.sleep(1)
+        assert int(rows[0]["n"]) == 20 and int(rows[0]["nanos"]) == 20 * 4_500_000
+
+        usage = json.loads(
+            spendbus(env, "usage", "--org-id", "acme", "--secret-id", "sk-1", "--json").stdout
+        )
+        assert [(u["budget_id"], u["spent_nanos"]) for u in usage] == [
+            ("acme-monthly", 20 * 4_500_000)
+        ]
+    finally:
+        spendbus(env, "down")
+    # nothing runs now: sql opens the embedded store itself
+    out = spendbus(env, "sql", "--json", "SELECT count() AS n FROM usage_events")
+    assert int(json.loads(out.stdout)[0]["n"]) == 20
+    assert json.loads(spendbus(env, "status", "--json").stdout)["worker"]["pid"] is None
