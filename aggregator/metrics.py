@@ -15,6 +15,7 @@ class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     unpriced_models: set[str] = field(default_factory=set)
     totals: dict[str, int] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -65,9 +66,15 @@ class Metrics:
             self.totals[name] = self.totals.get(name, 0) + getattr(stats, name)
         self.totals["verdicts"] = self.totals.get("verdicts", 0) + verdicts
 
+    def record_phases(self, **seconds: float) -> None:
+        """Where a batch's time goes (fold, table writes, sends): cumulative, for /stats."""
+        for phase, value in seconds.items():
+            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + value
+
     def snapshot(self) -> dict[str, Any]:
         return {
             **self.totals,
+            "phase_seconds": {k: round(v, 3) for k, v in self.phase_seconds.items()},
             "sink_rows": int(self.sink_rows._value.get()),
             "sink_skipped": int(self.sink_skipped._value.get()),
             "sink_failures": int(self.sink_failures._value.get()),

@@ -222,3 +222,40 @@ PRICE_TABLE: Final = codec_for("PriceTable")
 VERDICT: Final = codec_for("Verdict")
 ALERT: Final = codec_for("Alert")
 DEAD_LETTER: Final = codec_for("DeadLetter")
+
+
+def _priced_tail() -> tuple[Any, bool]:
+    """The PricedUsage fields after ``event``, as a record of their own.
+
+    Avro writes a record as its fields one after another, so a PricedUsage body
+    is the UsageEvent body followed by these fields: the aggregator can reuse
+    the bytes it read instead of encoding the event again.
+    """
+    priced = PRICED_USAGE.schema
+    starts_with_event = priced["fields"][0]["name"] == "event"
+    tail = {
+        "type": "record",
+        "name": "PricedUsageTail",
+        "namespace": NAMESPACE,
+        "fields": priced["fields"][1:],
+    }
+    return parse_schema(tail), starts_with_event
+
+
+_PRICED_TAIL, _PRICED_STARTS_WITH_EVENT = _priced_tail()
+
+
+def priced_usage_from_raw(raw_usage: bytes, tail: Record) -> bytes | None:
+    """PricedUsage bytes = header + the raw UsageEvent body + the tail fields.
+
+    Only when ``raw_usage`` was written with the current UsageEvent schema (else
+    None: the caller encodes the decoded event). Byte-identical to
+    ``PRICED_USAGE.encode({"event": USAGE_EVENT.decode(raw_usage), **tail})``.
+    """
+    if not _PRICED_STARTS_WITH_EVENT or raw_usage[:HEADER_LEN] != USAGE_EVENT.header:
+        return None
+    buf = io.BytesIO()
+    buf.write(PRICED_USAGE.header)
+    buf.write(memoryview(raw_usage)[HEADER_LEN:])
+    schemaless_writer(buf, _PRICED_TAIL, tail)
+    return buf.getvalue()

@@ -286,3 +286,15 @@ def test_an_older_writer_version_decodes_through_the_codec(tmp_path, monkeypatch
     decoded = new_codec.decode(buf.getvalue())
     assert decoded["region"] is None
     assert decoded["event_id"] == FIXTURES["UsageEvent"]["event_id"]
+
+
+def test_priced_usage_from_raw_bytes_equals_encoding_the_event_again() -> None:
+    from schemas.codec import priced_usage_from_raw
+
+    raw = USAGE_EVENT.encode(FIXTURES["UsageEvent"])
+    tail = {k: v for k, v in FIXTURES["PricedUsage"].items() if k != "event"}
+    fast = priced_usage_from_raw(raw, tail)
+    assert fast == PRICED_USAGE.encode({"event": USAGE_EVENT.decode(raw), **tail})
+    assert PRICED_USAGE.decode(fast)["event"] == FIXTURES["UsageEvent"]
+    # bytes of another writer schema are not reused
+    assert priced_usage_from_raw(b"\xc3\x01" + b"\x00" * 8 + raw[10:], tail) is None
