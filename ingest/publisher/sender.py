@@ -190,6 +190,10 @@ class Sender:
             if read_pos >= spool.write_end:
                 if self._closing and not session.inflight:
                     return
+                if not session.inflight and spool.acked > spool.persisted:
+                    # the last acks of a burst: write the cursor (and free segments) now,
+                    # not at a next ack that may never come
+                    self._persist()
                 self._wake.clear()
                 await self._wake.wait()
                 lone = spool.write_end - read_pos < config.max_batch_bytes
@@ -295,12 +299,16 @@ class Sender:
             self._wake.set()
             now = time.monotonic()
             if now - self._last_persist >= self._config.cursor_interval_ms / 1000:
-                self._last_persist = now
-                try:
-                    self._spool.persist()
-                except OSError as exc:  # a stale cursor only means re-sending
-                    log.warning("cannot write the spool cursor: %s", exc)
+                self._persist()
             self._on_ack()
+
+    def _persist(self) -> None:
+        """Write the cursor and free acknowledged segments."""
+        self._last_persist = time.monotonic()
+        try:
+            self._spool.persist()
+        except OSError as exc:  # a stale cursor only means re-sending
+            log.warning("cannot write the spool cursor: %s", exc)
 
     # -- errors ----------------------------------------------------------------------------------
 
