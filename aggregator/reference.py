@@ -89,6 +89,12 @@ class ReferenceFollower:
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         self._task = asyncio.create_task(self._run(consumer, ends))
+        self._task.add_done_callback(self._report_end)
+
+    @staticmethod
+    def _report_end(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("reference follower stopped: %r", task.exception())
 
     async def _run(self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> None:
         pending = {tp for tp, end in ends.items() if end > 0}
@@ -98,10 +104,14 @@ class ReferenceFollower:
             batches = await consumer.getmany(timeout_ms=500, max_records=1000)
             for tp, messages in batches.items():
                 for message in messages:
-                    if tp.topic == self.topics.budget_policies:
-                        self.reference.apply_policy(message.key, message.value)
-                    else:
-                        self.reference.apply_price_table(message.key, message.value)
+                    try:
+                        if tp.topic == self.topics.budget_policies:
+                            self.reference.apply_policy(message.key, message.value)
+                        else:
+                            self.reference.apply_price_table(message.key, message.value)
+                    except Exception:  # a record the book cannot use must not stop the worker
+                        self.reference.rejected += 1
+                        log.exception("skipping %s@%d/%d", tp.topic, tp.partition, message.offset)
             if pending:
                 for tp in list(pending):
                     if await consumer.position(tp) >= ends[tp]:
