@@ -224,3 +224,24 @@ def alert_record(
         "model": None,
         "as_of": from_micros(totals.as_of_us),
     }
+
+
+def unpriced_alert(model: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The alert that a model without a price is being used (its events are charged 0)."""
+    return {
+        "alert_id": f"unpriced|{model}",
+        "kind": "unpriced_model",
+        "counter_key": "",
+        "budget_id": "",
+        "period": "",
+        "threshold": 0.0,
+        "state": OK,
+        "spent_nanos": 0,
+        "spent_tokens": 0,
+        "spent_requests": 0,
+        "limit_nanos": None,
+        "limit_tokens": None,
+        "limit_requests": None,
+        "model": model,
+        "as_of": event["occurred_at"],
+    }

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aggregator.fold import CounterState, alert_record, apply, verdict_record
+from aggregator.fold import CounterState, alert_record, apply, unpriced_alert, verdict_record
 from aggregator.reference import Reference
 from schemas.budgets import Budget, applicable
 from schemas.codec import (
@@ -146,7 +146,17 @@ class BatchProcessor:
             price = self.reference.prices.price_event(event)
             if price.unpriced:
                 out.stats.unpriced += 1
-                out.unpriced_models.add(event["model"])
+                model = event["model"]
+                out.unpriced_models.add(model)
+                # one alert per model (per source partition: the marker lives in the
+                # partition's dedupe table, written in the same batch as the alert)
+                marker = f"\x00unpriced\x00{model}"
+                if marker not in seen_in_batch and seen(record.partition, marker) is None:
+                    seen_in_batch[marker] = position
+                    out.seen_writes[(record.partition, marker)] = position
+                    out.alerts.append(
+                        (f"unpriced|{model}".encode(), ALERT.encode(unpriced_alert(model, event)))
+                    )
             out.stats.charged += 1
             out.stats.cost_nanos += price.cost_nanos
             for budget, key, scope_values in applicable(budgets, event):

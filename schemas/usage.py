@@ -144,6 +144,9 @@ def validate_usage_event(event: Record) -> None:
             raise InvalidRecord(name, "required, a non-empty string", record_id=event_id)
         if len(value) > MAX_ID_LENGTH:
             raise InvalidRecord(name, f"longer than {MAX_ID_LENGTH} characters", record_id=event_id)
+    if not event["event_id"].isprintable():
+        # control characters are reserved for the aggregator's own keys
+        raise InvalidRecord("event_id", "must be printable text", record_id=None)
     for name in OPTIONAL_IDS:
         value = event.get(name)
         if value is not None and (not isinstance(value, str) or len(value) > MAX_ID_LENGTH):

@@ -18,7 +18,7 @@ from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.money import format_usd
-from schemas.pricing import load_price_file
+from schemas.pricing import PriceBook, PriceTable, load_price_file
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish, read_compacted
 from spendbus.stack.local import bootstrap_or_fail, worker_process
@@ -45,9 +45,31 @@ def budgets_apply(file: Path) -> None:
     parsed = budgets_from_yaml(_load_yaml(file), source=str(file))
     settings = load_settings()
     now = datetime.now(UTC)
+    bootstrap = bootstrap_or_fail(settings)
+    for warning in _unpriced_usd_budgets(bootstrap, settings.topics.pricing, parsed, now):
+        console.print(f"[yellow]warning:[/yellow] {file}: {warning}", highlight=False)
     records = [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in parsed]
-    asyncio.run(publish(bootstrap_or_fail(settings), settings.topics.budget_policies, records))
+    asyncio.run(publish(bootstrap, settings.topics.budget_policies, records))
     click.echo(f"applied {len(parsed)} budgets from {file}")
+
+
+def _unpriced_usd_budgets(
+    bootstrap: str, pricing_topic: str, budgets: list[Budget], now: datetime
+) -> list[str]:
+    """A USD limit over a model without a price never fills up: say so (it is not an error)."""
+    tables = asyncio.run(read_compacted(bootstrap, pricing_topic))
+    book = PriceBook([PriceTable.from_record(PRICE_TABLE.decode(v)) for v in tables.values() if v])
+    warnings = []
+    for budget in budgets:
+        if budget.limit_nanos is None:
+            continue
+        for model in budget.match.get("model", ()):
+            if book.price(model, at=now, input_tokens=1).unpriced:
+                warnings.append(
+                    f"budget {budget.budget_id!r}: limit_usd over model {model!r}, which has no "
+                    "price in the applied price versions: its events are charged 0"
+                )
+    return warnings
 
 
 @budgets.command("list")

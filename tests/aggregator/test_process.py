@@ -327,3 +327,14 @@ def test_counters_equal_a_brute_force_recomputation(
         if period in state.periods:  # only the newest KEPT_PERIODS are kept
             assert (state.periods[period].nanos, state.periods[period].tokens) == (nanos, tokens)
         assert period <= state.period
+
+
+def test_an_unpriced_model_is_charged_zero_and_alerted_once() -> None:
+    store, processor = Store(), BatchProcessor(reference(), source_topic="usage.raw")
+    first = store.run(processor, records([event(i, model="mystery-9") for i in range(3)]))
+    later = store.run(processor, records([event(10, model="mystery-9")], start=10))
+    alerts = [ALERT.decode(v) for out in (first, later) for _, v in out.alerts]
+    unpriced = [a for a in alerts if a["kind"] == "unpriced_model"]
+    assert [(a["alert_id"], a["model"]) for a in unpriced] == [("unpriced|mystery-9", "mystery-9")]
+    assert first.stats.unpriced == 3 and first.stats.cost_nanos == 0
+    assert first.unpriced_models == {"mystery-9"}

@@ -24,6 +24,13 @@ BUDGETS = """
   window: month
   limit_usd: "500"
 """
+UNPRICED = """
+- id: mystery
+  scope: org
+  match: {model: mystery-model-9}
+  window: month
+  limit_usd: "5"
+"""
 EVENTS = [
     {
         "event_id": f"cli-{i}",
@@ -77,6 +84,12 @@ def test_the_local_stack_from_the_command_line(
         spendbus(env, "budgets", "apply", str(tmp_path / "budgets.yaml"))
         listed = json.loads(spendbus(env, "budgets", "list", "--json").stdout)
         assert [b["budget_id"] for b in listed] == ["acme-monthly"]
+
+        # a USD limit over a model without a price is applied, with a warning
+        (tmp_path / "unpriced.yaml").write_text(UNPRICED)
+        warned = spendbus(env, "budgets", "apply", str(tmp_path / "unpriced.yaml"))
+        assert "mystery-model-9" in warned.stdout and "warning" in warned.stdout
+        spendbus(env, "budgets", "delete", "mystery")
 
         # a budget file with an error names the file, the budget and the field, and applies nothing
         (tmp_path / "bad.yaml").write_text(BUDGETS.replace("window: month", "window: fortnight"))

@@ -125,6 +125,7 @@ def event(**over) -> dict:
         ("reasoning_tokens", 6),  # > output_tokens (5)
         ("tags", {"a": 1}),
         ("user_id", "x" * 600),
+        ("event_id", "\x00unpriced\x00gpt-4o"),
     ],
 )
 def test_invalid_events_name_the_field(field: str, value: object) -> None:
