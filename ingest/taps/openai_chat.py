@@ -25,7 +25,7 @@ from collections import deque
 from typing import Any
 
 from .base import Handler, Path, describe_error, loads, text_len
-from .usage import InvalidUsage, Usage, sub, tok
+from .usage import Usage, openai_usage
 
 _RING = 4
 _RING_BYTES = 128 * 1024
@@ -33,19 +33,7 @@ _PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",)})
 
 
 def usage_from(raw: Any) -> Usage:
-    if not isinstance(raw, dict):
-        raise InvalidUsage("usage is not an object")
-    prompt = tok(raw, "prompt_tokens", required=True)
-    completion = tok(raw, "completion_tokens", required=True)
-    cached = tok(raw.get("prompt_tokens_details"), "cached_tokens")
-    reasoning = tok(raw.get("completion_tokens_details"), "reasoning_tokens")
-    sub(completion, reasoning, "completion_tokens", "reasoning_tokens")  # validates
-    return Usage(
-        input_tokens=sub(prompt, cached, "prompt_tokens", "cached_tokens"),
-        cache_read_tokens=cached,
-        output_tokens=completion,
-        reasoning_tokens=reasoning,
-    )
+    return openai_usage(raw, "prompt_tokens", "completion_tokens")
 
 
 class OpenAIChatHandler(Handler):

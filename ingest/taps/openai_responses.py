@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Handler, Path, describe_error, text_len
-from .usage import InvalidUsage, Usage, sub, tok
+from .usage import Usage, openai_usage
 
 TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
 _EARLY = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
@@ -35,19 +35,7 @@ _ERROR_PATHS = frozenset({("code",), ("message",), ("error",), ("type",)})
 
 
 def usage_from(raw: Any) -> Usage:
-    if not isinstance(raw, dict):
-        raise InvalidUsage("usage is not an object")
-    total_in = tok(raw, "input_tokens", required=True)
-    output = tok(raw, "output_tokens", required=True)
-    cached = tok(raw.get("input_tokens_details"), "cached_tokens")
-    reasoning = tok(raw.get("output_tokens_details"), "reasoning_tokens")
-    sub(output, reasoning, "output_tokens", "reasoning_tokens")  # validates
-    return Usage(
-        input_tokens=sub(total_in, cached, "input_tokens", "cached_tokens"),
-        cache_read_tokens=cached,
-        output_tokens=output,
-        reasoning_tokens=reasoning,
-    )
+    return openai_usage(raw, "input_tokens", "output_tokens")
 
 
 class OpenAIResponsesHandler(Handler):

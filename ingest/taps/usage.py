@@ -175,3 +175,22 @@ def sub(total: int, part: int, total_name: str, part_name: str) -> int:
 def _short(value: Any) -> str:
     text = json.dumps(value, default=repr)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def openai_usage(raw: Any, input_field: str, output_field: str) -> Usage:
+    """OpenAI's usage object (Chat: prompt/completion, Responses: input/output): the input
+    count includes ``<input>_details.cached_tokens``, the output count includes
+    ``<output>_details.reasoning_tokens``."""
+    if not isinstance(raw, dict):
+        raise InvalidUsage("usage is not an object")
+    total_in = tok(raw, input_field, required=True)
+    output = tok(raw, output_field, required=True)
+    cached = tok(raw.get(f"{input_field}_details"), "cached_tokens")
+    reasoning = tok(raw.get(f"{output_field}_details"), "reasoning_tokens")
+    sub(output, reasoning, output_field, "reasoning_tokens")  # validates
+    return Usage(
+        input_tokens=sub(total_in, cached, input_field, "cached_tokens"),
+        cache_read_tokens=cached,
+        output_tokens=output,
+        reasoning_tokens=reasoning,
+    )
