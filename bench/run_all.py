@@ -31,6 +31,12 @@ HEADLINES = [
     ("pipeline", "latency.verdict_latency_ms.p99", "verdict latency p99 ms"),
     ("pipeline", "latency.kafka_floor_ms.p99", "Kafka produce->consume p99 ms"),
     ("publisher", "events_per_s.publish_prepared", "publisher events/s (prepared)"),
+    ("publisher", "events_per_s.publish_many", "publisher events/s (from dicts)"),
+    (
+        "taps",
+        "formats.anthropic-messages.stream.parsed.ratio_socket",
+        "tap CPU / socket relay (Anthropic SSE)",
+    ),
     ("sink", "rows_per_s_median", "ClickHouse sink rows/s"),
     ("enforcer", "check.p99_us", "enforcer check() p99 µs"),
     ("enforcer", "sidecar.checks_per_s", "sidecar checks/s"),
