@@ -1,6 +1,6 @@
 """The Faust agents: glue between topics, tables and the pure batch processor.
 
-Two agents:
+Three agents:
 
 * ``count`` reads usage.raw in batches (``take_events``), hands them to
   :class:`~aggregator.process.BatchProcessor`, then writes the counter and
@@ -11,6 +11,7 @@ Two agents:
 * ``sink`` reads usage.priced in batches and writes them to ClickHouse
   (``aggregator/sink``), retrying while ClickHouse is away; only a batch
   that was inserted is acked. Counters and verdicts never wait for it.
+* ``verdict-sink`` does the same for budget.verdicts into ``budget_state``.
 """
 
 from __future__ import annotations
