@@ -26,8 +26,9 @@ demo: broker
 test: broker
 	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider
 
+# The whole fault set, with more kill -9 rounds than the subset `make test` runs.
 test-faults: broker
-	$(BIN)/python -m pytest -m faults -p no:cacheprovider
+	SPENDBUS_FAULT_KILLS=$${SPENDBUS_FAULT_KILLS:-5} $(BIN)/python -m pytest -m faults -p no:cacheprovider
 
 check: install
 	$(BIN)/ruff format --check .
