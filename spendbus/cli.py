@@ -7,7 +7,7 @@ import sys
 import click
 
 from schemas.errors import SpendbusError
-from spendbus.commands.admin import budgets, fail, prices_apply_command, sql, usage
+from spendbus.commands.admin import budgets, fail, prices_apply_command, sql, usage, verify
 from spendbus.commands.aggregator import aggregator
 from spendbus.commands.stack import demo, down, status, up
 
@@ -18,7 +18,7 @@ def cli() -> None:
     """Meter and cap what LLM traffic costs."""
 
 
-for command in (up, down, status, demo, sql, usage, budgets, aggregator):
+for command in (up, down, status, demo, sql, usage, verify, budgets, aggregator):
     cli.add_command(command)
 
 

@@ -230,3 +230,58 @@ def sql(query: str, as_json: bool) -> None:
 def fail(exc: SpendbusError) -> None:
     console.print(f"[red]error:[/red] {exc}", highlight=False)
     sys.exit(2)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+def verify(as_json: bool) -> None:
+    """Recompute every counter from usage.raw and compare with the live verdicts (read-only).
+
+    Exit status 0 when they agree, 1 with the list of differences otherwise.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from aggregator.verify import verify as run_verify
+
+    settings = load_settings()
+    bootstrap = bootstrap_or_fail(settings)
+    with Progress(
+        TextColumn("[bold]reading usage.raw"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=as_json,
+    ) as bar:
+        task = bar.add_task("ledger", total=None)
+        report = asyncio.run(
+            run_verify(
+                bootstrap,
+                settings.topics,
+                lambda done, total: bar.update(task, completed=done, total=total),
+            )
+        )
+    summary = {
+        "records": report.records,
+        "charged": report.stats.charged,
+        "duplicates": report.stats.duplicates,
+        "dead_letters": report.stats.dead_letters,
+        "cost_nanos": report.stats.cost_nanos,
+        "counters": report.counters,
+        "differences": [d.__dict__ for d in report.differences],
+    }
+    if as_json:
+        click.echo(json.dumps(summary, default=str))
+    else:
+        console.print(
+            f"{report.records:,} records, {report.stats.charged:,} charged "
+            f"({format_usd(report.stats.cost_nanos)}), {report.counters:,} counters recomputed"
+        )
+        if report.ok:
+            console.print("[green]every counter equals its live verdict[/green]")
+        else:
+            table = Table("counter", "field", "recomputed", "live", title="differences")
+            for d in report.differences:
+                table.add_row(d.counter_key, d.field, str(d.recomputed), str(d.live))
+            console.print(table)
+    sys.exit(0 if report.ok else 1)
