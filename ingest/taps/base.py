@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -114,7 +115,7 @@ def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
         return None, f"unreadable: malformed JSON ({str(exc).split(':')[0]})"
 
 
-class Handler:
+class Handler(ABC):
     """The provider-specific half of a tap: what is read where.
 
     The framing stage calls ``on_event`` (SSE events, bedrock frames) or
@@ -172,8 +173,9 @@ class Handler:
             return None
 
     # -- provider hooks --------------------------------------------------
+    @abstractmethod
     def usage_from(self, raw: Any) -> Usage:
-        raise NotImplementedError
+        """The provider's usage object, normalised (raises InvalidUsage)."""
 
     def on_event(self, name: bytes, data: bytes) -> None:
         """One SSE event (``name`` is b"" when the event had no ``event:`` line)."""
@@ -192,9 +194,9 @@ class Handler:
     def on_body(self, obj: Any, size: int) -> None:
         """A whole non-streamed body (sparse when it was larger than the limit)."""
 
+    @abstractmethod
     def final_usage(self, cut: str | None) -> Usage | None:
         """The usage to charge if the response carried it completely, else None."""
-        raise NotImplementedError
 
     def incomplete_reason(self) -> str:
         """Why ``final_usage`` is None when nothing else went wrong."""

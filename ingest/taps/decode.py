@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -50,12 +51,13 @@ def supported_encodings() -> frozenset[str]:
     return frozenset(names)
 
 
-class _Layer:
+class _Layer(ABC):
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
 
+    @abstractmethod
     def feed(self, data: bytes) -> None:
-        raise NotImplementedError
+        """Decode ``data`` into the sink."""
 
     def close(self) -> None:
         """Flush what is left (a truncated stream just ends)."""
