@@ -78,8 +78,11 @@ def clickhouse_server_dsn() -> Iterator[str | None]:
     if _docker_answers():
         from testcontainers.clickhouse import ClickHouseContainer  # type: ignore[import-untyped]
 
-        with ClickHouseContainer() as container:
-            yield container.get_connection_url().replace("clickhouse://", "http://")
+        # clickhouse-connect speaks HTTP: expose 8123, not the native 9000
+        with ClickHouseContainer(port=8123) as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(8123)
+            yield f"http://{container.username}:{container.password}@{host}:{port}/{container.dbname}"
         return
     yield None
 
