@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -39,7 +40,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield os.environ["KAFKA_BOOTSTRAP"]
         return
     if _docker_answers():
-        from testcontainers.kafka import KafkaContainer  # type: ignore[import-untyped]
+        from testcontainers.community.kafka import KafkaContainer  # type: ignore[import-untyped]
 
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
@@ -76,10 +77,10 @@ def clickhouse_server_dsn() -> Iterator[str | None]:
         yield os.environ["CLICKHOUSE_DSN"]
         return
     if _docker_answers():
-        from testcontainers.clickhouse import ClickHouseContainer  # type: ignore[import-untyped]
+        from testcontainers.community.clickhouse import ClickHouseContainer  # type: ignore[import-untyped]
 
-        # clickhouse-connect speaks HTTP: expose 8123, not the native 9000
-        with ClickHouseContainer(port=8123) as container:
+        # clickhouse-connect speaks HTTP (8123, which the container exposes), not the native 9000
+        with ClickHouseContainer() as container:
             host = container.get_container_host_ip()
             port = container.get_exposed_port(8123)
             yield f"http://{container.username}:{container.password}@{host}:{port}/{container.dbname}"
@@ -88,11 +89,17 @@ def clickhouse_server_dsn() -> Iterator[str | None]:
 
 
 @pytest.fixture
-def clickhouse_dsn(clickhouse_server_dsn: str | None, tmp_path: Path) -> str:
+def clickhouse_dsn(clickhouse_server_dsn: str | None, tmp_path: Path, unique: str) -> str:
     """A store for one test: a fresh database on the server, or a fresh embedded engine path."""
     if clickhouse_server_dsn is None:
         return f"chdb://{tmp_path / 'clickhouse'}"
-    return clickhouse_server_dsn
+    import clickhouse_connect
+
+    database = f"t{unique}"
+    clickhouse_connect.get_client(dsn=clickhouse_server_dsn).command(
+        f"CREATE DATABASE IF NOT EXISTS {database}"
+    )
+    return urlunsplit(urlsplit(clickhouse_server_dsn)._replace(path=f"/{database}"))
 
 
 @pytest.fixture
