@@ -24,6 +24,7 @@ for command in (up, down, status, demo, sql, usage, verify, budgets, aggregator)
 
 def _register_optional() -> None:
     """Commands of the other rooms, each in its own module."""
+    from spendbus.commands.dlq import dlq
     from spendbus.commands.enforcer import check, enforcer
     from spendbus.commands.fake_upstream import fake_upstream
     from spendbus.commands.ingest import ingest
@@ -38,6 +39,7 @@ def _register_optional() -> None:
     cli.add_command(fake_upstream)
     cli.add_command(enforcer)
     cli.add_command(check)
+    cli.add_command(dlq)
 
 
 _register_optional()

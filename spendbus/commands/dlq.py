@@ -1,0 +1,157 @@
+"""`spendbus dlq list | show | requeue`: look at dead letters, and send them back after a fix.
+
+A dead letter keeps the original key and bytes, so requeueing publishes exactly
+what the producer sent; the event keeps its event_id, so a letter requeued
+twice is charged once (the aggregator skips the second as a duplicate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from schemas.codec import DEAD_LETTER
+from schemas.errors import ContractError
+from schemas.kafka import topic_partitions
+from spendbus.settings import load_settings
+from spendbus.stack.compacted import publish
+from spendbus.stack.local import bootstrap_or_fail
+
+console = Console()
+
+
+async def read_letters(bootstrap: str, topic: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """Every dead letter as (partition, offset, DeadLetter record), up to the current end."""
+    from aiokafka import AIOKafkaConsumer
+
+    partitions = await topic_partitions(bootstrap, topic)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+    )
+    await consumer.start()
+    letters: list[tuple[int, int, dict[str, Any]]] = []
+    try:
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        pending = {tp for tp in partitions if ends[tp] > 0}
+        while pending:
+            for tp, messages in (await consumer.getmany(*pending, timeout_ms=1000)).items():
+                for m in messages:
+                    if m.offset >= ends[tp]:
+                        continue
+                    try:
+                        letters.append((m.partition, m.offset, DEAD_LETTER.decode(m.value)))
+                    except ContractError as exc:  # not ours: show it rather than hide it
+                        letters.append(
+                            (
+                                m.partition,
+                                m.offset,
+                                {"reason": "unreadable_letter", "detail": str(exc)},
+                            )
+                        )
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+    return letters
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters: what the aggregator could not read or price, with the reason."""
+
+
+def _letters() -> tuple[str, str, list[tuple[int, int, dict[str, Any]]]]:
+    settings = load_settings()
+    bootstrap = bootstrap_or_fail(settings)
+    topics = settings.topics
+    return bootstrap, topics.usage_raw, asyncio.run(read_letters(bootstrap, topics.usage_dlq))
+
+
+def _public(record: dict[str, Any]) -> dict[str, Any]:
+    out = dict(record)
+    for name in ("key", "value"):
+        if isinstance(out.get(name), bytes):
+            out[name] = base64.b64encode(out[name]).decode()
+    return out
+
+
+@dlq.command("list")
+@click.option("--reason", help="Only letters with this reason.")
+@click.option("--json", "as_json", is_flag=True)
+def dlq_list(reason: str | None, as_json: bool) -> None:
+    """Dead letters with their reason, oldest first; a count per reason at the end."""
+    _, _, letters = _letters()
+    shown = [(p, o, r) for p, o, r in letters if reason is None or r.get("reason") == reason]
+    if as_json:
+        click.echo(
+            json.dumps(
+                [{"partition": p, "offset": o, **_public(r)} for p, o, r in shown], default=str
+            )
+        )
+        return
+    table = Table("offset", "reason", "stage", "source", "detail")
+    for partition, offset, r in shown:
+        source = f"{r.get('source_topic', '?')}@{r.get('source_partition', '?')}/{r.get('source_offset', '?')}"
+        table.add_row(
+            f"{partition}/{offset}",
+            r.get("reason", "?"),
+            r.get("stage", "?"),
+            source,
+            str(r.get("detail", ""))[:80],
+        )
+    console.print(table)
+    counts: dict[str, int] = {}
+    for _, _, r in shown:
+        counts[r.get("reason", "?")] = counts.get(r.get("reason", "?"), 0) + 1
+    console.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no dead letters")
+
+
+@dlq.command("show")
+@click.argument("position")
+def dlq_show(position: str) -> None:
+    """One dead letter in full (POSITION = partition/offset as `dlq list` prints it)."""
+    _, _, letters = _letters()
+    for partition, offset, record in letters:
+        if f"{partition}/{offset}" == position:
+            click.echo(
+                json.dumps(
+                    {"partition": partition, "offset": offset, **_public(record)},
+                    default=str,
+                    indent=2,
+                )
+            )
+            return
+    raise click.ClickException(f"no dead letter at {position}")
+
+
+@dlq.command("requeue")
+@click.option("--reason", help="Requeue the letters with this reason.")
+@click.option("--position", "positions", multiple=True, help="partition/offset; repeatable.")
+@click.option("--dry-run", is_flag=True, help="Say what would be requeued, publish nothing.")
+def dlq_requeue(reason: str | None, positions: tuple[str, ...], dry_run: bool) -> None:
+    """Publish the original bytes of the chosen letters to usage.raw again, after a fix."""
+    if not reason and not positions:
+        raise click.UsageError("choose letters with --reason or --position")
+    bootstrap, usage_raw, letters = _letters()
+    chosen = [
+        r
+        for p, o, r in letters
+        if (reason is not None and r.get("reason") == reason) or f"{p}/{o}" in positions
+    ]
+    records = [(r.get("key") or b"", r["value"]) for r in chosen if r.get("value") is not None]
+    if dry_run:
+        click.echo(
+            f"would requeue {len(records)} dead letters ({len(chosen) - len(records)} have no value)"
+        )
+        return
+    # aiokafka needs a key or a value: a letter without a key goes back with an empty key
+    asyncio.run(publish(bootstrap, usage_raw, records))
+    click.echo(f"requeued {len(records)} dead letters to {usage_raw}")
