@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import json.scanner
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -113,6 +114,36 @@ def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
         return None, "unreadable: invalid UTF-8 in JSON"
     except ValueError as exc:
         return None, f"unreadable: malformed JSON ({str(exc).split(':')[0]})"
+
+
+class RecentPayloads:
+    """The last few ``data:`` payloads of a stream, bounded in count and bytes.
+
+    Providers that report usage in the last chunk(s) (OpenAI chat, Gemini) need
+    only those parsed: the chunks are kept raw here and parsed once at the end.
+    """
+
+    __slots__ = ("_bytes", "_items", "max_bytes", "max_items")
+
+    def __init__(self, max_items: int = 4, max_bytes: int = 128 * 1024) -> None:
+        self._items: deque[bytes] = deque()
+        self._bytes = 0
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+
+    def push(self, data: bytes) -> None:
+        items = self._items
+        items.append(data)
+        self._bytes += len(data)
+        while len(items) > self.max_items or (self._bytes > self.max_bytes and len(items) > 1):
+            self._bytes -= len(items.popleft())
+
+    def drain(self) -> list[bytes]:
+        """The kept payloads, oldest first (so the last usage wins); empties the ring."""
+        items = list(self._items)
+        self._items.clear()
+        self._bytes = 0
+        return items
 
 
 class Handler(ABC):

@@ -23,14 +23,11 @@ There are no cache writes (explicit caches bill storage separately).
 from __future__ import annotations
 
 import json
-from collections import deque
 from typing import Any
 
-from .base import Handler, Path, describe_error, text_len
+from .base import Handler, Path, RecentPayloads, describe_error, text_len
 from .usage import InvalidUsage, Usage, sub, tok
 
-_RING = 4
-_RING_BYTES = 128 * 1024
 _PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
 _BODY_PATHS = frozenset(
     {("usageMetadata",), ("modelVersion",), ("error",)}
@@ -62,8 +59,7 @@ class GeminiHandler(Handler):
         self._usage: Any = None
         self._finished = False
         self._body = False
-        self._ring: deque[bytes] = deque()
-        self._ring_bytes = 0
+        self._recent = RecentPayloads()
 
     def usage_from(self, raw: Any) -> Usage:
         return usage_from(raw)
@@ -77,11 +73,7 @@ class GeminiHandler(Handler):
             return
         self.delta_events += 1
         self.text_chars += len(data)
-        ring = self._ring
-        ring.append(data)
-        self._ring_bytes += len(data)
-        while len(ring) > _RING or (self._ring_bytes > _RING_BYTES and len(ring) > 1):
-            self._ring_bytes -= len(ring.popleft())
+        self._recent.push(data)
 
     def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
         self.set_model(obj.get("modelVersion"))
@@ -142,12 +134,10 @@ class GeminiHandler(Handler):
 
     # -- end -----------------------------------------------------------------
     def final_usage(self, cut: str | None) -> Usage | None:
-        if self._ring:
-            for data in self._ring:
-                obj = self.parse(data)
-                if isinstance(obj, dict):
-                    self._chunk(obj, count=False)
-            self._ring.clear()
+        for data in self._recent.drain():  # oldest first: the last usage wins
+            obj = self.parse(data)
+            if isinstance(obj, dict):
+                self._chunk(obj, count=False)
         if self._usage is None:
             return None
         usage = self.map_usage(self._usage)

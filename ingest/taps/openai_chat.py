@@ -21,14 +21,11 @@ for ``input_tokens``); ``completion_tokens`` includes
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
-from .base import Handler, Path, describe_error, loads, text_len
+from .base import Handler, Path, RecentPayloads, describe_error, loads, text_len
 from .usage import Usage, openai_usage
 
-_RING = 4
-_RING_BYTES = 128 * 1024
 _PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",)})
 
 
@@ -46,8 +43,7 @@ class OpenAIChatHandler(Handler):
         self._usage_final = False
         self._done = False
         self._body = False
-        self._ring: deque[bytes] = deque()
-        self._ring_bytes = 0
+        self._recent = RecentPayloads()
         self._first = True
 
     def usage_from(self, raw: Any) -> Usage:
@@ -88,11 +84,7 @@ class OpenAIChatHandler(Handler):
             obj = self.parse(data)
             if isinstance(obj, dict):
                 self.set_model(obj.get("model"))
-        ring = self._ring
-        ring.append(data)
-        self._ring_bytes += len(data)
-        while len(ring) > _RING or (self._ring_bytes > _RING_BYTES and len(ring) > 1):
-            self._ring_bytes -= len(ring.popleft())
+        self._recent.push(data)
 
     def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
         self.set_model(obj.get("model"))
@@ -153,12 +145,10 @@ class OpenAIChatHandler(Handler):
 
     # -- end -----------------------------------------------------------------
     def final_usage(self, cut: str | None) -> Usage | None:
-        if self._ring:
-            for data in self._ring:  # oldest first: the last usage wins
-                obj = self.parse(data)
-                if isinstance(obj, dict):
-                    self._chunk(obj, count=False)
-            self._ring.clear()
+        for data in self._recent.drain():  # oldest first: the last usage wins
+            obj = self.parse(data)
+            if isinstance(obj, dict):
+                self._chunk(obj, count=False)
         if self._usage is None:
             return None
         usage = self.map_usage(self._usage)
