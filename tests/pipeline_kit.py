@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -16,6 +18,8 @@ from schemas.topics import Topics
 from spendbus.stack.compacted import publish
 from spendbus.stack.kafka import free_port
 from spendbus.stack.worker import WorkerProcess
+
+T = TypeVar("T")
 
 PRICES_YAML = """
 version: "it-1"
@@ -84,3 +88,25 @@ class Pipeline:
 
     def stats(self) -> dict[str, Any]:
         return self.worker.get("/stats")  # type: ignore[no-any-return]
+
+    def sql_until(
+        self, query: str, done: Callable[[list[list[Any]]], bool], timeout: float = 90.0
+    ) -> list[list[Any]]:
+        """Run ``query`` until ``done(rows)`` or the timeout; the last rows either way
+        (the sink writes within a second or so: tests assert on what this returns)."""
+        return _poll(lambda: self.sql(query), done, timeout)
+
+    def stats_until(
+        self, done: Callable[[dict[str, Any]], bool], timeout: float = 120.0
+    ) -> dict[str, Any]:
+        """``stats()`` until ``done(stats)`` or the timeout; the last stats either way."""
+        return _poll(self.stats, done, timeout)
+
+
+def _poll(read: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
+    deadline = time.monotonic() + timeout
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(0.3)
+        value = read()
+    return value

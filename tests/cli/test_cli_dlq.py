@@ -83,11 +83,11 @@ def test_list_then_requeue_a_fixed_letter_charged_once(pipeline: Pipeline) -> No
             pipeline, "dlq", "requeue", "--reason", "unknown_fingerprint"
         )
     expected = pipeline.prices.price_event(event).cost_nanos
-    deadline = time.monotonic() + 60
-    while pipeline.stats().get("duplicates", 0) < 1 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    rows = pipeline.sql(
-        f"SELECT count(), sum(cost_nanos) FROM usage_events WHERE event_id = '{event['event_id']}'"
+    pipeline.stats_until(lambda stats: stats.get("duplicates", 0) >= 1, timeout=60)
+    rows = pipeline.sql_until(  # the sink writes within a second
+        f"SELECT count(), sum(cost_nanos) FROM usage_events WHERE event_id = '{event['event_id']}'",
+        lambda rows: int(rows[0][0]) >= 1,
+        timeout=60,
     )
     assert (int(rows[0][0]), int(rows[0][1])) == (1, expected)
     assert pipeline.stats()["duplicates"] == 1

@@ -102,13 +102,8 @@ async def count_dlq(bootstrap: str, topic: str, expected: int) -> dict[str, int]
     return reasons
 
 
-def wait_for_events(pipeline: Pipeline, n: int, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    stats = pipeline.stats()
-    while stats.get("events", 0) < n and time.monotonic() < deadline:
-        time.sleep(0.5)
-        stats = pipeline.stats()
-    return stats
+def wait_for_events(pipeline: Pipeline, n: int) -> dict[str, Any]:
+    return pipeline.stats_until(lambda stats: stats.get("events", 0) >= n, timeout=240)
 
 
 def test_ten_thousand_hostile_records_all_dead_lettered_and_charge_nothing(
@@ -137,23 +132,18 @@ def test_ten_thousand_hostile_records_all_dead_lettered_and_charge_nothing(
     }
 
     expected = sum(pipeline.prices.price_event(e).cost_nanos for e in good)
-    deadline = time.monotonic() + 60
-    rows = pipeline.sql("SELECT count(), sum(cost_nanos) FROM usage_events")
-    while int(rows[0][0]) < len(good) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        rows = pipeline.sql("SELECT count(), sum(cost_nanos) FROM usage_events")
+    rows = pipeline.sql_until(
+        "SELECT count(), sum(cost_nanos) FROM usage_events",
+        lambda rows: int(rows[0][0]) >= len(good),
+    )
     assert (int(rows[0][0]), int(rows[0][1])) == (len(good), expected)
     # counters hold exactly the valid events (budget_state follows the verdicts within seconds)
     query = (
         "SELECT sum(spent_nanos) FROM (SELECT counter_key, argMax(spent_nanos, seq) AS spent_nanos "
         "FROM budget_state WHERE budget_id = 'per-secret' GROUP BY counter_key)"
     )
-    deadline = time.monotonic() + 60
-    spent = int(pipeline.sql(query)[0][0] or 0)
-    while spent != expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-        spent = int(pipeline.sql(query)[0][0] or 0)
-    assert spent == expected
+    rows = pipeline.sql_until(query, lambda rows: int(rows[0][0] or 0) == expected)
+    assert int(rows[0][0] or 0) == expected
 
 
 def test_a_retry_storm_reusing_event_ids_is_charged_once(pipeline: Pipeline) -> None:
@@ -181,13 +171,10 @@ def test_a_retry_storm_reusing_event_ids_is_charged_once(pipeline: Pipeline) -> 
     )
     assert (stats["charged"], stats["duplicates"]) == (len(events), len(storm) - len(events))
     expected = sum(pipeline.prices.price_event(e).cost_nanos for e in events)
-    deadline = time.monotonic() + 60
-    rows = pipeline.sql("SELECT count(), sum(cost_nanos), uniqExact(event_id) FROM usage_events")
-    while int(rows[0][0]) < len(events) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        rows = pipeline.sql(
-            "SELECT count(), sum(cost_nanos), uniqExact(event_id) FROM usage_events"
-        )
+    rows = pipeline.sql_until(
+        "SELECT count(), sum(cost_nanos), uniqExact(event_id) FROM usage_events",
+        lambda rows: int(rows[0][0]) >= len(events),
+    )
     assert (int(rows[0][0]), int(rows[0][1]), int(rows[0][2])) == (
         len(events),
         expected,

@@ -64,15 +64,11 @@ def test_kill_minus_nine_mid_stream_then_restart_is_exact(
 
     asyncio.run(feed_and_kill())
 
-    deadline = time.monotonic() + 180
-    rows: list = [[0, 0]]
-    while time.monotonic() < deadline:
-        rows = pipeline.sql(
-            "SELECT count(), sum(cost_nanos), uniqExact(event_id) FROM usage_events"
-        )
-        if rows[0][0] >= len(events):
-            break
-        time.sleep(0.5)
+    rows = pipeline.sql_until(
+        "SELECT count(), sum(cost_nanos), uniqExact(event_id) FROM usage_events",
+        lambda rows: int(rows[0][0]) >= len(events),
+        timeout=180,
+    )
     count, nanos, unique = int(rows[0][0]), int(rows[0][1] or 0), int(rows[0][2])
     print(
         f"ledger: sent={len(events)} stored={count} unique={unique} kills={KILLS} "

@@ -41,17 +41,6 @@ def make_events(n: int, seed: int = 7) -> list[dict[str, Any]]:
     return events
 
 
-def wait_until(predicate: Any, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    value = None
-    while time.monotonic() < deadline:
-        ok, value = predicate()
-        if ok:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"condition not met within {timeout}s; last value {value!r}")
-
-
 async def publish_events(pipeline: Pipeline, spool: Path, events: list[dict[str, Any]]) -> None:
     config = PublisherConfig(
         bootstrap=pipeline.bootstrap, topic_prefix=pipeline.topics.prefix, spool_dir=spool
@@ -94,14 +83,11 @@ def test_events_are_priced_counted_stored_and_enforced(pipeline: Pipeline, tmp_p
     asyncio.run(publish_events(pipeline, tmp_path / "spool", events + duplicates))
 
     expected_nanos = sum(pipeline.prices.price_event(e).cost_nanos for e in events)
-    count, nanos = wait_until(
-        lambda: (
-            (rows := pipeline.sql("SELECT count(), sum(cost_nanos) FROM usage_events"))[0][0]
-            >= len(events),
-            (int(rows[0][0]), int(rows[0][1] or 0)),
-        )
+    rows = pipeline.sql_until(
+        "SELECT count(), sum(cost_nanos) FROM usage_events",
+        lambda rows: int(rows[0][0]) >= len(events),
     )
-    assert (count, nanos) == (len(events), expected_nanos)
+    assert (int(rows[0][0]), int(rows[0][1] or 0)) == (len(events), expected_nanos)
     stats = pipeline.stats()
     assert stats["duplicates"] == len(duplicates)
     assert stats["unpriced_models"] == ["mystery-model-9"]
@@ -196,8 +182,6 @@ def test_bad_records_go_to_the_dlq_with_reason_and_bytes_and_the_worker_goes_on(
     )
     assert {d["value"] for d in decoded} == {value for _, value in bad}
     assert any("input_tokens" in d["detail"] for d in decoded)
-    count = wait_until(
-        lambda: ((c := pipeline.sql("SELECT count() FROM usage_events")[0][0]) >= 3, c)
-    )
-    assert count == 3  # the good events around the bad ones, all charged
+    rows = pipeline.sql_until("SELECT count() FROM usage_events", lambda rows: int(rows[0][0]) >= 3)
+    assert int(rows[0][0]) == 3  # the good events around the bad ones, all charged
     assert pipeline.stats()["dead_letters"] == len(bad)
