@@ -342,6 +342,7 @@ async def serve(
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
+        # no signal handlers off the main thread or on loops without them: Ctrl-C still stops it
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
