@@ -41,7 +41,6 @@ from aggregator.sink import (
     run_query,
 )
 from schemas.codec import PRICED_USAGE, VERDICT
-from schemas.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ def _read_as(by_partition: dict[int, EventT], table: TableT, partition: int, key
 
 
 def install(app: faust.App, config: AggregatorConfig) -> None:
-    topics = Topics(config.topic_prefix)
+    topics = config.topics  # per generation (docs/replay.md)
     reference = Reference()
     follower = ReferenceFollower(config.bootstrap, topics, reference)
     processor = BatchProcessor(reference, source_topic=topics.usage_raw)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.topics import Topics, check_generation
 
 
 class AggregatorConfig(BaseModel):
@@ -16,6 +18,10 @@ class AggregatorConfig(BaseModel):
         description="chdb:///abs/path (embedded) or http(s)://host:8123; None = no sink",
     )
     topic_prefix: str = ""
+    #: the generation this worker builds ('' = the default one; docs/replay.md): picks the
+    #: derived topics (usage.priced, budget.verdicts, alert staging) through ``topics``
+    generation: str = ""
+    #: Faust app id (consumer group, table namespace): ``Topics.aggregator_app_id``
     app_id: str = "spendbus-aggregator"
     data_dir: Path = Path(".spendbus/aggregator")
     #: rocksdb:// for durable local table state (recovered from changelogs), memory:// for tests
@@ -31,3 +37,13 @@ class AggregatorConfig(BaseModel):
     sink_batch_seconds: float = Field(default=1.0, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)
     log_level: str = "WARNING"
+
+    @field_validator("generation")
+    @classmethod
+    def _valid_generation(cls, value: str) -> str:
+        return check_generation(value)
+
+    @property
+    def topics(self) -> Topics:
+        """Every topic name this worker reads and writes, for its generation."""
+        return Topics(self.topic_prefix, self.generation)

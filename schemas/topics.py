@@ -2,12 +2,23 @@
 
 Every name can carry a prefix (``Topics(prefix="t42.")``) so tests and
 parallel stacks get their own set on one cluster.
+
+Generations (``Topics(prefix, generation="g2")``, docs/replay.md): the ledger
+and the reference topics (usage.raw, budget.policies, pricing, usage.dlq), the
+shared alert topic, the generation control topic and the counter snapshots are
+shared by every generation; what the aggregator derives from the ledger
+(usage.priced, budget.verdicts, its alert staging topic, its consumer group and
+table namespace) is per generation. The default generation (``""``) keeps the
+original names, so a stack that never replayed sees no change.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Final
+
+from schemas.errors import ConfigError
 
 #: compacted topics roll segments often so the active segment does not hide
 #: superseded values from the cleaner for long (enforcers read them from the start)
@@ -21,6 +32,20 @@ COMPACTED_CONFIG: Final = {
 LEDGER_CONFIG: Final = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 DELETE_CONFIG: Final = {"cleanup.policy": "delete"}
 DEFAULT_PARTITIONS: Final = 4
+#: a generation name: short, lower case, usable in topic, group and database names
+GENERATION_PATTERN: Final = re.compile(r"[a-z][a-z0-9]{0,15}")
+#: the one key of the control topic: its live value names the current generation
+CONTROL_KEY: Final = b"current"
+
+
+def check_generation(name: str) -> str:
+    """``name`` if it is a valid generation name ('' = the default generation)."""
+    if name and not GENERATION_PATTERN.fullmatch(name):
+        raise ConfigError(
+            f"generation {name!r}: expected 1-16 lower-case letters and digits, "
+            "starting with a letter (e.g. g2)"
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +61,22 @@ class TopicSpec:
 
 @dataclass(frozen=True, slots=True)
 class Topics:
-    """The names of every topic, optionally prefixed."""
+    """The names of every topic, optionally prefixed, for one generation ('' = default)."""
 
     prefix: str = ""
+    generation: str = ""
+
+    def __post_init__(self) -> None:
+        check_generation(self.generation)
+
+    def _derived(self, name: str) -> str:
+        """A topic the aggregator derives from the ledger: one per generation."""
+        return (
+            f"{self.prefix}{name}.{self.generation}" if self.generation else f"{self.prefix}{name}"
+        )
+
+    def of_generation(self, generation: str) -> Topics:
+        return Topics(self.prefix, generation)
 
     @property
     def usage_raw(self) -> str:
@@ -46,7 +84,7 @@ class Topics:
 
     @property
     def usage_priced(self) -> str:
-        return f"{self.prefix}usage.priced"
+        return self._derived("usage.priced")
 
     @property
     def usage_dlq(self) -> str:
@@ -62,11 +100,35 @@ class Topics:
 
     @property
     def budget_verdicts(self) -> str:
-        return f"{self.prefix}budget.verdicts"
+        return self._derived("budget.verdicts")
 
     @property
     def budget_alerts(self) -> str:
+        """Where this generation's aggregator writes alerts: the shared topic for the
+        default generation, a staging topic otherwise (relayed into ``shared_alerts``
+        once the generation is current and its predecessor retired: docs/replay.md)."""
+        return self._derived("budget.alerts")
+
+    @property
+    def shared_alerts(self) -> str:
+        """The alert topic people and pagers read: one for every generation."""
         return f"{self.prefix}budget.alerts"
+
+    @property
+    def generations(self) -> str:
+        """Compacted control topic: key ``current`` names the generation enforcers follow."""
+        return f"{self.prefix}spendbus.generations"
+
+    @property
+    def counter_snapshots(self) -> str:
+        """Compacted: counter snapshots with their ledger offset fences (replay starts there)."""
+        return f"{self.prefix}counters.snapshots"
+
+    @property
+    def aggregator_app_id(self) -> str:
+        """The aggregator's Faust app id: its consumer group and table/changelog namespace."""
+        base = f"{self.prefix}spendbus-aggregator"
+        return f"{base}-{self.generation}" if self.generation else base
 
     def specs(self, partitions: int = DEFAULT_PARTITIONS) -> list[TopicSpec]:
         return [
@@ -76,5 +138,13 @@ class Topics:
             TopicSpec(self.budget_policies, "budget_id", "BudgetPolicy", COMPACTED_CONFIG, 1),
             TopicSpec(self.pricing, "version", "PriceTable", COMPACTED_CONFIG, 1),
             TopicSpec(self.budget_verdicts, "counter_key", "Verdict", COMPACTED_CONFIG, partitions),
-            TopicSpec(self.budget_alerts, "counter_key", "Alert", DELETE_CONFIG, 1),
-        ]
+            TopicSpec(self.shared_alerts, "counter_key", "Alert", DELETE_CONFIG, 1),
+            TopicSpec(self.generations, "current", "GenerationSwitch", COMPACTED_CONFIG, 1),
+            TopicSpec(
+                self.counter_snapshots, "snapshot|partition|counter", "JSON", COMPACTED_CONFIG, 1
+            ),
+        ] + (
+            [TopicSpec(self.budget_alerts, "counter_key", "Alert", DELETE_CONFIG, 1)]
+            if self.generation
+            else []
+        )
