@@ -49,4 +49,8 @@ def create_app(config: AggregatorConfig) -> faust.App:
     from aggregator.agents import install
 
     install(app, config)
+    if config.generation:  # a replay generation stages its alerts (docs/replay.md)
+        from aggregator.generations import install_alert_relay
+
+        install_alert_relay(app, config.bootstrap, config.topics)
     return app

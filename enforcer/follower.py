@@ -10,6 +10,20 @@ Start-up (numbered as it runs in :meth:`Follower.start` / :meth:`Follower._run`)
    decided by ``fail_mode``.
 3. Then follow the topics live, forever.
 
+Generations (docs/replay.md): before step 1 the follower reads the compacted
+control topic (``Topics.generations``, when it exists) and follows the
+verdicts of the generation it names. It keeps following the control topic; on
+a switch it loads the new generation's verdict topic to its end offsets *in
+the background* (:class:`VerdictLoader`, its own consumer) while checks keep
+using the old verdicts, then swaps in one synchronous step between two polls
+(no ``await``: no check runs in the middle): every loaded verdict goes through
+``EnforcerState.apply_verdict``, whose rule (a lower seq or an older period is
+ignored) keeps per counter the newer of the two. So a check never sees a
+half-loaded generation, and a counter never goes backwards within a period:
+if the new generation is behind the old one on some counter, the old verdict
+stays until the new one passes it. Then the follow loop reads the new verdict
+topic from where the loader stopped and no longer reads the old one.
+
 Freshness: the verdict stream is *fresh as of T* when this process has consumed
 everything the broker held at T on every verdict partition (a highwater
 snapshot taken from fetch responses that arrived after the previous mark).
@@ -40,7 +54,8 @@ from enforcer.metrics import EnforcerMetrics
 from enforcer.state import EnforcerState
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT, Codec
 from schemas.errors import ContractError
-from schemas.topics import Topics
+from schemas.generations import GenerationSwitch
+from schemas.topics import CONTROL_KEY, Topics
 
 log = logging.getLogger("spendbus.enforcer.follower")
 
@@ -50,6 +65,79 @@ MAX_RECORDS = 10_000
 #: how often (clock seconds) expired holds are swept
 SWEEP_INTERVAL_S = 1.0
 TOPIC_WAIT_S = 10.0
+
+
+class VerdictLoader:
+    """Reads one generation's verdict topic from the beginning to the end offsets seen at
+    start, into memory, in the background; the follower swaps it in when done."""
+
+    def __init__(self, config: EnforcerConfig, topics: Topics) -> None:
+        self.config = config
+        self.topics = topics
+        self.generation = topics.generation
+        #: counter key -> last record (None = tombstone), in offset order
+        self.records: dict[str, dict[str, Any] | None] = {}
+        self.undecodable = 0
+        #: where reading stopped: the follower continues from here
+        self.positions: dict[TopicPartition, int] = {}
+        self._consumer: AIOKafkaConsumer | None = None
+        self.task = asyncio.create_task(
+            self._load(), name=f"spendbus-enforcer-load-{self.generation}"
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.task.done() and not self.task.cancelled() and self.task.exception() is None
+
+    async def _load(self) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.config.bootstrap,
+            client_id=f"{self.config.client_id}-load",
+            group_id=None,
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+        )
+        await consumer.start()
+        self._consumer = consumer
+        try:
+            topic = self.topics.budget_verdicts
+            while True:  # the new generation's topics are created before the switch; wait if not
+                cluster = await consumer._client.fetch_all_metadata()
+                partitions = cluster.partitions_for_topic(topic)
+                if partitions:
+                    break
+                log.warning("generation %r: waiting for topic %s", self.generation, topic)
+                await asyncio.sleep(1.0)
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            pending = {tp for tp in tps if ends[tp] > 0}
+            while pending:
+                batch = await consumer.getmany(*pending, timeout_ms=POLL_TIMEOUT_MS)
+                for messages in batch.values():
+                    for m in messages:
+                        if m.key is None:
+                            self.undecodable += 1
+                            continue
+                        try:
+                            value = None if m.value is None else VERDICT.decode(m.value)
+                        except ContractError:
+                            self.undecodable += 1
+                            continue
+                        self.records[m.key.decode("utf-8", "replace")] = value
+                for tp in list(pending):
+                    if await consumer.position(tp) >= ends[tp]:
+                        pending.discard(tp)
+            self.positions = {tp: await consumer.position(tp) for tp in tps}
+        finally:
+            self._consumer = None
+            await consumer.stop()
+
+    async def cancel(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await self.task
 
 
 class Follower:
@@ -67,6 +155,12 @@ class Follower:
         self.metrics = metrics
         self.clock = clock
         self.topics = Topics(config.topic_prefix)
+        #: the generation whose verdicts are followed ('' = the default one)
+        self.generation = ""
+        #: switches completed since start
+        self.switches = 0
+        self._control_tp: TopicPartition | None = None
+        self._loader: VerdictLoader | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
         self._start_end: dict[TopicPartition, int] = {}
@@ -105,10 +199,13 @@ class Follower:
         )
         await consumer.start()
         try:
+            control_end = await self._read_generation(consumer)
             tps = await self._partitions(consumer)
             # Step 1: every partition, from the beginning
-            consumer.assign(tps)
+            consumer.assign(tps + ([self._control_tp] if self._control_tp else []))
             await consumer.seek_to_beginning(*tps)
+            if self._control_tp is not None:
+                consumer.seek(self._control_tp, control_end)
             # Step 2: the end offsets that define "ready"
             self._start_end = await consumer.end_offsets(tps)
         except BaseException:
@@ -118,6 +215,45 @@ class Follower:
         self._verdict_tps = [tp for tp in tps if tp.topic == self.topics.budget_verdicts]
         # Step 3: follow
         self._task = asyncio.create_task(self._run(), name="spendbus-enforcer-follower")
+
+    async def _read_generation(self, consumer: AIOKafkaConsumer) -> int:
+        """Read the control topic to its end (when it exists): which generation to follow.
+        Returns the offset to go on from."""
+        cluster = await consumer._client.fetch_all_metadata()
+        if not cluster.partitions_for_topic(self.topics.generations):
+            return 0  # a stack from before generations: the default one
+        tp = TopicPartition(self.topics.generations, 0)
+        self._control_tp = tp
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        while await consumer.position(tp) < end:
+            for messages in (await consumer.getmany(tp, timeout_ms=POLL_TIMEOUT_MS)).values():
+                for m in messages:
+                    switch = self._decode_switch(m)
+                    if switch is not None:
+                        self._use_generation(switch.generation)
+        return end
+
+    def _decode_switch(self, message: Any) -> GenerationSwitch | None:
+        if message.key != CONTROL_KEY or message.value is None:
+            return None
+        try:
+            return GenerationSwitch.decode(message.value)
+        except (ContractError, ValueError) as exc:
+            self.metrics.undecodable[(self.topics.generations, "unusable")] += 1
+            log.warning("skipped a generation switch at offset %s: %s", message.offset, exc)
+            return None
+
+    def _use_generation(self, generation: str) -> None:
+        """Point the verdict handlers at ``generation``'s topic (before it is assigned)."""
+        old = self.topics.budget_verdicts
+        self.generation = generation
+        self.topics = Topics(self.config.topic_prefix, generation)
+        self._handlers.pop(old, None)
+        self._key_field.pop(old, None)
+        self._handlers[self.topics.budget_verdicts] = (VERDICT, self.state.apply_verdict)
+        self._key_field[self.topics.budget_verdicts] = "counter_key"
 
     async def _partitions(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         """Every partition of the three topics, waiting a little for topics being created."""
@@ -139,6 +275,9 @@ class Follower:
         return [TopicPartition(t, p) for t in wanted for p in sorted(partitions[t] or ())]
 
     async def stop(self) -> None:
+        loader, self._loader = self._loader, None
+        if loader is not None:
+            await loader.cancel()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -163,7 +302,12 @@ class Follower:
             while True:
                 batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
                 for tp, messages in batch.items():
-                    self._apply(tp.topic, messages)
+                    if tp == self._control_tp:
+                        self._follow_switches(messages)
+                    else:
+                        self._apply(tp.topic, messages)
+                if self._loader is not None and self._loader.task.done():
+                    await self._swap(consumer)
                 if not self.state.ready:
                     await self._check_ready(consumer)
                 if self.state.ready:
@@ -178,6 +322,65 @@ class Follower:
             self.failure = exc
             log.exception("enforcer follower stopped")
             raise
+
+    def _follow_switches(self, messages: list[Any]) -> None:
+        for message in messages:
+            switch = self._decode_switch(message)
+            if switch is None:
+                continue
+            wanted = switch.generation
+            loading = self._loader.generation if self._loader is not None else None
+            if wanted == loading or (loading is None and wanted == self.generation):
+                continue
+            if self._loader is not None:  # superseded before it finished
+                self._loader.task.cancel()  # its own finally closes its consumer
+                self._loader = None
+            if wanted != self.generation:
+                log.info("generation switch to %r: loading its verdicts", wanted)
+                self._loader = VerdictLoader(self.config, Topics(self.config.topic_prefix, wanted))
+
+    async def _swap(self, consumer: AIOKafkaConsumer) -> None:
+        """Make the loaded generation current; the part checks can observe is synchronous."""
+        loader, self._loader = self._loader, None
+        assert loader is not None
+        if not loader.done:  # failed: try again from scratch
+            log.warning(
+                "loading generation %r failed: %r", loader.generation, loader.task.exception()
+            )
+            self._loader = VerdictLoader(self.config, loader.topics)
+            return
+        old_tps = set(self._verdict_tps)
+        kept = [tp for tp in consumer.assignment() if tp not in old_tps]
+        positions = {tp: await consumer.position(tp) for tp in kept}
+        # --- from here to the end: no await, so no check sees a half-swapped state ---
+        self._use_generation(loader.generation)
+        for key, record in loader.records.items():
+            if record is None:
+                continue  # a swap never drops a counter (it keeps its last verdict)
+            try:
+                self.state.apply_verdict(key, record)
+            except Exception as exc:  # a record the state cannot use: count it, go on
+                self.metrics.undecodable[(loader.topics.budget_verdicts, "unusable")] += 1
+                log.warning("skipped verdict %r of generation %r: %s", key, loader.generation, exc)
+        self.metrics.records[loader.topics.budget_verdicts] += len(loader.records)
+        new_tps = sorted(loader.positions)
+        consumer.assign(kept + new_tps)
+        for tp, position in positions.items():
+            consumer.seek(tp, position)
+        for tp, position in loader.positions.items():
+            consumer.seek(tp, position)
+        for tp in old_tps:
+            self._start_end.pop(tp, None)
+        self._start_end.update(loader.positions)
+        self._verdict_tps = new_tps
+        self._snapshot = None
+        self._marked_polls = {}
+        self.switches += 1
+        log.info(
+            "now following generation %r: %d verdicts loaded",
+            loader.generation,
+            len(loader.records),
+        )
 
     def _apply(self, topic: str, messages: list[Any]) -> None:
         codec, apply = self._handlers[topic]

@@ -25,22 +25,38 @@ def aggregator() -> None:
 @click.option(
     "--app-id", default=None, help="Consumer group / state namespace (default spendbus-aggregator)."
 )
+@click.option(
+    "--generation",
+    default=None,
+    help="The generation to build (docs/replay.md); default: the current one on the control topic.",
+)
 @click.option("--log-level", default="WARNING", show_default=True)
-def run(store: str, no_sink: bool, app_id: str | None, log_level: str) -> None:
+def run(
+    store: str, no_sink: bool, app_id: str | None, generation: str | None, log_level: str
+) -> None:
     """Run one aggregator worker in the foreground (Ctrl-C / SIGTERM stops it cleanly)."""
+    import asyncio
+
     import faust
 
     from aggregator.app import create_app
     from aggregator.config import AggregatorConfig
+    from aggregator.generations import current_generation, generation_dsn
     from spendbus.stack.local import bootstrap_or_fail
 
     settings = load_settings()
+    bootstrap = bootstrap_or_fail(settings)
+    if generation is None:
+        generation = asyncio.run(current_generation(bootstrap, settings.topics))
+    topics = settings.topics.of_generation(generation)
     config = AggregatorConfig(
-        bootstrap=bootstrap_or_fail(settings),
-        clickhouse_dsn=None if no_sink else settings.dsn,
+        bootstrap=bootstrap,
+        clickhouse_dsn=None if no_sink else generation_dsn(settings.dsn, generation),
         topic_prefix=settings.topic_prefix,
-        app_id=app_id or f"{settings.topic_prefix}spendbus-aggregator",
-        data_dir=settings.home / "aggregator",
+        generation=generation,
+        app_id=app_id or topics.aggregator_app_id,
+        # RocksDB tables are named alike in every generation: one directory each
+        data_dir=settings.home / (f"aggregator-{generation}" if generation else "aggregator"),
         store=store,
         partitions=settings.partitions,
         web_port=settings.web_port,

@@ -1,0 +1,71 @@
+"""The generation control record (``GenerationSwitch``) and its codec.
+
+A generation is one build of everything the aggregator derives from the
+ledger (docs/replay.md). The compacted control topic
+(``Topics.generations``) holds one live value under ``CONTROL_KEY``: the
+current generation. No value means the default generation ('').
+
+The codec is built with the same single-object header as ``schemas.codec``
+(magic + CRC-64-AVRO fingerprint); it lives here, beside its topic, until the
+schema joins ``schemas.codec.SCHEMA_NAMES``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any, Final
+
+from fastavro import parse_schema
+
+from schemas.codec import MAGIC, Codec, fingerprint
+from schemas.topics import check_generation
+
+_SCHEMA: Final = json.loads(
+    (resources.files("schemas") / "avro" / "GenerationSwitch.avsc").read_text()
+)
+GENERATION_SWITCH: Final = Codec(
+    name="GenerationSwitch",
+    schema=_SCHEMA,
+    parsed=parse_schema(copy.deepcopy(_SCHEMA)),
+    header=MAGIC + fingerprint(_SCHEMA),
+    writers={},
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSwitch:
+    """The control topic's live value."""
+
+    generation: str
+    previous: str
+    #: the previous generation's workers are stopped (it writes nothing any more)
+    previous_retired: bool
+    switched_at: datetime
+
+    def __post_init__(self) -> None:
+        check_generation(self.generation)
+        check_generation(self.previous)
+
+    def encode(self) -> bytes:
+        return GENERATION_SWITCH.encode(
+            {
+                "generation": self.generation,
+                "previous": self.previous,
+                "previous_retired": self.previous_retired,
+                "switched_at": self.switched_at,
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> GenerationSwitch:
+        record: dict[str, Any] = GENERATION_SWITCH.decode(data)
+        return cls(
+            record["generation"],
+            record["previous"],
+            record["previous_retired"],
+            record["switched_at"].astimezone(UTC),
+        )
