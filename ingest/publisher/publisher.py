@@ -79,8 +79,8 @@ def prepare(event: Record, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) 
         raise InvalidRecord("<event>", "a UsageEvent must be a dict")
     validate_usage_event(event)
     event_id: str = event["event_id"]
-    unknown = event.keys() - _FIELDS
-    if unknown:
+    if not _FIELDS.issuperset(event):  # no set built on the common path
+        unknown = event.keys() - _FIELDS
         raise InvalidRecord(sorted(unknown)[0], "not a UsageEvent field", record_id=event_id)
     _check_remaining_fields(event, event_id)
     try:
