@@ -27,6 +27,7 @@ def _register_optional() -> None:
     from spendbus.commands.dlq import dlq
     from spendbus.commands.enforcer import check, enforcer
     from spendbus.commands.fake_upstream import fake_upstream
+    from spendbus.commands.gateway import gateway
     from spendbus.commands.ingest import ingest
     from spendbus.commands.pricing import price, prices
     from spendbus.commands.tap import tap
@@ -40,6 +41,7 @@ def _register_optional() -> None:
     cli.add_command(enforcer)
     cli.add_command(check)
     cli.add_command(dlq)
+    cli.add_command(gateway)
 
 
 _register_optional()

@@ -7,6 +7,7 @@
 ``POST /v1beta/models/{model}:generateContent``        Gemini (also under ``/v1/``)
 ``POST /v1beta/models/{model}:streamGenerateContent``  Gemini stream (``?alt=sse``: SSE,
                                                        else one JSON array)
+``POST /v1/messages/count_tokens``                     Anthropic token counting (free)
 ``POST /model/{modelId}/converse``                     Bedrock Converse
 ``POST /model/{modelId}/converse-stream``              Bedrock Converse stream
 ``GET /stats`` (``DELETE /stats`` resets)              what was served, by route
@@ -180,6 +181,7 @@ RESPONSES = "/v1/responses"
 GEMINI = "/v1beta/models/{model}:generateContent"
 GEMINI_STREAM = "/v1beta/models/{model}:streamGenerateContent"
 CONVERSE = "/model/{modelId}/converse"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 CONVERSE_STREAM = "/model/{modelId}/converse-stream"
 
 #: The route (as named in /stats) -> the provider format it serves.
@@ -255,6 +257,7 @@ class FakeUpstream:
     def _make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post(ANTHROPIC, self._fixed(ANTHROPIC))
+        app.router.add_post(COUNT_TOKENS, self._count_tokens)
         app.router.add_post(CHAT, self._fixed(CHAT))
         app.router.add_post(RESPONSES, self._fixed(RESPONSES))
         app.router.add_post("/v1beta/models/{target}", self._gemini)
@@ -296,6 +299,29 @@ class FakeUpstream:
             return await self._serve(request, call)
 
         return handler
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """Anthropic token counting: the prompt's tokens (about bytes / 4), never billed."""
+        body = await request.read()
+        self.stats.add(COUNT_TOKENS, "requests")
+        self.stats.add(COUNT_TOKENS, "bytes_in", len(body))
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, dict) or not parsed.get("model"):
+            self.stats.status(COUNT_TOKENS, 400)
+            error = synthesize_error(
+                "anthropic-messages",
+                400,
+                model="unknown",
+                rng=random.Random(0),
+                message="the body must be a JSON object naming a model",
+            )
+            return web.Response(body=error.body, status=400, content_type="application/json")
+        self.stats.status(COUNT_TOKENS, 200)
+        tokens = max(1, math.ceil(len(body) / CHARS_PER_TOKEN))
+        return web.json_response({"input_tokens": tokens})
 
     async def _get_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats.as_dict())

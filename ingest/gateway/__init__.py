@@ -1,0 +1,51 @@
+"""The reference gateway: an aiohttp proxy that wires the taps, a budget gate and a usage sink.
+
+::
+
+    from ingest.gateway import Gateway, load_config
+
+    config = load_config("gateway.yaml")
+    gateway = Gateway(config, gate=enforcer, sink=publisher,
+                      credentials=config.credentials(os.environ))
+    web.run_app(gateway.app(), host=config.listen.host, port=config.listen.port)
+
+``gate`` is anything shaped like :class:`BudgetGate` (``enforcer.Enforcer`` is);
+the ingest room never imports the enforcer. See README.md beside this file.
+"""
+
+from .config import (
+    GatewayConfig,
+    Principal,
+    Upstream,
+    VirtualKey,
+    key_digest,
+    load_config,
+    parse_config,
+)
+from .gate import BudgetGate, GateDecision, UsageSink
+from .identity import KeyStore, SessionTracker, presented_key
+from .proxy import Gateway, upstream_headers
+from .routes import REALTIME_API, Route, resolve
+from .server import GatewayServer
+
+__all__ = [
+    "REALTIME_API",
+    "BudgetGate",
+    "GateDecision",
+    "Gateway",
+    "GatewayConfig",
+    "GatewayServer",
+    "KeyStore",
+    "Principal",
+    "Route",
+    "SessionTracker",
+    "Upstream",
+    "UsageSink",
+    "VirtualKey",
+    "key_digest",
+    "load_config",
+    "parse_config",
+    "presented_key",
+    "resolve",
+    "upstream_headers",
+]

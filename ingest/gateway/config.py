@@ -1,0 +1,239 @@
+"""The gateway's configuration: one frozen, validated object read from YAML.
+
+The file also carries the sections the composition hands to the other rooms
+(``kafka``, ``enforcer``, ``publisher``); they are kept here as plain maps and
+validated by their own config classes in ``spendbus/commands/gateway.py``, with
+errors naming this file and the field. Credentials are named by environment
+variable and resolved by the caller (:meth:`GatewayConfig.credentials`), so
+this module never reads the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from schemas.errors import ConfigError
+from schemas.ids import MAX_ID_LENGTH
+
+#: The API families the gateway speaks (each a set of routes, see routes.py).
+Api = Literal["openai", "anthropic", "gemini", "bedrock"]
+
+#: Where each API family's credential goes on the upstream request.
+DEFAULT_SESSION_HEADER = "X-Spend-Session"
+
+
+def key_digest(key: str) -> str:
+    """The SHA-256 (hex) a virtual key is stored and looked up by."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Listen(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class Upstream(_Frozen):
+    """One provider endpoint: which API it speaks and where."""
+
+    api: Api
+    base_url: str = Field(min_length=1)
+    #: the ``provider`` written on usage events (defaults to ``api``; e.g. ``azure``)
+    provider: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider or self.api
+
+
+class Secret(_Frozen):
+    """One upstream credential (the ``secret_id`` budgets and events name)."""
+
+    upstream: str = Field(min_length=1)
+    #: environment variable holding the credential (preferred)
+    api_key_env: str | None = None
+    #: the credential itself (tests and local setups only: prefer ``api_key_env``)
+    api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Secret:
+        if (self.api_key_env is None) == (self.api_key is None):
+            raise ValueError("give exactly one of api_key_env and api_key")
+        return self
+
+
+def _id_field(value: str | None, *, required: bool = False) -> str | None:
+    if value is None:
+        if required:
+            raise ValueError("required")
+        return None
+    if not value.strip():
+        raise ValueError("must not be blank")
+    if len(value) > MAX_ID_LENGTH:
+        raise ValueError(f"longer than {MAX_ID_LENGTH} characters")
+    return value
+
+
+class Principal(_Frozen):
+    """Who a virtual key is: every id the budgets and usage events use."""
+
+    org_id: str
+    secret_id: str
+    project_id: str | None = None
+    grant_id: str | None = None
+    user_id: str | None = None
+    groups: tuple[str, ...] = ()
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("org_id", "secret_id")
+    @classmethod
+    def _required(cls, value: str) -> str:
+        return _id_field(value, required=True) or value
+
+    @field_validator("project_id", "grant_id", "user_id")
+    @classmethod
+    def _optional(cls, value: str | None) -> str | None:
+        return _id_field(value)
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for group in value:
+            _id_field(group, required=True)
+        return value
+
+
+class VirtualKey(_Frozen):
+    """A key clients present; only its digest needs to be stored."""
+
+    #: a name for logs, metrics and the automatic session ids (unique)
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._@-]+$")
+    key: str | None = Field(default=None, min_length=16)
+    key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    principal: Principal
+
+    @model_validator(mode="after")
+    def _one_key(self) -> VirtualKey:
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError("give exactly one of key and key_sha256")
+        return self
+
+    @property
+    def digest(self) -> str:
+        return self.key_sha256 or key_digest(self.key or "")
+
+
+class Sessions(_Frozen):
+    #: the header agent frameworks set to name a job (its value is scoped by org)
+    header: str = Field(default=DEFAULT_SESSION_HEADER, min_length=1)
+    #: without the header: one session per key, ending after this many idle seconds
+    idle_ttl_s: float = Field(default=1800.0, gt=0)
+    #: keys whose automatic session is remembered at once (least recently used forgotten)
+    max_tracked: int = Field(default=100_000, ge=1)
+
+
+class GatewayConfig(_Frozen):
+    """Everything the gateway itself needs (see infra/gateway/gateway.example.yaml)."""
+
+    gateway_id: str = Field(default="spendbus-gateway", min_length=1, max_length=200)
+    listen: Listen = Field(default_factory=Listen)
+    upstreams: dict[str, Upstream]
+    secrets: dict[str, Secret]
+    keys: tuple[VirtualKey, ...] = ()
+    sessions: Sessions = Field(default_factory=Sessions)
+    #: largest request body accepted (413 above)
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    #: seconds to connect to an upstream, and the longest silence while reading from it
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    read_timeout_s: float = Field(default=600.0, gt=0)
+    #: what the other rooms are configured with (validated by the composition)
+    kafka: dict[str, Any] = Field(default_factory=dict)
+    enforcer: dict[str, Any] = Field(default_factory=dict)
+    publisher: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _references(self) -> GatewayConfig:
+        for secret_id, secret in self.secrets.items():
+            _id_field(secret_id, required=True)
+            if secret.upstream not in self.upstreams:
+                raise ValueError(
+                    f"secrets.{secret_id}.upstream: no upstream named {secret.upstream!r}"
+                )
+        names: set[str] = set()
+        digests: set[str] = set()
+        for i, vk in enumerate(self.keys):
+            if vk.principal.secret_id not in self.secrets:
+                raise ValueError(
+                    f"keys.{i}.principal.secret_id: no secret named {vk.principal.secret_id!r}"
+                )
+            if vk.name in names:
+                raise ValueError(f"keys.{i}.name: {vk.name!r} is used twice")
+            if vk.digest in digests:
+                raise ValueError(f"keys.{i}: the same key is given twice")
+            names.add(vk.name)
+            digests.add(vk.digest)
+        return self
+
+    def credentials(self, environ: Mapping[str, str], source: str = "<gateway>") -> dict[str, str]:
+        """secret_id -> upstream credential; a missing variable raises ConfigError."""
+        out: dict[str, str] = {}
+        for secret_id, secret in self.secrets.items():
+            if secret.api_key is not None:
+                out[secret_id] = secret.api_key
+                continue
+            assert secret.api_key_env is not None
+            value = environ.get(secret.api_key_env, "")
+            if not value:
+                raise ConfigError(
+                    f"{source}: field 'secrets.{secret_id}.api_key_env': "
+                    f"environment variable {secret.api_key_env} is not set"
+                )
+            out[secret_id] = value
+        return out
+
+
+def parse_config(data: Any, source: str = "<gateway config>") -> GatewayConfig:
+    """Validate already-parsed YAML; ConfigError names ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return GatewayConfig(**data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if not path:  # a check across fields names its field first: "a.b: reason"
+            path, _, message = (
+                message.partition(": ") if ": " in message else ("<config>", "", message)
+            )
+        raise ConfigError(f"{source}: field {path!r}: {message}") from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a gateway YAML file."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    return parse_config(data, str(file))

@@ -1,0 +1,67 @@
+"""What the gateway needs from a budget gate and from a usage sink, as protocols.
+
+``enforcer.Enforcer`` satisfies :class:`BudgetGate` structurally and
+``ingest.publisher.UsagePublisher`` satisfies :class:`UsageSink`; the gateway
+depends on these shapes only, so the ingest room never imports the enforcer
+(the composition in ``spendbus/commands/gateway.py`` wires the real ones, and
+mypy checks there that they fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+
+class GateDecision(Protocol):
+    """One check's answer (``enforcer.Decision``)."""
+
+    hold_id: int | None
+
+    @property
+    def allowed(self) -> bool: ...
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """Refusal headers, or warning headers (X-Spend-Budget) on an allowed request."""
+        ...
+
+    @property
+    def body(self) -> dict[str, Any] | None: ...
+
+    def usage_fields(self) -> dict[str, Any]:
+        """outcome, decision, decision_budget_id for the request's UsageEvent."""
+        ...
+
+    def refusal_event(
+        self, *, gateway_id: str | None = None, event_id: str | None = None, **fields: Any
+    ) -> dict[str, Any] | None:
+        """The UsageEvent of a refused request (None when allowed)."""
+        ...
+
+
+class BudgetGate(Protocol):
+    """Reserve-and-settle budget checks (``enforcer.Enforcer``).
+
+    ``context`` validates the request's fields and raises a ``SpendbusError``
+    naming the bad one; ``check`` holds an estimate for an allowed request
+    until ``settle`` (the usage event is published) or ``release`` (the
+    request never reached the provider).
+    """
+
+    def context(self, **fields: Any) -> Any: ...
+
+    def check(self, ctx: Any, *, reserve: bool = True) -> GateDecision: ...
+
+    def settle(self, hold_id: int | None, event: Mapping[str, Any]) -> bool: ...
+
+    def release(self, hold_id: int | None) -> bool: ...
+
+
+class UsageSink(Protocol):
+    """Where usage events go (``ingest.publisher.UsagePublisher``)."""
+
+    async def publish(self, event: dict[str, Any]) -> None: ...

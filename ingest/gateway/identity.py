@@ -1,0 +1,110 @@
+"""Who is calling: virtual keys to principals, and the session a request belongs to.
+
+A client proves who it is with a virtual key, presented where its SDK puts a
+provider key (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key`` or
+Gemini's ``?key=``). Keys are stored and looked up by SHA-256, so the
+configuration never needs to hold them in clear. Nothing else a client sends
+changes the principal (DESIGN invariant 3); the one thing it may name is its
+session (the job an agent framework runs), and that name is scoped by org so
+one tenant can never reach another's session counter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+
+from schemas.ids import MAX_ID_LENGTH
+
+from .config import Principal, VirtualKey, key_digest
+
+#: where SDKs put the API key, in the order they are looked at
+KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
+
+
+def presented_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+    """The virtual key a request presents, or None."""
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    for name in KEY_HEADERS[1:]:
+        found = headers.get(name)
+        if found and found.strip():
+            return found.strip()
+    in_query = query.get("key")
+    return in_query.strip() if in_query and in_query.strip() else None
+
+
+class KeyStore:
+    """Virtual keys by digest. ``replace`` swaps the whole set atomically."""
+
+    def __init__(self, keys: Iterable[VirtualKey] = ()) -> None:
+        self._by_digest: dict[str, VirtualKey] = {}
+        self.replace(keys)
+
+    def replace(self, keys: Iterable[VirtualKey]) -> None:
+        self._by_digest = {vk.digest: vk for vk in keys}
+
+    def put(self, vk: VirtualKey) -> None:
+        self._by_digest[vk.digest] = vk
+
+    def remove(self, digest: str) -> None:
+        self._by_digest.pop(digest, None)
+
+    def lookup(self, key: str | None) -> VirtualKey | None:
+        if not key:
+            return None
+        return self._by_digest.get(key_digest(key))
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+
+class SessionTracker:
+    """Session ids: the client's header (scoped by org), else a sliding idle window per key.
+
+    Without a header, a key's requests belong to one automatic session until it
+    has been idle ``idle_ttl_s``; the next request starts a new one. Ids are
+    ``auto:<key name>:<start, UTC>``; the ``max_tracked`` least recently used
+    keys are remembered.
+    """
+
+    def __init__(
+        self,
+        idle_ttl_s: float,
+        max_tracked: int = 100_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.idle_ttl_s = idle_ttl_s
+        self.max_tracked = max_tracked
+        self.clock = clock
+        self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def session_id(self, vk: VirtualKey, header: str | None) -> str:
+        """The request's session id; raises ValueError when the header cannot be one."""
+        if header is not None and header.strip():
+            value = f"{vk.principal.org_id}/{header.strip()}"
+            if len(value) > MAX_ID_LENGTH:
+                raise ValueError(f"session header longer than {MAX_ID_LENGTH} characters")
+            if not value.isprintable():
+                raise ValueError("session header has unprintable characters")
+            return value
+        now = self.clock()
+        seen = self._open.get(vk.name)
+        if seen is not None and now - seen[1] <= self.idle_ttl_s:
+            session = seen[0]
+            self._open.move_to_end(vk.name)
+        else:
+            start = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+            session = f"auto:{vk.name}:{start}"
+        self._open[vk.name] = (session, now)
+        while len(self._open) > self.max_tracked:
+            self._open.popitem(last=False)
+        return session
+
+
+__all__ = ["KEY_HEADERS", "KeyStore", "Principal", "SessionTracker", "presented_key"]

@@ -1,0 +1,532 @@
+"""The reference gateway: check, forward, stream through the tap, publish, settle.
+
+Per metered request, in this order (each step's failure and its consequence):
+
+1. **Identify**: the virtual key names the principal (401 without one); the
+   route names the API; the key's credential must be for that API (403).
+2. **Check**: the gate decides and, when it allows, holds a worst-case
+   estimate. A refusal is answered with the gate's body and headers and
+   published as a refusal event; the upstream is never contacted.
+3. **Forward** with the upstream credential of the principal's secret. If the
+   upstream cannot be reached, the hold is released and the client gets 502:
+   nothing reached the provider, nothing is charged.
+4. **Relay**: every chunk is fed to the tap and written to the client as it
+   arrives, unmodified (no buffering: aiohttp's write waits for the client,
+   which paces the reads from the upstream).
+5. **Account**, always, whatever ended the response (normal end, upstream cut,
+   client hang-up, cancellation): the tap's result becomes the UsageEvent
+   (estimated when usage was not read), it is published, then the hold is
+   settled to the actual cost. A publish failure is logged and counted, and the
+   hold is still settled (the spend is real).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from ingest.taps import EstimatorConfig, TapResult, open_tap, read_request
+from schemas.errors import InvalidRecord, SpendbusError
+from schemas.usage import new_usage_event
+
+from .config import Api, GatewayConfig, Upstream, VirtualKey
+from .errors import error_response
+from .gate import BudgetGate, GateDecision, UsageSink
+from .identity import KeyStore, SessionTracker, presented_key
+from .routes import Route, resolve
+
+log = logging.getLogger("spendbus.gateway")
+
+#: request headers never forwarded: hop-by-hop, the client's credentials, spendbus's own
+_DROP_REQUEST = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "authorization",
+        "x-api-key",
+        "x-goog-api-key",
+        "cookie",
+    }
+)
+#: response headers never relayed (hop-by-hop; aiohttp frames the body itself)
+_DROP_RESPONSE = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+#: where each provider says which request it was
+_REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-amzn-requestid", "x-goog-request-id")
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def upstream_headers(headers: Mapping[str, str], family: Api, credential: str) -> CIMultiDict[str]:
+    """The client's headers minus what must not pass, plus the upstream credential."""
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in _DROP_REQUEST or lower.startswith("x-spend-"):
+            continue
+        out.add(name, value)
+    if family == "anthropic":
+        out["x-api-key"] = credential
+        out.setdefault("anthropic-version", ANTHROPIC_VERSION)
+    elif family == "gemini":
+        out["x-goog-api-key"] = credential
+    else:  # openai, and Bedrock API keys (bearer tokens)
+        out["Authorization"] = f"Bearer {credential}"
+    # relayed untouched: never let the HTTP client ask for an encoding the client did not
+    out.setdefault("Accept-Encoding", "identity")
+    return out
+
+
+def _upstream_query(request: web.Request) -> str:
+    """The query string, minus Gemini's ``key`` (the virtual key, not for the upstream)."""
+    if "key" not in request.query:
+        return request.query_string
+    pairs = [(k, v) for k, v in request.query.items() if k != "key"]
+    from urllib.parse import urlencode
+
+    return urlencode(pairs)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "spendbus_gateway_requests",
+            "Requests by API family and outcome",
+            ["family", "outcome"],
+            registry=self.registry,
+        )
+        self.cuts = Counter(
+            "spendbus_gateway_cuts",
+            "Responses that did not end normally, by cause",
+            ["cut"],
+            registry=self.registry,
+        )
+        self.published = Counter(
+            "spendbus_gateway_events",
+            "Usage events by publish result",
+            ["result"],
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "spendbus_gateway_upstream_unreachable",
+            "Requests whose upstream could not be reached (hold released, not charged)",
+            ["family"],
+            registry=self.registry,
+        )
+
+
+class _Call:
+    """One metered request as it goes through the steps."""
+
+    __slots__ = (
+        "body",
+        "decision",
+        "family",
+        "model",
+        "route",
+        "session_id",
+        "started",
+        "stream",
+        "upstream",
+        "vk",
+    )
+
+    def __init__(self, route: Route, vk: VirtualKey, upstream: Upstream, body: bytes) -> None:
+        self.route = route
+        self.vk = vk
+        self.upstream = upstream
+        self.body = body
+        self.family: Api = route.family
+        self.started = time.monotonic()
+        self.model: str | None = None
+        self.stream = False
+        self.session_id: str | None = None
+        self.decision: GateDecision | None = None
+
+
+class Gateway:
+    """The reference gateway. ``app()`` is the aiohttp application; its startup and
+    cleanup open and close the upstream connection pool."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        gate: BudgetGate,
+        sink: UsageSink,
+        *,
+        credentials: Mapping[str, str],
+        keys: KeyStore | None = None,
+        sessions: SessionTracker | None = None,
+        estimator: EstimatorConfig | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        missing = sorted(set(config.secrets) - set(credentials))
+        if missing:
+            raise ValueError(f"no credential for secret(s) {', '.join(missing)}")
+        self.config = config
+        self.gate = gate
+        self.sink = sink
+        self.credentials = dict(credentials)
+        self.keys = keys if keys is not None else KeyStore(config.keys)
+        self.sessions = sessions or SessionTracker(
+            config.sessions.idle_ttl_s, config.sessions.max_tracked
+        )
+        self.estimator = estimator or EstimatorConfig()
+        self.metrics = GatewayMetrics(registry)
+        self._client: aiohttp.ClientSession | None = None
+        #: accounting that outlives a cancelled handler
+        self._pending: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._client is None:
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                auto_decompress=False,  # relay the provider's bytes as they are
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    sock_connect=self.config.connect_timeout_s,
+                    sock_read=self.config.read_timeout_s,
+                ),
+            )
+
+    async def stop(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        if self._client is None:
+            raise RuntimeError("the gateway is not started")
+        return self._client
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/{tail:.*}", self.handle)
+
+        async def on_startup(_: web.Application) -> None:
+            await self.start()
+
+        async def on_cleanup(_: web.Application) -> None:
+            await self.stop()
+
+        app.on_startup.append(on_startup)
+        app.on_cleanup.append(on_cleanup)
+        return app
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "keys": len(self.keys)})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
+
+    # -- identify --------------------------------------------------------------------------
+    def identify(
+        self, request: web.Request, family: Api | None
+    ) -> tuple[VirtualKey, Upstream] | web.Response:
+        vk = self.keys.lookup(presented_key(request.headers, request.query))
+        if vk is None:
+            self.metrics.requests.labels(family or "unknown", "unauthenticated").inc()
+            return error_response(family, 401, "Invalid or missing API key for this gateway.")
+        secret = self.config.secrets[vk.principal.secret_id]
+        upstream = self.config.upstreams[secret.upstream]
+        if family is not None and upstream.api != family:
+            self.metrics.requests.labels(family, "forbidden").inc()
+            return error_response(
+                family,
+                403,
+                f"This key's credential is for the {upstream.api} API, not {family}.",
+            )
+        return vk, upstream
+
+    def context(self, call: _Call, request_bytes: int, max_output: int | None) -> Any:
+        principal = call.vk.principal
+        return self.gate.context(
+            org_id=principal.org_id,
+            secret_id=principal.secret_id,
+            project_id=principal.project_id,
+            grant_id=principal.grant_id,
+            user_id=principal.user_id,
+            groups=principal.groups,
+            tags=principal.tags,
+            session_id=call.session_id,
+            provider=call.upstream.provider_name,
+            api=call.route.fmt,
+            model=call.model,
+            request_bytes=request_bytes,
+            max_output_tokens=max_output,
+        )
+
+    # -- one request -----------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        route = resolve(request.raw_path.split("?", 1)[0])
+        if route is None:
+            return error_response(None, 404, f"No route for POST {request.path}.")
+        who = self.identify(request, route.family)
+        if isinstance(who, web.Response):
+            return who
+        vk, upstream = who
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(
+                route.family, 413, f"Request body over {self.config.max_body_bytes} bytes."
+            )
+        call = _Call(route, vk, upstream, body)
+        if not route.metered:
+            self.metrics.requests.labels(route.family, "not_metered").inc()
+            return await self._pass_through(request, call)
+        assert route.fmt is not None
+        info = read_request(route.fmt, body)
+        call.model = route.model or info.model
+        call.stream = route.streaming if route.streaming is not None else info.stream is True
+        try:
+            call.session_id = self.sessions.session_id(
+                vk, request.headers.get(self.config.sessions.header)
+            )
+            ctx = self.context(call, len(body), info.max_output_tokens)
+        except (ValueError, SpendbusError) as exc:
+            self.metrics.requests.labels(route.family, "invalid").inc()
+            return error_response(route.family, 400, f"Invalid request: {exc}")
+        decision = self.gate.check(ctx)
+        call.decision = decision
+        if not decision.allowed:
+            return await self._refuse(call, decision)
+        return await self._forward(request, call, decision)
+
+    async def _refuse(self, call: _Call, decision: GateDecision) -> web.Response:
+        """A refusal never reaches the provider; it is usage all the same."""
+        self.metrics.requests.labels(call.family, "refused").inc()
+        event = decision.refusal_event(
+            gateway_id=self.config.gateway_id,
+            stream=call.stream,
+            latency_ms=_elapsed_ms(call.started),
+        )
+        if event is not None:
+            await self._publish(event)
+        return web.Response(
+            body=_json_bytes(decision.body),
+            status=decision.status,
+            headers=CIMultiDict(decision.headers),
+        )
+
+    def _url(self, request: web.Request, upstream: Upstream) -> str:
+        path = request.raw_path.split("?", 1)[0]
+        query = _upstream_query(request)
+        return f"{upstream.base_url}{path}{'?' + query if query else ''}"
+
+    async def _open_upstream(
+        self, request: web.Request, call: _Call
+    ) -> aiohttp.ClientResponse | web.Response:
+        credential = self.credentials[call.vk.principal.secret_id]
+        try:
+            return await self.client.request(
+                "POST",
+                self._url(request, call.upstream),
+                data=call.body,
+                headers=upstream_headers(request.headers, call.family, credential),
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.metrics.upstream_errors.labels(call.family).inc()
+            log.warning("upstream %s unreachable: %r", call.upstream.base_url, exc)
+            return error_response(call.family, 502, "The upstream provider could not be reached.")
+
+    async def _forward(
+        self, request: web.Request, call: _Call, decision: GateDecision
+    ) -> web.StreamResponse:
+        upstream = await self._open_upstream(request, call)
+        if isinstance(upstream, web.Response):
+            self.gate.release(decision.hold_id)
+            return upstream
+        assert call.route.fmt is not None
+        tap = open_tap(
+            call.route.fmt,
+            call.body,
+            content_type=upstream.headers.get("Content-Type"),
+            content_encoding=upstream.headers.get("Content-Encoding"),
+            status=upstream.status,
+            model=call.route.model,
+            estimator=self.estimator,
+        )
+        extra = decision.headers  # X-Spend-Budget warnings
+        cut: str | None = "client_disconnected"  # until the relay says otherwise
+        try:
+            cut, response = await self._relay(request, upstream, tap.feed, extra)
+            return response
+        finally:
+            if cut == "client_disconnected":
+                upstream.close()  # stop the provider generating for nobody
+            else:
+                upstream.release()
+            result = tap.finish(cut=cut)
+            outcome = "allowed" if cut is None else cut
+            self.metrics.requests.labels(call.family, "allowed").inc()
+            if cut is not None:
+                self.metrics.cuts.labels(outcome).inc()
+            # accounting must finish even if this handler is being cancelled
+            task = asyncio.ensure_future(self._account(call, decision, result, upstream))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+            await asyncio.shield(task)
+
+    async def _pass_through(self, request: web.Request, call: _Call) -> web.StreamResponse:
+        upstream = await self._open_upstream(request, call)
+        if isinstance(upstream, web.Response):
+            return upstream
+        try:
+            _, response = await self._relay(request, upstream, None, ())
+            return response
+        finally:
+            upstream.release()
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        feed: Any,
+        extra: tuple[tuple[str, str], ...],
+    ) -> tuple[str | None, web.StreamResponse]:
+        """Copy the upstream response to the client chunk by chunk; returns the cut
+        (None: it ended normally) and the response."""
+        headers = _response_headers(upstream.headers, extra)
+        response = web.StreamResponse(
+            status=upstream.status, reason=upstream.reason, headers=headers
+        )
+        try:
+            await response.prepare(request)
+        except ConnectionError:
+            return "client_disconnected", response
+        content = upstream.content
+        write = response.write
+        while True:
+            try:
+                chunk = await content.readany()
+            except (aiohttp.ClientError, TimeoutError):
+                # the provider went away mid-body: the client must see it incomplete too
+                if request.transport is not None:
+                    request.transport.abort()
+                return "upstream_cut", response
+            if not chunk:
+                break
+            if feed is not None:
+                feed(chunk)
+            try:
+                await write(chunk)
+            except ConnectionError:
+                return "client_disconnected", response
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return None, response
+
+    # -- account ---------------------------------------------------------------------------
+    async def _account(
+        self,
+        call: _Call,
+        decision: GateDecision,
+        result: TapResult,
+        upstream: aiohttp.ClientResponse,
+    ) -> None:
+        principal = call.vk.principal
+        request_id = next(
+            (upstream.headers[h] for h in _REQUEST_ID_HEADERS if h in upstream.headers), None
+        )
+        try:
+            event = new_usage_event(
+                provider=call.upstream.provider_name,
+                api=call.route.fmt or "unknown",
+                model=result.model or call.model or "unknown",
+                secret_id=principal.secret_id,
+                org_id=principal.org_id,
+                gateway_id=self.config.gateway_id,
+                input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens,
+                cache_read_tokens=result.cache_read_tokens,
+                cache_write_tokens=result.cache_write_tokens,
+                cache_write_1h_tokens=result.cache_write_1h_tokens,
+                reasoning_tokens=result.reasoning_tokens,
+                usage_source=result.usage_source,
+                estimate_reason=result.estimate_reason,
+                status_code=upstream.status,
+                project_id=principal.project_id,
+                grant_id=principal.grant_id,
+                user_id=principal.user_id,
+                groups=list(principal.groups),
+                tags=dict(principal.tags),
+                session_id=call.session_id,
+                stream=call.stream,
+                request_id=request_id[:200] if request_id else None,
+                latency_ms=_elapsed_ms(call.started),
+                **decision.usage_fields(),
+            )
+        except InvalidRecord:
+            # cannot happen for a context the gate accepted; never let it pass silently
+            self.metrics.published.labels("invalid").inc()
+            log.exception("usage event of %s not built", call.vk.name)
+            return
+        await self._publish(event)
+        self.gate.settle(decision.hold_id, event)
+
+    async def _publish(self, event: dict[str, Any]) -> None:
+        try:
+            await self.sink.publish(event)
+        except Exception:
+            self.metrics.published.labels("error").inc()
+            log.exception("usage event %s not published", event.get("event_id"))
+        else:
+            self.metrics.published.labels("ok").inc()
+
+
+def _response_headers(
+    upstream: CIMultiDictProxy[str], extra: tuple[tuple[str, str], ...]
+) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.items():
+        if name.lower() not in _DROP_RESPONSE:
+            out.add(name, value)
+    for name, value in extra:
+        out.add(name, value)
+    return out
+
+
+def _elapsed_ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _json_bytes(body: Any) -> bytes:
+    import json
+
+    return json.dumps(body, separators=(",", ":")).encode()

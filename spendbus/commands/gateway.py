@@ -1,0 +1,178 @@
+"""`spendbus gateway run --config FILE`: the reference gateway, composed.
+
+The composition is here, not in ``ingest/``: the gateway (ingest) depends on a
+budget-gate protocol that ``enforcer.Enforcer`` satisfies, and on a usage sink
+that ``ingest.publisher.UsagePublisher`` is; this module builds both from the
+file's ``kafka``, ``enforcer`` and ``publisher`` sections and wires them. It is
+also the one place that reads the environment (credentials by variable name,
+KAFKA_BOOTSTRAP through spendbus.settings).
+
+Start order: enforcer (follow the topics; serve by ``fail_mode`` until caught
+up) → publisher (spool, producer) → gateway (listen). Stop in reverse: stop
+listening and finish the accounting of responses in flight, then flush and
+stop the publisher, then the enforcer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from schemas.errors import ConfigError, SpendbusError
+
+log = logging.getLogger("spendbus.gateway")
+
+
+class KafkaSection(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap: str | None = None
+    topic_prefix: str | None = None
+
+
+def _validated(model: type[BaseModel], values: dict[str, Any], source: str, section: str) -> Any:
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(p) for p in (section, *first["loc"]))
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{source}: field {path!r}: {message}") from None
+
+
+def compose_configs(gateway_config: Any, source: str) -> tuple[Any, Any]:
+    """(EnforcerConfig, PublisherConfig) from the file's sections; errors name file and field."""
+    from enforcer import EnforcerConfig
+    from ingest.publisher import PublisherConfig
+    from spendbus.settings import load_settings
+    from spendbus.stack.local import bootstrap_or_fail
+
+    kafka = _validated(KafkaSection, gateway_config.kafka, source, "kafka")
+    settings = load_settings()
+    bootstrap = kafka.bootstrap or bootstrap_or_fail(settings)
+    prefix = kafka.topic_prefix if kafka.topic_prefix is not None else settings.topic_prefix
+    enforcer_values = {
+        "gateway_id": gateway_config.gateway_id,
+        "client_id": f"{gateway_config.gateway_id}-enforcer",
+        **gateway_config.enforcer,
+        "bootstrap": bootstrap,
+        "topic_prefix": prefix,
+    }
+    publisher_values = {
+        "spool_dir": settings.home / "gateway-spool" / gateway_config.gateway_id,
+        "client_id": f"{gateway_config.gateway_id}-ingest",
+        **gateway_config.publisher,
+        "bootstrap": bootstrap,
+        "topic_prefix": prefix,
+    }
+    return (
+        _validated(EnforcerConfig, enforcer_values, source, "enforcer"),
+        _validated(PublisherConfig, publisher_values, source, "publisher"),
+    )
+
+
+async def serve(
+    gateway_config: Any,
+    enforcer_config: Any,
+    publisher_config: Any,
+    credentials: dict[str, str],
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    on_started: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the gateway until ``stop`` is set (or SIGINT/SIGTERM)."""
+    from enforcer import Enforcer, NotReady
+    from ingest.gateway import BudgetGate, Gateway, GatewayServer, UsageSink
+    from ingest.publisher import UsagePublisher
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    async with Enforcer(enforcer_config) as enforcer:
+        try:
+            await enforcer.wait_ready()
+        except NotReady as exc:  # serve anyway: fail_mode decides until it catches up
+            log.warning("%s; serving with fail_mode=%s", exc, enforcer_config.fail_mode)
+        publisher = UsagePublisher(publisher_config)
+        await publisher.start()
+        try:
+            gate: BudgetGate = enforcer  # mypy checks that the enforcer fits the protocol
+            sink: UsageSink = publisher
+            gateway = Gateway(gateway_config, gate, sink, credentials=credentials)
+            server = GatewayServer(
+                gateway,
+                host or gateway_config.listen.host,
+                gateway_config.listen.port if port is None else port,
+            )
+            await server.start()
+            try:
+                if on_started is not None:
+                    on_started(server.url)
+                await stop.wait()
+            finally:
+                await server.stop()
+        finally:
+            await publisher.stop()
+
+
+@click.group()
+def gateway() -> None:
+    """The reference gateway: an LLM proxy that checks budgets and meters every call."""
+
+
+@gateway.command("run")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The gateway YAML (see infra/gateway/gateway.example.yaml).",
+)
+@click.option("--host", default=None, help="Listen address (overrides listen.host).")
+@click.option("--port", default=None, type=int, help="Listen port (overrides listen.port; 0: any).")
+@click.option("--log-level", default="INFO", show_default=True)
+def run(config_path: Path, host: str | None, port: int | None, log_level: str) -> None:
+    """Serve the OpenAI, Anthropic, Gemini and Bedrock APIs through the budget checks."""
+    from ingest.gateway import load_config
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        config = load_config(config_path)
+        credentials = config.credentials(os.environ, source=str(config_path))
+        enforcer_config, publisher_config = compose_configs(config, str(config_path))
+    except SpendbusError as exc:
+        raise click.ClickException(str(exc)) from None
+
+    def started(url: str) -> None:
+        click.echo(json.dumps({"listening": url, "keys": len(config.keys)}), err=True)
+
+    try:
+        asyncio.run(
+            serve(
+                config,
+                enforcer_config,
+                publisher_config,
+                credentials,
+                host=host,
+                port=port,
+                on_started=started,
+            )
+        )
+    except SpendbusError as exc:
+        raise click.ClickException(str(exc)) from None
