@@ -9,7 +9,8 @@ import click
 from schemas.errors import SpendbusError
 from spendbus.commands.admin import budgets, fail, prices_apply_command, sql, usage, verify
 from spendbus.commands.aggregator import aggregator
-from spendbus.commands.stack import demo, down, status, up
+from spendbus.commands.stack import demo, down, up
+from spendbus.commands.status import status
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,15 +1,14 @@
-"""`spendbus up | down | status | demo`: the local stack."""
+"""`spendbus up | down | demo`: the local stack (`spendbus status` is in status.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 from rich.console import Console
 
 from spendbus.settings import load_settings
-from spendbus.stack.local import LocalStack, dump
+from spendbus.stack.local import LocalStack
 
 console = Console()
 
@@ -31,17 +30,6 @@ def down() -> None:
     """Stop what `spendbus up` started."""
     LocalStack(load_settings()).down()
     console.print("stopped")
-
-
-@click.command()
-@click.option("--json", "as_json", is_flag=True)
-def status(as_json: bool) -> None:
-    """What runs, where, and the worker's counters."""
-    report = LocalStack(load_settings()).status()
-    if as_json:
-        click.echo(json.dumps(report, default=str))
-        return
-    console.print_json(dump(report))
 
 
 @click.command()
