@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.errors import ConfigError
 from schemas.topics import Topics, check_generation
 
 
@@ -41,7 +42,10 @@ class AggregatorConfig(BaseModel):
     @field_validator("generation")
     @classmethod
     def _valid_generation(cls, value: str) -> str:
-        return check_generation(value)
+        try:
+            return check_generation(value)
+        except ConfigError as exc:  # pydantic reports ValueErrors with the field's name
+            raise ValueError(str(exc)) from None
 
     @property
     def topics(self) -> Topics:

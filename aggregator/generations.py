@@ -54,8 +54,8 @@ def generation_dsn(dsn: str, generation: str) -> str:
     if not generation:
         return dsn
     parts = urlsplit(dsn)
-    if parts.scheme == "chdb":
-        return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}-{generation}"))
+    if parts.scheme == "chdb":  # chdb:///abs/path (urlunsplit would drop the empty host)
+        return f"chdb://{parts.path.rstrip('/')}-{generation}"
     if parts.scheme in ("http", "https"):
         database = parts.path.strip("/") or "default"
         return urlunsplit(parts._replace(path=f"/{database}_{generation}"))
@@ -203,7 +203,7 @@ class AlertRelay:
             await asyncio.sleep(self.poll_seconds)
         sent = {
             ALERT.decode(v)["alert_id"]
-            for v in (await _values(self.bootstrap, self.topics.shared_alerts))
+            for v in (await topic_values(self.bootstrap, self.topics.shared_alerts))
             if v is not None
         }
         self.active.set()
@@ -249,7 +249,7 @@ class AlertRelay:
             await producer.stop()
 
 
-async def _values(bootstrap: str, topic: str) -> list[bytes | None]:
+async def topic_values(bootstrap: str, topic: str) -> list[bytes | None]:
     """Every value of a (delete-policy) topic up to its end now."""
     partitions = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -272,7 +272,9 @@ async def _values(bootstrap: str, topic: str) -> list[bytes | None]:
 
 async def alert_ids(bootstrap: str, topic: str) -> list[str]:
     """The alert ids a topic carries, in order (repeats included: tests count them)."""
-    return [ALERT.decode(v)["alert_id"] for v in await _values(bootstrap, topic) if v is not None]
+    return [
+        ALERT.decode(v)["alert_id"] for v in await topic_values(bootstrap, topic) if v is not None
+    ]
 
 
 # --- comparisons --------------------------------------------------------------------------------

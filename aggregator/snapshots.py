@@ -27,6 +27,7 @@ Older snapshots' keys are tombstoned once a newer manifest is acknowledged.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -36,7 +37,7 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from aggregator.process import BatchProcessor, BatchStats, RawRecord
-from aggregator.reference import Reference
+from aggregator.reference import Reference, ReferenceFollower
 from schemas.codec import PRICED_USAGE, USAGE_EVENT
 from schemas.errors import ConfigError, ContractError
 from schemas.kafka import topic_partitions
@@ -95,6 +96,18 @@ class Bounds:
         )
 
 
+async def load_reference(bootstrap: str, topics: Topics, timeout_s: float = 60.0) -> Reference:
+    """Budgets and price versions as they are now (read whole from their compacted topics)."""
+    reference = Reference()
+    follower = ReferenceFollower(bootstrap, topics, reference)
+    await follower.start()
+    try:
+        await asyncio.wait_for(follower.ready.wait(), timeout=timeout_s)
+    finally:
+        await follower.stop()
+    return reference
+
+
 async def ledger_ends(bootstrap: str, topics: Topics) -> dict[int, int]:
     """The end offset of every usage.raw partition now."""
     partitions = await topic_partitions(bootstrap, topics.usage_raw)
@@ -114,11 +127,12 @@ async def fold_ledger(
     *,
     start: FoldState | None = None,
     until: dict[int, int] | None = None,
-    bounds: Bounds = Bounds(),
+    bounds: Bounds | None = None,
     progress: Progress | None = None,
 ) -> FoldState:
     """Fold usage.raw from ``start``'s fences (or 0) to ``until`` (default: the ends now)."""
     state = start if start is not None else FoldState()
+    bounds = bounds if bounds is not None else Bounds()
     processor = BatchProcessor(reference, source_topic=topics.usage_raw, stage="replay")
     partitions = await topic_partitions(bootstrap, topics.usage_raw)
     consumer = AIOKafkaConsumer(

@@ -1,0 +1,660 @@
+"""`spendbus replay` and `spendbus snapshot`: rebuild every counter from the ledger.
+
+``replay`` starts a real aggregator worker for a new generation (its own
+consumer group, tables, derived topics and ClickHouse store) beside the one
+that serves, shows its progress from the group's committed offsets, and when
+it has caught up compares its counters with the serving generation's, with an
+in-memory fold of the ledger and with a recomputation from its ClickHouse
+rows. ``--cutover`` then switches the enforcers to it and retires the old
+generation. ``--dry-run`` folds in memory only and publishes nothing (the one
+mode ``--since``/``--until`` are allowed in). Design: docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from aggregator.generations import (
+    Difference,
+    GroupProgress,
+    compare_views,
+    counters_from_rows,
+    current_generation,
+    fold_views,
+    group_progress,
+    prepare_store,
+    publish_switch,
+    switch_to,
+    topic_values,
+    verdict_views,
+)
+from aggregator.reference import Reference
+from aggregator.snapshots import (
+    Bounds,
+    FoldState,
+    fold_ledger,
+    latest_snapshot,
+    ledger_ends,
+    load_reference,
+    write_snapshot,
+)
+from schemas.codec import PRICED_USAGE
+from schemas.errors import ConfigError, ContractError, SpendbusError
+from schemas.money import format_usd
+from schemas.topics import Topics, check_generation
+from spendbus.stack.kafka import free_port
+from spendbus.stack.topics import ensure_topics
+from spendbus.stack.worker import WorkerProcess
+
+console = Console(stderr=True)
+
+#: called with (events done, events to do, lag)
+ProgressCallback = Callable[[int, int, int], None]
+
+
+class ReplayError(SpendbusError):
+    pass
+
+
+@dataclass(frozen=True)
+class OrgChange:
+    org_id: str
+    before_nanos: int
+    after_nanos: int
+
+    @property
+    def delta_nanos(self) -> int:
+        return self.after_nanos - self.before_nanos
+
+
+@dataclass
+class ReplayReport:
+    generation: str
+    previous: str
+    records: int = 0
+    charged: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    cost_nanos: int = 0
+    counters: int = 0
+    #: sha256 of the canonical counters: two replays of one ledger give the same digest
+    counters_sha256: str = ""
+    #: the new generation against the in-memory fold of the same ledger offsets
+    vs_ledger: list[Difference] = field(default_factory=list)
+    #: the new generation against the generation it replaces (price corrections show here)
+    vs_previous: list[Difference] = field(default_factory=list)
+    #: counters recomputed from the new generation's ClickHouse rows against the fold
+    vs_clickhouse: list[Difference] | None = None
+    org_changes: list[OrgChange] = field(default_factory=list)
+    seconds: float = 0.0
+    events_per_second: float = 0.0
+    cut_over: bool = False
+
+    @property
+    def consistent(self) -> bool:
+        """The rebuild is right: it equals the ledger fold and its own ClickHouse rows."""
+        return not self.vs_ledger and not self.vs_clickhouse
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["org_changes"] = [{**asdict(c), "delta_nanos": c.delta_nanos} for c in self.org_changes]
+        out["consistent"] = self.consistent
+        return out
+
+
+@dataclass
+class StackPlace:
+    """Where a replay runs: the cluster, the base names and the local state folder."""
+
+    bootstrap: str
+    topics: Topics  # the base prefix (its generation is ignored)
+    dsn: str | None  # the base ClickHouse DSN; None = no sink
+    home: Path
+    partitions: int = 4
+
+
+class GenerationReplay:
+    """One replay into ``generation``, step by step (the CLI and the tests drive it)."""
+
+    def __init__(
+        self,
+        place: StackPlace,
+        generation: str,
+        *,
+        worker_args: tuple[str, ...] = (),
+    ) -> None:
+        self.place = place
+        self.generation = check_generation(generation)
+        if not generation:
+            raise ConfigError("a replay builds a new generation: give it a name (e.g. g2)")
+        self.worker_args = worker_args
+        self.previous = ""
+        self.topics = place.topics.of_generation(generation)
+        port = free_port()
+        self.worker = WorkerProcess(
+            run_dir=place.home / "run",
+            env={
+                "KAFKA_BOOTSTRAP": place.bootstrap,
+                "SPENDBUS_TOPIC_PREFIX": place.topics.prefix,
+                "SPENDBUS_HOME": str(place.home),
+                "SPENDBUS_PARTITIONS": str(place.partitions),
+                "SPENDBUS_WEB_PORT": str(port),
+                **({"CLICKHOUSE_DSN": place.dsn} if place.dsn else {}),
+            },
+            web_port=port,
+            name=f"aggregator-{generation}",
+            args=(
+                "--generation",
+                generation,
+                *(() if place.dsn else ("--no-sink",)),
+                *worker_args,
+            ),
+        )
+        self.started_at = 0.0
+        self.start_committed = 0
+
+    # --- 1. start ------------------------------------------------------------------------------
+    def start(self) -> None:
+        place = self.place
+        self.previous = asyncio.run(current_generation(place.bootstrap, place.topics))
+        if self.previous == self.generation:
+            raise ConfigError(f"generation {self.generation!r} is the current one already")
+        asyncio.run(ensure_topics(place.bootstrap, self.topics, place.partitions))
+        existing = asyncio.run(group_progress(place.bootstrap, self.topics))
+        if existing.committed:
+            raise ConfigError(
+                f"generation {self.generation!r} has run before (its group "
+                f"{self.topics.aggregator_app_id} committed {existing.committed:,} records); "
+                "pick a new name"
+            )
+        if place.dsn:
+            prepare_store(place.dsn, self.generation)
+        self.started_at = time.monotonic()
+        self.worker.start(timeout=180)
+
+    # --- 2. watch until caught up -----------------------------------------------------------
+    def wait_caught_up(
+        self,
+        progress: ProgressCallback | None = None,
+        *,
+        target: dict[int, int] | None = None,
+        timeout: float = 3600.0,
+        poll_seconds: float = 0.5,
+    ) -> GroupProgress:
+        """Until the generation's committed offsets reach ``target`` (default: the ledger's
+        ends now). Raises ReplayError if the worker dies or the timeout passes."""
+        place = self.place
+        goal = (
+            target
+            if target is not None
+            else asyncio.run(ledger_ends(place.bootstrap, place.topics))
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            state = asyncio.run(group_progress(place.bootstrap, self.topics))
+            if progress is not None:
+                progress(state.committed, max(state.end, 1), state.lag)
+            if state.past(goal):
+                return state
+            if self.worker.pid() is None:
+                raise ReplayError(f"the replay worker stopped:\n{self.worker.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ReplayError(f"not caught up after {timeout:.0f}s (lag {state.lag:,})")
+            time.sleep(poll_seconds)
+
+    # --- 3. compare ---------------------------------------------------------------------------
+    def report(self, *, settle_seconds: float = 60.0) -> ReplayReport:
+        """Compare the new generation with the ledger fold, the old generation and its
+        ClickHouse rows, at one cut of the ledger (the ends when the report starts)."""
+        place = self.place
+        report = ReplayReport(self.generation, self.previous)
+        ends = asyncio.run(ledger_ends(place.bootstrap, place.topics))
+        reached = self.wait_caught_up(target=ends)
+        report.seconds = time.monotonic() - self.started_at
+        report.events_per_second = reached.committed / report.seconds if report.seconds else 0.0
+        reference = asyncio.run(load_reference(place.bootstrap, place.topics))
+        fold = asyncio.run(fold_ledger(place.bootstrap, place.topics, reference, until=ends))
+        _fill_totals(report, fold)
+        expected = fold_views(fold)
+        # verdicts leave within a batch of the commit; give the last ones a moment
+        deadline = time.monotonic() + settle_seconds
+        while True:
+            found = asyncio.run(verdict_views(place.bootstrap, self.topics.budget_verdicts))
+            report.vs_ledger = compare_views(expected, found)
+            if not report.vs_ledger or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        previous_topics = place.topics.of_generation(self.previous)
+        report.vs_previous = compare_views(
+            asyncio.run(verdict_views(place.bootstrap, previous_topics.budget_verdicts)), found
+        )
+        before = asyncio.run(_priced_org_spend(place.bootstrap, previous_topics, ends))
+        after = fold.org_spend()
+        report.org_changes = [
+            OrgChange(org, before.get(org, 0), after.get(org, 0))
+            for org in sorted(set(before) | set(after))
+            if before.get(org, 0) != after.get(org, 0)
+        ]
+        if place.dsn:
+            report.vs_clickhouse = self._clickhouse_differences(
+                reference, fold, expected, ends, settle_seconds
+            )
+        return report
+
+    def _clickhouse_differences(
+        self,
+        reference: Reference,
+        fold: FoldState,
+        expected: dict[str, Any],
+        ends: dict[int, int],
+        settle_seconds: float,
+    ) -> list[Difference]:
+        """Counters recomputed from the rows the new generation's sink stored."""
+        cut = " OR ".join(
+            f"(source_partition = {p} AND source_offset < {end})" for p, end in sorted(ends.items())
+        )
+        deadline = time.monotonic() + settle_seconds
+        while True:  # the sink writes within a second or so of the priced records
+            count = self.worker.post(
+                "/sql", {"sql": f"SELECT count() FROM usage_events WHERE {cut}"}
+            )
+            if int(count["rows"][0][0]) >= fold.stats.charged or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        rows: list[dict[str, Any]] = []
+        for partition, end in sorted(ends.items()):
+            result = self.worker.post(
+                "/sql",
+                {
+                    "sql": "SELECT * EXCEPT (inserted_at, priced_at) FROM usage_events "
+                    f"WHERE source_partition = {partition} AND source_offset < {end}"
+                },
+            )
+            for values in result["rows"]:
+                row = dict(zip(result["columns"], values, strict=True))
+                row["occurred_at"] = datetime.fromisoformat(row["occurred_at"])
+                rows.append(row)
+        return compare_views(expected, counters_from_rows(reference.budgets.values(), rows))
+
+    # --- 4. cut over --------------------------------------------------------------------------
+    def cutover(self, serving: WorkerProcess | None, *, timeout: float = 600.0) -> None:
+        """Switch the enforcers to this generation, then retire the old one.
+
+        1. Wait until this generation has committed past the old generation's committed
+           offsets (read now): it has applied at least everything the old one applied.
+        2. Publish the switch (previous not yet retired): enforcers load the new verdicts
+           in the background and swap atomically, keeping per counter the newer verdict.
+        3. Stop ``serving`` (the old generation's worker, when this process knows it).
+        4. Publish the switch again with previous_retired: the alert relay starts forwarding.
+        5. Hand over the serving slot: stop the replay worker and start ``serving`` again,
+           which starts at the current generation (now this one).
+        """
+        place = self.place
+        old = asyncio.run(
+            group_progress(place.bootstrap, place.topics.of_generation(self.previous))
+        )
+        # Step 1
+        self.wait_caught_up(target={p: c for p, (c, _) in old.partitions.items()}, timeout=timeout)
+        # Step 2
+        asyncio.run(
+            publish_switch(
+                place.bootstrap,
+                place.topics,
+                switch_to(self.generation, self.previous, retired=False),
+            )
+        )
+        # Step 3
+        if serving is not None:
+            serving.stop()
+        # Step 4
+        asyncio.run(
+            publish_switch(
+                place.bootstrap,
+                place.topics,
+                switch_to(self.generation, self.previous, retired=True),
+            )
+        )
+        # Step 5
+        if serving is not None:
+            self.worker.stop()
+            serving.start(timeout=180)
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+
+def _fill_totals(report: ReplayReport, fold: FoldState) -> None:
+    report.records = fold.stats.events
+    report.charged = fold.stats.charged
+    report.duplicates = fold.stats.duplicates
+    report.dead_letters = fold.stats.dead_letters
+    report.cost_nanos = fold.stats.cost_nanos
+    report.counters = len(fold.counters)
+    report.counters_sha256 = hashlib.sha256(fold.canonical()).hexdigest()
+
+
+async def _priced_org_spend(bootstrap: str, topics: Topics, ends: dict[int, int]) -> dict[str, int]:
+    """Spend per org as a generation priced it (its usage.priced, one record per ledger
+    position up to ``ends``; a re-sent record is counted once)."""
+    seen: dict[tuple[int, int], tuple[str, int]] = {}
+    for value in await topic_values(bootstrap, topics.usage_priced):
+        if value is None:
+            continue
+        try:
+            record = PRICED_USAGE.decode(value)
+        except ContractError:
+            continue
+        position = (record["source_partition"], record["source_offset"])
+        if position[1] < ends.get(position[0], 0):
+            seen[position] = (record["event"]["org_id"], record["cost_nanos"])
+    out: dict[str, int] = {}
+    for org, cost in seen.values():
+        out[org] = out.get(org, 0) + cost
+    return out
+
+
+# --- dry run: in memory only ------------------------------------------------------------------
+
+
+async def fold_dry_run(
+    place: StackPlace,
+    *,
+    bounds: Bounds | None = None,
+    from_snapshot: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[ReplayReport, FoldState]:
+    """Fold the ledger in memory (from the latest snapshot when asked) and compare with the
+    current generation's verdicts (only when unbounded: a slice's counters are partial)."""
+    started = time.monotonic()
+    bounds = bounds if bounds is not None else Bounds()
+    generation = await current_generation(place.bootstrap, place.topics)
+    current = place.topics.of_generation(generation)
+    reference = await load_reference(place.bootstrap, place.topics)
+    start = None
+    if from_snapshot:
+        found = await latest_snapshot(place.bootstrap, place.topics)
+        if found is None:
+            raise ConfigError(f"no complete snapshot on {place.topics.counter_snapshots}")
+        start = found[1]
+    ends = await ledger_ends(place.bootstrap, place.topics)
+    fold = await fold_ledger(
+        place.bootstrap,
+        place.topics,
+        reference,
+        start=start,
+        until=ends,
+        bounds=bounds,
+        progress=progress,
+    )
+    report = ReplayReport("(dry run)", generation)
+    _fill_totals(report, fold)
+    report.seconds = time.monotonic() - started
+    report.events_per_second = report.records / report.seconds if report.seconds else 0.0
+    if bounds == Bounds():
+        report.vs_previous = compare_views(
+            fold_views(fold), await verdict_views(place.bootstrap, current.budget_verdicts)
+        )
+        before = await _priced_org_spend(place.bootstrap, current, ends)
+        after = fold.org_spend()
+        report.org_changes = [
+            OrgChange(org, before.get(org, 0), after.get(org, 0))
+            for org in sorted(set(before) | set(after))
+            if before.get(org, 0) != after.get(org, 0)
+        ]
+    return report, fold
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+
+def _place() -> tuple[StackPlace, Any]:
+    from spendbus.settings import load_settings
+    from spendbus.stack.local import bootstrap_or_fail
+
+    settings = load_settings()
+    place = StackPlace(
+        bootstrap=bootstrap_or_fail(settings),
+        topics=settings.topics,
+        dsn=settings.dsn,
+        home=settings.home.resolve(),
+        partitions=settings.partitions,
+    )
+    return place, settings
+
+
+def _progress_bar(disable: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>9,.0f} events/s"),
+        TextColumn("lag {task.fields[lag]:>9,}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=disable,
+    )
+
+
+class _Meter:
+    """Feeds the progress bar: events done, rate over the last few seconds, lag."""
+
+    def __init__(self, bar: Progress, task: TaskID) -> None:
+        self.bar, self.task = bar, task
+        self.samples: list[tuple[float, int]] = []
+
+    def __call__(self, done: int, total: int, lag: int | None = None) -> None:
+        now = time.monotonic()
+        self.samples = [(t, d) for t, d in self.samples if now - t < 5.0] + [(now, done)]
+        t0, d0 = self.samples[0]
+        rate = (done - d0) / (now - t0) if now > t0 else 0.0
+        self.bar.update(
+            self.task,
+            completed=done,
+            total=total,
+            rate=rate,
+            lag=total - done if lag is None else lag,
+        )
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: expected an ISO 8601 time, e.g. 2026-11-01T00:00:00Z"
+        ) from None
+    if parsed.tzinfo is None:
+        raise click.BadParameter(f"{value!r}: give a time zone (Z or +00:00)")
+    return parsed
+
+
+@click.command()
+@click.option(
+    "--generation", "generation", default=None, help="Name of the new generation (default: g<N+1>)."
+)
+@click.option(
+    "--since",
+    default=None,
+    help="Only events that occurred at or after (ISO 8601; with --dry-run).",
+)
+@click.option(
+    "--until", default=None, help="Only events that occurred before (ISO 8601; with --dry-run)."
+)
+@click.option("--dry-run", is_flag=True, help="Fold in memory, compare, publish nothing.")
+@click.option(
+    "--from-snapshot", is_flag=True, help="Start from the latest counter snapshot (with --dry-run)."
+)
+@click.option(
+    "--cutover",
+    is_flag=True,
+    help="When consistent, switch enforcers to it and retire the old one.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def replay(
+    generation: str | None,
+    since: str | None,
+    until: str | None,
+    dry_run: bool,
+    from_snapshot: bool,
+    cutover: bool,
+    as_json: bool,
+) -> None:
+    """Rebuild every counter, verdict and ClickHouse table from usage.raw into a new generation.
+
+    Exit status 0 when the rebuild is consistent (equal to the ledger fold and to its own
+    ClickHouse rows), 1 otherwise. Differences from the old generation are reported, not
+    failures: after a price correction they are the point.
+    """
+    bounds = Bounds(_parse_time(since), _parse_time(until))
+    if bounds != Bounds() and not dry_run:
+        raise click.UsageError(
+            "--since/--until give partial counters, for investigations: use them with --dry-run"
+        )
+    if cutover and dry_run:
+        raise click.UsageError("--cutover needs a real generation: drop --dry-run")
+    if from_snapshot and not dry_run:
+        raise click.UsageError("--from-snapshot applies to --dry-run (docs/replay.md: snapshots)")
+    place, settings = _place()
+    if dry_run:
+        with _progress_bar(as_json) as bar:
+            meter = _Meter(bar, bar.add_task("folding usage.raw", total=None, rate=0.0, lag=0))
+            report, _ = asyncio.run(
+                fold_dry_run(place, bounds=bounds, from_snapshot=from_snapshot, progress=meter)
+            )
+        _show(report, as_json)
+        sys.exit(0)
+    name = generation or asyncio.run(_next_generation(place))
+    run = GenerationReplay(place, name)
+    console.print(f"replaying usage.raw into generation [bold]{name}[/bold] ...", highlight=False)
+    run.start()
+    try:
+        with _progress_bar(as_json) as bar:
+            meter = _Meter(bar, bar.add_task(f"generation {name}", total=None, rate=0.0, lag=0))
+            run.wait_caught_up(meter)
+        report = run.report()
+        if cutover and report.consistent:
+            from spendbus.stack.local import worker_process
+
+            serving = worker_process(settings, {"KAFKA_BOOTSTRAP": place.bootstrap})
+            run.cutover(serving if serving.pid() is not None else None)
+            report.cut_over = True
+    except BaseException:
+        run.stop()
+        raise
+    _show(report, as_json)
+    if not report.cut_over:
+        console.print(
+            f"generation {name} keeps running beside the current one (worker pid "
+            f"{run.worker.pid()}, log {run.worker.log_file}); stop it with "
+            f"`kill {run.worker.pid()}` or cut over with `spendbus replay --cutover`",
+            highlight=False,
+        )
+    sys.exit(0 if report.consistent else 1)
+
+
+async def _next_generation(place: StackPlace) -> str:
+    current = await current_generation(place.bootstrap, place.topics)
+    number = int(current[1:]) + 1 if current.startswith("g") and current[1:].isdigit() else 2
+    return f"g{number}"
+
+
+def _show(report: ReplayReport, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(report.to_json(), default=str))
+        return
+    out = Console()
+    out.print(
+        f"{report.records:,} ledger records, {report.charged:,} charged "
+        f"({format_usd(report.cost_nanos)}), {report.duplicates:,} duplicates, "
+        f"{report.dead_letters:,} dead letters; {report.counters:,} counters "
+        f"(sha256 {report.counters_sha256[:16]}); {report.events_per_second:,.0f} events/s"
+    )
+    for title, differences in (
+        ("vs the ledger (in memory)", report.vs_ledger),
+        ("vs its ClickHouse rows", report.vs_clickhouse),
+        (f"vs generation {report.previous or '(default)'}", report.vs_previous),
+    ):
+        if differences is None:
+            continue
+        if not differences:
+            out.print(f"[green]{title}: no differences[/green]")
+            continue
+        table = Table("counter", "field", "expected", "found", title=f"{title}: {len(differences)}")
+        for d in differences[:50]:
+            table.add_row(d.counter_key, d.field, str(d.expected), str(d.found))
+        out.print(table)
+    if report.org_changes:
+        table = Table("org", "before", "after", "change", title="spend per org that changed")
+        for c in report.org_changes:
+            table.add_row(
+                c.org_id,
+                format_usd(c.before_nanos),
+                format_usd(c.after_nanos),
+                ("+" if c.delta_nanos > 0 else "-") + format_usd(abs(c.delta_nanos)),
+            )
+        out.print(table)
+    if report.cut_over:
+        out.print(f"[green]cut over to generation {report.generation}[/green]")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+def snapshot(as_json: bool) -> None:
+    """Fold the ledger from the latest snapshot (or offset 0) and write a new counter snapshot."""
+    place, _ = _place()
+
+    async def make(progress: Callable[[int, int], None]) -> tuple[str, FoldState]:
+        reference = await load_reference(place.bootstrap, place.topics)
+        found = await latest_snapshot(place.bootstrap, place.topics)
+        fold = await fold_ledger(
+            place.bootstrap,
+            place.topics,
+            reference,
+            start=None if found is None else found[1],
+            progress=progress,
+        )
+        return await write_snapshot(place.bootstrap, place.topics, fold), fold
+
+    with _progress_bar(as_json) as bar:
+        meter = _Meter(bar, bar.add_task("folding usage.raw", total=None, rate=0.0, lag=0))
+        snapshot_id, fold = asyncio.run(make(meter))
+    summary = {
+        "snapshot": snapshot_id,
+        "fences": fold.fences,
+        "counters": len(fold.counters),
+        "dedupe_entries": len(fold.seen),
+        "counters_sha256": hashlib.sha256(fold.canonical()).hexdigest(),
+    }
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        Console().print(
+            f"snapshot {snapshot_id}: {summary['counters']:,} counters, "
+            f"{summary['dedupe_entries']:,} dedupe entries, fences {fold.fences}"
+        )

@@ -1,0 +1,74 @@
+"""Helpers of the replay tests: deterministic events, publishing, a replay beside a pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from pipeline_kit import Pipeline
+
+from schemas.codec import USAGE_EVENT
+from schemas.usage import new_usage_event
+from spendbus.commands.replay import GenerationReplay, StackPlace
+
+#: events happen in one month (the per-secret budget's period), spread over its first days
+BASE_TIME = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+
+
+def make_events(n: int, seed: int, start: int = 0) -> list[dict[str, Any]]:
+    """Realistic events with fixed ids and times, so two runs publish the same ledger."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(start, start + n):
+        org = rng.choice(["acme", "globex", "initech"])
+        out.append(
+            new_usage_event(
+                provider="anthropic",
+                api="anthropic-messages",
+                model=rng.choice(["claude-sonnet-4-5", "gpt-4o-mini"]),
+                secret_id=f"sk-{org}-{rng.randint(1, 3)}",
+                org_id=org,
+                gateway_id="replay-test",
+                input_tokens=rng.randint(1, 20_000),
+                output_tokens=rng.randint(1, 2_000),
+                cache_read_tokens=rng.choice([0, 0, rng.randint(1, 50_000)]),
+                occurred_at=BASE_TIME + timedelta(seconds=37 * i),
+                event_id=f"ev-{seed}-{i:06d}",
+            )
+        )
+    return out
+
+
+async def publish(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
+    """Publish events keyed by org (as the publisher does), in order, acknowledged."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, key=e["org_id"].encode(), value=USAGE_EVENT.encode(e))
+            for e in events
+        ]
+        for future in futures:
+            await future
+    finally:
+        await producer.stop()
+
+
+def publish_events(pipeline: Pipeline, events: list[dict[str, Any]]) -> None:
+    asyncio.run(publish(pipeline.bootstrap, pipeline.topics.usage_raw, events))
+
+
+def replay_beside(pipeline: Pipeline, home: Path, generation: str) -> GenerationReplay:
+    """A replay into ``generation`` on the pipeline's topics and store, not started."""
+    place = StackPlace(
+        bootstrap=pipeline.bootstrap,
+        topics=pipeline.topics,
+        dsn=pipeline.dsn,
+        home=home,
+        partitions=4,
+    )
+    return GenerationReplay(place, generation)
