@@ -1,13 +1,12 @@
-"""The Faust agents: glue between topics, tables and the pure batch processor.
+"""The Faust side of the aggregator: the counting stage's service, two sink agents, pages.
 
-Three agents:
-
-* ``count`` reads usage.raw in batches (``take_events``), hands them to
-  :class:`~aggregator.process.BatchProcessor`, then writes the counter and
-  dedupe tables (each value to the changelog partition of the record that
-  changed it) and sends priced events, verdicts, alerts and dead letters.
-  Faust acks the batch after the body returns and, under at-least-once,
-  flushes every one of these sends before it commits the source offsets.
+* the counting stage (``counting.py``) reads usage.raw in large batches with its
+  own aiokafka consumer (group ``config.counting_group``), folds them with
+  :class:`~aggregator.process.BatchProcessor`, keeps counters and dedupe in its
+  changelogged store and sends priced events, verdicts, alerts and dead letters
+  in record batches. It is not a Faust agent: Faust's per-message stream path
+  alone costs more than the whole fold (aggregator/README.md, Performance). A
+  mode service starts and stops it with the worker.
 * ``sink`` reads usage.priced in batches and writes them to ClickHouse
   (``aggregator/sink``), retrying while ClickHouse is away; only a batch
   that was inserted is acked. Counters and verdicts never wait for it.
@@ -19,18 +18,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-import weakref
-from functools import partial
-from typing import Any, cast
+import os
+from typing import Any
 
 import faust
-from faust.streams import _current_event
-from faust.types import EventT, StreamT, TableT
+import mode
+from faust.types import StreamT
 
 from aggregator.config import AggregatorConfig
+from aggregator.counting import CountingStage
 from aggregator.metrics import Metrics
-from aggregator.process import BatchProcessor, RawRecord
+from aggregator.process import BatchProcessor
 from aggregator.reference import Reference, ReferenceFollower
 from aggregator.sink import (
     ClickHouseSink,
@@ -50,7 +48,7 @@ class ClickHouseWriter:
 
     A batch is acknowledged to Kafka only after ``write_until_done`` returns, so
     while ClickHouse is away the sink agents wait (and Kafka keeps the rows);
-    the counting agent, verdicts and alerts do not depend on it.
+    the counting stage, verdicts and alerts do not depend on it.
     """
 
     def __init__(self, dsn: str, metrics: Metrics) -> None:
@@ -104,26 +102,6 @@ class ClickHouseWriter:
             return await asyncio.to_thread(run_query, sink.client, sql)
 
 
-def _act_as(event: EventT) -> None:
-    """Make ``event`` the current event of this task, for Faust's table reads and writes.
-
-    Faust keeps a table's values per partition and picks the partition (for a
-    read, a write and its changelog record) from the current event, a context
-    variable. A batch holds events of several partitions, so each access names
-    its own. Only the context variable is set, never the stream's
-    ``current_event`` attribute: the stream's background reader uses that one
-    to pair each buffered value with its event, and changing it under the
-    reader would swap a new record for an old one.
-    """
-    _current_event.set(weakref.ref(event))
-
-
-def _read_as(by_partition: dict[int, EventT], table: TableT, partition: int, key: str) -> Any:
-    """Read ``table[key]`` as stored for ``partition``."""
-    _act_as(by_partition[partition])
-    return table.get(key)
-
-
 def install(app: faust.App, config: AggregatorConfig) -> None:
     topics = config.topics  # per generation (docs/replay.md)
     reference = Reference()
@@ -142,75 +120,31 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
             partitions=partitions,
         )
 
-    usage_raw = raw_topic(topics.usage_raw, config.partitions)
     usage_priced = raw_topic(topics.usage_priced, config.partitions)
     verdicts = raw_topic(topics.budget_verdicts, config.partitions)
-
-    # Table names carry the topic prefix so parallel stacks on one cluster never share state.
-    counters = app.Table(
-        f"{config.topic_prefix}counters", default=None, partitions=config.partitions
-    )
-    seen = app.Table(
-        f"{config.topic_prefix}seen-events", default=None, partitions=config.partitions
-    )
-
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-    async def drop_cached_counters(sender: Any, revoked: set[Any], **kwargs: Any) -> None:
-        processor.forget()
-
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def drop_cached_counters_again(sender: Any, assigned: set[Any], **kwargs: Any) -> None:
-        processor.forget()
+    stage = CountingStage(config, topics, processor, metrics, follower.ready)
 
     @app.task
     async def load_reference() -> None:
         await follower.start()
 
-    @app.agent(usage_raw, name="count")
-    async def count(stream: StreamT) -> None:
-        await follower.ready.wait()
-        batches = cast(faust.Stream, stream).take_events(
-            config.batch_size, within=config.batch_seconds
-        )
-        async for events in batches:
-            started = time.perf_counter()
-            records = [
-                RawRecord(e.message.partition, e.message.offset, e.message.key, e.message.value)
-                for e in events
-            ]
-            # table values live per partition: every access names its partition (_act_as)
-            by_partition: dict[int, EventT] = {e.message.partition: e for e in events}
-            out = processor.process(
-                records,
-                partial(_read_as, by_partition, counters),
-                partial(_read_as, by_partition, seen),
-            )
-            folded = time.perf_counter()
-            for (partition, counter), state in out.counter_writes.items():
-                _act_as(by_partition[partition])
-                counters[counter] = state
-            for (partition, event_id), position in out.seen_writes.items():
-                _act_as(by_partition[partition])
-                seen[event_id] = position
-            written = time.perf_counter()
-            # Straight to Faust's producer (the Topic layer adds nothing to bytes in, bytes
-            # out): it is the producer Faust flushes before it commits the source offsets.
-            send = app.producer.send
-            for partition, org, priced in out.priced:
-                await send(topics.usage_priced, org, priced, partition, None, None)
-            for counter, verdict in out.verdicts.items():
-                await send(topics.budget_verdicts, counter.encode(), verdict, None, None, None)
-            for counter_bytes, alert in out.alerts:
-                await send(topics.budget_alerts, counter_bytes, alert, None, None, None)
-            for raw_key, letter in out.dead_letters:
-                await send(topics.usage_dlq, raw_key, letter, None, None, None)
-            sent = time.perf_counter()
-            metrics.record_batch(out.stats, len(out.verdicts), sent - started)
-            metrics.record_phases(
-                fold=folded - started, tables=written - folded, sends=sent - written
-            )
-            if out.unpriced_models:
-                metrics.unpriced_models.update(out.unpriced_models)
+    @app.service
+    class Counting(mode.Service):
+        """Starts the counting stage with the worker and stops it (last checkpoint) with it."""
+
+        async def on_start(self) -> None:
+            stage.on_crash = self._crash_worker
+            await stage.start()
+
+        async def on_stop(self) -> None:
+            await stage.stop()
+            await follower.stop()
+
+        async def _crash_worker(self, exc: BaseException) -> None:
+            # nothing past the last checkpoint was committed: the next owner re-reads it
+            log.critical("counting stage failed, stopping the worker: %r", exc)
+            asyncio.get_running_loop().call_later(10, os._exit, 70)
+            await app.crash(exc)
 
     if config.clickhouse_dsn:
         writer = ClickHouseWriter(config.clickhouse_dsn, metrics)
@@ -260,8 +194,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 "reference_ready": follower.ready.is_set(),
                 "budgets": len(reference.budgets),
                 # serving = budgets and prices loaded and this worker owns (recovered) partitions
-                "assigned_partitions": len(assigned := app.assignor.assigned_actives()),
-                "serving": follower.ready.is_set() and bool(assigned) and not app.rebalancing,
+                "assigned_partitions": len(stage.owned),
+                "serving": stage.serving,
             }
         )
 
@@ -269,4 +203,4 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     async def prometheus(web: Any, request: Any) -> Any:
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
 
-    app.spendbus_stop_follower = follower.stop  # type: ignore[attr-defined]
+    app.spendbus_counting = stage  # type: ignore[attr-defined]

@@ -18,7 +18,8 @@ from aggregator.config import AggregatorConfig
 def create_app(config: AggregatorConfig) -> faust.App:
     logging.getLogger("faust").setLevel(config.log_level)
     app = faust.App(
-        config.app_id,
+        # the sink agents' group: the counting stage owns config.app_id's group on usage.raw
+        config.sink_app_id,
         broker=f"kafka://{config.bootstrap}",
         store=config.store,
         datadir=str(config.data_dir),

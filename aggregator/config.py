@@ -30,10 +30,14 @@ class AggregatorConfig(BaseModel):
     partitions: int = Field(default=4, ge=1)
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=0, le=65535)
-    #: largest batch the counting agent folds at once, and the longest it waits to fill one;
-    #: verdicts are coalesced per batch, so `batch_seconds` bounds their extra latency
-    batch_size: int = Field(default=2000, ge=1)
+    #: most usage.raw records the counting stage reads and folds as one batch (getmany)
+    batch_size: int = Field(default=5000, ge=1)
+    #: a counter whose spend moved (state unchanged) sends its Verdict at most this often;
+    #: a change of state or period goes out at once (aggregator/verdicts.py)
     batch_seconds: float = Field(default=0.05, gt=0, le=0.1)
+    #: how often the counting stage flushes its outputs and changelogs and commits offsets;
+    #: also bounds what a crash re-delivers (the fences absorb it)
+    commit_seconds: float = Field(default=1.0, gt=0, le=10.0)
     sink_batch_size: int = Field(default=10_000, ge=1)
     sink_batch_seconds: float = Field(default=1.0, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)
@@ -46,6 +50,26 @@ class AggregatorConfig(BaseModel):
             return check_generation(value)
         except ConfigError as exc:  # pydantic reports ValueErrors with the field's name
             raise ValueError(str(exc)) from None
+
+    @property
+    def counting_group(self) -> str:
+        """The consumer group of the counting stage on usage.raw (its committed offsets)."""
+        return self.app_id
+
+    @property
+    def sink_app_id(self) -> str:
+        """The Faust app id of the sink agents (their own group: another assignor protocol)."""
+        return f"{self.app_id}-sink"
+
+    @property
+    def counter_changelog(self) -> str:
+        """Compacted topic of the counters' state, co-partitioned with usage.raw."""
+        return f"{self.app_id}-counter-state-changelog"
+
+    @property
+    def seen_changelog(self) -> str:
+        """Compacted topic of the event-id dedupe state, co-partitioned with usage.raw."""
+        return f"{self.app_id}-seen-events-changelog"
 
     @property
     def topics(self) -> Topics:

@@ -18,10 +18,11 @@ from typing import Any, Final
 
 from schemas.budgets import Budget
 from schemas.periods import (
+    ROLLING_BUCKETS,
+    Window,
     from_micros,
     period_end,
     period_key,
-    rolling_bucket,
     rolling_live_buckets,
     to_micros,
 )
@@ -106,48 +107,106 @@ def apply(
     cost_nanos: int,
     partition: int,
     offset: int,
+    *,
+    occurred_us: int | None = None,
+    tokens: int | None = None,
 ) -> Change | None:
-    """Add ``event`` to ``state`` in place; None when the fence says it was applied already."""
-    if state.fence.get(partition, -1) >= offset:
+    """Add ``event`` to ``state`` in place; None when the fence says it was applied already.
+
+    ``occurred_us`` and ``tokens`` may be passed when the caller already computed them
+    for the event (they are the same for every counter the event counts in).
+    """
+    fence = state.fence
+    if fence.get(partition, -1) >= offset:
         return None
-    state.fence[partition] = offset
-    occurred: datetime = event["occurred_at"]
-    occurred_us = to_micros(occurred)
-    key = period_key(budget.window, occurred)
-    totals = state.periods.get(key)
+    fence[partition] = offset
+    if occurred_us is None:
+        occurred_us = to_micros(event["occurred_at"])
+    window = budget.window
+    key = _period_key(window, event["occurred_at"], occurred_us)
+    periods = state.periods
+    totals = periods.get(key)
     if totals is None:
-        totals = state.periods[key] = PeriodTotals()
-    tokens = billed_tokens(event)
+        totals = periods[key] = PeriodTotals()
+        if len(periods) > KEPT_PERIODS:
+            for old in sorted(periods, reverse=True)[KEPT_PERIODS:]:
+                del periods[old]
+    if tokens is None:
+        tokens = billed_tokens(event)
     requests = 1 if counts_request(budget, event["outcome"]) else 0
-    if budget.window.kind == "rolling":
-        bucket = totals.buckets.setdefault(rolling_bucket(budget.window, occurred_us), [0, 0, 0])
-        bucket[0] += cost_nanos
-        bucket[1] += tokens
-        bucket[2] += requests
-        totals.as_of_us = max(totals.as_of_us, occurred_us)
-        live = rolling_live_buckets(budget.window, totals.as_of_us)
-        for index in [b for b in totals.buckets if b < live.start]:
-            del totals.buckets[index]
-        totals.nanos = sum(b[0] for b in totals.buckets.values())
-        totals.tokens = sum(b[1] for b in totals.buckets.values())
-        totals.requests = sum(b[2] for b in totals.buckets.values())
+    if window.kind == "rolling":
+        _add_rolling(totals, window, occurred_us, cost_nanos, tokens, requests)
     else:
         totals.nanos += cost_nanos
         totals.tokens += tokens
         totals.requests += requests
-        totals.as_of_us = max(totals.as_of_us, occurred_us)
+        if occurred_us > totals.as_of_us:
+            totals.as_of_us = occurred_us
     if key >= state.period:  # period keys of one window sort chronologically
         state.period = key
-    for old in sorted(state.periods, reverse=True)[KEPT_PERIODS:]:
-        del state.periods[old]
+    # a late event may have opened an entry older than every kept one: it goes at once
+    if key not in periods:
+        return Change(period=key, current=False, new_alerts=())
     current = key == state.period
     if current:
         state.seq += 1
-    crossed = tuple(
-        t for t in budget.alert_at if t not in totals.alerted and _ratio(budget, totals) >= t
-    )
-    totals.alerted.extend(crossed)
+    crossed: tuple[float, ...] = ()
+    if budget.alert_at:
+        ratio = _ratio(budget, totals)
+        crossed = tuple(t for t in budget.alert_at if t not in totals.alerted and ratio >= t)
+        totals.alerted.extend(crossed)
     return Change(period=key, current=current, new_alerts=crossed)
+
+
+def _add_rolling(
+    totals: PeriodTotals,
+    window: Window,
+    occurred_us: int,
+    cost_nanos: int,
+    tokens: int,
+    requests: int,
+) -> None:
+    """Add to the event's bucket, drop the buckets that left the window, keep the sums.
+
+    The sums are kept incrementally (add the event, subtract what is dropped), which
+    equals summing the live buckets (the fold's reference definition, tested).
+    """
+    width = window.bucket_us
+    index = occurred_us // width
+    bucket = totals.buckets.get(index)
+    if bucket is None:
+        bucket = totals.buckets[index] = [0, 0, 0]
+    bucket[0] += cost_nanos
+    bucket[1] += tokens
+    bucket[2] += requests
+    totals.nanos += cost_nanos
+    totals.tokens += tokens
+    totals.requests += requests
+    previous_start = totals.as_of_us // width - ROLLING_BUCKETS + 1
+    if occurred_us > totals.as_of_us:
+        totals.as_of_us = occurred_us
+    start = rolling_live_buckets(window, totals.as_of_us).start
+    if start != previous_start or index < start:
+        for old in [b for b in totals.buckets if b < start]:
+            dropped = totals.buckets.pop(old)
+            totals.nanos -= dropped[0]
+            totals.tokens -= dropped[1]
+            totals.requests -= dropped[2]
+
+
+#: (window, hour since the epoch) -> period key: every calendar period starts on a UTC hour
+_PERIOD_KEYS: dict[tuple[Window, int], str] = {}
+_HOUR_US: Final = 3_600_000_000
+
+
+def _period_key(window: Window, occurred: datetime, occurred_us: int) -> str:
+    cache_key = (window, occurred_us // _HOUR_US)
+    key = _PERIOD_KEYS.get(cache_key)
+    if key is None:
+        if len(_PERIOD_KEYS) > 100_000:
+            _PERIOD_KEYS.clear()
+        key = _PERIOD_KEYS[cache_key] = period_key(window, occurred)
+    return key
 
 
 def _ratio(budget: Budget, totals: PeriodTotals) -> float:

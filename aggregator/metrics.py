@@ -66,6 +66,11 @@ class Metrics:
             self.totals[name] = self.totals.get(name, 0) + getattr(stats, name)
         self.totals["verdicts"] = self.totals.get("verdicts", 0) + verdicts
 
+    def record_verdicts(self, verdicts: int) -> None:
+        """Verdicts sent apart from a batch (held by the coalescer until due)."""
+        self.verdicts.inc(verdicts)
+        self.totals["verdicts"] = self.totals.get("verdicts", 0) + verdicts
+
     def record_phases(self, **seconds: float) -> None:
         """Where a batch's time goes (fold, table writes, sends): cumulative, for /stats."""
         for phase, value in seconds.items():

@@ -1,8 +1,8 @@
 """One batch of usage.raw records in, everything the aggregator must write out.
 
 Pure over its inputs (reference data, the counter and dedupe state handed in
-through two small mappings), so it is tested without Faust; the Faust agent
-(``agents.py``) only moves bytes between topics, tables and this class.
+through two small readers), so it is tested without Kafka; the counting stage
+(``counting.py``) only moves bytes between topics, its state store and this class.
 
 Per record, in order:
   1. decode and validate (schemas.codec, schemas.usage) -> else a dead letter;
@@ -12,19 +12,21 @@ Per record, in order:
   3. price it by the version in force at its occurred_at;
   4. add it to every counter of every applicable budget (fold.apply; each
      counter skips an offset it already applied);
-  5. emit the priced event, the verdict of each counter whose newest period
-     changed (once per batch: coalesced), and first-time threshold alerts.
+  5. emit the priced event, first-time threshold alerts, and note each counter
+     whose newest period changed (``verdict_changes``: the caller decides when
+     its Verdict goes out, see ``verdicts.VerdictCoalescer``).
 The dedupe entry is written in the same batch as the counters it protects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from aggregator.fold import CounterState, alert_record, apply, unpriced_alert, verdict_record
+from aggregator.priced import PricedWriter
 from aggregator.reference import Reference
 from schemas.budgets import Budget, applicable
 from schemas.codec import (
@@ -33,14 +35,30 @@ from schemas.codec import (
     PRICED_USAGE,
     USAGE_EVENT,
     VERDICT,
-    priced_usage_from_raw,
 )
 from schemas.errors import ContractError
-from schemas.usage import validate_usage_event
+from schemas.periods import to_micros
+from schemas.usage import billed_tokens, validate_usage_event
 
-#: reads one table value as stored for a source partition: (partition, key) -> value or None.
-#: Faust keeps a table's values per partition, so a read must name the partition.
+#: reads one state value as stored for a source partition: (partition, key) -> value or None.
+#: Counter readers may return a CounterState (a live object, updated in place) or its JSON.
 StateReader = Callable[[int, str], Any]
+
+#: the (budget, counter key, scope values) an event counts in
+Applicable = list[tuple[Budget, str, tuple[str, ...]]]
+
+
+class SourceRecord(Protocol):
+    """What the processor reads of a usage.raw record (RawRecord, aiokafka's ConsumerRecord)."""
+
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,21 +80,100 @@ class BatchStats:
     cost_nanos: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class VerdictChange:
+    """A counter whose newest period changed in this batch (or was re-delivered)."""
+
+    budget: Budget
+    scope_values: tuple[str, ...]
+    state: CounterState
+
+    def encode(self, key: str, now: datetime) -> bytes:
+        return VERDICT.encode(verdict_record(self.budget, key, self.scope_values, self.state, now))
+
+
 @dataclass
 class BatchOutput:
     #: (partition, key, value) for usage.priced: the partition is the source partition, so
     #: one sink owner reads every priced record of one usage.raw partition in offset order
     priced: list[tuple[int, bytes, bytes]] = field(default_factory=list)
-    #: counter key -> Verdict bytes (last state of the batch only)
-    verdicts: dict[str, bytes] = field(default_factory=dict)
+    #: counter key -> what its Verdict is made of (last state of the batch only)
+    verdict_changes: dict[str, VerdictChange] = field(default_factory=dict)
     alerts: list[tuple[bytes, bytes]] = field(default_factory=list)
     dead_letters: list[tuple[bytes | None, bytes]] = field(default_factory=list)
-    #: (source partition, table key) -> new value, for the counters and dedupe tables
-    counter_writes: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+    #: (source partition, counter key) -> the counter's state after the batch
+    counter_states: dict[tuple[int, str], CounterState] = field(default_factory=dict)
+    #: (source partition, event id or marker) -> position that first carried it
     seen_writes: dict[tuple[int, str], str] = field(default_factory=dict)
     #: models seen without a price (alerted once each by the caller)
     unpriced_models: set[str] = field(default_factory=set)
     stats: BatchStats = field(default_factory=BatchStats)
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def counter_writes(self) -> dict[tuple[int, str], dict[str, Any]]:
+        """The counters' new values as stored (JSON), for stores that keep JSON."""
+        return {where: state.to_json() for where, state in self.counter_states.items()}
+
+    @property
+    def verdicts(self) -> dict[str, bytes]:
+        """Every changed counter's Verdict, encoded now (callers that do not coalesce)."""
+        return {key: c.encode(key, self.now) for key, c in self.verdict_changes.items()}
+
+
+class ApplicableCache:
+    """``schemas.budgets.applicable`` memoised on the attributes the budgets read.
+
+    Events of one org, secret and user count in the same counters; working out the
+    counter keys (canonical ids, matches, key composition) costs more than folding the
+    event, so it is done once per distinct combination of the attributes any budget
+    looks at, and forgotten whenever the budgets change.
+    """
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._budgets: Sequence[Budget] = ()
+        self._plain: tuple[str, ...] = ()
+        self._tags: tuple[str, ...] = ()
+        self._groups = False
+        self._cache: dict[tuple[Any, ...], Applicable] = {}
+
+    def reset(self, budgets: Sequence[Budget]) -> None:
+        self._budgets = budgets
+        self._cache.clear()
+        read: set[str] = {"org_id"}
+        for budget in budgets:
+            read.update(budget.match)
+            read.add(_SCOPE_ATTRIBUTE.get(budget.scope, budget.scope))
+            if budget.scope == "session":
+                read.update(("session_id", "user_id", "secret_id"))
+        self._groups = "group" in read
+        self._tags = tuple(sorted(a[4:] for a in read if a.startswith("tag:")))
+        self._plain = tuple(sorted(a for a in read if a != "group" and not a.startswith("tag:")))
+
+    def lookup(self, event: dict[str, Any]) -> Applicable:
+        signature: tuple[Any, ...] = tuple([event.get(a) for a in self._plain])
+        if self._groups:
+            signature += (tuple(event.get("groups") or ()),)
+        if self._tags:
+            tags = event.get("tags") or {}
+            signature += tuple([tags.get(t) for t in self._tags])
+        found = self._cache.get(signature)
+        if found is None:
+            if len(self._cache) >= self.limit:
+                self._cache.clear()
+            found = self._cache[signature] = applicable(self._budgets, event)
+        return found
+
+
+_SCOPE_ATTRIBUTE = {
+    "secret": "secret_id",
+    "project": "project_id",
+    "grant": "grant_id",
+    "user": "user_id",
+    "org": "org_id",
+    "session": "session_id",
+}
 
 
 class BatchProcessor:
@@ -86,131 +183,145 @@ class BatchProcessor:
         *,
         source_topic: str,
         stage: str = "aggregator",
-        cache_limit: int = 200_000,
     ) -> None:
         self.reference = reference
         self.source_topic = source_topic
         self.stage = stage
         self._budgets_version = -1
-        self._budgets: list[Budget] = []
-        # Counter states this worker wrote, as objects: it is the only writer of its
-        # partitions, so they equal the table; reading and decoding the table again per
-        # batch cost more than the fold. Cleared whenever partitions move (forget()).
-        self._states: dict[str, CounterState] = {}
-        self.cache_limit = cache_limit
+        self._applicable = ApplicableCache()
 
     def forget(self) -> None:
-        """Partitions moved: what another worker may have written must be read again."""
-        self._states.clear()
+        """Partitions moved. Nothing of a partition's state is cached here (readers own it)."""
 
-    def _current_budgets(self) -> list[Budget]:
+    def _refresh_budgets(self) -> None:
         if self._budgets_version != self.reference.version:
-            self._budgets = sorted(self.reference.budgets.values(), key=lambda b: b.budget_id)
+            budgets = sorted(self.reference.budgets.values(), key=lambda b: b.budget_id)
+            self._applicable.reset(budgets)
             self._budgets_version = self.reference.version
-        return self._budgets
 
     def process(
         self,
-        records: list[RawRecord],
+        records: Sequence[SourceRecord],
         counters: StateReader,
         seen: StateReader,
         now: datetime | None = None,
     ) -> BatchOutput:
-        now = now or datetime.now(UTC)
-        out = BatchOutput()
-        budgets = self._current_budgets()
-        # counter states loaded once per batch, written back once per batch
-        states: dict[str, tuple[int, CounterState]] = {}
+        out = BatchOutput(now=now or datetime.now(UTC))
+        now = out.now
+        stats = out.stats
+        self._refresh_budgets()
+        lookup = self._applicable.lookup
+        prices = self.reference.prices
+        # each counter is read once per batch; its state object is updated in place
+        states = out.counter_states
         seen_in_batch: dict[str, str] = {}
-        dirty_verdicts: dict[str, tuple[Budget, tuple[str, ...]]] = {}
+        seen_writes = out.seen_writes
+        verdict_changes = out.verdict_changes
+        priced_out = out.priced
+        write_priced = PricedWriter(now).write
         for record in records:
-            out.stats.events += 1
+            stats.events += 1
+            partition = record.partition
+            offset = record.offset
             try:
                 event = USAGE_EVENT.decode(record.value)  # type: ignore[arg-type]
                 validate_usage_event(event)
             except ContractError as exc:
                 out.dead_letters.append((record.key, self._dead_letter(record, exc, now)))
-                out.stats.dead_letters += 1
+                stats.dead_letters += 1
                 continue
-            position = f"{record.partition}:{record.offset}"
+            position = f"{partition}:{offset}"
             seen_key = event["event_id"]
-            first = seen_in_batch.get(seen_key) or seen(record.partition, seen_key)
+            first = seen_in_batch.get(seen_key) or seen(partition, seen_key)
             if first is not None and first != position:
-                out.stats.duplicates += 1
+                stats.duplicates += 1
                 continue
             if first == position:
-                out.stats.redelivered += 1
+                stats.redelivered += 1
             seen_in_batch[seen_key] = position
-            out.seen_writes[(record.partition, seen_key)] = position
+            seen_writes[(partition, seen_key)] = position
 
-            price = self.reference.prices.price_event(event)
+            price = prices.price_event(event)
             if price.unpriced:
-                out.stats.unpriced += 1
+                stats.unpriced += 1
                 model = event["model"]
                 out.unpriced_models.add(model)
                 # one alert per model (per source partition: the marker lives in the
-                # partition's dedupe table, written in the same batch as the alert)
+                # partition's dedupe state, written in the same batch as the alert)
                 marker = f"\x00unpriced\x00{model}"
-                if marker not in seen_in_batch and seen(record.partition, marker) is None:
+                if marker not in seen_in_batch and seen(partition, marker) is None:
                     seen_in_batch[marker] = position
-                    out.seen_writes[(record.partition, marker)] = position
+                    seen_writes[(partition, marker)] = position
                     out.alerts.append(
                         (f"unpriced|{model}".encode(), ALERT.encode(unpriced_alert(model, event)))
                     )
-            out.stats.charged += 1
-            out.stats.cost_nanos += price.cost_nanos
-            for budget, key, scope_values in applicable(budgets, event):
-                loaded = states.get(key)
-                if loaded is None:
-                    cached = self._states.get(key)
-                    if cached is None:
-                        raw = counters(record.partition, key)
-                        cached = CounterState() if raw is None else CounterState.from_json(raw)
-                        if len(self._states) >= self.cache_limit:
-                            self._states.clear()
-                        self._states[key] = cached
-                    loaded = (record.partition, cached)
-                    states[key] = loaded
-                state = loaded[1]
+            cost = price.cost_nanos
+            stats.charged += 1
+            stats.cost_nanos += cost
+            occurred_us = to_micros(event["occurred_at"])
+            tokens = billed_tokens(event)
+            for budget, key, scope_values in lookup(event):
+                where = (partition, key)
+                state = states.get(where)
+                if state is None:
+                    raw = counters(partition, key)
+                    if raw is None:
+                        state = CounterState()
+                    elif isinstance(raw, CounterState):
+                        state = raw
+                    else:
+                        state = CounterState.from_json(raw)
+                    states[where] = state
                 change = apply(
-                    state, budget, event, price.cost_nanos, record.partition, record.offset
+                    state,
+                    budget,
+                    event,
+                    cost,
+                    partition,
+                    offset,
+                    occurred_us=occurred_us,
+                    tokens=tokens,
                 )
                 # a fenced (re-delivered) record still re-sends the verdict: the crash
                 # that caused the re-delivery may have come before the verdict left
-                if change is None or change.current:
-                    dirty_verdicts[key] = (budget, scope_values)
+                if (change is None or change.current) and key not in verdict_changes:
+                    verdict_changes[key] = VerdictChange(budget, scope_values, state)
                 if change is not None:
                     for threshold in change.new_alerts:
                         alert = alert_record(
                             budget, key, change.period, threshold, state.periods[change.period]
                         )
                         out.alerts.append((key.encode(), ALERT.encode(alert)))
-                states[key] = (record.partition, state)
-            tail = {
-                "cost_nanos": price.cost_nanos,
-                "price_version": price.price_version,
-                "price_match": price.matched,
-                "unpriced": price.unpriced,
-                "source_partition": record.partition,
-                "source_offset": record.offset,
-                "priced_at": now,
-            }
             # the event's own bytes are reused when it was written with the current schema
-            priced = priced_usage_from_raw(record.value, tail)  # type: ignore[arg-type]
+            priced = write_priced(
+                record.value,  # type: ignore[arg-type]
+                cost_nanos=cost,
+                price_version=price.price_version,
+                price_match=price.matched,
+                unpriced=price.unpriced,
+                source_partition=partition,
+                source_offset=offset,
+            )
             if priced is None:
-                priced = PRICED_USAGE.encode({"event": event, **tail})
-            out.priced.append((record.partition, event["org_id"].encode(), priced))
-        for key, (partition, state) in states.items():
-            out.counter_writes[(partition, key)] = state.to_json()
-        for key, (budget, scope_values) in dirty_verdicts.items():
-            state = states[key][1]
-            if state.period:
-                out.verdicts[key] = VERDICT.encode(
-                    verdict_record(budget, key, scope_values, state, now)
+                priced = PRICED_USAGE.encode(
+                    {
+                        "event": event,
+                        "cost_nanos": cost,
+                        "price_version": price.price_version,
+                        "price_match": price.matched,
+                        "unpriced": price.unpriced,
+                        "source_partition": partition,
+                        "source_offset": offset,
+                        "priced_at": now,
+                    }
                 )
+            priced_out.append((partition, event["org_id"].encode(), priced))
+        # a counter without a current period never had an event applied: nothing to say
+        for key in [k for k, c in verdict_changes.items() if not c.state.period]:
+            del verdict_changes[key]
         return out
 
-    def _dead_letter(self, record: RawRecord, exc: ContractError, now: datetime) -> bytes:
+    def _dead_letter(self, record: SourceRecord, exc: ContractError, now: datetime) -> bytes:
         return DEAD_LETTER.encode(
             {
                 "reason": exc.reason,
