@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from aggregator.process import BatchStats
 
@@ -44,6 +47,14 @@ class Metrics:
         self.sink_failures = Counter(
             "spendbus_sink_failures", "failed ClickHouse inserts (retried)", registry=r
         )
+        #: consumer group -> a reader of its lag (topic -> records not yet consumed)
+        self.lag_readers: dict[str, Callable[[], Mapping[str, int]]] = {}
+        r.register(_ConsumerLag(self.lag_readers))
+
+    def watch_lag(self, group: str, read: Callable[[], Mapping[str, int]]) -> None:
+        """Expose ``read()`` as spendbus_aggregator_consumer_lag{group, topic}, read at scrape
+        time (a stage that owns a consumer knows its positions and the high watermarks)."""
+        self.lag_readers[group] = read
 
     def record_batch(self, stats: BatchStats, verdicts: int, seconds: float) -> None:
         self.events.inc(stats.events)
@@ -88,3 +99,19 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ConsumerLag(Collector):
+    def __init__(self, readers: dict[str, Callable[[], Mapping[str, int]]]) -> None:
+        self.readers = readers
+
+    def collect(self) -> Iterator[Metric]:
+        lag = GaugeMetricFamily(
+            "spendbus_aggregator_consumer_lag",
+            "records of a source topic not yet consumed by this worker's group",
+            labels=["group", "topic"],
+        )
+        for group, read in sorted(self.readers.items()):
+            for topic, records in sorted(read().items()):
+                lag.add_metric([group, topic], records)
+        yield lag
