@@ -233,6 +233,9 @@ class Gateway:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
+        from .realtime import RealtimeRelay
+
+        app.router.add_get("/v1/realtime", RealtimeRelay(self).handle)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/{tail:.*}", self.handle)
@@ -272,7 +275,9 @@ class Gateway:
             )
         return vk, upstream
 
-    def context(self, call: _Call, request_bytes: int, max_output: int | None) -> Any:
+    def context(
+        self, call: _Call, request_bytes: int, max_output: int | None, *, api: str | None = None
+    ) -> Any:
         principal = call.vk.principal
         return self.gate.context(
             org_id=principal.org_id,
@@ -284,7 +289,7 @@ class Gateway:
             tags=principal.tags,
             session_id=call.session_id,
             provider=call.upstream.provider_name,
-            api=call.route.fmt,
+            api=api or call.route.fmt,
             model=call.model,
             request_bytes=request_bytes,
             max_output_tokens=max_output,
@@ -330,6 +335,15 @@ class Gateway:
     async def _refuse(self, call: _Call, decision: GateDecision) -> web.Response:
         """A refusal never reaches the provider; it is usage all the same."""
         self.metrics.requests.labels(call.family, "refused").inc()
+        await self._refusal_event(call, decision)
+        return web.Response(
+            body=_json_bytes(decision.body),
+            status=decision.status,
+            headers=CIMultiDict(decision.headers),
+        )
+
+    async def _refusal_event(self, call: _Call, decision: GateDecision) -> None:
+        """Publish the refusal (its api is the context's: the gate names it)."""
         event = decision.refusal_event(
             gateway_id=self.config.gateway_id,
             stream=call.stream,
@@ -337,11 +351,6 @@ class Gateway:
         )
         if event is not None:
             await self._publish(event)
-        return web.Response(
-            body=_json_bytes(decision.body),
-            status=decision.status,
-            headers=CIMultiDict(decision.headers),
-        )
 
     def _url(self, request: web.Request, upstream: Upstream) -> str:
         path = request.raw_path.split("?", 1)[0]

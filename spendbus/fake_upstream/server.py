@@ -8,6 +8,7 @@
 ``POST /v1beta/models/{model}:streamGenerateContent``  Gemini stream (``?alt=sse``: SSE,
                                                        else one JSON array)
 ``POST /v1/messages/count_tokens``                     Anthropic token counting (free)
+``GET /v1/realtime?model=...`` (WebSocket)             OpenAI Realtime (see realtime.py)
 ``POST /model/{modelId}/converse``                     Bedrock Converse
 ``POST /model/{modelId}/converse-stream``              Bedrock Converse stream
 ``GET /stats`` (``DELETE /stats`` resets)              what was served, by route
@@ -49,6 +50,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .realtime import REALTIME
+from .realtime import serve as serve_realtime
 from .responses import (
     CHARS_PER_TOKEN,
     DELTA_CHARS,
@@ -258,6 +261,7 @@ class FakeUpstream:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post(ANTHROPIC, self._fixed(ANTHROPIC))
         app.router.add_post(COUNT_TOKENS, self._count_tokens)
+        app.router.add_get(REALTIME, self._realtime)
         app.router.add_post(CHAT, self._fixed(CHAT))
         app.router.add_post(RESPONSES, self._fixed(RESPONSES))
         app.router.add_post("/v1beta/models/{target}", self._gemini)
@@ -299,6 +303,9 @@ class FakeUpstream:
             return await self._serve(request, call)
 
         return handler
+
+    async def _realtime(self, request: web.Request) -> web.StreamResponse:
+        return await serve_realtime(self, request)
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         """Anthropic token counting: the prompt's tokens (about bytes / 4), never billed."""

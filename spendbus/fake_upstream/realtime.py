@@ -1,0 +1,221 @@
+"""OpenAI's Realtime API over WebSocket, faked: ``GET /v1/realtime?model=...``.
+
+What a session does, as the real API does it:
+
+- on connect: ``session.created`` (``session.model``, ``max_response_output_tokens``);
+- ``session.update`` → ``session.updated``; ``conversation.item.create`` →
+  ``conversation.item.created`` (its text joins the conversation);
+  ``input_audio_buffer.append`` counts its audio as input;
+- ``response.create`` → ``response.created``, ``response.output_text.delta``
+  events (with ``response_id``), ``response.output_text.done``, then
+  ``response.done`` whose ``response.usage`` bills the **whole conversation**
+  as input (``input_tokens`` includes ``input_token_details.cached_tokens``:
+  what earlier responses already read is served from the cache) and the text
+  as output. Output tokens come from the server's ``output_tokens`` range,
+  capped by the response's or the session's ``max_response_output_tokens``.
+
+Faults: ``x-fake-cut-after: N`` on the upgrade request drops the connection
+after N deltas of the first response (before its ``response.done``). Stats
+(route ``/v1/realtime``): sessions as requests, usage billed per
+``response.done`` (``usage_unreported`` for a response cut short).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import WSMsgType, web
+
+from .responses import CHARS_PER_TOKEN, DELTA_CHARS, FakeUsage, make_text, split_text
+
+if TYPE_CHECKING:
+    from .server import FakeUpstream
+
+REALTIME = "/v1/realtime"
+#: base64 audio characters per input token (24 kHz PCM16 is ~ 1.3k chars per 20 ms token)
+AUDIO_CHARS_PER_TOKEN = 1_300
+
+
+class _Session:
+    def __init__(self, rng: random.Random, model: str) -> None:
+        self.rng = rng
+        self.model = model
+        self.max_output: int | None = None
+        self.context_tokens = 0  # the conversation so far, in tokens
+        self.cached_tokens = 0  # of it, what an earlier response already read
+        self.responses = 0
+
+    def event_id(self) -> str:
+        return "event_" + "".join(self.rng.choices("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789", k=20))
+
+
+async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamResponse:
+    config = upstream.config
+    stats = upstream.stats
+    model = request.query.get("model", "")
+    stats.add(REALTIME, "requests")
+    if not model:
+        stats.status(REALTIME, 400)
+        return web.json_response(
+            {
+                "error": {
+                    "message": "Missing model",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+            status=400,
+        )
+    cut_after: int | None = None
+    if config.honor_headers and request.headers.get("x-fake-cut-after", "").strip().isdigit():
+        cut_after = int(request.headers["x-fake-cut-after"])
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    stats.status(REALTIME, 101)
+    session = _Session(random.Random(f"{config.seed}|realtime|{model}"), model)
+
+    async def send(obj: dict[str, Any]) -> None:
+        text = json.dumps({"event_id": session.event_id(), **obj})
+        stats.add(REALTIME, "bytes_out", len(text))
+        await ws.send_str(text)
+
+    await send({"type": "session.created", "session": _session_object(session)})
+    try:
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            stats.add(REALTIME, "bytes_in", len(msg.data))
+            try:
+                event = json.loads(msg.data)
+            except ValueError:
+                await send(_error("invalid_request_error", "The message is not JSON."))
+                continue
+            kind = event.get("type") if isinstance(event, dict) else None
+            if kind == "session.update":
+                limit = (event.get("session") or {}).get("max_response_output_tokens")
+                if type(limit) is int and limit > 0:
+                    session.max_output = limit
+                await send({"type": "session.updated", "session": _session_object(session)})
+            elif kind == "conversation.item.create":
+                item = event.get("item") or {}
+                session.context_tokens += max(1, math.ceil(len(json.dumps(item)) / CHARS_PER_TOKEN))
+                await send(
+                    {
+                        "type": "conversation.item.created",
+                        "item": {"id": f"item_{session.responses}", **item},
+                    }
+                )
+            elif kind == "input_audio_buffer.append":
+                audio = event.get("audio") or ""
+                session.context_tokens += math.ceil(len(audio) / AUDIO_CHARS_PER_TOKEN)
+            elif kind == "response.create":
+                limit = (event.get("response") or {}).get("max_output_tokens")
+                finished = await _respond(
+                    upstream, session, send, limit if type(limit) is int else None, cut_after
+                )
+                if not finished:
+                    await ws.close()
+                    return ws
+                cut_after = None
+            else:
+                await send(_error("invalid_request_error", f"Unknown event type {kind!r}."))
+    except ConnectionError:
+        stats.add(REALTIME, "client_disconnects")
+    return ws
+
+
+async def _respond(
+    upstream: FakeUpstream,
+    session: _Session,
+    send: Any,
+    limit: int | None,
+    cut_after: int | None,
+) -> bool:
+    """One response; False when it was cut (the connection is to be dropped)."""
+    config = upstream.config
+    rng = session.rng
+    session.responses += 1
+    response_id = f"resp_{session.responses:04d}{rng.randrange(10**8):08d}"
+    lo, hi = config.output_tokens
+    output = rng.randint(lo, hi)
+    cap = limit or session.max_output
+    if cap is not None:
+        output = min(output, cap)
+    usage = FakeUsage(
+        input_tokens=session.context_tokens - session.cached_tokens,
+        cache_read_tokens=session.cached_tokens,
+        output_tokens=output,
+    )
+    await send(
+        {
+            "type": "response.created",
+            "response": {"id": response_id, "object": "realtime.response", "status": "in_progress"},
+        }
+    )
+    dlo, dhi = DELTA_CHARS["openai-chat"]
+    pieces = split_text(make_text(rng, output * CHARS_PER_TOKEN), rng, dlo, dhi) if output else []
+    for n, piece in enumerate(pieces):
+        if cut_after is not None and n >= cut_after:
+            upstream.stats.add(REALTIME, "cuts")
+            upstream.stats.billed(REALTIME, usage, reported=False)
+            return False
+        await send(
+            {
+                "type": "response.output_text.delta",
+                "response_id": response_id,
+                "item_id": f"item_out_{session.responses}",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": piece,
+            }
+        )
+    await send(
+        {"type": "response.output_text.done", "response_id": response_id, "text": "".join(pieces)}
+    )
+    await send(
+        {
+            "type": "response.done",
+            "response": {
+                "id": response_id,
+                "object": "realtime.response",
+                "status": "completed",
+                "usage": {
+                    "total_tokens": usage.total_tokens,
+                    "input_tokens": usage.input_tokens + usage.cache_read_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "input_token_details": {
+                        "cached_tokens": usage.cache_read_tokens,
+                        "text_tokens": usage.input_tokens + usage.cache_read_tokens,
+                        "audio_tokens": 0,
+                    },
+                    "output_token_details": {"text_tokens": usage.output_tokens, "audio_tokens": 0},
+                },
+            },
+        }
+    )
+    upstream.stats.billed(REALTIME, usage, reported=True)
+    # the next response rereads all of this one from the cache, and its output too
+    session.cached_tokens = session.context_tokens
+    session.context_tokens += output
+    return True
+
+
+def _session_object(session: _Session) -> dict[str, Any]:
+    return {
+        "id": "sess_fake",
+        "object": "realtime.session",
+        "model": session.model,
+        "modalities": ["text"],
+        "max_response_output_tokens": session.max_output or "inf",
+    }
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "error": {"type": kind, "code": None, "message": message, "param": None},
+    }

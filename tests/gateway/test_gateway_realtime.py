@@ -1,0 +1,154 @@
+"""OpenAI Realtime sessions (WebSocket) through the gateway: one charge per response."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from gateway_kit import KEY_OF, gateway_stack
+
+from schemas.budgets import Budget
+from schemas.periods import parse_window
+from schemas.topics import Topics
+from spendbus.fake_upstream import FakeUpstreamConfig
+
+pytestmark = pytest.mark.integration
+
+MODEL = "gpt-4o-realtime-preview-2025-06-03"
+
+
+async def until(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, Any]:
+    """The next server event of one of ``kinds`` (others are skipped)."""
+    async for msg in ws:
+        assert msg.type == aiohttp.WSMsgType.TEXT, msg
+        event = json.loads(msg.data)
+        if event["type"] in kinds:
+            return event
+    raise AssertionError(f"the session closed before {kinds}")
+
+
+def ask(text: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": text}],
+            },
+        },
+        {"type": "response.create", "event_id": "evt_client_1"},
+    ]
+
+
+async def test_each_response_of_a_session_is_charged_as_reported(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        usages = []
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"{stack.url}/v1/realtime?model={MODEL}",
+                headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}"},
+            ) as ws,
+        ):
+            created = await until(ws, "session.created")
+            assert created["session"]["model"] == MODEL
+            for question in ("What is usage.raw?", "And how long is it kept?"):
+                for message in ask(question):
+                    await ws.send_str(json.dumps(message))
+                done = await until(ws, "response.done")
+                usages.append(done["response"]["usage"])
+        events = await stack.events(2)
+        assert len(events) == 2
+        for event, usage in zip(events, usages, strict=True):
+            assert event["api"] == "openai-realtime" and event["model"] == MODEL
+            assert event["usage_source"] == "reported"
+            assert event["input_tokens"] + event["cache_read_tokens"] == usage["input_tokens"]
+            assert event["cache_read_tokens"] == usage["input_token_details"]["cached_tokens"]
+            assert event["output_tokens"] == usage["output_tokens"]
+            assert event["status_code"] == 101 and event["stream"] is True
+        # the second response rereads the first from the cache
+        assert events[1]["cache_read_tokens"] > 0
+        billed = stack.upstream.stats.routes["/v1/realtime"].usage
+        assert billed["output_tokens"] == sum(e["output_tokens"] for e in events)
+
+
+async def test_a_spent_budget_refuses_the_session_and_then_each_response(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    tight = Budget(
+        budget_id="realtime-tight",
+        scope="secret",
+        window=parse_window("day"),
+        match={"secret_id": ("sk-openai",)},
+        limit_nanos=100_000_000,  # a 4k-output hold fits ($0.08); one more after a 3k answer does not
+    )
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        budgets=[tight],
+        enforcer={"default_max_output_tokens": 4000},
+        upstream=FakeUpstreamConfig(port=0, seed=4, output_tokens=(3000, 3000)),
+    ) as stack:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"{stack.url}/v1/realtime?model={MODEL}",
+                headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}"},
+            ) as ws,
+        ):
+            await until(ws, "session.created")
+            for message in ask("first"):
+                await ws.send_str(json.dumps(message))
+            await until(ws, "response.done")  # the connect-time hold covers it
+            for message in ask("second"):
+                await ws.send_str(json.dumps(message))
+            error = await until(ws, "error", "response.done")
+            assert error["type"] == "error"
+            assert error["error"]["code"] == "insufficient_quota"
+            assert error["error"]["event_id"] == "evt_client_1"
+        # the refused response.create never reached the provider: one response there
+        assert stack.upstream.stats.routes["/v1/realtime"].usage["output_tokens"] > 0
+        events = await stack.events(2)
+        assert [e["outcome"] for e in events] == ["allowed", "refused"]
+        assert events[1]["decision_budget_id"] == "realtime-tight"
+        assert events[1]["api"] == "openai-realtime"
+
+        # a new session is now refused before the upgrade, in HTTP
+        sessions_before = stack.upstream.stats.routes["/v1/realtime"].requests
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await session.ws_connect(
+                    f"{stack.url}/v1/realtime?model={MODEL}",
+                    headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}"},
+                )
+        assert refused.value.status == 402
+        assert stack.upstream.stats.routes["/v1/realtime"].requests == sessions_before
+
+
+async def test_a_response_cut_short_is_charged_an_estimate(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"{stack.url}/v1/realtime?model={MODEL}",
+                headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}", "x-fake-cut-after": "3"},
+            ) as ws,
+        ):
+            await until(ws, "session.created")
+            for message in ask("a long answer please"):
+                await ws.send_str(json.dumps(message))
+            async for _msg in ws:  # the provider drops the session mid-response
+                pass
+        (event,) = await stack.events(1)
+        assert event["usage_source"] == "estimated"
+        assert event["output_tokens"] > 0
+        assert stack.upstream.stats.routes["/v1/realtime"].cuts == 1
