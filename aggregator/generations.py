@@ -291,9 +291,9 @@ class Difference:
     found: Any
 
 
-async def verdict_views(bootstrap: str, topic: str) -> dict[str, CounterView]:
-    """Each counter's live verdict as (period, nanos, tokens, requests)."""
-    out: dict[str, CounterView] = {}
+async def verdict_views(bootstrap: str, topic: str) -> dict[str, tuple[CounterView, int]]:
+    """Each counter's live verdict as ((period, nanos, tokens, requests), seq)."""
+    out: dict[str, tuple[CounterView, int]] = {}
     for key, value in (await read_topic(bootstrap, topic)).items():
         if value is None:
             out.pop(key.decode(), None)
@@ -302,17 +302,51 @@ async def verdict_views(bootstrap: str, topic: str) -> dict[str, CounterView]:
             v = VERDICT.decode(value)
         except ContractError:
             continue
-        out[key.decode()] = (v["period"], v["spent_nanos"], v["spent_tokens"], v["spent_requests"])
+        view = (v["period"], v["spent_nanos"], v["spent_tokens"], v["spent_requests"])
+        out[key.decode()] = (view, v["seq"])
     return out
 
 
-def fold_views(state: FoldState) -> dict[str, CounterView]:
-    return {key: _view(CounterState.from_json(s)) for key, (_, s) in state.counters.items()}
+def fold_views(state: FoldState) -> dict[str, tuple[CounterView, int]]:
+    """Each folded counter as ((period, nanos, tokens, requests), seq)."""
+    out = {}
+    for key, (_, data) in state.counters.items():
+        counter = CounterState.from_json(data)
+        if counter.period:
+            out[key] = (_view(counter), counter.seq)
+    return out
 
 
 def _view(state: CounterState) -> CounterView:
     t = state.periods[state.period]
     return (state.period, t.nanos, t.tokens, t.requests)
+
+
+def compare_at_cut(
+    expected: Mapping[str, tuple[CounterView, int]], found: Mapping[str, tuple[CounterView, int]]
+) -> tuple[list[Difference], list[Difference]]:
+    """(differences, pending): counters are compared where both sides are at the same
+    ``seq`` (the same events applied: under live traffic one side may be ahead). A counter
+    at different seqs, or present on one side only, is *pending*: read again later; pending
+    for good, it is a difference."""
+    differences: list[Difference] = []
+    pending: list[Difference] = []
+    for key in sorted(set(expected) | set(found)):
+        mine, theirs = expected.get(key), found.get(key)
+        if mine is None or theirs is None:
+            pending.append(
+                Difference(
+                    key,
+                    "counter",
+                    "present" if mine else "missing",
+                    "present" if theirs else "missing",
+                )
+            )
+        elif mine[1] != theirs[1]:
+            pending.append(Difference(key, "seq", mine[1], theirs[1]))
+        else:
+            differences.extend(compare_views({key: mine[0]}, {key: theirs[0]}))
+    return differences, pending
 
 
 def compare_views(
@@ -343,25 +377,24 @@ def compare_views(
 
 def counters_from_rows(
     budgets: Iterable[Budget], rows: Iterable[Mapping[str, Any]]
-) -> dict[str, CounterView]:
+) -> dict[str, tuple[CounterView, int]]:
     """Recompute every counter from stored ClickHouse rows (``usage_events``, each with its
     stored ``cost_nanos``), in ledger order: what the analysts' table says the counters are."""
     ordered = sorted(rows, key=lambda r: (r["source_partition"], r["source_offset"]))
     states: dict[str, CounterState] = {}
     budget_list = sorted(budgets, key=lambda b: b.budget_id)
     for row in ordered:
-        event = dict(row)
-        for budget, key, _ in applicable(budget_list, event):
+        for budget, key, _ in applicable(budget_list, row):
             state = states.setdefault(key, CounterState())
             apply(
                 state,
                 budget,
-                event,
+                dict(row),
                 row["cost_nanos"],
                 row["source_partition"],
                 row["source_offset"],
             )
-    return {key: _view(s) for key, s in states.items() if s.period}
+    return {key: (_view(s), s.seq) for key, s in states.items() if s.period}
 
 
 def install_alert_relay(app: Any, bootstrap: str, topics: Topics) -> AlertRelay:

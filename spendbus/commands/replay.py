@@ -39,7 +39,7 @@ from rich.table import Table
 from aggregator.generations import (
     Difference,
     GroupProgress,
-    compare_views,
+    compare_at_cut,
     counters_from_rows,
     current_generation,
     fold_views,
@@ -226,8 +226,13 @@ class GenerationReplay:
 
     # --- 3. compare ---------------------------------------------------------------------------
     def report(self, *, settle_seconds: float = 60.0) -> ReplayReport:
-        """Compare the new generation with the ledger fold, the old generation and its
-        ClickHouse rows, at one cut of the ledger (the ends when the report starts)."""
+        """Compare the new generation with the ledger, its ClickHouse rows and the old one.
+
+        Totals, spend per org and ClickHouse are compared at one cut of the ledger (its
+        ends when the report starts). Verdicts keep moving under live traffic, so they
+        are compared counter by counter where both sides applied the same events (same
+        seq), re-reading the pending ones (and folding the ledger on) until they settle.
+        """
         place = self.place
         report = ReplayReport(self.generation, self.previous)
         ends = asyncio.run(ledger_ends(place.bootstrap, place.topics))
@@ -237,19 +242,7 @@ class GenerationReplay:
         reference = asyncio.run(load_reference(place.bootstrap, place.topics))
         fold = asyncio.run(fold_ledger(place.bootstrap, place.topics, reference, until=ends))
         _fill_totals(report, fold)
-        expected = fold_views(fold)
-        # verdicts leave within a batch of the commit; give the last ones a moment
-        deadline = time.monotonic() + settle_seconds
-        while True:
-            found = asyncio.run(verdict_views(place.bootstrap, self.topics.budget_verdicts))
-            report.vs_ledger = compare_views(expected, found)
-            if not report.vs_ledger or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
         previous_topics = place.topics.of_generation(self.previous)
-        report.vs_previous = compare_views(
-            asyncio.run(verdict_views(place.bootstrap, previous_topics.budget_verdicts)), found
-        )
         before = asyncio.run(_priced_org_spend(place.bootstrap, previous_topics, ends))
         after = fold.org_spend()
         report.org_changes = [
@@ -259,19 +252,30 @@ class GenerationReplay:
         ]
         if place.dsn:
             report.vs_clickhouse = self._clickhouse_differences(
-                reference, fold, expected, ends, settle_seconds
+                reference, fold, ends, settle_seconds
             )
-        return report
+        # verdicts: the fold goes on past whatever the verdicts read show; a counter is
+        # decided the first time both sides are at one seq, pending until then
+        ledger_check, previous_check = _Settling(), _Settling()
+        deadline = time.monotonic() + settle_seconds
+        while True:
+            found = asyncio.run(verdict_views(place.bootstrap, self.topics.budget_verdicts))
+            old = asyncio.run(verdict_views(place.bootstrap, previous_topics.budget_verdicts))
+            fold = asyncio.run(fold_ledger(place.bootstrap, place.topics, reference, start=fold))
+            expected = fold_views(fold)
+            ledger_check.add(set(expected) | set(found), *compare_at_cut(expected, found))
+            previous_check.add(set(old) | set(found), *compare_at_cut(old, found))
+            settled = ledger_check.settled and previous_check.settled
+            if settled or time.monotonic() > deadline:
+                report.vs_ledger = ledger_check.result()
+                report.vs_previous = previous_check.result()
+                return report
+            time.sleep(0.5)
 
     def _clickhouse_differences(
-        self,
-        reference: Reference,
-        fold: FoldState,
-        expected: dict[str, Any],
-        ends: dict[int, int],
-        settle_seconds: float,
+        self, reference: Reference, fold: FoldState, ends: dict[int, int], settle_seconds: float
     ) -> list[Difference]:
-        """Counters recomputed from the rows the new generation's sink stored."""
+        """Counters recomputed from the rows the new generation's sink stored, at the cut."""
         cut = " OR ".join(
             f"(source_partition = {p} AND source_offset < {end})" for p, end in sorted(ends.items())
         )
@@ -296,7 +300,10 @@ class GenerationReplay:
                 row = dict(zip(result["columns"], values, strict=True))
                 row["occurred_at"] = datetime.fromisoformat(row["occurred_at"])
                 rows.append(row)
-        return compare_views(expected, counters_from_rows(reference.budgets.values(), rows))
+        differences, pending = compare_at_cut(
+            fold_views(fold), counters_from_rows(reference.budgets.values(), rows)
+        )
+        return differences + pending  # both sides at the same cut: nothing is in flight
 
     # --- 4. cut over --------------------------------------------------------------------------
     def cutover(self, serving: WorkerProcess | None, *, timeout: float = 600.0) -> None:
@@ -343,6 +350,40 @@ class GenerationReplay:
 
     def stop(self) -> None:
         self.worker.stop()
+
+
+class _Settling:
+    """Per counter, the first comparison made at one seq decides; until then it is pending."""
+
+    def __init__(self) -> None:
+        self.decided: dict[str, list[Difference]] = {}
+        self.pending: dict[str, Difference] = {}
+
+    def add(self, keys: set[str], differences: list[Difference], pending: list[Difference]) -> None:
+        """One comparison over ``keys`` (every counter either side holds)."""
+        waiting = {d.counter_key: d for d in pending}
+        differing: dict[str, list[Difference]] = {}
+        for d in differences:
+            differing.setdefault(d.counter_key, []).append(d)
+        for key in keys:
+            if key in self.decided:
+                continue
+            if key in differing:
+                self.decided[key] = differing[key]
+                self.pending.pop(key, None)
+            elif key in waiting:
+                self.pending[key] = waiting[key]
+            else:  # compared equal at one seq
+                self.decided[key] = []
+                self.pending.pop(key, None)
+
+    @property
+    def settled(self) -> bool:
+        return not self.pending
+
+    def result(self) -> list[Difference]:
+        out = [d for key in sorted(self.decided) for d in self.decided[key]]
+        return out + [self.pending[key] for key in sorted(self.pending)]
 
 
 def _fill_totals(report: ReplayReport, fold: FoldState) -> None:
@@ -413,9 +454,10 @@ async def fold_dry_run(
     report.seconds = time.monotonic() - started
     report.events_per_second = report.records / report.seconds if report.seconds else 0.0
     if bounds == Bounds():
-        report.vs_previous = compare_views(
+        differences, pending = compare_at_cut(
             fold_views(fold), await verdict_views(place.bootstrap, current.budget_verdicts)
         )
+        report.vs_previous = differences + pending
         before = await _priced_org_spend(place.bootstrap, current, ends)
         after = fold.org_spend()
         report.org_changes = [
