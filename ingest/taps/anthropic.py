@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Handler, Path, describe_error, loads, text_len
+import msgspec
+
+from .base import Handler, Path, describe_error, loads, read_shape, shape_decoder, text_len
 from .usage import InvalidUsage, Usage, tok
 
 _SKIP = frozenset({b"ping", b"content_block_start", b"content_block_stop"})
@@ -28,6 +30,19 @@ _START = frozenset({("message", "usage"), ("message", "model")})
 _DELTA = frozenset({("usage",)})
 _ERROR = frozenset({("error",)})
 _ANY = _START | _DELTA | _ERROR | {("type",)}
+
+
+class _Text(msgspec.Struct):
+    text: str
+
+
+class _TextDelta(msgspec.Struct):
+    """``content_block_delta`` of text, the common event: only ``delta.text`` is built."""
+
+    delta: _Text
+
+
+_read_text_delta = shape_decoder(_TextDelta)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -69,6 +84,10 @@ class AnthropicHandler(Handler):
             self.delta_events += 1
             if not self.parse_deltas:
                 self.text_chars += len(data)
+                return
+            event = read_shape(_read_text_delta, data)
+            if event is not None:
+                self.text_chars += len(event.delta.text)
                 return
             obj, problem = loads(data)
             delta = obj.get("delta") if type(obj) is dict else None

@@ -23,9 +23,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Handler, describe_error, loads, text_len
+import msgspec
+
+from .base import Handler, describe_error, loads, read_shape, shape_decoder, text_len
 from .eventstream import message_kind
 from .usage import InvalidUsage, Usage, tok
+
+
+class _Text(msgspec.Struct):
+    """A text delta; tool input and reasoning take the general path."""
+
+    text: str | None = None
+    toolUse: None = None  # the wire name
+    reasoningContent: None = None  # the wire name
+
+
+class _TextDelta(msgspec.Struct):
+    delta: _Text
+
+
+_read_text_delta = shape_decoder(_TextDelta)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -73,6 +90,10 @@ class BedrockHandler(Handler):
                 self.delta_events += 1
                 if not self.parse_deltas:
                     self.text_chars += len(payload)
+                    return
+                event = read_shape(_read_text_delta, payload)
+                if event is not None:
+                    self.text_chars += len(event.delta.text or "")
                     return
                 obj = self.parse(payload)
                 delta = obj.get("delta") if isinstance(obj, dict) else None

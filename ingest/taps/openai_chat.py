@@ -23,10 +23,47 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Handler, Path, RecentPayloads, describe_error, loads, text_len
+import msgspec
+
+from .base import (
+    Handler,
+    Path,
+    RecentPayloads,
+    describe_error,
+    loads,
+    read_shape,
+    shape_decoder,
+    text_len,
+)
 from .usage import Usage, openai_usage
 
 _PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",)})
+
+
+class _Delta(msgspec.Struct):
+    """The text fields ``_delta`` counts; tool calls and audio take the general path."""
+
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    refusal: str | None = None
+    tool_calls: None = None
+    audio: None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta
+
+
+class _Chunk(msgspec.Struct):
+    """The common chunk: one choice with a delta, no usage, no error."""
+
+    choices: tuple[_Choice]
+    usage: None = None
+    error: None = None
+
+
+_read_chunk = shape_decoder(_Chunk)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -55,6 +92,14 @@ class OpenAIChatHandler(Handler):
             self._done = True
             return
         if self.parse_deltas:
+            chunk = read_shape(_read_chunk, data) if self.model is not None else None
+            if chunk is not None:
+                self.delta_events += 1
+                delta = chunk.choices[0].delta
+                reasoning = len(delta.reasoning_content or "") + len(delta.reasoning or "")
+                self.reasoning_chars += reasoning
+                self.text_chars += reasoning + len(delta.content or "") + len(delta.refusal or "")
+                return
             obj, problem = loads(data)
             if type(obj) is not dict:
                 if problem is not None:

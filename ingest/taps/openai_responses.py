@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Handler, Path, describe_error, text_len
+import msgspec
+
+from .base import Handler, Path, describe_error, read_shape, shape_decoder, text_len
 from .usage import Usage, openai_usage
 
 TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
@@ -32,6 +34,15 @@ _RESPONSE_PATHS = frozenset(
     {("response", "usage"), ("response", "model"), ("response", "status"), ("response", "error")}
 )
 _ERROR_PATHS = frozenset({("code",), ("message",), ("error",), ("type",)})
+
+
+class _TextDelta(msgspec.Struct):
+    """A ``*.delta`` event whose ``delta`` is text: only that field is built."""
+
+    delta: str
+
+
+_read_text_delta = shape_decoder(_TextDelta)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -60,6 +71,13 @@ class OpenAIResponsesHandler(Handler):
                 return
             if not self.parse_deltas:
                 self.text_chars += len(data)
+                return
+            event = read_shape(_read_text_delta, data)
+            if event is not None:
+                chars = len(event.delta)
+                self.text_chars += chars
+                if name in _REASONING:
+                    self.reasoning_chars += chars
                 return
             obj = self.parse(data)
             if isinstance(obj, dict):

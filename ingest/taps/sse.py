@@ -68,6 +68,36 @@ class SSEParser:
         self._large: _Large | None = None
 
     def feed(self, data: bytes) -> None:
+        # The chunk upstreams flush: exactly one whole event, `data:` (LF or CRLF line ends)
+        # or `event:` then `data:` (LF), nothing pending before it. Read here without the
+        # general machinery; it gives what the general path would (test_taps_sse checks).
+        if not self._parts and self._large is None and not self._cr and len(data) <= self.limit:
+            if data[-2:] == b"\n\n" and b"\r" not in data:
+                end = len(data) - 2
+                nl = data.find(b"\n")
+                if nl == end:
+                    if data[:5] == b"data:":
+                        self._first = False
+                        self.on_event(b"", data[6 if data[5:6] == b" " else 5 : end])
+                        return
+                elif (
+                    data[:6] == b"event:"
+                    and data.startswith(b"data:", nl + 1)
+                    and data.find(b"\n", nl + 1) == end
+                ):
+                    self._first = False
+                    at = nl + (7 if data[nl + 6 : nl + 7] == b" " else 6)
+                    self.on_event(data[7 if data[6:7] == b" " else 6 : nl], data[at:end])
+                    return
+            elif (
+                data[-4:] == b"\r\n\r\n"
+                and data[:5] == b"data:"
+                and data.find(b"\r") == len(data) - 4
+                and data.find(b"\n") == len(data) - 3
+            ):
+                self._first = False
+                self.on_event(b"", data[6 if data[5:6] == b" " else 5 : -4])
+                return
         if self._cr:
             data = b"\r" + data
             self._cr = False

@@ -1,0 +1,351 @@
+"""The shortcuts of the hot path read exactly what the general path reads.
+
+- ``SSEParser.feed`` takes a chunk holding exactly one event without the general machinery;
+- ``loads`` parses with msgspec and hands whatever msgspec refuses to json;
+- each provider decodes its common delta event into a narrow shape (``read_shape``).
+
+Each is compared with the general path on generated and hostile input, fed one event per
+chunk (the shortcut), whole, and split anywhere (mid-line, mid-UTF-8, mid-frame).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ingest.taps.anthropic
+import ingest.taps.bedrock
+import ingest.taps.openai_chat
+import ingest.taps.openai_responses
+from ingest.taps import EstimatorConfig, open_tap
+from ingest.taps.base import loads, loads_stdlib
+from ingest.taps.eventstream import encode_message
+from ingest.taps.sse import SSEParser
+
+# -- SSE: one event per chunk ------------------------------------------------------------
+
+
+def sse_events(chunks: list[bytes], *, limit: int = 1 << 20) -> list[tuple[bytes, bytes]]:
+    events: list[tuple[bytes, bytes]] = []
+    parser = SSEParser(lambda n, d: events.append((n, d)), lambda n: pytest.fail(), limit=limit)
+    for chunk in chunks:
+        parser.feed(chunk)
+    parser.close(complete=True)
+    return events
+
+
+FIELD_TEXT = st.binary(max_size=12).filter(lambda b: b"\n" not in b and b"\r" not in b)
+LINE_END = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@st.composite
+def one_event_chunks(draw: st.DrawFn) -> bytes:
+    """Chunks shaped like one event: the fast path's shapes and near misses of them."""
+    lines = []
+    if draw(st.booleans()):
+        lines.append(b"event:" + draw(st.sampled_from([b"", b" ", b"  "])) + draw(FIELD_TEXT))
+    for _ in range(draw(st.integers(0, 2))):
+        lines.append(b"data:" + draw(st.sampled_from([b"", b" ", b"  "])) + draw(FIELD_TEXT))
+    if draw(st.booleans()):
+        lines.insert(
+            draw(st.integers(0, len(lines))),
+            draw(st.sampled_from([b": comment", b"id: 7", b"data", b"event", b"retry: 1"])),
+        )
+    ends = [draw(LINE_END) for _ in range(len(lines) + 1)]
+    return b"".join(line + end for line, end in zip([*lines, b""], ends, strict=True))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(one_event_chunks(), max_size=8), st.sampled_from([1 << 20, 16]))
+def test_one_event_per_chunk_reads_what_the_whole_stream_reads(
+    chunks: list[bytes], limit: int
+) -> None:
+    whole = b"".join(chunks)
+    want = sse_events([whole], limit=limit) if limit > 16 else None
+    if limit > 16:
+        assert sse_events(chunks, limit=limit) == want
+        assert sse_events([bytes([b]) for b in whole], limit=limit) == want
+    else:  # small limit: large events are streamed to a sink, in both ways alike
+        got: list[list[Any]] = []
+        for feed in (chunks, [whole]):
+            events: list[Any] = []
+            parser = SSEParser(_Collect(events).event, _Collect(events), limit=limit)
+            for chunk in feed:
+                parser.feed(chunk)
+            parser.close(complete=True)
+            got.append(events)
+        assert got[0] == got[1]
+
+
+class _Collect:
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    def __call__(self, name: bytes) -> _Collect:
+        self.events.append(("LARGE", name))
+        return self
+
+    def event(self, name: bytes, data: bytes) -> None:
+        self.events.append((name, data))
+
+    def feed(self, data: bytes) -> None:
+        self.events.append(("PART", data))
+
+    def close(self, name: bytes, ended: bool) -> None:
+        self.events.append(("END", name, ended))
+
+
+def test_the_shapes_the_fast_path_takes() -> None:
+    assert sse_events([b"data: x\n\n"]) == [(b"", b"x")]
+    assert sse_events([b"data:x\r\n\r\n"]) == [(b"", b"x")]
+    assert sse_events([b"event: e\ndata:  y\n\n"]) == [(b"e", b" y")]
+    assert sse_events([b"event:\ndata:\n\n"]) == [(b"", b"")]
+    # near misses go the general way and still read right
+    assert sse_events([b"data: a\nb\r\n\r\n"]) == [(b"", b"a")]
+    assert sse_events([b"data: a\r\r\n\r\n"]) == [(b"", b"a")]
+    assert sse_events([b"\xef\xbb\xbfdata: x\n\n"]) == [(b"", b"x")]
+    # a BOM counts only at the very start: later it is part of a field name ("\ufeffdata")
+    assert sse_events([b"data: x\n\n", b"\xef\xbb\xbfdata: y\n\n"]) == [(b"", b"x")]
+
+
+# -- loads: msgspec first, json's verdict on anything else --------------------------------
+
+
+def same(data: bytes | str) -> None:
+    fast, slow = loads(data), loads_stdlib(data)
+    assert (repr(fast[0]), fast[1]) == (repr(slow[0]), slow[1]), data
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(-(10**30), 10**30)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(JSON, st.sampled_from(["", " ", "\n", "\t ", "\u00a0", "\x0c"]), st.booleans())
+def test_loads_agrees_with_json_on_any_document(value: Any, pad: str, as_bytes: bool) -> None:
+    text = pad + json.dumps(value) + pad
+    same(text.encode("utf-8", "surrogatepass") if as_bytes else text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=64))
+def test_loads_agrees_with_json_on_any_bytes(data: bytes) -> None:
+    same(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"12345678901234567890123",  # beyond 64 bits: an exact int, never a float
+        b'{"n": -99999999999999999999}',
+        b"1e400",
+        b"NaN",
+        b"-Infinity",
+        b'"\\ud800"',
+        b'"\xed\xa0\x80"',
+        b'{"a": "\xff"}',
+        b'{"a":1,"b":2,"a":3}',
+        b"\xef\xbb\xbf{}",
+        b'{"a": 1} x',
+        b"",
+        b"[" * 400 + b"]" * 400,
+        b"[" * 600 + b"]" * 600,
+        b"[" * 3000 + b"]" * 3000,
+        b'{"pad": "' + b"[" * 2000 + b'", "x": 1}',
+    ],
+)
+def test_loads_agrees_with_json_on_edge_cases(data: bytes) -> None:
+    same(data)
+    same(data.decode("utf-8", "replace"))
+
+
+# -- provider shapes: the narrow decode and the general one give the same tap --------------
+
+
+def without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (
+        ingest.taps.anthropic,
+        ingest.taps.openai_chat,
+        ingest.taps.openai_responses,
+        ingest.taps.bedrock,
+    ):
+        monkeypatch.setattr(module, "read_shape", lambda decode, data: None)
+
+
+def run(fmt: str, chunks: list[bytes]) -> tuple[Any, ...]:
+    tap = open_tap(fmt, {"max_tokens": 64000}, streaming=True, estimator=EstimatorConfig())
+    for chunk in chunks:
+        tap.feed(chunk)
+    result = tap.finish()
+    h = tap.handler
+    return (result, h.delta_events, h.text_chars, h.reasoning_chars, tuple(h.problems))
+
+
+def sse(name: str | None, data: bytes) -> bytes:
+    return (f"event: {name}\n".encode() if name else b"") + b"data: " + data + b"\n\n"
+
+
+def frame(event: str, payload: bytes) -> bytes:
+    headers = {":event-type": event, ":content-type": "application/json", ":message-type": "event"}
+    return encode_message(headers, payload)
+
+
+HOSTILE_TEXT = [
+    "plain",
+    "",
+    'fake "usage": {"output_tokens": 1}',
+    '\n\nevent: message_delta\ndata: {"usage":{"output_tokens":1}}\n\n',
+    'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]',
+    '"delta":{"text":"x"}, "text": 123',
+    "héllo 漢字 😀",  # raw UTF-8 (not ASCII): the general path, and splits inside characters
+    "[" * 700,
+]
+
+# the delta events of each format: common ones, near misses, hostile and malformed ones
+DELTAS: dict[str, list[bytes]] = {
+    "anthropic-messages": [
+        *(
+            json.dumps(
+                {"type": "content_block_delta", "delta": {"type": "text_delta", "text": t}},
+                ensure_ascii=False,
+            ).encode()
+            for t in HOSTILE_TEXT
+        ),
+        b'{"delta":{"type":"thinking_delta","thinking":"hmm"}}',
+        b'{"delta":{"type":"input_json_delta","partial_json":"{\\"a\\":"}}',
+        b'{"delta":{"text":5}}',
+        b'{"delta":{"text":"a"},"delta":{"text":"bbb"}}',
+        b'{"delta":{"text":"a"},"x":"\xff"}',
+        b'{"delta":{"text":"a"},"x":' + b"[" * 600 + b"]" * 600 + b"}",
+        b'{"delta":{"text":"a"},"x":NaN}',
+        b'{"delta":{"text":"a"}',
+        b'{"delta":null}',
+    ],
+    "openai-chat": [
+        *(
+            json.dumps(
+                {"model": "m", "choices": [{"index": 0, "delta": {"content": t}}], "usage": None},
+                ensure_ascii=False,
+            ).encode()
+            for t in HOSTILE_TEXT
+        ),
+        b'{"choices":[{"delta":{"content":null,"reasoning_content":"think"}}]}',
+        b'{"choices":[{"delta":{"reasoning":"r","refusal":"no","role":"assistant"}}]}',
+        b'{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}',
+        b'{"choices":[{"delta":{"audio":{"transcript":"hi"}}}]}',
+        b'{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}]}',
+        b'{"choices":[{"delta":{"content":"a"}}],"error":{"message":"boom"}}',
+        b'{"choices":[{"delta":{"content":"a"}}],"error":""}',
+        b'{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}',
+        b'{"choices":[{"delta":{"content":"a"}}],"x":"\xff"}',
+        b'{"choices":[{"delta":{"content":1}}]}',
+        b'{"choices":[{"finish_reason":"stop"}]}',
+    ],
+    "openai-responses": [
+        *(
+            json.dumps(
+                {"type": "response.output_text.delta", "delta": t}, ensure_ascii=False
+            ).encode()
+            for t in HOSTILE_TEXT
+        ),
+        b'{"type":"response.output_text.delta","delta":7}',
+        b'{"type":"response.output_text.delta","delta":"a","x":"\xff"}',
+        b'{"type":"response.output_text.delta"}',
+        b"not json",
+    ],
+    "bedrock-converse": [
+        *(
+            json.dumps({"delta": {"text": t}, "p": "abc"}, ensure_ascii=False).encode()
+            for t in HOSTILE_TEXT
+        ),
+        b'{"delta":{"toolUse":{"input":"{\\"a\\":1}"}}}',
+        b'{"delta":{"reasoningContent":{"text":"think"}}}',
+        b'{"delta":{"text":"a"},"x":"\xff"}',
+        b'{"delta":{"text":null}}',
+        b"{",
+    ],
+}
+
+
+def stream(fmt: str, deltas: list[bytes]) -> list[bytes]:
+    """A whole response around ``deltas``, one event (or frame) per chunk."""
+    if fmt == "anthropic-messages":
+        start = b'{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":9,"output_tokens":1}}}'
+        return [
+            sse("message_start", start),
+            *(sse("content_block_delta", d) for d in deltas),
+            sse("message_delta", b'{"type":"message_delta","usage":{"output_tokens":42}}'),
+            sse("message_stop", b'{"type":"message_stop"}'),
+        ]
+    if fmt == "openai-chat":
+        return [
+            sse(None, b'{"model":"gpt","choices":[{"delta":{"role":"assistant"}}]}'),
+            *(sse(None, d) for d in deltas),
+            sse(None, b'{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":42}}'),
+            sse(None, b"[DONE]"),
+        ]
+    if fmt == "openai-responses":
+        done = b'{"type":"response.completed","response":{"model":"gpt","usage":{"input_tokens":9,"output_tokens":42}}}'
+        return [
+            *(sse("response.output_text.delta", d) for d in deltas),
+            sse("response.reasoning_text.delta", b'{"delta":"why"}'),
+            sse("response.completed", done),
+        ]
+    return [
+        *(frame("contentBlockDelta", d) for d in deltas),
+        frame("messageStop", b'{"stopReason":"end_turn"}'),
+        frame("metadata", b'{"usage":{"inputTokens":9,"outputTokens":42}}'),
+    ]
+
+
+@pytest.mark.parametrize("fmt", sorted(DELTAS))
+def test_every_delta_reads_the_same_with_and_without_the_shape(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for delta in DELTAS[fmt]:
+        chunks = stream(fmt, [delta])
+        fast = run(fmt, chunks)
+        with monkeypatch.context() as m:
+            without_shapes(m)
+            general = run(fmt, chunks)
+        assert fast == general, delta
+
+
+@pytest.mark.parametrize("fmt", sorted(DELTAS))
+def test_model_text_cannot_change_the_charge(fmt: str) -> None:
+    """Hostile text in the common delta (the shortcut) is counted as text, never as usage."""
+    deltas = DELTAS[fmt][: len(HOSTILE_TEXT)]
+    result, _, chars, _, problems = run(fmt, stream(fmt, deltas))
+    assert result.usage_source == "reported", result
+    assert (result.input_tokens, result.output_tokens) == (9, 42)
+    assert problems == ()
+    assert chars >= sum(len(t) for t in HOSTILE_TEXT)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_split_anywhere_reads_what_one_event_per_chunk_reads(data: st.DataObject) -> None:
+    """Mid-line, mid-UTF-8 (the non-ASCII deltas), mid-frame: the same tap."""
+    fmt = data.draw(st.sampled_from(sorted(DELTAS)))
+    deltas = data.draw(st.lists(st.sampled_from(DELTAS[fmt]), min_size=1, max_size=5))
+    chunks = stream(fmt, deltas)
+    whole = b"".join(chunks)
+    cuts = data.draw(st.lists(st.integers(0, len(whole)), max_size=8))
+    bounds = [0, *sorted(cuts), len(whole)]
+    split = [whole[a:b] for a, b in itertools.pairwise(bounds)]
+    assert run(fmt, split) == run(fmt, chunks)
