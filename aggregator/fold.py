@@ -23,7 +23,6 @@ from schemas.periods import (
     from_micros,
     period_end,
     period_key,
-    rolling_live_buckets,
     to_micros,
 )
 from schemas.usage import billed_tokens
@@ -85,7 +84,7 @@ class CounterState:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Change:
     """What applying one event did to a counter."""
 
@@ -171,11 +170,12 @@ def _add_rolling(
     The sums are kept incrementally (add the event, subtract what is dropped), which
     equals summing the live buckets (the fold's reference definition, tested).
     """
-    width = window.bucket_us
+    width = window.rolling_us // ROLLING_BUCKETS
     index = occurred_us // width
-    bucket = totals.buckets.get(index)
+    buckets = totals.buckets
+    bucket = buckets.get(index)
     if bucket is None:
-        bucket = totals.buckets[index] = [0, 0, 0]
+        bucket = buckets[index] = [0, 0, 0]
     bucket[0] += cost_nanos
     bucket[1] += tokens
     bucket[2] += requests
@@ -185,22 +185,23 @@ def _add_rolling(
     previous_start = totals.as_of_us // width - ROLLING_BUCKETS + 1
     if occurred_us > totals.as_of_us:
         totals.as_of_us = occurred_us
-    start = rolling_live_buckets(window, totals.as_of_us).start
+    # the live buckets: the last ROLLING_BUCKETS up to the newest event's (periods.rolling_live_buckets)
+    start = totals.as_of_us // width - ROLLING_BUCKETS + 1
     if start != previous_start or index < start:
-        for old in [b for b in totals.buckets if b < start]:
-            dropped = totals.buckets.pop(old)
+        for old in [b for b in buckets if b < start]:
+            dropped = buckets.pop(old)
             totals.nanos -= dropped[0]
             totals.tokens -= dropped[1]
             totals.requests -= dropped[2]
 
 
 #: (window, hour since the epoch) -> period key: every calendar period starts on a UTC hour
-_PERIOD_KEYS: dict[tuple[Window, int], str] = {}
+_PERIOD_KEYS: dict[tuple[str, int, int], str] = {}
 _HOUR_US: Final = 3_600_000_000
 
 
 def _period_key(window: Window, occurred: datetime, occurred_us: int) -> str:
-    cache_key = (window, occurred_us // _HOUR_US)
+    cache_key = (window.kind, window.rolling_us, occurred_us // _HOUR_US)
     key = _PERIOD_KEYS.get(cache_key)
     if key is None:
         if len(_PERIOD_KEYS) > 100_000:

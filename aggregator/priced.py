@@ -51,6 +51,8 @@ _PRICED_HEADER: Final = PRICED_USAGE.header
 
 def zigzag_varint(n: int) -> bytes:
     """Avro's int/long encoding: zig-zag, then base-128 varint."""
+    if 0 <= n < 64:
+        return _SMALL[n]
     n = (n << 1) ^ (n >> 63)
     out = bytearray()
     while n & ~0x7F:
@@ -58,6 +60,9 @@ def zigzag_varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+_SMALL: Final = [bytes((n << 1,)) for n in range(64)]
 
 
 def optional_string(value: str | None) -> bytes:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from aggregator.decode import decode_usage_event
 from aggregator.fold import CounterState, alert_record, apply, unpriced_alert, verdict_record
 from aggregator.priced import PricedWriter
 from aggregator.reference import Reference
@@ -33,7 +34,6 @@ from schemas.codec import (
     ALERT,
     DEAD_LETTER,
     PRICED_USAGE,
-    USAGE_EVENT,
     VERDICT,
 )
 from schemas.errors import ContractError
@@ -224,7 +224,7 @@ class BatchProcessor:
             partition = record.partition
             offset = record.offset
             try:
-                event = USAGE_EVENT.decode(record.value)  # type: ignore[arg-type]
+                event = decode_usage_event(record.value)
                 validate_usage_event(event)
             except ContractError as exc:
                 out.dead_letters.append((record.key, self._dead_letter(record, exc, now)))

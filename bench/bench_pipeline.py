@@ -1,9 +1,13 @@
 """Pipeline benchmark: the aggregator beside Kafka itself, measured in one run.
 
-1. throughput: N pre-encoded UsageEvents are written to a fresh usage.raw; the raw
-   aiokafka consume rate of that topic is measured, then an aggregator worker
-   (one process, no ClickHouse sink) folds the same topic from the start:
-   events/s per worker and its ratio to the raw rate;
+For each worker count (default 1 and 2; issue 8), on a fresh 4-partition usage.raw:
+
+1. throughput: the raw aiokafka consume rate of the topic is measured first; then
+   the aggregator workers (one process each, one consumer group, no ClickHouse
+   sink) are started and serving, N pre-encoded UsageEvents are written in whole
+   record batches, and the workers fold them: events/s per worker at steady state
+   (between 10 % and 90 % of the events), its ratio to the raw rate, verdicts sent,
+   and where the workers' time went (``phase_seconds`` of /stats);
 2. latency at a fixed rate (default 2k events/s): published -> verdict seen by a
    consumer of budget.verdicts (an enforcer's view), beside the produce -> consume
    floor of a plain topic at the same rate; p50/p99 of each.
@@ -20,11 +24,13 @@ import os
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT, VERDICT
@@ -68,12 +74,26 @@ def events(n: int, orgs: int = 50) -> list[tuple[bytes, bytes]]:
 
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    """Write ``records`` in whole record batches, each to the partition its key picks."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=512 * 1024
     )
     await producer.start()
     try:
-        futures = [await producer.send(topic, key=k, value=v) for k, v in records]
+        partitions = sorted(await producer.partitions_for(topic))
+        choose = DefaultPartitioner()
+        by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+        for key, value in records:
+            by_partition.setdefault(choose(key, partitions, partitions), []).append((key, value))
+        futures = []
+        for partition, items in by_partition.items():
+            batch = producer.create_batch()
+            for key, value in items:
+                if batch.append(key=key, value=value, timestamp=None) is None:
+                    futures.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = producer.create_batch()
+                    batch.append(key=key, value=value, timestamp=None)
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -116,6 +136,25 @@ def start_worker(bootstrap: str, topics: Topics, home: Path) -> WorkerProcess:
     return worker
 
 
+def start_workers(bootstrap: str, topics: Topics, home: Path, count: int) -> list[WorkerProcess]:
+    """``count`` workers of one group, started together, each serving with its share."""
+    workers = [start_worker(bootstrap, topics, home / f"w{i}") for i in range(count)]
+    with ThreadPoolExecutor(count) as pool:
+        list(pool.map(lambda w: w.start(timeout=180), workers))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the group has settled: every partition owned once
+        stats = [w.get("/stats") for w in workers]
+        if all(s["serving"] for s in stats) and sum(s["assigned_partitions"] for s in stats) == 4:
+            break
+        time.sleep(0.2)
+    return workers
+
+
+def stop_workers(workers: list[WorkerProcess]) -> None:
+    with ThreadPoolExecutor(len(workers)) as pool:
+        list(pool.map(lambda w: w.stop(), workers))
+
+
 async def apply_reference(bootstrap: str, topics: Topics) -> None:
     now = datetime.now(UTC)
     tables = load_price_file(default_price_file())
@@ -134,34 +173,44 @@ async def apply_reference(bootstrap: str, topics: Topics) -> None:
     )
 
 
-def throughput(bootstrap: str, n: int, home: Path) -> dict[str, Any]:
+def throughput(bootstrap: str, n: int, home: Path, workers: int) -> dict[str, Any]:
     topics = Topics(f"bench{uuid.uuid4().hex[:6]}.")
     asyncio.run(ensure_topics(bootstrap, topics, 4))
     asyncio.run(apply_reference(bootstrap, topics))
-    asyncio.run(produce(bootstrap, topics.usage_raw, events(n)))
-    raw = asyncio.run(raw_consume_rate(bootstrap, topics.usage_raw, n))
-    worker = start_worker(bootstrap, topics, home)
-    worker.start(timeout=180)
+    records = events(n)
+    # the raw rate is measured on a twin topic holding the same records, in the same run
+    twin = Topics(f"benchraw{uuid.uuid4().hex[:6]}.")
+    asyncio.run(ensure_topics(bootstrap, twin, 4))
+    asyncio.run(produce(bootstrap, twin.usage_raw, records))
+    raw = asyncio.run(raw_consume_rate(bootstrap, twin.usage_raw, n))
+    running = start_workers(bootstrap, topics, home, workers)
     try:
-        first = None
-        started = time.perf_counter()
-        while True:
-            stats = worker.get("/stats")
-            if first is None and stats.get("events", 0) > 0:
-                first = (time.perf_counter(), stats["events"])
-            if stats.get("events", 0) >= n:
+        asyncio.run(produce(bootstrap, topics.usage_raw, records))
+        marks: dict[float, float] = {}
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            stats = [w.get("/stats") for w in running]
+            done = sum(s.get("events", 0) for s in stats)
+            now = time.perf_counter()
+            for mark in (0.1, 0.9):
+                if mark not in marks and done >= mark * n:
+                    marks[mark] = now
+            if done >= n:
                 break
             time.sleep(0.05)
-        elapsed = time.perf_counter() - started
-        steady = (n - first[1]) / (time.perf_counter() - first[0]) if first else n / elapsed
+        steady = 0.8 * n / (marks[0.9] - marks[0.1])
     finally:
-        worker.stop()
+        stop_workers(running)
+    per_worker = steady / workers
     return {
         "events": n,
         "raw_consume_events_per_s": round(raw),
         "aggregator_events_per_s": round(steady),
-        "ratio_to_raw": round(steady / raw, 4),
-        "verdicts": stats.get("verdicts"),
+        "aggregator_events_per_s_per_worker": round(per_worker),
+        "ratio_to_raw": round(per_worker / raw, 4),
+        "verdicts": sum(s.get("verdicts", 0) for s in stats),
+        "events_per_worker": [s.get("events", 0) for s in stats],
+        "phase_seconds": [s.get("phase_seconds") for s in stats],
     }
 
 
@@ -203,12 +252,11 @@ async def paced(bootstrap: str, topic: str, rate: int, seconds: float, make: Any
         await producer.stop()
 
 
-def latency(bootstrap: str, rate: int, seconds: float, home: Path) -> dict[str, Any]:
+def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int) -> dict[str, Any]:
     topics = Topics(f"benchlat{uuid.uuid4().hex[:6]}.")
     asyncio.run(ensure_topics(bootstrap, topics, 4))
     asyncio.run(apply_reference(bootstrap, topics))
-    worker = start_worker(bootstrap, topics, home)
-    worker.start(timeout=180)
+    running = start_workers(bootstrap, topics, home, workers)
 
     def usage(i: int) -> tuple[bytes, bytes]:
         org = f"org-{i % 50}"
@@ -233,7 +281,7 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path) -> dict[str, 
         reader = asyncio.create_task(timed_consume(bootstrap, topic_out, stop, decode))
         await asyncio.sleep(1.0)  # the reader is positioned at the end before anything is sent
         await paced(bootstrap, topic_in, rate, seconds, make)
-        await asyncio.sleep(1.5)  # the last verdicts (coalesced per batch)
+        await asyncio.sleep(1.5)  # the last verdicts (a held one is due within 100 ms)
         stop.set()
         return await reader
 
@@ -247,7 +295,7 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path) -> dict[str, 
             )
         )
     finally:
-        worker.stop()
+        stop_workers(running)
     floor_lat = asyncio.run(
         measure(topics.usage_dlq, topics.usage_dlq, floor_record, lambda v: float(v))
     )
@@ -266,7 +314,11 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--rate", type=int, default=2_000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--workers", default="1,2", help="worker counts to measure, comma-separated (issue 8)"
+    )
     args = parser.parse_args()
+    counts = [int(c) for c in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         broker = None
@@ -276,11 +328,21 @@ def main() -> None:
             broker = LocalKafka(data_dir=home / "kafka").start()
             bootstrap = broker.bootstrap
         try:
+            runs = []
+            for count in counts:
+                runs.append(
+                    {
+                        "workers": count,
+                        "throughput": throughput(bootstrap, args.events, home / f"t{count}", count),
+                        "latency": latency(
+                            bootstrap, args.rate, args.seconds, home / f"l{count}", count
+                        ),
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    }
+                )
             result = {
                 "bench": "pipeline",
-                "workers": 1,
-                "throughput": throughput(bootstrap, args.events, home / "t"),
-                "latency": latency(bootstrap, args.rate, args.seconds, home / "l"),
+                "runs": runs,
                 "cpus": os.cpu_count(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),
             }
