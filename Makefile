@@ -26,9 +26,12 @@ demo: broker
 test: broker
 	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider
 
-# The whole fault set, with more kill -9 rounds than the subset `make test` runs.
+# The whole fault set, with more kill -9 rounds than the subset `make test` runs and
+# ClickHouse away for a minute (a few seconds in `make test`).
 test-faults: broker
-	SPENDBUS_FAULT_KILLS=$${SPENDBUS_FAULT_KILLS:-5} $(BIN)/python -m pytest -m faults -p no:cacheprovider
+	SPENDBUS_FAULT_KILLS=$${SPENDBUS_FAULT_KILLS:-5} \
+	SPENDBUS_CH_DOWN_SECONDS=$${SPENDBUS_CH_DOWN_SECONDS:-60} \
+	$(BIN)/python -m pytest -m faults -p no:cacheprovider
 
 check: install
 	$(BIN)/ruff format --check .
