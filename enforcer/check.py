@@ -286,6 +286,8 @@ Row = tuple[
     int, int, int, int, int, int, int,
 ]  # fmt: skip
 STATE: Final = 11
+#: how a plan reads its scope values from the context (Plan.kind)
+KIND_ORG, KIND_ONE, KIND_MANY, KIND_SESSION = range(4)
 
 
 class Plan:
@@ -298,6 +300,7 @@ class Plan:
         "counts",
         "enforce",
         "holdable",
+        "kind",
         "limit_nanos",
         "limit_requests",
         "limit_tokens",
@@ -328,6 +331,15 @@ class Plan:
         )
         self.alert_min = min(budget.alert_at) if budget.alert_at else None
         self.match = tuple((a, frozenset(v)) for a, v in budget.match.items())
+        #: how keys() reads the scope (the hot path inlines the common kinds)
+        if budget.scope == "org":
+            self.kind = KIND_ORG
+        elif budget.scope == "session":
+            self.kind = KIND_SESSION
+        elif budget.scope == "group":
+            self.kind = KIND_MANY
+        else:  # ids and tags: one value at most
+            self.kind = KIND_ONE
         #: per-state check counts (metrics), shared across plan rebuilds of one budget
         self.counts = counts if counts is not None else [0] * len(STATE_NAMES)
         # the current period, valid for now_us in [period_from_us, period_until_us)
@@ -349,19 +361,29 @@ class Plan:
         self.period_until_us = _NEVER if end_us is None else end_us
         return self.period, end_us
 
-    def keys(self, ctx: Context) -> Sequence[CounterId]:
-        """The id (budget id, *scope values) of every counter of this budget ``ctx`` counts in.
-
-        ``compose`` of each is what ``Budget.counter_keys(ctx)`` returns (a property test
-        holds them equal).
-        """
-        canon = ctx.canon
+    def matches(self, canon: dict[str, tuple[str, ...]]) -> bool:
+        """Every ``match`` attribute has a canonical value among the allowed ones."""
         for attribute, allowed in self.match:
             for value in canon.get(attribute, ()):
                 if value in allowed:
                     break
             else:
-                return ()
+                return False
+        return True
+
+    def keys(self, ctx: Context) -> Sequence[CounterId]:
+        """The id (budget id, *scope values) of every counter of this budget ``ctx`` counts in.
+
+        ``compose`` of each is what ``Budget.counter_keys(ctx)`` returns (a property test
+        holds them equal; :meth:`Checker._evaluate` inlines the same rules).
+        """
+        if self.match and not self.matches(ctx.canon):
+            return ()
+        return self.scoped(ctx)
+
+    def scoped(self, ctx: Context) -> Sequence[CounterId]:
+        """:meth:`keys` without the ``match`` test."""
+        canon = ctx.canon
         scope = self.scope
         if scope == "org":
             return ((self.budget_id, ctx.org),)
@@ -610,9 +632,14 @@ class Decision:
     @property
     def warnings(self) -> tuple[CounterStatus, ...]:
         """Counters past an alert threshold or a warn budget's limit (X-Spend-Budget)."""
-        if not any(r[STATE] == ALERT_I or r[STATE] == EXCEEDED_I for r in self._rows):
-            return ()
-        return tuple(c for c in self.counters if c.state in (ALERT, EXCEEDED) and c.verdict)
+        if self._counters is not None:
+            return tuple(c for c in self._counters if c.state in (ALERT, EXCEEDED) and c.verdict)
+        # only the warning rows become CounterStatus (an allowed answer needs no others)
+        return tuple(
+            CounterStatus(r)
+            for r in self._rows
+            if (r[STATE] == ALERT_I or r[STATE] == EXCEEDED_I) and r[4] is not None
+        )
 
     # --- the HTTP answer --------------------------------------------------------------
     def _answer(self) -> refusals.Response:
@@ -841,6 +868,8 @@ class Checker:
         """Every applicable counter against its budget (the table in the module docstring).
 
         ``in_flight=False`` reports verdict states only and holds nothing (usage).
+        The counters are those of :meth:`Plan.keys`, inlined here for org and one-value
+        scopes (the property test against ``applicable`` covers both paths).
         """
         verdicts = self.state.verdicts
         by_counter = self.holds.by_counter
@@ -854,15 +883,37 @@ class Checker:
         index = self._index
         if self._index_version != self.state.policy_version:
             index = self.index
-        for plan in index.plans(ctx):
-            keys = plan.keys(ctx)
-            if not keys:
+        canon = ctx.canon
+        org = ctx.org
+        plans = index.general
+        if index.by_org:
+            pinned = index.by_org.get(org)
+            if pinned is not None:
+                plans = plans + pinned
+        keys: Sequence[CounterId]
+        for plan in plans:
+            if plan.match and not plan.matches(canon):
                 continue
+            kind = plan.kind
+            if kind == KIND_ONE:
+                values = canon.get(plan.scope_attribute)
+                if not values:
+                    continue
+                keys = ((plan.budget_id, org, values[0]),)
+            elif kind == KIND_ORG:
+                keys = ((plan.budget_id, org),)
+            else:
+                keys = plan.scoped(ctx)
+                if not keys:
+                    continue
             if plan.period_from_us <= now_us < plan.period_until_us:
-                period, end_us = plan.period, plan.period_end_us
+                period = plan.period
+                end_us = plan.period_end_us
             else:
                 period, end_us = plan.current_period(now_us)
-            ln, lt, lr = plan.limit_nanos, plan.limit_tokens, plan.limit_requests
+            ln = plan.limit_nanos
+            lt = plan.limit_tokens
+            lr = plan.limit_requests
             for cid in keys:
                 verdict = verdicts.get(cid)
                 if verdict is not None and verdict.period == period:
@@ -879,11 +930,12 @@ class Checker:
                 else:
                     state = OK_I
                     if plan.holdable:
-                        periods = by_counter.get(cid) if by_counter else None
-                        if periods is not None:
-                            held = periods.get(period)
-                            if held is not None:
-                                hn, ht, hr = held.nanos, held.tokens, held.requests
+                        if by_counter:
+                            periods = by_counter.get(cid)
+                            if periods is not None:
+                                held = periods.get(period)
+                                if held is not None:
+                                    hn, ht, hr = held.nanos, held.tokens, held.requests
                         if in_flight:
                             if est_tokens < 0:
                                 est_input, est_output = self.estimate_tokens(ctx)
@@ -900,7 +952,7 @@ class Checker:
                                 state = IN_FLIGHT_I
                             else:
                                 to_hold.append((cid, period))
-                    if state == OK_I and plan.alert_min is not None and (sn or st or sr):
+                    if state == OK_I and (sn or st or sr) and plan.alert_min is not None:
                         used = sn / ln if ln else 0.0
                         if lt and st / lt > used:
                             used = st / lt

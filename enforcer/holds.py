@@ -26,26 +26,13 @@ spend. A hold's life, per counter::
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from typing import Final
 
 #: a counter's identity (enforcer.state.CounterId) and a period key
 CounterId = tuple[str, ...]
 CounterPeriod = tuple[CounterId, str]
-
-
-@dataclass(slots=True)
-class Hold:
-    hold_id: int
-    nanos: int
-    tokens: int
-    requests: int
-    expires_us: int
-    #: counters (and periods) still holding this hold's amount
-    counters: set[CounterPeriod] = field(default_factory=set)
-    #: event time of the usage event once settled (None while in flight)
-    occurred_us: int | None = None
-    #: per counter: seq of the verdict held when the hold was settled
-    seq_at_settle: dict[CounterPeriod, int] = field(default_factory=dict)
+#: emptied per-counter totals kept for reuse (a reserve then allocates nothing per counter)
+SPARE_TOTALS: Final = 1024
 
 
 class CounterHolds:
@@ -60,6 +47,46 @@ class CounterHolds:
         self.hold_ids: set[int] = set()
 
 
+class Hold:
+    """One request's hold: its amount and the (counter, period) totals still holding it."""
+
+    __slots__ = (
+        "counters",
+        "expires_us",
+        "hold_id",
+        "nanos",
+        "occurred_us",
+        "requests",
+        "seq_at_settle",
+        "tokens",
+        "totals",
+    )
+
+    def __init__(
+        self,
+        hold_id: int,
+        nanos: int,
+        tokens: int,
+        requests: int,
+        expires_us: int,
+        counters: list[CounterPeriod],
+        totals: list[CounterHolds],
+    ) -> None:
+        self.hold_id = hold_id
+        self.nanos = nanos
+        self.tokens = tokens
+        self.requests = requests
+        self.expires_us = expires_us
+        #: counters (and periods) still holding this hold's amount, each once
+        self.counters = counters
+        #: their running totals (parallel to ``counters``)
+        self.totals = totals
+        #: event time of the usage event once settled (None while in flight)
+        self.occurred_us: int | None = None
+        #: per counter: seq of the verdict held when the hold was settled
+        self.seq_at_settle: dict[CounterPeriod, int] = {}
+
+
 class Holds:
     """Every outstanding hold of this process. Single-threaded (one event loop)."""
 
@@ -69,6 +96,8 @@ class Holds:
         self.by_counter: dict[CounterId, dict[str, CounterHolds]] = {}
         self._holds: dict[int, Hold] = {}
         self._ids = itertools.count(1)
+        #: emptied totals (all zero, no hold ids), reused by reserve; at most SPARE_TOTALS
+        self._spare: list[CounterHolds] = []
         self.dropped_by_verdict = 0
         self.dropped_by_timeout = 0
 
@@ -90,22 +119,31 @@ class Holds:
     def reserve(
         self, counters: list[CounterPeriod], *, nanos: int, tokens: int, requests: int, now_us: int
     ) -> int:
-        """Hold the amounts on every counter; returns the hold id."""
+        """Hold the amounts on every counter (once each); returns the hold id."""
         hold_id = next(self._ids)
-        hold = Hold(hold_id, nanos, tokens, requests, now_us + self.timeout_us, set(counters))
-        self._holds[hold_id] = hold
         by_counter = self.by_counter
-        for counter, period in hold.counters:
+        spare = self._spare
+        held: list[CounterPeriod] = []
+        held_totals: list[CounterHolds] = []
+        for cp in counters:
+            counter, period = cp
             periods = by_counter.get(counter)
             if periods is None:
                 periods = by_counter[counter] = {}
             totals = periods.get(period)
             if totals is None:
-                totals = periods[period] = CounterHolds()
+                totals = periods[period] = spare.pop() if spare else CounterHolds()
+            elif hold_id in totals.hold_ids:
+                continue  # the same counter twice
             totals.nanos += nanos
             totals.tokens += tokens
             totals.requests += requests
             totals.hold_ids.add(hold_id)
+            held.append(cp)
+            held_totals.append(totals)
+        self._holds[hold_id] = Hold(
+            hold_id, nanos, tokens, requests, now_us + self.timeout_us, held, held_totals
+        )
         return hold_id
 
     def settle(
@@ -124,8 +162,7 @@ class Holds:
         if hold is None or hold.occurred_us is not None:
             return False
         dn, dt, dr = nanos - hold.nanos, tokens - hold.tokens, requests - hold.requests
-        for counter, period in hold.counters:
-            totals = self.by_counter[counter][period]
+        for totals in hold.totals:
             totals.nanos += dn
             totals.tokens += dt
             totals.requests += dr
@@ -140,8 +177,18 @@ class Holds:
         hold = self._holds.pop(hold_id, None)
         if hold is None:
             return False
-        for cp in list(hold.counters):
-            self._unhold(hold, cp)
+        nanos, tokens, requests = hold.nanos, hold.tokens, hold.requests
+        for (counter, period), totals in zip(hold.counters, hold.totals, strict=True):
+            ids = totals.hold_ids
+            ids.discard(hold_id)
+            if ids:
+                totals.nanos -= nanos
+                totals.tokens -= tokens
+                totals.requests -= requests
+            else:
+                self._forget(counter, period, totals)
+        hold.counters = []
+        hold.totals = []
         return True
 
     def on_verdict(self, counter: CounterId, period: str, as_of_us: int, seq: int) -> int:
@@ -174,15 +221,23 @@ class Holds:
         return len(expired)
 
     def _unhold(self, hold: Hold, cp: CounterPeriod) -> None:
-        hold.counters.discard(cp)
-        counter, period = cp
-        periods = self.by_counter[counter]
-        totals = periods[period]
-        totals.nanos -= hold.nanos
-        totals.tokens -= hold.tokens
-        totals.requests -= hold.requests
+        i = hold.counters.index(cp)
+        del hold.counters[i]
+        totals = hold.totals.pop(i)
         totals.hold_ids.discard(hold.hold_id)
-        if not totals.hold_ids:
-            del periods[period]
-            if not periods:
-                del self.by_counter[counter]
+        if totals.hold_ids:
+            totals.nanos -= hold.nanos
+            totals.tokens -= hold.tokens
+            totals.requests -= hold.requests
+        else:
+            self._forget(cp[0], cp[1], totals)
+
+    def _forget(self, counter: CounterId, period: str, totals: CounterHolds) -> None:
+        """The last hold left (counter, period): drop its totals, keep the object for reuse."""
+        periods = self.by_counter[counter]
+        del periods[period]
+        if not periods:
+            del self.by_counter[counter]
+        if len(self._spare) < SPARE_TOTALS:
+            totals.nanos = totals.tokens = totals.requests = 0
+            self._spare.append(totals)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final
 
+import msgspec
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
@@ -53,7 +54,11 @@ log = logging.getLogger("spendbus.enforcer.sidecar")
 
 MAX_BODY: Final = 256 * 1024
 ENFORCER_KEY: Final = web.AppKey("enforcer", Enforcer)
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# msgspec's JSON codec (C): the sidecar's requests and answers are small and many, and it
+# reads and writes them several times faster than the stdlib (bench/bench_enforcer.py)
+_dumps = msgspec.json.Encoder().encode
+_loads = msgspec.json.Decoder().decode
+_JSON_TYPE: Final = "application/json"
 
 
 class RefusalPublisher:
@@ -102,7 +107,7 @@ class RefusalPublisher:
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=_dumps(data).encode(), status=status, content_type="application/json")
+    return web.Response(body=_dumps(data), status=status, content_type=_JSON_TYPE)
 
 
 def _error(status: int, error: str, message: str, **extra: Any) -> web.Response:
@@ -134,12 +139,19 @@ def create_app(
         return response
 
     async def read_json(request: web.Request) -> Any:
+        raw = await request.read()
         try:
-            return json.loads(await request.read())
+            return _loads(raw)
+        except msgspec.DecodeError:
+            pass
+        # what msgspec refuses but the stdlib reads (NaN, ...) gets the same answer as
+        # before: the context's validation says which field is wrong
+        try:
+            return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise web.HTTPBadRequest(
-                text=_dumps({"error": "invalid_json", "message": str(exc)}),
-                content_type="application/json",
+                body=_dumps({"error": "invalid_json", "message": str(exc)}),
+                content_type=_JSON_TYPE,
             ) from None
 
     async def check(request: web.Request) -> web.Response:
@@ -157,7 +169,8 @@ def create_app(
         except InvalidContext as exc:
             return _error(400, "invalid_context", str(exc), field=exc.field)
         decision = enforcer.check(ctx, reserve=reserve)
-        out = decision.to_json(counters=request.query.get("counters") == "1")
+        counters = bool(request.query_string) and request.query.get("counters") == "1"
+        out = decision.to_json(counters=counters)
         if publisher is not None and reserve and not decision.allowed:
             event = decision.refusal_event()
             if event is not None:

@@ -91,7 +91,12 @@ def serve(
     def started(sidecar: Any) -> None:
         click.echo(json.dumps({"listening": f"http://{host}:{sidecar.port}"}), err=True)
 
-    asyncio.run(run_sidecar(config, on_started=started))
+    try:  # the sidecar serves many small requests: uvloop's event loop cuts their cost
+        import uvloop
+    except ImportError:
+        asyncio.run(run_sidecar(config, on_started=started))
+    else:
+        uvloop.run(run_sidecar(config, on_started=started))
 
 
 @click.command("check")
