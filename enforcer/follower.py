@@ -227,7 +227,12 @@ class Follower:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]
+        deadline = time.monotonic() + TOPIC_WAIT_S
         while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TopicsMissing(
+                    f"cannot read {tp.topic} on {self.config.bootstrap} to its end offset {end}"
+                )
             for messages in (await consumer.getmany(tp, timeout_ms=POLL_TIMEOUT_MS)).values():
                 for m in messages:
                     switch = self._decode_switch(m)
