@@ -7,9 +7,11 @@ joined with LF; an event without ``data`` is not dispatched. Bytes are never
 decoded here: field names are compared as bytes and data goes to the handler
 (which parses it as JSON) as bytes.
 
-Cost: events are found with ``bytes.find``/``split`` over whole chunks; the only
-Python work per event is splitting its (usually one or two) lines. Bytes of an
-unfinished event are kept in a list of parts and joined once when it ends.
+Cost: a chunk holding exactly one event (what upstreams flush) is read by a few
+``find``/compare calls in ``feed``; other chunks are split at blank lines in one
+call, and the only Python work per event is telling its (usually one or two)
+lines apart. Bytes of an unfinished event are kept in a list of parts and
+joined once when it ends.
 
 Memory: an event larger than ``limit`` is not kept; the parser switches to
 streaming its ``data`` to a sink from ``open_large(name)`` (a JSON path scanner
@@ -150,48 +152,44 @@ class SSEParser:
                 if self._size > self.limit + 1:
                     return self._go_large()
                 return b""
-            scan = self._size - 1
             buf = b"".join(parts) + data
             parts.clear()
             self._size = 0
         else:
             buf = data
-            scan = 0
-        start = 0
-        find = buf.find
+        # Events end at a blank line: split finds them all in one C call (pending parts
+        # never hold a whole "\n\n", so nothing is found twice). An empty block is the
+        # no-op between blank lines; a block may start with LF (a blank line before it).
+        blocks = buf.split(b"\n\n")
+        rest = blocks.pop()  # after the last blank line: the start of the next event
         on_event = self.on_event
         limit = self.limit
-        while True:
-            end = find(b"\n\n", scan)
-            if end < 0:
-                break
-            if end - start > limit:
-                block = buf[start:end].lstrip(b"\n")
+        for block in blocks:
+            if not block:
+                continue
+            if len(block) > limit:
+                block = block.lstrip(b"\n")
                 if len(block) > limit:
                     self._large_block(block)
                 else:
                     self._dispatch(block)
-            elif end > start:
-                # Inline fast paths: one `data:` line (OpenAI chat, Gemini), or
-                # `event:` then `data:` (Anthropic, Responses); else _dispatch.
-                nl = find(b"\n", start, end)
-                if nl < 0 and buf.startswith(b"data:", start):
-                    start += 6 if buf[start + 5 : start + 6] == b" " else 5
-                    on_event(b"", buf[start:end])
-                elif (
-                    nl > 0
-                    and buf.startswith(b"event:", start)
-                    and buf.startswith(b"data:", nl + 1)
-                    and find(b"\n", nl + 1, end) < 0
-                ):
-                    name = buf[start + 6 : nl]
-                    data_at = nl + (7 if buf[nl + 6 : nl + 7] == b" " else 6)
-                    on_event(name[1:] if name[:1] == b" " else name, buf[data_at:end])
+            # Inline fast paths: one `data:` line (OpenAI chat, Gemini), or
+            # `event:` then `data:` (Anthropic, Responses); else _dispatch.
+            elif block[:5] == b"data:":
+                if b"\n" in block:
+                    self._dispatch(block)
                 else:
-                    self._dispatch(buf[start:end])
-            start = scan = end + 2
-        if start < len(buf):
-            rest = buf[start:] if start else buf
+                    on_event(b"", block[6 if block[5:6] == b" " else 5 :])
+            elif block[:6] == b"event:":
+                nl = block.find(b"\n")
+                if nl > 0 and block.startswith(b"data:", nl + 1) and block.find(b"\n", nl + 1) < 0:
+                    at = nl + (7 if block[nl + 6 : nl + 7] == b" " else 6)
+                    on_event(block[7 if block[6:7] == b" " else 6 : nl], block[at:])
+                else:
+                    self._dispatch(block)
+            else:
+                self._dispatch(block)
+        if rest:
             if rest[:1] == b"\n":
                 rest = rest.lstrip(b"\n")
             if rest:
