@@ -31,6 +31,7 @@ def _register_optional() -> None:
     from spendbus.commands.gateway import gateway
     from spendbus.commands.ingest import ingest
     from spendbus.commands.pricing import price, prices
+    from spendbus.commands.replay import replay, snapshot
     from spendbus.commands.tap import tap
 
     prices.add_command(prices_apply_command())
@@ -43,6 +44,8 @@ def _register_optional() -> None:
     cli.add_command(check)
     cli.add_command(dlq)
     cli.add_command(gateway)
+    cli.add_command(replay)
+    cli.add_command(snapshot)
 
 
 _register_optional()
