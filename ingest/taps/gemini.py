@@ -25,7 +25,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import Handler, Path, RecentPayloads, describe_error, text_len
+import msgspec
+
+from .base import (
+    Handler,
+    Path,
+    RecentPayloads,
+    describe_error,
+    read_shape,
+    shape_decoder,
+    text_len,
+)
 from .usage import InvalidUsage, Usage, sub, tok
 
 _PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
@@ -33,6 +43,36 @@ _BODY_PATHS = frozenset(
     {("usageMetadata",), ("modelVersion",), ("error",)}
     | {("*", "usageMetadata"), ("*", "modelVersion"), ("*", "error")}
 )
+
+
+class _Part(msgspec.Struct):
+    """A text part; function calls and code take the general path."""
+
+    text: str | None = None
+    thought: bool | None = None
+    functionCall: None = None  # the wire names
+    executableCode: None = None
+
+
+class _Content(msgspec.Struct):
+    parts: list[_Part] | None = None
+
+
+class _Candidate(msgspec.Struct):
+    content: _Content | None = None
+    finishReason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    """The common chunk: text parts and a usageMetadata (decoded whole), no error."""
+
+    candidates: list[_Candidate] | None = None
+    usageMetadata: Any = None
+    modelVersion: Any = None
+    error: None = None
+
+
+_read_chunk = shape_decoder(_Chunk)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -67,6 +107,10 @@ class GeminiHandler(Handler):
     # -- streamed ------------------------------------------------------------
     def on_event(self, name: bytes, data: bytes) -> None:
         if self.parse_deltas:
+            chunk = read_shape(_read_chunk, data)
+            if chunk is not None:
+                self._shaped(chunk)
+                return
             obj = self.parse(data)
             if isinstance(obj, dict):
                 self._chunk(obj)
@@ -94,6 +138,24 @@ class GeminiHandler(Handler):
                     self._parts(parts)
         if obj.get("usageMetadata") is not None:
             self._usage = obj["usageMetadata"]
+
+    def _shaped(self, chunk: _Chunk) -> None:
+        """``_chunk`` of a chunk read as ``_Chunk``: the same effects, from typed fields."""
+        self.set_model(chunk.modelVersion)
+        if chunk.candidates:
+            self.delta_events += 1
+            for candidate in chunk.candidates:
+                if candidate.finishReason:
+                    self._finished = True
+                content = candidate.content
+                if content is not None and content.parts is not None:
+                    for part in content.parts:
+                        chars = len(part.text) if part.text is not None else 0
+                        if part.thought is True:
+                            self.reasoning_chars += chars
+                        self.text_chars += chars
+        if chunk.usageMetadata is not None:
+            self._usage = chunk.usageMetadata
 
     def _parts(self, parts: list[Any]) -> None:
         for part in parts:

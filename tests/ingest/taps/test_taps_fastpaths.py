@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import ingest.taps.anthropic
 import ingest.taps.bedrock
+import ingest.taps.gemini
 import ingest.taps.openai_chat
 import ingest.taps.openai_responses
 from ingest.taps import EstimatorConfig, open_tap
@@ -183,6 +184,7 @@ def without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
         ingest.taps.openai_chat,
         ingest.taps.openai_responses,
         ingest.taps.bedrock,
+        ingest.taps.gemini,
     ):
         monkeypatch.setattr(module, "read_shape", lambda decode, data: None)
 
@@ -256,6 +258,31 @@ DELTAS: dict[str, list[bytes]] = {
         b'{"choices":[{"delta":{"content":1}}]}',
         b'{"choices":[{"finish_reason":"stop"}]}',
     ],
+    "gemini": [
+        *(
+            json.dumps(
+                {
+                    "candidates": [{"content": {"parts": [{"text": t}], "role": "model"}}],
+                    "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 3},
+                    "modelVersion": "gemini-2.5",
+                },
+                ensure_ascii=False,
+            ).encode()
+            for t in HOSTILE_TEXT
+        ),
+        b'{"candidates":[{"content":{"parts":[{"text":"why","thought":true},{"text":"so"}]}}]}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a","thought":"yes"}]}}]}',
+        b'{"candidates":[{"content":{"parts":[{"functionCall":{"name":"f","args":{"a":1}}}]}}]}',
+        b'{"candidates":[{"content":{"parts":[{"executableCode":{"code":"print(1)"}}]}}]}',
+        b'{"candidates":[{"content":{"parts":["text"]}}]}',
+        b'{"candidates":[{"content":"text"}],"modelVersion":7}',
+        b'{"candidates":[{"finishReason":""},{"finishReason":"STOP"}]}',
+        b'{"candidates":[],"usageMetadata":{"promptTokenCount":12345678901234567890123}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"error":{"code":500}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"x":"\xff"}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"responseId":"\xff"}',
+        b'{"usageMetadata":null,"candidates":null}',
+    ],
     "openai-responses": [
         *(
             json.dumps(
@@ -299,6 +326,9 @@ def stream(fmt: str, deltas: list[bytes]) -> list[bytes]:
             sse(None, b'{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":42}}'),
             sse(None, b"[DONE]"),
         ]
+    if fmt == "gemini":
+        end = b'{"candidates":[{"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":42}}'
+        return [*(sse(None, d) for d in deltas), sse(None, end)]
     if fmt == "openai-responses":
         done = b'{"type":"response.completed","response":{"model":"gpt","usage":{"input_tokens":9,"output_tokens":42}}}'
         return [
