@@ -308,7 +308,9 @@ def worker_report(url: str, timeout: float) -> dict[str, Any]:
     }
 
 
-def clickhouse_report(dsn: str, worker_url: str | None, timeout: float) -> dict[str, Any]:
+def clickhouse_report(
+    dsn: str, worker_url: str | None, timeout: float, worker_pid: int | None = None
+) -> dict[str, Any]:
     """Can ClickHouse answer a query? Through the worker's /sql when it owns the embedded store."""
     report: dict[str, Any] = {"dsn": redact(dsn), "reachable": None, "usage_events": None}
     query = "SELECT count() FROM usage_events"
@@ -329,6 +331,13 @@ def clickhouse_report(dsn: str, worker_url: str | None, timeout: float) -> dict[
             return report
     report["via"] = "direct"
     path = urlparse(dsn).path if dsn.startswith("chdb://") else None
+    if path is not None and worker_pid is not None:
+        # never a second engine on a path a live worker owns (chdb does not always lock it)
+        report.update(
+            reachable=False,
+            error=f"the worker (pid {worker_pid}) owns the store and its web page did not answer",
+        )
+        return report
     if path is not None and not Path(path).is_dir():
         report.update(reachable=False, error=f"no embedded store at {path} yet")
         return report
@@ -405,7 +414,9 @@ def collect(probe: Probe) -> dict[str, Any]:
     report["workers"] = [{k: v for k, v in w.items() if k != "stats"} for w in workers]
 
     answering = next((w["url"] for w in workers if w["answering"]), None)
-    report["clickhouse"] = clickhouse_report(settings.dsn, answering, probe.timeout)
+    report["clickhouse"] = clickhouse_report(
+        settings.dsn, answering, probe.timeout, report["worker"]["pid"]
+    )
 
     kafka_failed: str | None = None
     bootstrap = report["kafka"]["bootstrap"]
