@@ -36,6 +36,7 @@ RETRIABLE_CODES: Final = frozenset(
         236,  # ABORTED
         241,  # MEMORY_LIMIT_EXCEEDED
         242,  # TABLE_IS_READ_ONLY
+        243,  # NOT_ENOUGH_SPACE (a full disk frees up; the batch waits)
         252,  # TOO_MANY_PARTS
         285,  # TOO_FEW_LIVE_REPLICAS
         319,  # UNKNOWN_STATUS_OF_INSERT
