@@ -89,16 +89,22 @@ _FIELDS: Final = (
 _FIELD_NAMES: Final = frozenset(_FIELDS)
 
 
-def _id(canon: dict[str, tuple[str, ...]], name: str, value: Any) -> None:
-    """Validate one optional id/text field and record its canonical values."""
-    if value is None or value == "":
-        canon[name] = ()  # as schemas.budgets reads an absent attribute
-        return
+def _id(name: str, value: Any) -> tuple[str, ...]:
+    """Validate one optional id/text field (not None); its canonical values."""
+    if value == "":
+        return ()  # as schemas.budgets reads an absent attribute
     if type(value) is not str:
         raise InvalidContext(name, "must be a string or null")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidContext(name, f"longer than {MAX_ID_LENGTH} characters")
-    canon[name] = _present(canonical_id(value, name))
+    return _present(canonical_id(value, name))
+
+
+def _required(name: str, value: Any) -> None:
+    if type(value) is not str or not value.strip():
+        raise InvalidContext(name, "required, a non-empty string")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidContext(name, f"longer than {MAX_ID_LENGTH} characters")
 
 
 def _present(value: str) -> tuple[str, ...]:
@@ -107,7 +113,7 @@ def _present(value: str) -> tuple[str, ...]:
 
 
 def _count(name: str, value: Any, bound: int) -> None:
-    if value is not None and (type(value) is not int or not 0 <= value <= bound):
+    if type(value) is not int or not 0 <= value <= bound:
         raise InvalidContext(name, f"an integer in 0..{bound} or null")
 
 
@@ -165,21 +171,23 @@ class Context:
         request_bytes: int | None = None,
         max_output_tokens: int | None = None,
     ) -> None:
-        canon: dict[str, tuple[str, ...]] = {}
-        for name, value in (("org_id", org_id), ("secret_id", secret_id)):
-            if type(value) is not str or not value.strip():
-                raise InvalidContext(name, "required, a non-empty string")
-            if len(value) > MAX_ID_LENGTH:
-                raise InvalidContext(name, f"longer than {MAX_ID_LENGTH} characters")
-            canon[name] = (canonical_id(value, name),)
-        _id(canon, "project_id", project_id)
-        _id(canon, "grant_id", grant_id)
-        _id(canon, "permission_id", permission_id)
-        _id(canon, "user_id", user_id)
-        _id(canon, "session_id", session_id)
-        _id(canon, "provider", provider)
-        _id(canon, "api", api)
-        _id(canon, "model", model)
+        # built once per request: one dict literal, no call for an absent field
+        _required("org_id", org_id)
+        _required("secret_id", secret_id)
+        # the state holds orgs interned: lookups compare them by identity
+        org = sys.intern(canonical_id(org_id, "org_id"))
+        canon: dict[str, tuple[str, ...]] = {
+            "org_id": (org,),
+            "secret_id": (canonical_id(secret_id, "secret_id"),),
+            "project_id": () if project_id is None else _id("project_id", project_id),
+            "grant_id": () if grant_id is None else _id("grant_id", grant_id),
+            "permission_id": () if permission_id is None else _id("permission_id", permission_id),
+            "user_id": () if user_id is None else _id("user_id", user_id),
+            "session_id": () if session_id is None else _id("session_id", session_id),
+            "provider": () if provider is None else _id("provider", provider),
+            "api": () if api is None else _id("api", api),
+            "model": () if model is None else _id("model", model),
+        }
         if type(groups) is not tuple:
             if type(groups) is not list:
                 raise InvalidContext("groups", "must be a list of strings")
@@ -190,7 +198,11 @@ class Context:
             for g in groups:
                 if type(g) is not str or len(g) > MAX_ID_LENGTH:
                     raise InvalidContext("groups", f"each group a string of <= {MAX_ID_LENGTH}")
-            canon["group"] = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
+            if len(groups) == 1:
+                one = canonical_id(groups[0])
+                canon["group"] = (one,) if one else ()
+            else:  # each group once, in order
+                canon["group"] = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
         else:
             canon["group"] = ()
         if tags:
@@ -211,9 +223,12 @@ class Context:
             tags = {}
         else:
             raise InvalidContext("tags", "must be a map of string to string")
-        _count("input_tokens", input_tokens, MAX_TOKENS_PER_EVENT)
-        _count("request_bytes", request_bytes, MAX_REQUEST_BYTES)
-        _count("max_output_tokens", max_output_tokens, MAX_TOKENS_PER_EVENT)
+        if input_tokens is not None:
+            _count("input_tokens", input_tokens, MAX_TOKENS_PER_EVENT)
+        if request_bytes is not None:
+            _count("request_bytes", request_bytes, MAX_REQUEST_BYTES)
+        if max_output_tokens is not None:
+            _count("max_output_tokens", max_output_tokens, MAX_TOKENS_PER_EVENT)
         self.org_id = org_id
         self.secret_id = secret_id
         self.project_id = project_id
@@ -230,8 +245,7 @@ class Context:
         self.request_bytes = request_bytes
         self.max_output_tokens = max_output_tokens
         self.canon = canon
-        # the state holds orgs interned: lookups compare them by identity
-        self.org = sys.intern(canon["org_id"][0])
+        self.org = org
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.to_json().items())
