@@ -19,7 +19,7 @@ from typing import Any, Final
 from fastavro import parse_schema, schemaless_reader
 
 from schemas.codec import HEADER_LEN, USAGE_EVENT
-from schemas.periods import EPOCH
+from schemas.periods import EPOCH, to_micros
 
 _TIMESTAMP_FIELDS: Final = tuple(
     f["name"]
@@ -42,16 +42,24 @@ _HEADER: Final = USAGE_EVENT.header
 
 def decode_usage_event(data: bytes | None) -> dict[str, Any]:
     """Same result and same errors as ``USAGE_EVENT.decode(data)``, faster."""
+    return read_usage_event(data)[0]
+
+
+def read_usage_event(data: bytes | None) -> tuple[dict[str, Any], int]:
+    """The event and its ``occurred_at`` in microseconds since the epoch (the fold's unit)."""
     if data is None or data[:HEADER_LEN] != _HEADER:
-        return USAGE_EVENT.decode(data)  # type: ignore[arg-type]
+        record = USAGE_EVENT.decode(data)  # type: ignore[arg-type]
+        return record, to_micros(record["occurred_at"])
     body = io.BytesIO(data)
     body.seek(HEADER_LEN)
     try:
-        record: dict[str, Any] = schemaless_reader(body, _PLAIN, None)  # type: ignore[assignment]
+        record = schemaless_reader(body, _PLAIN, None)  # type: ignore[assignment]
         if body.tell() != len(data):
             raise ValueError("trailing bytes")
+        occurred_us: int = record["occurred_at"]
         for name in _TIMESTAMP_FIELDS:
             record[name] = EPOCH + timedelta(microseconds=record[name])
     except Exception:  # the codec names the problem (reason and detail)
-        return USAGE_EVENT.decode(data)
-    return record
+        record = USAGE_EVENT.decode(data)
+        return record, to_micros(record["occurred_at"])
+    return record, occurred_us

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from schemas.budgets import Budget
 from schemas.periods import (
@@ -84,8 +84,7 @@ class CounterState:
         )
 
 
-@dataclass(slots=True)
-class Change:
+class Change(NamedTuple):
     """What applying one event did to a counter."""
 
     period: str
@@ -106,7 +105,6 @@ def apply(
     cost_nanos: int,
     partition: int,
     offset: int,
-    *,
     occurred_us: int | None = None,
     tokens: int | None = None,
 ) -> Change | None:
@@ -122,7 +120,13 @@ def apply(
     if occurred_us is None:
         occurred_us = to_micros(event["occurred_at"])
     window = budget.window
-    key = _period_key(window, event["occurred_at"], occurred_us)
+    # every calendar period starts on a UTC hour: the key is cached per window and hour
+    cache_key = (window.kind, window.rolling_us, occurred_us // _HOUR_US)
+    key = _PERIOD_KEYS.get(cache_key)
+    if key is None:
+        if len(_PERIOD_KEYS) > 100_000:
+            _PERIOD_KEYS.clear()
+        key = _PERIOD_KEYS[cache_key] = period_key(window, event["occurred_at"])
     periods = state.periods
     totals = periods.get(key)
     if totals is None:
@@ -132,7 +136,7 @@ def apply(
                 del periods[old]
     if tokens is None:
         tokens = billed_tokens(event)
-    requests = 1 if counts_request(budget, event["outcome"]) else 0
+    requests = 1 if event["outcome"] in _COUNTED_OUTCOMES or budget.count_denied else 0
     if window.kind == "rolling":
         _add_rolling(totals, window, occurred_us, cost_nanos, tokens, requests)
     else:
@@ -145,16 +149,16 @@ def apply(
         state.period = key
     # a late event may have opened an entry older than every kept one: it goes at once
     if key not in periods:
-        return Change(period=key, current=False, new_alerts=())
+        return Change(key, False, ())
     current = key == state.period
     if current:
         state.seq += 1
-    crossed: tuple[float, ...] = ()
-    if budget.alert_at:
-        ratio = _ratio(budget, totals)
-        crossed = tuple(t for t in budget.alert_at if t not in totals.alerted and ratio >= t)
-        totals.alerted.extend(crossed)
-    return Change(period=key, current=current, new_alerts=crossed)
+    if not budget.alert_at:
+        return Change(key, current, ())
+    ratio = _ratio(budget, totals)
+    crossed = tuple(t for t in budget.alert_at if t not in totals.alerted and ratio >= t)
+    totals.alerted.extend(crossed)
+    return Change(key, current, crossed)
 
 
 def _add_rolling(
@@ -185,7 +189,7 @@ def _add_rolling(
     previous_start = totals.as_of_us // width - ROLLING_BUCKETS + 1
     if occurred_us > totals.as_of_us:
         totals.as_of_us = occurred_us
-    # the live buckets: the last ROLLING_BUCKETS up to the newest event's (periods.rolling_live_buckets)
+    # the live buckets: the last ROLLING_BUCKETS up to the newest (periods.rolling_live_buckets)
     start = totals.as_of_us // width - ROLLING_BUCKETS + 1
     if start != previous_start or index < start:
         for old in [b for b in buckets if b < start]:
@@ -195,31 +199,21 @@ def _add_rolling(
             totals.requests -= dropped[2]
 
 
-#: (window, hour since the epoch) -> period key: every calendar period starts on a UTC hour
+#: (window kind, rolling length, hour since the epoch) -> period key
 _PERIOD_KEYS: dict[tuple[str, int, int], str] = {}
 _HOUR_US: Final = 3_600_000_000
 
 
-def _period_key(window: Window, occurred: datetime, occurred_us: int) -> str:
-    cache_key = (window.kind, window.rolling_us, occurred_us // _HOUR_US)
-    key = _PERIOD_KEYS.get(cache_key)
-    if key is None:
-        if len(_PERIOD_KEYS) > 100_000:
-            _PERIOD_KEYS.clear()
-        key = _PERIOD_KEYS[cache_key] = period_key(window, occurred)
-    return key
-
-
 def _ratio(budget: Budget, totals: PeriodTotals) -> float:
     """The highest fraction of any limit spent."""
-    ratios = [0.0]
+    ratio = 0.0
     if budget.limit_nanos:
-        ratios.append(totals.nanos / budget.limit_nanos)
+        ratio = totals.nanos / budget.limit_nanos
     if budget.limit_tokens:
-        ratios.append(totals.tokens / budget.limit_tokens)
+        ratio = max(ratio, totals.tokens / budget.limit_tokens)
     if budget.limit_requests:
-        ratios.append(totals.requests / budget.limit_requests)
-    return max(ratios)
+        ratio = max(ratio, totals.requests / budget.limit_requests)
+    return ratio
 
 
 def counter_state(budget: Budget, totals: PeriodTotals) -> str:

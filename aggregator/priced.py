@@ -85,7 +85,6 @@ class PricedWriter:
     def write(
         self,
         raw_usage: bytes,
-        *,
         cost_nanos: int,
         price_version: str | None,
         price_match: str | None,

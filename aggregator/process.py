@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from aggregator.decode import decode_usage_event
+from aggregator.decode import read_usage_event
 from aggregator.fold import CounterState, alert_record, apply, unpriced_alert, verdict_record
 from aggregator.priced import PricedWriter
 from aggregator.reference import Reference
@@ -37,7 +37,6 @@ from schemas.codec import (
     VERDICT,
 )
 from schemas.errors import ContractError
-from schemas.periods import to_micros
 from schemas.usage import billed_tokens, validate_usage_event
 
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
@@ -208,42 +207,43 @@ class BatchProcessor:
     ) -> BatchOutput:
         out = BatchOutput(now=now or datetime.now(UTC))
         now = out.now
-        stats = out.stats
         self._refresh_budgets()
         lookup = self._applicable.lookup
-        prices = self.reference.prices
+        price_event = self.reference.prices.price_event
         # each counter is read once per batch; its state object is updated in place
-        states = out.counter_states
+        states: dict[str, CounterState] = {}
         seen_in_batch: dict[str, str] = {}
         seen_writes = out.seen_writes
         verdict_changes = out.verdict_changes
         priced_out = out.priced
         write_priced = PricedWriter(now).write
+        events = duplicates = redelivered = dead_letters = unpriced = charged = 0
+        cost_nanos = 0
         for record in records:
-            stats.events += 1
+            events += 1
             partition = record.partition
             offset = record.offset
             try:
-                event = decode_usage_event(record.value)
+                event, occurred_us = read_usage_event(record.value)
                 validate_usage_event(event)
             except ContractError as exc:
                 out.dead_letters.append((record.key, self._dead_letter(record, exc, now)))
-                stats.dead_letters += 1
+                dead_letters += 1
                 continue
             position = f"{partition}:{offset}"
             seen_key = event["event_id"]
             first = seen_in_batch.get(seen_key) or seen(partition, seen_key)
-            if first is not None and first != position:
-                stats.duplicates += 1
-                continue
-            if first == position:
-                stats.redelivered += 1
+            if first is not None:
+                if first != position:
+                    duplicates += 1
+                    continue
+                redelivered += 1
             seen_in_batch[seen_key] = position
             seen_writes[(partition, seen_key)] = position
 
-            price = prices.price_event(event)
+            price = price_event(event)
             if price.unpriced:
-                stats.unpriced += 1
+                unpriced += 1
                 model = event["model"]
                 out.unpriced_models.add(model)
                 # one alert per model (per source partition: the marker lives in the
@@ -256,13 +256,11 @@ class BatchProcessor:
                         (f"unpriced|{model}".encode(), ALERT.encode(unpriced_alert(model, event)))
                     )
             cost = price.cost_nanos
-            stats.charged += 1
-            stats.cost_nanos += cost
-            occurred_us = to_micros(event["occurred_at"])
+            charged += 1
+            cost_nanos += cost
             tokens = billed_tokens(event)
             for budget, key, scope_values in lookup(event):
-                where = (partition, key)
-                state = states.get(where)
+                state = states.get(key)
                 if state is None:
                     raw = counters(partition, key)
                     if raw is None:
@@ -271,36 +269,31 @@ class BatchProcessor:
                         state = raw
                     else:
                         state = CounterState.from_json(raw)
-                    states[where] = state
-                change = apply(
-                    state,
-                    budget,
-                    event,
-                    cost,
-                    partition,
-                    offset,
-                    occurred_us=occurred_us,
-                    tokens=tokens,
-                )
+                    states[key] = state
+                    out.counter_states[(partition, key)] = state
+                change = apply(state, budget, event, cost, partition, offset, occurred_us, tokens)
                 # a fenced (re-delivered) record still re-sends the verdict: the crash
                 # that caused the re-delivery may have come before the verdict left
-                if (change is None or change.current) and key not in verdict_changes:
+                if change is None:
+                    if key not in verdict_changes:
+                        verdict_changes[key] = VerdictChange(budget, scope_values, state)
+                    continue
+                if change.current and key not in verdict_changes:
                     verdict_changes[key] = VerdictChange(budget, scope_values, state)
-                if change is not None:
-                    for threshold in change.new_alerts:
-                        alert = alert_record(
-                            budget, key, change.period, threshold, state.periods[change.period]
-                        )
-                        out.alerts.append((key.encode(), ALERT.encode(alert)))
+                for threshold in change.new_alerts:
+                    alert = alert_record(
+                        budget, key, change.period, threshold, state.periods[change.period]
+                    )
+                    out.alerts.append((key.encode(), ALERT.encode(alert)))
             # the event's own bytes are reused when it was written with the current schema
             priced = write_priced(
                 record.value,  # type: ignore[arg-type]
-                cost_nanos=cost,
-                price_version=price.price_version,
-                price_match=price.matched,
-                unpriced=price.unpriced,
-                source_partition=partition,
-                source_offset=offset,
+                cost,
+                price.price_version,
+                price.matched,
+                price.unpriced,
+                partition,
+                offset,
             )
             if priced is None:
                 priced = PRICED_USAGE.encode(
@@ -316,6 +309,9 @@ class BatchProcessor:
                     }
                 )
             priced_out.append((partition, event["org_id"].encode(), priced))
+        out.stats = BatchStats(
+            events, charged, duplicates, redelivered, dead_letters, unpriced, cost_nanos
+        )
         # a counter without a current period never had an event applied: nothing to say
         for key in [k for k, c in verdict_changes.items() if not c.state.period]:
             del verdict_changes[key]
