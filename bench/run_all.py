@@ -22,6 +22,7 @@ BENCHES = {
     "sink": ["--runs", "3"],
     "enforcer": [],
     "pipeline": ["--events", "50000", "--seconds", "10"],
+    "gateway": [],
 }
 #: (bench, dotted path in its JSON, label) shown in the summary
 HEADLINES = [
@@ -40,6 +41,13 @@ HEADLINES = [
     ("sink", "rows_per_s_median", "ClickHouse sink rows/s"),
     ("enforcer", "check.p99_us", "enforcer check() p99 µs"),
     ("enforcer", "sidecar.checks_per_s", "sidecar checks/s"),
+    ("gateway", "gateway_vs_passthrough.cpu_per_mib_ratio", "gateway CPU/MiB / bare pass-through"),
+    (
+        "gateway",
+        "gateway_vs_passthrough.added_ttfb_p99_ms",
+        "gateway added TTFB p99 ms (200 streams)",
+    ),
+    ("gateway", "gateway_vs_passthrough.added_cpu_us_per_request", "gateway added CPU µs/request"),
 ]
 
 

@@ -97,7 +97,7 @@ class RealtimeRelay:
         session = _Session(gw, call, ctx, decision)
         try:
             await client_ws.prepare(request)
-            gw.metrics.requests.labels("openai", "allowed").inc()
+            gw.metrics.allowed["openai"].inc()
             await session.relay(client_ws, upstream_ws)
         finally:
             await upstream_ws.close()

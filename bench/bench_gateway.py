@@ -1,0 +1,455 @@
+"""What the reference gateway adds to a streamed LLM call, beside a bare aiohttp pass-through.
+
+Prints one JSON object (and writes bench/results/gateway.json). Four processes:
+the fake providers (``spendbus fake-upstream``, Anthropic SSE streams paced
+chunk by chunk), a bare aiohttp pass-through proxy (``--role passthrough``:
+forward the POST, relay the body with ``readany``/``write``, nothing else),
+the real gateway (``spendbus gateway run``: virtual key, enforcer check
+against a real budget followed from Kafka, tap, publish to usage.raw, settle),
+and this process as the client, holding ``--concurrency`` streams open at once.
+
+Three paths are measured in interleaved rounds (a load spike hits all alike):
+``direct`` (client -> upstream), ``passthrough`` and ``gateway``. Per request:
+time to the first body byte (TTFB) and to the last. Per round: CPU time (user +
+system, from /proc) of the proxy process over the bytes it streamed. Figures
+are medians over rounds of each round's percentile. ``added_ms`` compares a
+proxy's percentiles with the direct ones of the same round;
+``gateway_vs_passthrough`` is the comparison the targets are about (≤ 1.5x the
+pass-through's CPU per MiB, ≤ 2 ms added p99).
+
+    python bench/bench_gateway.py [--concurrency 200] [--requests 400] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+VIRTUAL_KEY = "vk-bench-0123456789abcdef"
+PROMPT = "Summarise the retention policy of usage.raw for the finance team. " * 30
+
+
+# -- the bare pass-through (its own process) ------------------------------------------------
+def passthrough_app(upstream: str) -> web.Application:
+    """The least an aiohttp proxy can do: forward and relay, chunk by chunk."""
+    drop = {"host", "content-length", "transfer-encoding", "connection"}
+    state: dict[str, aiohttp.ClientSession] = {}
+
+    async def startup(_: web.Application) -> None:
+        state["client"] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), auto_decompress=False
+        )
+
+    async def cleanup(_: web.Application) -> None:
+        await state["client"].close()
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
+        async with state["client"].post(
+            upstream + request.path_qs, data=body, headers=headers
+        ) as up:
+            response = web.StreamResponse(
+                status=up.status,
+                headers={k: v for k, v in up.headers.items() if k.lower() not in drop},
+            )
+            await response.prepare(request)
+            while chunk := await up.content.readany():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application(client_max_size=32 * MIB)
+    app.router.add_post("/{tail:.*}", relay)
+    app.on_startup.append(startup)
+    app.on_cleanup.append(cleanup)
+    return app
+
+
+# -- processes --------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_http(url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url) as resp:
+                    if resp.status < 500:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer")
+            await asyncio.sleep(0.2)
+
+
+def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+# -- the load ---------------------------------------------------------------------------------
+async def one(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes
+) -> tuple[float, float, int]:
+    started = time.perf_counter()
+    async with session.post(url, data=body, headers=headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.read())[:200]!r}")
+        first = await resp.content.readany()
+        ttfb = time.perf_counter() - started
+        size = len(first)
+        while chunk := await resp.content.readany():
+            size += len(chunk)
+    return ttfb * 1000, (time.perf_counter() - started) * 1000, size
+
+
+async def wave(url: str, concurrency: int, requests: int, ramp_s: float = 0.0) -> dict[str, Any]:
+    """``requests`` streams, ``concurrency`` at a time; the workers start spread over
+    ``ramp_s`` so streams arrive and end continuously (a steady state, not one burst)."""
+    body = json.dumps(
+        {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 1024,
+            "stream": True,
+            "messages": [{"role": "user", "content": PROMPT}],
+        }
+    ).encode()
+    headers = {
+        "x-api-key": VIRTUAL_KEY,
+        "anthropic-version": "2023-06-01",
+        "content-type": "application/json",
+    }
+    queue = list(range(requests))
+    results: list[tuple[float, float, int]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker(index: int) -> None:
+            await asyncio.sleep(ramp_s * index / concurrency)
+            while queue:
+                queue.pop()
+                results.append(await one(session, url + "/v1/messages", headers, body))
+
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    ttfb = sorted(r[0] for r in results)
+    total = sorted(r[1] for r in results)
+    return {
+        "ttfb_p50": pct(ttfb, 50),
+        "ttfb_p99": pct(ttfb, 99),
+        "total_p50": pct(total, 50),
+        "total_p99": pct(total, 99),
+        "bytes": sum(r[2] for r in results),
+    }
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    index = min(len(values) - 1, max(0, round(p / 100 * len(values) + 0.5) - 1))
+    return values[index]
+
+
+async def count_events(bootstrap: str, topic: str) -> int:
+    from aiokafka import AIOKafkaConsumer
+
+    from schemas.kafka import topic_partitions
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        partitions = await topic_partitions(bootstrap, topic)
+        ends = await consumer.end_offsets(partitions)
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+async def setup_topics(bootstrap: str) -> Any:
+    import uuid
+    from datetime import UTC, datetime
+
+    from schemas.budgets import budgets_from_yaml
+    from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+    from schemas.pricing import default_price_file, load_price_file
+    from schemas.topics import Topics
+    from spendbus.stack.compacted import publish
+    from spendbus.stack.topics import ensure_topics
+
+    topics = Topics(prefix=f"bench-gw-{uuid.uuid4().hex[:6]}.")
+    await ensure_topics(bootstrap, topics, partitions=4)
+    tables = load_price_file(default_price_file())
+    await publish(
+        bootstrap,
+        topics.pricing,
+        [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+    )
+    # real budgets on the request's path: an org budget and a per-job ceiling
+    budgets = budgets_from_yaml(
+        [
+            {"id": "bench-org", "scope": "org", "window": "month", "limit_usd": "1000000"},
+            {"id": "bench-job", "scope": "session", "window": "total", "limit_requests": 10**9},
+        ]
+    )
+    now = datetime.now(UTC)
+    await publish(
+        bootstrap,
+        topics.budget_policies,
+        [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in budgets],
+    )
+    return topics
+
+
+async def measure(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[str, Any]:
+    from spendbus.stack.kafka import free_port
+
+    topics = await setup_topics(bootstrap)
+    up_port, pass_port, gw_port = free_port(), free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{up_port}"
+    config = {
+        "gateway_id": "bench-gateway",
+        "listen": {"host": "127.0.0.1", "port": gw_port},
+        "upstreams": {"anthropic": {"api": "anthropic", "base_url": upstream_url}},
+        "secrets": {"sk-bench": {"upstream": "anthropic", "api_key": "bench-credential"}},
+        "keys": [
+            {
+                "name": "bench",
+                "key": VIRTUAL_KEY,
+                "principal": {"org_id": "bench-org", "secret_id": "sk-bench", "user_id": "b@x.io"},
+            }
+        ],
+        "kafka": {"bootstrap": bootstrap, "topic_prefix": topics.prefix},
+        "publisher": {"spool_dir": str(work / "spool")},
+    }
+    config_path = work / "gateway.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    procs = {
+        "upstream": spawn(
+            [
+                "-m",
+                "spendbus",
+                "fake-upstream",
+                "--port",
+                str(up_port),
+                "--chunk-latency-ms",
+                str(args.chunk_latency_ms),
+                "--output-tokens",
+                str(args.output_tokens),
+                str(args.output_tokens),
+            ]
+        ),
+        "passthrough": spawn(
+            [
+                str(Path(__file__)),
+                "--role",
+                "passthrough",
+                "--port",
+                str(pass_port),
+                "--upstream",
+                upstream_url,
+            ]
+        ),
+        "gateway": spawn(
+            [
+                "-m",
+                "spendbus",
+                "gateway",
+                "run",
+                "--config",
+                str(config_path),
+                "--log-level",
+                "WARNING",
+            ]
+        ),
+    }
+    try:
+        await wait_http(upstream_url + "/healthz")
+        await wait_http(f"http://127.0.0.1:{pass_port}/healthz")  # 405: it answers
+        await wait_http(f"http://127.0.0.1:{gw_port}/healthz")
+        urls = {
+            "direct": upstream_url,
+            "passthrough": f"http://127.0.0.1:{pass_port}",
+            "gateway": f"http://127.0.0.1:{gw_port}",
+        }
+        pids = {"passthrough": procs["passthrough"].pid, "gateway": procs["gateway"].pid}
+        for url in urls.values():  # warm up connections, imports, caches
+            await wave(url, min(args.concurrency, 20), 40)
+        rounds: dict[str, list[dict[str, Any]]] = {path: [] for path in urls}
+        # one stream lasts about this long: spreading the starts over it keeps
+        # ``concurrency`` streams open with arrivals all along
+        ramp = args.chunk_latency_ms / 1000 * args.output_tokens * 4 / 13
+        for _ in range(args.rounds):
+            for path, url in urls.items():
+                before = cpu_seconds(pids[path]) if path in pids else 0.0
+                result = await wave(url, args.concurrency, args.requests, ramp)
+                if path in pids:
+                    cpu = cpu_seconds(pids[path]) - before
+                    result["cpu_s"] = cpu
+                    result["cpu_ms_per_mib"] = 1000 * cpu / (result["bytes"] / MIB)
+                    result["cpu_us_per_request"] = 1e6 * cpu / args.requests
+                rounds[path].append(result)
+        await asyncio.sleep(1.0)  # the gateway's publisher sends its last events
+        events = await count_events(bootstrap, topics.usage_raw)
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for name, proc in procs.items():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                sys.stderr.write(f"{name} did not stop in 30 s: killed\n")
+                proc.kill()
+                proc.wait()
+            if proc.returncode not in (0, -signal.SIGTERM) and proc.stderr is not None:
+                sys.stderr.write(
+                    f"{name} exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}\n"
+                )
+    return summarise(args, rounds, events)
+
+
+def summarise(
+    args: argparse.Namespace, rounds: dict[str, list[dict[str, Any]]], events: int
+) -> dict[str, Any]:
+    def med(path: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds[path])
+
+    def added(path: str, base: str) -> dict[str, float]:
+        out = {}
+        for key in ("ttfb_p50", "ttfb_p99", "total_p50", "total_p99"):
+            out[key] = round(
+                statistics.median(
+                    a[key] - b[key] for a, b in zip(rounds[path], rounds[base], strict=True)
+                ),
+                2,
+            )
+        return out
+
+    paths = {
+        path: {
+            key: round(med(path, key), 2)
+            for key in (
+                "ttfb_p50",
+                "ttfb_p99",
+                "total_p50",
+                "total_p99",
+                "cpu_ms_per_mib",
+                "cpu_us_per_request",
+            )
+            if key in rounds[path][0]
+        }
+        for path in rounds
+    }
+    mib_per_round = round(statistics.median(r["bytes"] for r in rounds["gateway"]) / MIB, 2)
+    cpu_ratio = round(med("gateway", "cpu_ms_per_mib") / med("passthrough", "cpu_ms_per_mib"), 2)
+    vs_pass = added("gateway", "passthrough")
+    requests = args.requests * args.rounds + 40
+    return {
+        "bench": "gateway",
+        "concurrency": args.concurrency,
+        "requests_per_round": args.requests,
+        "rounds": args.rounds,
+        "stream": {
+            "format": "anthropic-messages SSE",
+            "output_tokens": args.output_tokens,
+            "chunk_latency_ms": args.chunk_latency_ms,
+            "mib_per_round": mib_per_round,
+        },
+        "paths_ms": paths,
+        "added_ms": {
+            "passthrough": added("passthrough", "direct"),
+            "gateway": added("gateway", "direct"),
+        },
+        "gateway_vs_passthrough": {
+            "added_ttfb_p50_ms": vs_pass["ttfb_p50"],
+            "added_ttfb_p99_ms": vs_pass["ttfb_p99"],
+            "added_total_p99_ms": vs_pass["total_p99"],
+            "cpu_per_mib_ratio": cpu_ratio,
+            # CPU the gateway spends per request beyond relaying it (check, tap, publish,
+            # settle): less sensitive to a loaded machine than the latencies
+            "added_cpu_us_per_request": round(
+                med("gateway", "cpu_us_per_request") - med("passthrough", "cpu_us_per_request")
+            ),
+            "target_cpu_ratio": 1.5,
+            "target_added_p99_ms": 2.0,
+            "cpu_target_met": cpu_ratio <= 1.5,
+            "latency_target_met": vs_pass["ttfb_p99"] <= 2.0,
+        },
+        "events_published": events,
+        "events_expected": requests,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=400, help="Requests per path per round.")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--output-tokens", type=int, default=100, help="Per streamed answer.")
+    # ~17 SSE events a second per stream: a model streaming ~50 tokens/s
+    parser.add_argument("--chunk-latency-ms", type=float, default=60.0)
+    parser.add_argument("--role", choices=["bench", "passthrough"], default="bench")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--upstream", default="")
+    parser.add_argument(
+        "--profile-gateway", default="", help="Write a cProfile of the gateway here."
+    )
+    args = parser.parse_args()
+    if args.role == "passthrough":
+        app = passthrough_app(args.upstream)
+        app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+        web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
+        return
+
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+
+        ensure_broker_jars()
+        broker = LocalKafka(data_dir=Path(tempfile.mkdtemp(prefix="bench-kafka-")), port=0)
+        broker.start()
+        bootstrap = broker.bootstrap
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-gateway-") as work:
+            result = asyncio.run(measure(args, bootstrap, Path(work)))
+    finally:
+        if broker is not None:
+            broker.stop()
+    out = Path(__file__).resolve().parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "gateway.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
