@@ -354,6 +354,10 @@ def test_fast_path_equals_applicable(
     assert got == expected
     for _, key, values in index.applicable(c):
         assert key.endswith("".join(f"{len(v)}:{v}," for v in values))
+    # check() inlines org and one-value scopes: its counters are the contract's too
+    e, _ = loaded_enforcer(budgets)
+    seen = sorted((row.budget_id, row.counter) for row in e.peek(c).counters)
+    assert seen == expected
 
 
 def test_budgets_pinned_to_an_org_only_apply_to_it() -> None:

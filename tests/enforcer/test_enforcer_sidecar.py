@@ -144,3 +144,21 @@ async def test_no_token_configured_means_open_on_loopback() -> None:
     e, _ = loaded_enforcer([ORG])
     async with TestClient(TestServer(create_app(e))) as c:
         assert (await c.post("/v1/check", json=CTX)).status == 200
+
+
+async def test_json_the_fast_decoder_refuses_gets_the_same_answer_as_before(client) -> None:  # type: ignore[no-untyped-def]
+    c, _ = client
+    # NaN is not JSON; the stdlib reads it, and the context says which field is wrong
+    body = b'{"org_id": "acme", "secret_id": "sk-1", "input_tokens": NaN}'
+    r = await c.post("/v1/check", data=body, headers=AUTH)
+    answer = await r.json()
+    assert r.status == 400 and answer["error"] == "invalid_context"
+    assert answer["field"] == "input_tokens"
+    r = await c.post("/v1/check", json={**CTX, "input_tokens": 2**70}, headers=AUTH)
+    answer = await r.json()
+    assert r.status == 400 and answer["field"] == "input_tokens"
+    r = await c.post("/v1/check", data=b"\xff\xfe", headers=AUTH)
+    assert r.status == 400 and (await r.json())["error"] == "invalid_json"
+    # non-ASCII ids (and U+2028, which JSON allows raw) are read as UTF-8
+    r = await c.post("/v1/check", json={**CTX, "user_id": "Zoë\u2028"}, headers=AUTH)
+    assert r.status == 200 and (await r.json())["allowed"] is True
