@@ -221,14 +221,13 @@ class _Source:
 
 
 def _emit_string(src: _Source, depth: int, var: str) -> None:
-    encoded = src.name("b")
+    encoded, size = src.name("b"), src.name("n")
     src.emit(depth, f"if type({var}) is not str: raise _NotSpecialised")
-    src.emit(
-        depth, f"{encoded} = {var}.encode()"
-    )  # strict UTF-8: a lone surrogate goes to fastavro
+    # strict UTF-8: a lone surrogate raises, and fastavro names the error
+    src.emit(depth, f"{encoded} = {var}.encode()")
     src.emit(
         depth,
-        f"put(_SMALL[len({encoded})] if len({encoded}) < {_SMALL_LIMIT} else _long(len({encoded})))",
+        f"put(_SMALL[{size}] if ({size} := len({encoded})) < {_SMALL_LIMIT} else _long({size}))",
     )
     src.emit(depth, f"put({encoded})")
 

@@ -44,6 +44,13 @@ def test_prepare_encodes_once_with_the_org_as_key() -> None:
     assert USAGE_EVENT.decode(prepared.value) == e
 
 
+def test_keys_stay_canonical_past_the_key_cache() -> None:
+    orgs = [f" org-{i} " if i % 2 else f"org-{i}" for i in range(5000)]  # more than it holds
+    for _ in range(2):
+        for org in orgs:
+            assert prepare(event(org=org)).key == org.strip().encode()
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
