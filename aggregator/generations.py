@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from aggregator.fold import CounterState, apply
 from aggregator.snapshots import FoldState, read_topic
@@ -134,7 +135,14 @@ async def group_progress(bootstrap: str, topics: Topics) -> GroupProgress:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        committed = await admin.list_consumer_group_offsets(topics.aggregator_app_id)
+        for attempt in range(60):
+            try:
+                committed = await admin.list_consumer_group_offsets(topics.aggregator_app_id)
+                break
+            except KafkaError as exc:  # a fresh cluster elects its group coordinator first
+                if not exc.retriable or attempt == 59:
+                    raise
+                await asyncio.sleep(0.5)
     finally:
         await admin.close()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)

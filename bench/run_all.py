@@ -23,6 +23,7 @@ BENCHES = {
     "enforcer": [],
     "pipeline": ["--events", "50000", "--seconds", "10"],
     "gateway": [],
+    "replay": [],
 }
 #: (bench, dotted path in its JSON, label) shown in the summary
 HEADLINES = [
@@ -41,6 +42,11 @@ HEADLINES = [
     ("sink", "rows_per_s_median", "ClickHouse sink rows/s"),
     ("enforcer", "check.p99_us", "enforcer check() p99 µs"),
     ("enforcer", "sidecar.checks_per_s", "sidecar checks/s"),
+    (
+        "replay",
+        "generation_worker.progress_on.steady_events_per_s",
+        "replay events/s (generation worker, progress on)",
+    ),
     ("gateway", "gateway_vs_passthrough.cpu_per_mib_ratio", "gateway CPU/MiB / bare pass-through"),
     (
         "gateway",

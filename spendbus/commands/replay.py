@@ -486,7 +486,8 @@ def _place() -> tuple[StackPlace, Any]:
     return place, settings
 
 
-def _progress_bar(disable: bool) -> Progress:
+def progress_bar(disable: bool = False, on: Console | None = None) -> Progress:
+    """The replay's progress display: events, events/s, lag, elapsed, ETA."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -496,12 +497,12 @@ def _progress_bar(disable: bool) -> Progress:
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
-        console=console,
+        console=on or console,
         disable=disable,
     )
 
 
-class _Meter:
+class Meter:
     """Feeds the progress bar: events done, rate over the last few seconds, lag."""
 
     def __init__(self, bar: Progress, task: TaskID) -> None:
@@ -584,8 +585,8 @@ def replay(
         raise click.UsageError("--from-snapshot applies to --dry-run (docs/replay.md: snapshots)")
     place, settings = _place()
     if dry_run:
-        with _progress_bar(as_json) as bar:
-            meter = _Meter(bar, bar.add_task("folding usage.raw", total=None, rate=0.0, lag=0))
+        with progress_bar(as_json) as bar:
+            meter = Meter(bar, bar.add_task("folding usage.raw", total=None, rate=0.0, lag=0))
             report, _ = asyncio.run(
                 fold_dry_run(place, bounds=bounds, from_snapshot=from_snapshot, progress=meter)
             )
@@ -596,8 +597,8 @@ def replay(
     console.print(f"replaying usage.raw into generation [bold]{name}[/bold] ...", highlight=False)
     run.start()
     try:
-        with _progress_bar(as_json) as bar:
-            meter = _Meter(bar, bar.add_task(f"generation {name}", total=None, rate=0.0, lag=0))
+        with progress_bar(as_json) as bar:
+            meter = Meter(bar, bar.add_task(f"generation {name}", total=None, rate=0.0, lag=0))
             run.wait_caught_up(meter)
         report = run.report()
         if cutover and report.consistent:
@@ -683,8 +684,8 @@ def snapshot(as_json: bool) -> None:
         )
         return await write_snapshot(place.bootstrap, place.topics, fold), fold
 
-    with _progress_bar(as_json) as bar:
-        meter = _Meter(bar, bar.add_task("folding usage.raw", total=None, rate=0.0, lag=0))
+    with progress_bar(as_json) as bar:
+        meter = Meter(bar, bar.add_task("folding usage.raw", total=None, rate=0.0, lag=0))
         snapshot_id, fold = asyncio.run(make(meter))
     summary = {
         "snapshot": snapshot_id,

@@ -1,0 +1,262 @@
+"""Replay benchmark: rebuilding counters from usage.raw, with the progress display on.
+
+On a fresh 4-partition usage.raw holding N pre-encoded UsageEvents (3 budgets),
+measured side by side in one run:
+
+1. the raw aiokafka consume rate of the topic (the floor every replay stands on);
+2. the in-memory fold (`spendbus replay --dry-run`, `spendbus snapshot`) with the
+   rich progress display rendering and without it (median of --repeats each,
+   alternated);
+3. a generation replay (`spendbus replay`): a real aggregator worker of a new
+   generation started beside nothing else, from serving to caught up, watched
+   through its consumer group's committed offsets, with the progress display on,
+   then a second generation with it off.
+
+The display renders into a terminal-sized in-memory console (what it costs is
+paid; stdout keeps only the JSON). Prints one JSON object. Uses KAFKA_BOOTSTRAP,
+else starts a LocalKafka for the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from rich.console import Console
+
+from aggregator.generations import group_progress
+from aggregator.snapshots import fold_ledger, load_reference
+from schemas.budgets import budgets_from_yaml
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
+from schemas.kafka import topic_partitions
+from schemas.pricing import default_price_file, load_price_file
+from schemas.topics import Topics
+from schemas.usage import new_usage_event
+from spendbus.commands.replay import GenerationReplay, Meter, StackPlace, progress_bar
+from spendbus.stack.compacted import publish
+from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+from spendbus.stack.topics import ensure_topics
+
+BUDGETS = [
+    {"id": "per-secret", "scope": "secret", "window": "month", "limit_usd": "1000000"},
+    {"id": "per-org", "scope": "org", "window": "day", "limit_tokens": 10**15},
+    {"id": "per-user", "scope": "user", "window": "rolling:1h", "limit_usd": "1000000"},
+]
+
+
+def events(n: int, orgs: int = 50) -> list[tuple[bytes, bytes]]:
+    out = []
+    for i in range(n):
+        org = f"org-{i % orgs}"
+        e = new_usage_event(
+            provider="anthropic",
+            api="anthropic-messages",
+            model="claude-sonnet-4-5",
+            secret_id=f"sk-{i % (orgs * 4)}",
+            org_id=org,
+            user_id=f"user-{i % 500}@{org}.com",
+            gateway_id="bench",
+            input_tokens=1000 + i % 5000,
+            output_tokens=100 + i % 900,
+        )
+        out.append((org.encode(), USAGE_EVENT.encode(e)))
+    return out
+
+
+async def setup(bootstrap: str, topics: Topics, n: int) -> None:
+    await ensure_topics(bootstrap, topics, 4)
+    tables = load_price_file(default_price_file())
+    await publish(
+        bootstrap,
+        topics.pricing,
+        [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+    )
+    await publish(
+        bootstrap,
+        topics.budget_policies,
+        [
+            (b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record()))
+            for b in budgets_from_yaml(BUDGETS)
+        ],
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=512 * 1024
+    )
+    await producer.start()
+    try:
+        futures = [await producer.send(topics.usage_raw, key=k, value=v) for k, v in events(n)]
+        for f in futures:
+            await f
+    finally:
+        await producer.stop()
+
+
+async def raw_consume(bootstrap: str, topics: Topics) -> float:
+    partitions = await topic_partitions(bootstrap, topics.usage_raw)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        total, read = sum(ends.values()), 0
+        started = time.perf_counter()
+        while read < total:
+            for messages in (await consumer.getmany(timeout_ms=1000, max_records=20_000)).values():
+                read += len(messages)
+        return read / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+
+
+def _screen() -> Console:
+    """A terminal the display renders into (its cost is paid, stdout stays JSON)."""
+    return Console(file=io.StringIO(), force_terminal=True, width=140)
+
+
+def fold_rate(bootstrap: str, topics: Topics, display: bool) -> float:
+    async def run(progress: Any) -> tuple[int, float]:
+        reference = await load_reference(bootstrap, topics)
+        started = time.perf_counter()
+        state = await fold_ledger(bootstrap, topics, reference, progress=progress)
+        return state.stats.events, time.perf_counter() - started
+
+    with progress_bar(disable=not display, on=_screen()) as bar:
+        meter = Meter(bar, bar.add_task("folding", total=None, rate=0.0, lag=0))
+        n, seconds = asyncio.run(run(meter if display else None))
+    return n / seconds
+
+
+def generation_rate(place: StackPlace, name: str, display: bool) -> dict[str, Any]:
+    """A generation worker from process start to caught up. Its group's committed offsets
+    are sampled from another thread from before the start, so the steady rate (10 % to
+    90 % of the ledger committed) is measured even when the worker is fast."""
+    replay = GenerationReplay(place, name)
+    samples: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            progress = asyncio.run(group_progress(place.bootstrap, replay.topics))
+            samples.append((time.perf_counter(), progress.committed))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    started = time.perf_counter()
+    sampler.start()
+    try:
+        replay.start()  # returns once the worker is serving
+        with progress_bar(disable=not display, on=_screen()) as bar:
+            meter = Meter(bar, bar.add_task(name, total=None, rate=0.0, lag=0))
+            reached = replay.wait_caught_up(meter if display else None, poll_seconds=0.25)
+        wall = time.perf_counter() - started
+    finally:
+        done.set()
+        sampler.join(30)
+        replay.stop()
+    total = reached.committed
+    low = next(t for t, c in samples if c >= 0.1 * total)
+    high = next((t for t, c in samples if c >= 0.9 * total), samples[-1][0])
+    steady = (0.8 * total) / (high - low) if high > low else float("nan")
+    return {
+        "events": total,
+        "wall_seconds_with_startup": round(wall, 2),
+        "events_per_s_with_startup": round(total / wall, 1),
+        "steady_events_per_s": round(steady, 1),
+    }
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median of each measure over the runs, plus every run's steady rate."""
+    out: dict[str, Any] = {
+        key: round(statistics.median(r[key] for r in runs), 2) for key in runs[0] if key != "events"
+    }
+    out["events"] = runs[0]["events"]
+    out["runs_steady_events_per_s"] = [r["steady_events_per_s"] for r in runs]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--events", type=int, default=10_000, help="ledger of the in-memory fold")
+    parser.add_argument(
+        "--worker-events", type=int, default=60_000, help="ledger of the generation workers"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker-repeats", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker = None
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        if not bootstrap:
+            ensure_broker_jars()
+            broker = LocalKafka(data_dir=home / "kafka").start()
+            bootstrap = broker.bootstrap
+        try:
+            topics = Topics(f"benchreplay{uuid.uuid4().hex[:6]}.")
+            asyncio.run(setup(bootstrap, topics, args.events))
+            big = Topics(f"benchreplayw{uuid.uuid4().hex[:6]}.")
+            asyncio.run(setup(bootstrap, big, args.worker_events))
+            raw = [asyncio.run(raw_consume(bootstrap, topics)) for _ in range(args.repeats)]
+            fold_on: list[float] = []
+            fold_off: list[float] = []
+            for _ in range(args.repeats):  # alternated, so drifting load hits both alike
+                fold_on.append(fold_rate(bootstrap, topics, display=True))
+                fold_off.append(fold_rate(bootstrap, topics, display=False))
+            place = StackPlace(bootstrap=bootstrap, topics=big, dsn=None, home=home)
+            worker_runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+            for n in range(args.worker_repeats):  # alternated: off, on, off, on ...
+                for display in (False, True):
+                    name = f"b{n}{'on' if display else 'off'}"
+                    worker_runs[display].append(generation_rate(place, name, display))
+            on, off = (_median_run(worker_runs[d]) for d in (True, False))
+            raw_median = statistics.median(raw)
+            result = {
+                "bench": "replay",
+                "events": args.events,
+                "worker_events": args.worker_events,
+                "raw_consume_events_per_s": round(raw_median, 1),
+                "fold_in_memory": {
+                    "progress_on_events_per_s": round(statistics.median(fold_on), 1),
+                    "progress_off_events_per_s": round(statistics.median(fold_off), 1),
+                    "ratio_on_to_off": round(
+                        statistics.median(fold_on) / statistics.median(fold_off), 3
+                    ),
+                    "ratio_on_to_raw": round(statistics.median(fold_on) / raw_median, 4),
+                },
+                "generation_worker": {
+                    "progress_on": on,
+                    "progress_off": off,
+                    "ratio_on_to_off": round(
+                        on["steady_events_per_s"] / off["steady_events_per_s"], 3
+                    ),
+                    "ratio_on_to_raw": round(on["steady_events_per_s"] / raw_median, 4),
+                    "sink": False,
+                },
+                "cpus": os.cpu_count(),
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+            }
+        finally:
+            if broker is not None:
+                broker.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
