@@ -254,14 +254,15 @@ class Context:
     @classmethod
     def from_mapping(cls, data: Any) -> Context:
         """A context from JSON-like data (the sidecar, the CLI); unknown keys are refused."""
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):
             raise InvalidContext("<ctx>", "must be a JSON object")
-        for name in data:
-            if name not in _FIELD_NAMES:
-                raise InvalidContext(str(name), "not a context field")
-        for name in ("org_id", "secret_id"):
-            if name not in data:
-                raise InvalidContext(name, "required, a non-empty string")
+        if not _FIELD_NAMES.issuperset(data):
+            for name in data:
+                if name not in _FIELD_NAMES:
+                    raise InvalidContext(str(name), "not a context field")
+        if "org_id" not in data or "secret_id" not in data:
+            name = "secret_id" if "org_id" in data else "org_id"
+            raise InvalidContext(name, "required, a non-empty string")
         return cls(**data)
 
     # Mapping-like access for schemas.budgets (Budget.counter_keys / applicable)
@@ -751,23 +752,35 @@ class Decision:
     def to_json(self, *, counters: bool = True) -> dict[str, Any]:
         """The decision as JSON (the sidecar's and ``spendbus check``'s answer)."""
         answer = self._answer()
+        outcome = self.outcome
+        budget_id = self.budget_id
         # only a budget refusal has refusing rows: skip the scans otherwise
-        refusing = self._refusing_rows() if self.outcome == "refused" else []
+        if outcome == "refused":
+            refusing = self._refusing_rows()
+            job = any(r[0].scope == "session" for r in refusing)
+            exceeded = list(dict.fromkeys(r[0].budget_id for r in refusing))
+        else:
+            refusing, job, exceeded = [], False, []
         out = {
-            "allowed": self.allowed,
+            "allowed": outcome == "allowed" or outcome == "failed_open",
             "decision": self.decision,
-            "outcome": self.outcome,
+            "outcome": outcome,
             "status": answer.status,
-            "budget_id": self.budget_id,
+            "budget_id": budget_id,
             "reason": self.reason,
             "retry_after": answer.retry_after,
             "headers": [list(h) for h in answer.headers],
             "body": answer.body,
             "hold_id": self.hold_id,
             "over_budget": bool(refusing),
-            "job_over_budget": any(r[0].scope == "session" for r in refusing),
-            "exceeded_budgets": list(dict.fromkeys(r[0].budget_id for r in refusing)),
-            "usage_fields": self.usage_fields(),
+            "job_over_budget": job,
+            "exceeded_budgets": exceeded,
+            # usage_fields(), without a second lookup of the budget
+            "usage_fields": {
+                "outcome": outcome,
+                "decision": self.decision,
+                "decision_budget_id": budget_id,
+            },
         }
         if counters:
             out["counters"] = [c.to_json() for c in self.counters]

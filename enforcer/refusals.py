@@ -27,10 +27,9 @@ header per counter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from urllib.parse import quote
 
 from schemas.periods import from_micros
@@ -68,12 +67,17 @@ _JSON: Final = ("Content-Type", "application/json")
 _HEADER_SAFE: Final = "!#$%&'*+-.^_`|~:@/()[]{}<>?="
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(NamedTuple):
+    """What the proxy answers (immutable; a tuple: built once per check, it must be cheap)."""
+
     status: int
     headers: tuple[tuple[str, str], ...]
     body: dict[str, Any] | None
     retry_after: int | None
+
+
+#: an allowed request without warnings: the same answer every time
+_ALLOWED: Final = Response(200, (), None, None)
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -123,7 +127,10 @@ def budget_retry_after(status: CounterStatus, now_us: int) -> int | None:
 
 def respond(decision: Decision, config: EnforcerConfig) -> Response:
     if decision.allowed:
-        return Response(200, tuple(spend_header(c) for c in decision.warnings), None, None)
+        warnings = decision.warnings
+        if not warnings:
+            return _ALLOWED
+        return Response(200, tuple(spend_header(c) for c in warnings), None, None)
     style = dialect(decision.ctx.provider) if config.refusal_style == "native" else None
     if decision.decision == FAILED_CLOSED:
         return _failed_closed(decision, config, style)
