@@ -162,6 +162,22 @@ async def group_progress(bootstrap: str, topics: Topics) -> GroupProgress:
     )
 
 
+async def group_members(bootstrap: str, group_id: str) -> int:
+    """How many consumers the group has now (0 for an empty or unknown group)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        responses = await admin.describe_consumer_groups([group_id])
+    finally:
+        await admin.close()
+    members = 0
+    for response in responses:
+        for group in response.groups:
+            # DescribeGroups v0+: (error_code, group_id, state, protocol_type, protocol, members, ...)
+            members += len(group[5])
+    return members
+
+
 async def delete_group(bootstrap: str, group_id: str) -> None:
     """Forget a retired generation's committed offsets (its topics are kept: docs/replay.md)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)

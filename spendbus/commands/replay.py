@@ -43,6 +43,7 @@ from aggregator.generations import (
     counters_from_rows,
     current_generation,
     fold_views,
+    group_members,
     group_progress,
     prepare_store,
     publish_switch,
@@ -313,7 +314,10 @@ class GenerationReplay:
            offsets (read now): it has applied at least everything the old one applied.
         2. Publish the switch (previous not yet retired): enforcers load the new verdicts
            in the background and swap atomically, keeping per counter the newer verdict.
-        3. Stop ``serving`` (the old generation's worker, when this process knows it).
+        3. Stop ``serving`` (the old generation's worker, when this process knows it);
+           without one, wait until the old generation's consumer group is empty (its
+           workers run elsewhere: an operator stops them; restarted, they build the
+           current generation).
         4. Publish the switch again with previous_retired: the alert relay starts forwarding.
         5. Hand over the serving slot: stop the replay worker and start ``serving`` again,
            which starts at the current generation (now this one).
@@ -335,6 +339,8 @@ class GenerationReplay:
         # Step 3
         if serving is not None:
             serving.stop()
+        else:  # its workers run elsewhere: they must be stopped before it counts as retired
+            self._wait_retired(timeout)
         # Step 4
         asyncio.run(
             publish_switch(
@@ -347,6 +353,21 @@ class GenerationReplay:
         if serving is not None:
             self.worker.stop()
             serving.start(timeout=180)
+
+    def _wait_retired(self, timeout: float) -> None:
+        group = self.place.topics.of_generation(self.previous).aggregator_app_id
+        deadline = time.monotonic() + timeout
+        warned = False
+        while asyncio.run(group_members(self.place.bootstrap, group)):
+            if not warned:
+                console.print(
+                    f"waiting for the workers of the old generation (group {group}) to stop",
+                    highlight=False,
+                )
+                warned = True
+            if time.monotonic() > deadline:
+                raise ReplayError(f"the old generation's workers (group {group}) still run")
+            time.sleep(1.0)
 
     def stop(self) -> None:
         self.worker.stop()

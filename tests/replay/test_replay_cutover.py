@@ -13,7 +13,7 @@ import pytest
 from pipeline_kit import Pipeline
 from replay_kit import make_events, publish_events, replay_beside
 
-from aggregator.generations import fold_views, group_progress
+from aggregator.generations import fold_views, group_progress, read_switch
 from aggregator.snapshots import fold_ledger, ledger_ends, load_reference
 from enforcer import Enforcer, EnforcerConfig
 
@@ -144,3 +144,42 @@ def test_a_cutover_under_live_traffic_never_shows_a_counter_going_backwards(
         return await fold_ledger(pipeline.bootstrap, pipeline.topics, reference)
 
     assert enforcer.result["verdicts"] == fold_views(asyncio.run(fold()))
+
+
+def test_without_a_local_worker_the_cutover_waits_for_the_old_generation_to_stop(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    publish_events(pipeline, make_events(100, seed=5))
+    run = replay_beside(pipeline, tmp_path, "g2")
+    run.start()
+    errors: list[BaseException] = []
+    finished = threading.Event()
+
+    def cut_over() -> None:
+        try:
+            run.cutover(None, timeout=120)  # the old workers run "elsewhere"
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            finished.set()
+
+    try:
+        run.wait_caught_up()
+        worker = threading.Thread(target=cut_over, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 60
+        while (switch := asyncio.run(read_switch(pipeline.bootstrap, pipeline.topics))) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert switch.generation == "g2" and not switch.previous_retired
+        time.sleep(3)  # the old generation still runs: not retired
+        assert not finished.is_set()
+        switch = asyncio.run(read_switch(pipeline.bootstrap, pipeline.topics))
+        assert switch is not None and not switch.previous_retired
+        pipeline.worker.stop()
+        assert finished.wait(60) and not errors, errors
+        switch = asyncio.run(read_switch(pipeline.bootstrap, pipeline.topics))
+        assert switch is not None and switch.previous_retired
+        assert run.worker.pid() is not None  # the new generation keeps running
+    finally:
+        run.stop()
