@@ -14,7 +14,7 @@ taken over the self-contained, expanded schema.
 
 UsageEvent, written once per upstream call by every proxy, is encoded by a
 writer generated from its schema at import (:func:`compile_record_writer`):
-about 4x less CPU than fastavro's generic writer, byte-identical (a property
+about 3x less CPU than fastavro's generic writer, byte-identical (a property
 test compares the two). It takes only the value types it knows exactly; any
 other value is handed to fastavro, which encodes it or raises its own error.
 """

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from .estimate import EstimatorConfig, Observed
+from .fastjson import fast_decode, shallow
 from .request import RequestInfo
 from .usage import InvalidUsage, Usage
 
@@ -94,35 +95,19 @@ _scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
 )
 
 
-#: msgspec's JSON decoder (C, reads bytes without decoding them to str first, keeps big
-#: integers exact like json): 3-5x less CPU per streamed event than json.loads
-_fast_decode: Callable[[bytes | bytearray | str], Any] = msgspec.json.Decoder().decode
-#: documents up to this size cannot nest deeper than _MAX_FAST_DEPTH
-_FAST_ANY_SIZE = 2 * 512
-_MAX_FAST_DEPTH = 512
-
-
 def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
     """``json.loads`` that reports instead of raising: ``(value, problem)``.
 
     msgspec reads the common document; whatever it refuses (malformed JSON, NaN,
     lone surrogates, numbers beyond a double...) takes :func:`loads_stdlib`, so the
-    value and the problem are exactly json's. Documents that could nest deeper than
-    512 levels go to json directly: there only json's own recursion limit decides.
+    value and the problem are exactly json's (see fastjson.py).
     """
-    if len(data) <= _FAST_ANY_SIZE or _openers(data) <= _MAX_FAST_DEPTH:
+    if shallow(data):
         try:
-            return _fast_decode(data), None
+            return fast_decode(data), None
         except Exception:  # json decides what is wrong, and says it
             pass
     return loads_stdlib(data)
-
-
-def _openers(data: bytes | bytearray | str) -> int:
-    """An upper bound of the nesting depth (brackets inside strings counted too)."""
-    if isinstance(data, str):
-        return data.count("{") + data.count("[")
-    return data.count(b"{") + data.count(b"[")
 
 
 def shape_decoder(shape: type[msgspec.Struct]) -> Callable[[bytes], Any]:
@@ -139,7 +124,7 @@ def read_shape(decode: Callable[[bytes], Any], data: bytes) -> Any:
     does not fit the shape (a missing field, another type), gives None: the caller reads
     it with :func:`loads`, so what the event means never depends on this shortcut.
     """
-    if data.isascii() and (len(data) <= _FAST_ANY_SIZE or _openers(data) <= _MAX_FAST_DEPTH):
+    if data.isascii() and shallow(data):
         try:
             return decode(data)
         except Exception:  # not this shape (or not JSON): the general path decides

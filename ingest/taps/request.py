@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .fastjson import json_loads
+
 #: Containers visited when looking for server-side state in a request; a larger
 #: request is assumed to name server-side state (pessimistic).
 WALK_BUDGET = 200_000
@@ -48,7 +50,7 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
         raw = request.encode() if isinstance(request, str) else bytes(request)
         size = len(raw)
         try:
-            obj = json.loads(raw)
+            obj = json_loads(raw)
         except (ValueError, RecursionError):
             return RequestInfo(size=size, readable=False)
     if not isinstance(obj, dict):

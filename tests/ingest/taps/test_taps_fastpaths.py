@@ -26,6 +26,7 @@ import ingest.taps.openai_responses
 from ingest.taps import EstimatorConfig, open_tap
 from ingest.taps.base import loads, loads_stdlib
 from ingest.taps.eventstream import encode_message
+from ingest.taps.fastjson import json_loads
 from ingest.taps.sse import SSEParser
 
 # -- SSE: one event per chunk ------------------------------------------------------------
@@ -173,6 +174,32 @@ def test_loads_agrees_with_json_on_any_bytes(data: bytes) -> None:
 def test_loads_agrees_with_json_on_edge_cases(data: bytes) -> None:
     same(data)
     same(data.decode("utf-8", "replace"))
+
+
+def json_outcome(parse: Any, data: bytes) -> tuple[str, str]:
+    try:
+        return "value", repr(parse(data))
+    except Exception as exc:
+        return "error", type(exc).__name__
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    JSON.map(lambda v: json.dumps(v).encode())
+    | st.binary(max_size=48)
+    | JSON.map(lambda v: json.dumps(v, ensure_ascii=False).encode("utf-16"))
+)
+def test_request_bodies_parse_as_json_loads_parses_them(data: bytes) -> None:
+    """Requests are read with json.loads semantics (UTF-16 and encoded surrogates too)."""
+    assert json_outcome(json_loads, data) == json_outcome(json.loads, data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b'"\xed\xa0\x80"', b"\xef\xbb\xbf{}", b"[" * 3000 + b"]" * 3000, b"1e400", b"NaN"],
+)
+def test_request_edge_cases_parse_as_json_loads_parses_them(data: bytes) -> None:
+    assert json_outcome(json_loads, data) == json_outcome(json.loads, data)
 
 
 # -- provider shapes: the narrow decode and the general one give the same tap --------------
