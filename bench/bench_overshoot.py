@@ -1,0 +1,836 @@
+"""Overshoot: how far past one USD budget 50 concurrent streaming clients get, through
+3 gateway replicas, with spendbus's reserve-and-settle enforcer beside a polling baseline.
+
+Issue 8. One run, two phases on the same broker, aggregator worker and fake
+provider, one after the other, each on its own org and budget (same cap):
+
+* ``ours``: every replica is the reference gateway (``ingest.gateway``) with its
+  own ``enforcer.Enforcer`` following budget.verdicts and its own publisher; an
+  allowed request holds its worst-case estimate until its usage event settles it.
+* ``baseline``: the same gateways and workload, the gate replaced by
+  ``bench/overshoot_baseline.PollGate``: local spend flushed to a shared total
+  every 5 s, ``cached total < cap`` checked, nothing held (the design DESIGN.md's
+  "Lessons from the field" criticises).
+
+Clients stream Anthropic Messages (``claude-sonnet-4-5``, ``max_tokens`` 1024)
+through the replicas round-robin and go on until every replica has refused
+``--stop-after-refusals`` requests in a row (or ``--max-seconds``); refused
+clients retry after ``--refusal-pause-ms`` (ignoring Retry-After: the hard case).
+The fake provider (its own process) answers after ``--latency-ms`` and paces
+the stream's chunks ``--chunk-latency-ms`` apart.
+
+Ground truth = the exact sum of the cost of every call the provider served: each
+published usage event priced with the shipped price book as the aggregator does
+(``PriceBook.price_event``). It is cross-checked with the aggregator's final
+verdict for the budget's counter (read from budget.verdicts once the worker has
+caught up) and with the provider's own token totals (``/stats``). Spend over time
+is sampled every 100 ms; the chart (``bench/results/overshoot.png``) shows it
+beside the cap and what the gates believed (the verdict's spend for ours, the
+shared total for the baseline).
+
+Prints one JSON object and writes bench/results/overshoot.json. Uses
+KAFKA_BOOTSTRAP, else starts a LocalKafka for the run.
+
+    python bench/bench_overshoot.py [--clients 50] [--replicas 3] [--cap-usd 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from bench.overshoot_baseline import PollGate, SharedTotal  # noqa: E402
+from enforcer import Enforcer, EnforcerConfig  # noqa: E402
+from ingest.gateway import Gateway, GatewayServer, parse_config  # noqa: E402
+from ingest.publisher import PublisherConfig, UsagePublisher  # noqa: E402
+from schemas.budgets import Budget, budgets_from_yaml  # noqa: E402
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT  # noqa: E402
+from schemas.ids import counter_key, decompose  # noqa: E402
+from schemas.pricing import PriceBook, default_price_file, load_price_file  # noqa: E402
+from schemas.topics import Topics  # noqa: E402
+from schemas.usage import TOKEN_FIELDS  # noqa: E402
+from spendbus.stack.compacted import publish  # noqa: E402
+from spendbus.stack.kafka import LocalKafka, ensure_broker_jars, free_port  # noqa: E402
+from spendbus.stack.topics import ensure_topics  # noqa: E402
+from spendbus.stack.worker import WorkerProcess  # noqa: E402
+
+NANOS = 1_000_000_000
+MODEL = "claude-sonnet-4-5"
+#: prompt text is cut from this (the fake provider bills about 4 characters per token)
+PROSE = (
+    "Summarise the retention policy of usage.raw for the finance team, list the budgets "
+    "that crossed their alert thresholds last week and explain each refusal. "
+)
+SECRET = "sk-overshoot"
+RESULTS = ROOT / "bench" / "results"
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Options:
+    clients: int = 50
+    replicas: int = 3
+    cap_usd: Decimal = Decimal("6")
+    max_seconds: float = 45.0
+    stop_after_refusals: int = 10
+    refusal_pause_ms: float = 50.0
+    latency_ms: float = 250.0
+    chunk_latency_ms: float = 6.0
+    max_tokens: int = 1024
+    #: prompt size range (tokens) drawn per request: calls cost from ~1 to ~3 cents
+    prompt_tokens: tuple[int, int] = (1_000, 6_000)
+    flush_interval_s: float = 5.0
+    sample_ms: float = 100.0
+    seed: int = 7
+
+    @property
+    def cap_nanos(self) -> int:
+        return int(self.cap_usd * NANOS)
+
+
+# -- what happened, as it happened ---------------------------------------------------------------
+@dataclass
+class Ledger:
+    """Every served call's cost as its usage event is published (the ground truth)."""
+
+    prices: PriceBook
+    started: float = field(default_factory=time.monotonic)
+    nanos: int = 0
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_FIELDS, 0))
+    #: per served call: (seconds since start it was admitted, ... it ended, cost nanos)
+    calls: list[tuple[float, float, int]] = field(default_factory=list)
+    #: cumulative spend after each call, and when (for "when was the cap crossed")
+    cumulative: list[tuple[float, int]] = field(default_factory=list)
+    refusal_events: int = 0
+    estimated: int = 0
+
+    def record(self, event: Mapping[str, Any]) -> None:
+        if event["outcome"] not in ("allowed", "failed_open"):
+            self.refusal_events += 1
+            return
+        now = time.monotonic() - self.started
+        cost = self.prices.price_event(event).cost_nanos
+        self.nanos += cost
+        for name in TOKEN_FIELDS:
+            self.tokens[name] += event[name]
+        if event["usage_source"] != "reported":
+            self.estimated += 1
+        latency = (event.get("latency_ms") or 0) / 1000
+        self.calls.append((max(0.0, now - latency), now, cost))
+        self.cumulative.append((now, self.nanos))
+
+
+class RecordingSink:
+    """The replica's publisher, plus the ledger entry of each event (``UsageSink``)."""
+
+    def __init__(self, publisher: UsagePublisher, ledger: Ledger) -> None:
+        self.publisher = publisher
+        self.ledger = ledger
+
+    async def publish(self, event: dict[str, Any]) -> None:
+        self.ledger.record(event)
+        await self.publisher.publish(event)
+
+
+class EstimateProbe:
+    """The enforcer as the gateway's gate, noting each hold's estimate beside the actual cost."""
+
+    def __init__(self, enforcer: Enforcer, prices: PriceBook) -> None:
+        self.enforcer = enforcer
+        self.prices = prices
+        self.pairs: list[tuple[int, int]] = []
+        self.decisions: dict[str, int] = {}
+
+    def context(self, **fields: Any) -> Any:
+        return self.enforcer.context(**fields)
+
+    def check(self, ctx: Any, *, reserve: bool = True) -> Any:
+        decision = self.enforcer.check(ctx, reserve=reserve)
+        self.decisions[decision.decision] = self.decisions.get(decision.decision, 0) + 1
+        return decision
+
+    def settle(self, hold_id: int | None, event: Mapping[str, Any]) -> bool:
+        hold = self.enforcer.holds.get(hold_id) if hold_id is not None else None
+        if hold is not None and hold.occurred_us is None:
+            self.pairs.append((hold.nanos, self.prices.price_event(event).cost_nanos))
+        return self.enforcer.settle(hold_id, event)
+
+    def release(self, hold_id: int | None) -> bool:
+        return self.enforcer.release(hold_id)
+
+
+@dataclass
+class Env:
+    bootstrap: str
+    topics: Topics
+    upstream_url: str
+    prices: PriceBook
+    home: Path
+    run_id: str
+
+
+def budget_for(kind: str, run_id: str, cap_usd: Decimal) -> Budget:
+    [budget] = budgets_from_yaml(
+        [
+            {
+                "id": f"cap-{kind}-{run_id}",
+                "scope": "org",
+                "match": {"org_id": org_for(kind, run_id)},
+                "window": "total",
+                "limit_usd": str(cap_usd),
+                "action": "enforce",
+            }
+        ]
+    )
+    return budget
+
+
+def org_for(kind: str, run_id: str) -> str:
+    return f"ovs-{kind}-{run_id}"
+
+
+def virtual_key(kind: str, run_id: str) -> str:
+    return f"vk-overshoot-{kind}-{run_id}-0123456789"
+
+
+def gateway_config(env: Env, kind: str, replica: int) -> Any:
+    return parse_config(
+        {
+            "gateway_id": f"ovs-{kind}-r{replica}",
+            "upstreams": {"anthropic": {"api": "anthropic", "base_url": env.upstream_url}},
+            "secrets": {SECRET: {"upstream": "anthropic", "api_key": "fake-provider-credential"}},
+            "keys": [
+                {
+                    "name": f"overshoot-{kind}",
+                    "key": virtual_key(kind, env.run_id),
+                    "principal": {
+                        "org_id": org_for(kind, env.run_id),
+                        "secret_id": SECRET,
+                        "user_id": "bench@example.com",
+                    },
+                }
+            ],
+        },
+        "bench_overshoot",
+    )
+
+
+# -- one phase ------------------------------------------------------------------------------------
+async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
+    """Start the replicas (``ours`` or ``baseline``), run the clients until every replica
+    refuses, then measure what was spent."""
+    budget = budget_for(kind, env.run_id, opts.cap_usd)
+    key = counter_key(budget.budget_id, [org_for(kind, env.run_id)])
+    await asyncio.to_thread(_upstream_stats, env.upstream_url, "DELETE")
+    ledger = Ledger(env.prices)
+    publishers: list[UsagePublisher] = []
+    enforcers: list[Enforcer] = []
+    probes: list[EstimateProbe] = []
+    polls: list[PollGate] = []
+    shared = SharedTotal()
+    servers: list[GatewayServer] = []
+    verdict_seen: list[tuple[float, int]] = []  # (t, spent) as replica 0's enforcer saw them
+    verdict_lag_ms: list[float] = []
+    try:
+        for replica in range(opts.replicas):
+            publisher = UsagePublisher(
+                PublisherConfig(
+                    bootstrap=env.bootstrap,
+                    topic_prefix=env.topics.prefix,
+                    spool_dir=env.home / kind / f"spool{replica}",
+                    client_id=f"ovs-{kind}-r{replica}",
+                )
+            )
+            await publisher.start()
+            publishers.append(publisher)
+            gate: Any
+            if kind == "ours":
+                enforcer = Enforcer(
+                    EnforcerConfig(
+                        bootstrap=env.bootstrap,
+                        topic_prefix=env.topics.prefix,
+                        gateway_id=f"ovs-{kind}-r{replica}",
+                        client_id=f"ovs-enforcer-r{replica}",
+                    )
+                )
+                await enforcer.start()
+                await enforcer.wait_ready(60)
+                enforcers.append(enforcer)
+                _listen(
+                    enforcer, key, ledger, verdict_seen if replica == 0 else None, verdict_lag_ms
+                )
+                gate = EstimateProbe(enforcer, env.prices)
+                probes.append(gate)
+            else:
+                gate = PollGate(
+                    shared,
+                    env.prices,
+                    budget.budget_id,
+                    opts.cap_nanos,
+                    flush_interval_s=opts.flush_interval_s,
+                    first_flush_s=opts.flush_interval_s * (replica + 1) / opts.replicas,
+                )
+                polls.append(gate)
+            config = gateway_config(env, kind, replica)
+            gateway = Gateway(
+                config, gate, RecordingSink(publisher, ledger), credentials=config.credentials({})
+            )
+            server = GatewayServer(gateway)
+            await server.start()
+            servers.append(server)
+        for poll in polls:
+            await poll.start()
+        ledger.started = time.monotonic()
+        load = await drive(
+            opts,
+            [s.url for s in servers],
+            virtual_key(kind, env.run_id),
+            ledger,
+            lambda: (
+                verdict_seen[-1][1] if verdict_seen else shared.nanos,
+                sum(e.holds.held_nanos for e in enforcers) + sum(p.local_nanos for p in polls),
+            ),
+        )
+    finally:
+        for server in servers:
+            await server.stop()  # finishes the accounting of responses in flight
+        for poll in polls:
+            await poll.stop()
+        for publisher in publishers:
+            with contextlib.suppress(Exception):
+                await publisher.flush(30)
+            await publisher.stop()
+        for enforcer in enforcers:
+            await enforcer.stop()
+    verdict = await final_verdict(env.bootstrap, env.topics, key, ledger.nanos, timeout=30)
+    upstream = await asyncio.to_thread(_upstream_stats, env.upstream_url, "GET")
+    return summarise(kind, opts, ledger, load, verdict, upstream, probes, polls, verdict_lag_ms)
+
+
+def _listen(
+    enforcer: Enforcer,
+    key: str,
+    ledger: Ledger,
+    seen: list[tuple[float, int]] | None,
+    lag_ms: list[float],
+) -> None:
+    """Note when this enforcer receives the budget's verdicts, and how old their news is."""
+    cid = tuple(decompose(key))
+
+    def on_verdict(counter: tuple[str, ...], period: str, as_of_us: int, seq: int) -> None:
+        if counter != cid:
+            return
+        lag_ms.append((time.time() - as_of_us / 1e6) * 1000)
+        if seen is not None:
+            spent = enforcer.state.verdicts[counter].spent_nanos
+            seen.append((time.monotonic() - ledger.started, spent))
+
+    enforcer.state.on_verdict(on_verdict)
+
+
+async def drive(
+    opts: Options, urls: list[str], key: str, ledger: Ledger, gate_view: Any
+) -> dict[str, Any]:
+    """``opts.clients`` streaming clients, round-robin over ``urls``, until every replica
+    refused ``stop_after_refusals`` in a row or ``max_seconds`` passed; samples spend."""
+
+    def body(rng: random.Random) -> bytes:
+        chars = rng.randint(*opts.prompt_tokens) * 4
+        prompt = (PROSE * (chars // len(PROSE) + 1))[:chars]
+        return json.dumps(
+            {
+                "model": MODEL,
+                "max_tokens": opts.max_tokens,
+                "stream": True,
+                "messages": [{"role": "user", "content": prompt}],
+            }
+        ).encode()
+
+    headers = {
+        "x-api-key": key,
+        "content-type": "application/json",
+        "anthropic-version": "2023-06-01",
+    }
+    stop = asyncio.Event()
+    in_row = [0] * len(urls)
+    turn = iter(range(10**12))
+    counts = {"calls": 0, "refusals": 0, "errors": 0, "in_flight": 0}
+    statuses: dict[str, int] = {}
+    #: (t, true spend, what the gates saw spent, held (ours) or not yet flushed (baseline),
+    #: streams in flight)
+    samples: list[tuple[float, int, int, int, int]] = []
+    loop_lag_ms: list[float] = []
+
+    async def client(session: aiohttp.ClientSession, number: int) -> None:
+        rng = random.Random(opts.seed * 1_000_003 + number)  # the same workload in both phases
+        while not stop.is_set():
+            replica = next(turn) % len(urls)
+            counts["in_flight"] += 1
+            try:
+                async with session.post(
+                    urls[replica] + "/v1/messages", data=body(rng), headers=headers
+                ) as response:
+                    statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
+                    if response.status == 200:
+                        async for _ in response.content.iter_any():
+                            pass
+                        counts["calls"] += 1
+                        in_row[replica] = 0
+                        continue
+                    await response.read()
+                    if response.status in (402, 429):
+                        counts["refusals"] += 1
+                        in_row[replica] += 1
+                        if min(in_row) >= opts.stop_after_refusals:
+                            stop.set()
+                    else:
+                        counts["errors"] += 1
+            finally:
+                counts["in_flight"] -= 1
+            await asyncio.sleep(opts.refusal_pause_ms / 1000)
+
+    async def sampler() -> None:
+        while True:
+            t = time.monotonic() - ledger.started
+            view, held = gate_view()
+            samples.append((t, ledger.nanos, view, held, counts["in_flight"]))
+            asked = opts.sample_ms / 1000
+            before = time.monotonic()
+            await asyncio.sleep(asked)
+            # how late this process's event loop wakes up (it runs clients, gateways, enforcers)
+            loop_lag_ms.append((time.monotonic() - before - asked) * 1000)
+
+    sampling = asyncio.create_task(sampler())
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        clients = [asyncio.create_task(client(session, n)) for n in range(opts.clients)]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), opts.max_seconds)
+        stopped_by = "refusals" if stop.is_set() else "time"
+        stopped_at = time.monotonic() - ledger.started
+        stop.set()
+        await asyncio.gather(*clients)
+    await asyncio.sleep(0.3)  # the last usage events are published after the client's last byte
+    sampling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sampling
+    return {
+        **counts,
+        "statuses": statuses,
+        "stopped_by": stopped_by,
+        "stopped_at_s": round(stopped_at, 2),
+        "samples": samples,
+        "loop_lag_ms": loop_lag_ms,
+    }
+
+
+async def final_verdict(
+    bootstrap: str, topics: Topics, key: str, expect: int, timeout: float
+) -> dict[str, Any] | None:
+    """The counter's newest verdict once it reaches ``expect`` (the worker caught up), else
+    the newest seen within ``timeout``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    newest: dict[str, Any] | None = None
+    try:
+        # the consumer's own cluster view only knows assigned topics: ask for all
+        cluster = await consumer._client.fetch_all_metadata()
+        partitions = [
+            TopicPartition(topics.budget_verdicts, p)
+            for p in sorted(cluster.partitions_for_topic(topics.budget_verdicts) or ())
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        deadline = time.monotonic() + timeout
+        wanted = key.encode()
+        while time.monotonic() < deadline:
+            for messages in (await consumer.getmany(timeout_ms=200)).values():
+                for message in messages:
+                    if message.key != wanted or message.value is None:
+                        continue
+                    verdict = VERDICT.decode(message.value)
+                    if newest is None or verdict["seq"] > newest["seq"]:
+                        newest = verdict
+            if newest is not None and newest["spent_nanos"] >= expect:
+                break
+    finally:
+        await consumer.stop()
+    return newest
+
+
+def _upstream_stats(url: str, method: str) -> dict[str, Any]:
+    request = urllib.request.Request(f"{url}/stats", method=method)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read()
+    return json.loads(text) if text.strip() else {}
+
+
+# -- figures --------------------------------------------------------------------------------------
+def summarise(
+    kind: str,
+    opts: Options,
+    ledger: Ledger,
+    load: dict[str, Any],
+    verdict: dict[str, Any] | None,
+    upstream: dict[str, Any],
+    probes: list[EstimateProbe],
+    polls: list[PollGate],
+    verdict_lag_ms: list[float],
+) -> dict[str, Any]:
+    cap = opts.cap_nanos
+    spend = ledger.nanos
+    crossed = next((t for t, total in ledger.cumulative if total >= cap), None)
+    # what the gates knew just before the true spend reached the cap
+    before = [row for row in load["samples"] if crossed is None or row[0] <= crossed]
+    _, _, view_at_cap, held_at_cap, _ = before[-1] if before else (0, 0, 0, 0, 0)
+    if crossed is None:
+        in_flight_at_cap = admitted_after_cap = []
+    else:
+        in_flight_at_cap = [c for c in ledger.calls if c[0] < crossed <= c[1]]
+        admitted_after_cap = [c for c in ledger.calls if c[0] >= crossed]
+    served_tokens = {name: ledger.tokens[name] for name in TOKEN_FIELDS}
+    upstream_tokens = upstream.get("usage", {})
+    costs = [c[2] for c in ledger.calls]
+    out: dict[str, Any] = {
+        "spend_usd": spend / NANOS,
+        "overshoot_usd": (spend - cap) / NANOS,
+        "overshoot_pct": round((spend - cap) / cap * 100, 3),
+        "calls": load["calls"],
+        "refusals": load["refusals"],
+        "errors": load["errors"],
+        "statuses": load["statuses"],
+        "stopped_by": load["stopped_by"],
+        "stopped_at_s": load["stopped_at_s"],
+        "seconds_to_cap": None if crossed is None else round(crossed, 2),
+        "cost_per_call_usd_median": statistics.median(costs) / NANOS if costs else None,
+        "spend_rate_usd_per_s": (
+            round(spend / NANOS / ledger.cumulative[-1][0], 4) if ledger.cumulative else None
+        ),
+        "where_the_overshoot_comes_from": {
+            # calls already streaming when the true spend reached the cap, and their cost
+            "in_flight_at_cap_calls": len(in_flight_at_cap),
+            "in_flight_at_cap_cost_usd": sum(c[2] for c in in_flight_at_cap) / NANOS,
+            # calls a gate let through after that moment (what a gate could have refused)
+            "admitted_after_cap_calls": len(admitted_after_cap),
+            "admitted_after_cap_cost_usd": sum(c[2] for c in admitted_after_cap) / NANOS,
+            # the last sample before the cap was reached: the spend the gates saw, and what
+            # they held (ours, all replicas) or had not flushed yet (baseline)
+            "gate_view_before_cap_usd": view_at_cap / NANOS,
+            "held_or_unflushed_before_cap_usd": held_at_cap / NANOS,
+        },
+        "ground_truth": {
+            "verdict_spend_usd": None if verdict is None else verdict["spent_nanos"] / NANOS,
+            "verdict_state": None if verdict is None else verdict["state"],
+            "verdict_equals_ground_truth": verdict is not None and verdict["spent_nanos"] == spend,
+            "upstream_requests": upstream.get("requests"),
+            "upstream_tokens_equal_metered": all(
+                upstream_tokens.get(name) == served_tokens[name] for name in TOKEN_FIELDS
+            ),
+            "estimated_events": ledger.estimated,
+        },
+        "event_loop_lag_ms": {
+            "p50": round(_pct(load["loop_lag_ms"], 0.5), 1),
+            "p99": round(_pct(load["loop_lag_ms"], 0.99), 1),
+        },
+        "timeline_columns": [
+            "seconds",
+            "true_spend_usd",
+            "gate_view_usd",
+            "held_usd" if kind == "ours" else "unflushed_usd",
+            "in_flight",
+        ],
+        "timeline": [
+            [round(t, 2), total / NANOS, view / NANOS, held / NANOS, flying]
+            for t, total, view, held, flying in load["samples"]
+        ],
+    }
+    if kind == "ours":
+        ratios = [est / actual for est, actual in (p for g in probes for p in g.pairs) if actual]
+        decisions: dict[str, int] = {}
+        for probe in probes:
+            for name, n in probe.decisions.items():
+                decisions[name] = decisions.get(name, 0) + n
+        out["decisions"] = decisions
+        out["hold_estimate_to_actual_cost"] = {
+            "median": round(statistics.median(ratios), 3) if ratios else None,
+            "min": round(min(ratios), 3) if ratios else None,
+        }
+        out["verdict_lag_ms"] = {
+            "p50": round(_pct(verdict_lag_ms, 0.5), 1) if verdict_lag_ms else None,
+            "p99": round(_pct(verdict_lag_ms, 0.99), 1) if verdict_lag_ms else None,
+            "verdicts": len(verdict_lag_ms),
+        }
+    else:
+        out["flush_interval_s"] = opts.flush_interval_s
+        out["flushes"] = polls[0].shared.flushes if polls else 0
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def draw_chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cap = result["cap_usd"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, kind, title in (
+        (axes[0], "ours", "spendbus: reserve-and-settle + pushed verdicts"),
+        (
+            axes[1],
+            "baseline",
+            f"baseline: flush + poll every {result['baseline']['flush_interval_s']:g} s",
+        ),
+    ):
+        phase = result[kind]
+        t = [row[0] for row in phase["timeline"]]
+        ax.plot(t, [row[1] for row in phase["timeline"]], label="true spend (served calls)", lw=2)
+        view = "verdict spend (enforcer)" if kind == "ours" else "shared total (cached)"
+        ax.plot(t, [row[2] for row in phase["timeline"]], label=view, lw=1, ls="--")
+        if kind == "ours":
+            ax.plot(
+                t,
+                [row[2] + row[3] for row in phase["timeline"]],
+                label="verdict + holds of all replicas",
+                lw=1,
+                ls=":",
+            )
+        ax.axhline(cap, color="red", lw=1, label=f"cap ${cap:g}")
+        ax.set_title(
+            f"{title}\nspend ${phase['spend_usd']:.3f}, overshoot {phase['overshoot_pct']:+.2f}%",
+            fontsize=10,
+        )
+        ax.set_xlabel("seconds")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    axes[0].set_ylabel("USD")
+    fig.suptitle(
+        f"{result['clients']} streaming clients, {result['replicas']} gateway replicas, one ${cap:g} budget",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- the stack --------------------------------------------------------------------------------------
+async def apply_reference(bootstrap: str, topics: Topics, budgets: list[Budget]) -> None:
+    now = datetime.now(UTC)
+    tables = load_price_file(default_price_file())
+    await publish(
+        bootstrap,
+        topics.pricing,
+        [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+    )
+    await publish(
+        bootstrap,
+        topics.budget_policies,
+        [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in budgets],
+    )
+
+
+def start_upstream(opts: Options, run_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The fake providers in their own process (the gateways' process keeps its CPU)."""
+    port = free_port()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = (run_dir / "fake-upstream.log").open("ab")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "spendbus",
+            "fake-upstream",
+            "--port",
+            str(port),
+            "--latency-ms",
+            str(opts.latency_ms),
+            "--chunk-latency-ms",
+            str(opts.chunk_latency_ms),
+            "--seed",
+            str(opts.seed),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the fake upstream exited with {process.returncode}")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(f"{url}/healthz", timeout=1).read()
+            return process, url
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError("the fake upstream did not answer in 60 s")
+
+
+def start_worker(bootstrap: str, topics: Topics, home: Path) -> WorkerProcess:
+    port = free_port()
+    worker = WorkerProcess(
+        run_dir=home / "run",
+        env={
+            "KAFKA_BOOTSTRAP": bootstrap,
+            "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+            "SPENDBUS_HOME": str(home),
+            "SPENDBUS_PARTITIONS": "4",
+            "SPENDBUS_WEB_PORT": str(port),
+        },
+        web_port=port,
+        args=("--no-sink",),  # verdicts are what the enforcers follow; no ClickHouse needed
+    )
+    worker.start(timeout=180)
+    return worker
+
+
+def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
+    """Both phases on ``bootstrap``; the result (without writing anything)."""
+    run_id = uuid.uuid4().hex[:8]
+    topics = Topics(f"benchovs{run_id}.")
+    prices = PriceBook(load_price_file(default_price_file()))
+    budgets = [budget_for(kind, run_id, opts.cap_usd) for kind in ("ours", "baseline")]
+    with console.status("topics, prices, budgets, aggregator worker, fake upstream..."):
+        asyncio.run(ensure_topics(bootstrap, topics, 4))
+        asyncio.run(apply_reference(bootstrap, topics, budgets))
+        worker = start_worker(bootstrap, topics, home / "worker")
+    upstream: subprocess.Popen[bytes] | None = None
+    try:
+        upstream, url = start_upstream(opts, home / "upstream")
+        env = Env(bootstrap, topics, url, prices, home, run_id)
+        phases = {}
+        for kind in ("ours", "baseline"):
+            with console.status(
+                f"phase {kind}: {opts.clients} clients, {opts.replicas} replicas..."
+            ):
+                phases[kind] = asyncio.run(run_phase(kind, opts, env))
+            console.print(
+                f"{kind}: spend ${phases[kind]['spend_usd']:.4f} of ${opts.cap_usd} "
+                f"({phases[kind]['overshoot_pct']:+.2f}%), {phases[kind]['calls']} calls, "
+                f"stopped by {phases[kind]['stopped_by']} at {phases[kind]['stopped_at_s']} s"
+            )
+    finally:
+        if upstream is not None:
+            upstream.terminate()
+            try:
+                upstream.wait(10)
+            except subprocess.TimeoutExpired:
+                upstream.kill()
+        worker.stop()
+    ours, base = phases["ours"]["overshoot_pct"], phases["baseline"]["overshoot_pct"]
+    ratio = max(ours, 0.0) / base if base > 0 else None
+    return {
+        "bench": "overshoot",
+        "clients": opts.clients,
+        "replicas": opts.replicas,
+        "cap_usd": float(opts.cap_usd),
+        "workload": {
+            "api": "anthropic-messages (streamed)",
+            "model": MODEL,
+            "max_tokens": opts.max_tokens,
+            "prompt_tokens": list(opts.prompt_tokens),
+            "upstream_latency_ms": opts.latency_ms,
+            "upstream_chunk_latency_ms": opts.chunk_latency_ms,
+            "refusal_pause_ms": opts.refusal_pause_ms,
+            "stop_after_refusals_per_replica": opts.stop_after_refusals,
+        },
+        "ours": phases["ours"],
+        "baseline": phases["baseline"],
+        "ratio_ours_to_baseline_overshoot": None if ratio is None else round(ratio, 4),
+        "targets": {
+            "ours_overshoot_le_1pct": ours <= 1.0,
+            "ours_le_baseline_over_20": ratio is not None and ratio <= 1 / 20,
+            "ground_truth_equals_verdict": all(
+                phases[k]["ground_truth"]["verdict_equals_ground_truth"] for k in phases
+            ),
+        },
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = Options()
+    parser.add_argument("--clients", type=int, default=defaults.clients)
+    parser.add_argument("--replicas", type=int, default=defaults.replicas)
+    parser.add_argument("--cap-usd", type=Decimal, default=defaults.cap_usd)
+    parser.add_argument("--max-seconds", type=float, default=defaults.max_seconds)
+    parser.add_argument("--stop-after-refusals", type=int, default=defaults.stop_after_refusals)
+    parser.add_argument("--refusal-pause-ms", type=float, default=defaults.refusal_pause_ms)
+    parser.add_argument("--latency-ms", type=float, default=defaults.latency_ms)
+    parser.add_argument("--chunk-latency-ms", type=float, default=defaults.chunk_latency_ms)
+    parser.add_argument("--flush-interval-s", type=float, default=defaults.flush_interval_s)
+    parser.add_argument("--chart", type=Path, default=RESULTS / "overshoot.png")
+    parser.add_argument("--out", type=Path, default=RESULTS / "overshoot.json")
+    args = parser.parse_args()
+    opts = Options(
+        clients=args.clients,
+        replicas=args.replicas,
+        cap_usd=args.cap_usd,
+        max_seconds=args.max_seconds,
+        stop_after_refusals=args.stop_after_refusals,
+        refusal_pause_ms=args.refusal_pause_ms,
+        latency_ms=args.latency_ms,
+        chunk_latency_ms=args.chunk_latency_ms,
+        flush_interval_s=args.flush_interval_s,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker = None
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        if not bootstrap:
+            ensure_broker_jars()
+            with console.status("starting a local Kafka broker..."):
+                broker = LocalKafka(data_dir=home / "kafka").start()
+            bootstrap = broker.bootstrap
+        try:
+            result = run(opts, bootstrap, home)
+        finally:
+            if broker is not None:
+                broker.stop()
+    result["chart"] = (
+        str(args.chart.resolve().relative_to(ROOT))
+        if args.chart.resolve().is_relative_to(ROOT)
+        else str(args.chart)
+    )
+    draw_chart(result, args.chart)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
