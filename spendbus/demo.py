@@ -3,10 +3,12 @@
 1. start a Kafka broker and the topics (or use KAFKA_BOOTSTRAP with a fresh prefix),
    apply the shipped prices and the demo budgets, start an aggregator worker that
    owns a fresh embedded ClickHouse store;
-2. a proxy loop: for each request, the enforcer checks it; an allowed one gets a
-   realistic provider response (each provider's wire format) read by the usage
-   tap as it streams, and the publisher sends the UsageEvent (a refused one
-   sends a refusal event); a few events are published twice, as a retrying
+2. traffic through the reference gateway (ingest/gateway, in this process) in
+   front of the fake providers: clients call it with virtual keys; the enforcer
+   checks each call; an allowed one is forwarded and its response (each
+   provider's wire format) read by the usage tap as it streams, and the
+   publisher sends the UsageEvent (a refused one a refusal event, without
+   reaching the provider); a few events are published twice, as a retrying
    proxy would;
 3. show spend per org and secret live, the exhausted secret's refusal, and
    analyst queries in ClickHouse;
@@ -18,6 +20,7 @@ Exit status 0 only when every check passes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -31,6 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -38,14 +42,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from enforcer import Enforcer, EnforcerConfig
+from ingest.gateway import Gateway, GatewayServer, parse_config
 from ingest.publisher import PublisherConfig, UsagePublisher
-from ingest.taps import open_tap
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.usage import new_usage_event
-from spendbus.fake_upstream.responses import FakeUsage, synthesize
+from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
+from spendbus.fake_upstream.responses import FakeUsage, build_request
 from spendbus.settings import Settings
 from spendbus.stack.compacted import publish
 from spendbus.stack.kafka import free_port
@@ -54,6 +59,8 @@ from spendbus.stack.local import LocalStack, worker_process
 console = Console()
 
 EXHAUSTED_SECRET = ("initech", "sk-initech-intern")
+#: requests in flight at once through the gateway
+CLIENTS = 8
 #: (org, secret, users, weight)
 PRINCIPALS = [
     ("acme", "sk-acme-prod", ["ana@acme.io", "raj@acme.io"], 5),
@@ -167,103 +174,135 @@ def _spend_table(enforcer: Enforcer, ledger: Ledger) -> Table:
     return table
 
 
+class RecordingSink:
+    """The gateway's usage sink in the demo: the real publisher, and the demo's own
+    ledger of every event the gateway published (the independent side of the checks)."""
+
+    def __init__(self, publisher: UsagePublisher, ledger: Ledger, prices: PriceBook) -> None:
+        self.publisher = publisher
+        self.ledger = ledger
+        self.prices = prices
+        self.last: dict[str, Any] | None = None
+
+    async def publish(self, event: dict[str, Any]) -> None:
+        await self.publisher.publish(event)
+        self.last = event
+        ledger = self.ledger
+        cost = self.prices.price_event(event).cost_nanos
+        ledger.sent_unique += 1
+        ledger.expected_nanos += cost
+        ledger.per_principal[(event["org_id"], event["secret_id"])] += cost
+        if event["outcome"] == "refused":
+            ledger.refused += 1
+            ledger.refused_by[event["secret_id"]] += 1
+        ledger.estimated += event["usage_source"] == "estimated"
+
+
+def _virtual_key(secret: str, user: str) -> str:
+    return f"vk-demo-{secret}-{user.split('@')[0]}"
+
+
+def gateway_config(upstream_url: str) -> dict[str, Any]:
+    """The demo's gateway: every secret may call every API (all served by the fake
+    providers), one virtual key per (secret, user); only agent jobs name a session."""
+    apis = ("openai", "anthropic", "gemini", "bedrock")
+    return {
+        "gateway_id": "demo-gateway",
+        "upstreams": {api: {"api": api, "base_url": upstream_url} for api in apis},
+        "secrets": {
+            secret: {"upstream": list(apis), "api_key": "demo-upstream-credential"}
+            for _, secret, _, _ in PRINCIPALS
+        },
+        "keys": [
+            {
+                "name": f"{secret}.{user.split('@')[0]}",
+                "key": _virtual_key(secret, user),
+                "principal": {
+                    "org_id": org,
+                    "secret_id": secret,
+                    "user_id": user,
+                    "tags": {"team": "search"} if secret == "sk-globex-search" else {},
+                },
+            }
+            for org, secret, users, _ in PRINCIPALS
+            for user in users
+        ],
+        "sessions": {"auto": False},
+    }
+
+
+def _route(fmt: str, model: str, stream: bool) -> str:
+    if fmt == "anthropic-messages":
+        return "/v1/messages"
+    if fmt == "openai-chat":
+        return "/v1/chat/completions"
+    if fmt == "openai-responses":
+        return "/v1/responses"
+    if fmt == "gemini":
+        return f"/v1beta/models/{model}:" + (
+            "streamGenerateContent?alt=sse" if stream else "generateContent"
+        )
+    return f"/model/{model}/converse" + ("-stream" if stream else "")
+
+
+def _auth(fmt: str, key: str) -> dict[str, str]:
+    """Where each provider's SDK puts its key."""
+    if fmt == "anthropic-messages":
+        return {"x-api-key": key, "anthropic-version": "2023-06-01"}
+    if fmt == "gemini":
+        return {"x-goog-api-key": key}
+    return {"Authorization": f"Bearer {key}"}
+
+
 @dataclass
 class Proxy:
-    """What a gateway does per request: check, forward (here: a synthesized provider
-    response), read usage from the stream with the tap, publish, settle."""
+    """The demo's traffic: clients calling the reference gateway (in this process) with
+    virtual keys, as provider SDKs would. The gateway checks each call with the enforcer,
+    forwards it to the fake providers, reads the usage with the tap as it streams,
+    publishes the UsageEvent (or the refusal) and settles the hold."""
 
     enforcer: Enforcer
     publisher: UsagePublisher
     prices: PriceBook
     rng: random.Random
-    ledger: Ledger = field(default_factory=Ledger)
+    gateway: Gateway
+    sink: RecordingSink
+    http: aiohttp.ClientSession
+    url: str
 
-    async def request(self, principal: tuple[Any, ...]) -> Any:
+    @property
+    def ledger(self) -> Ledger:
+        return self.sink.ledger
+
+    async def request(self, principal: tuple[Any, ...]) -> bool:
+        """One call; True when the gateway let it through."""
         rng = self.rng
-        org, secret, users, _ = principal
-        fmt, provider, model, _ = _pick(rng, MODELS)
+        _, secret, users, _ = principal
+        fmt, _, model, _ = _pick(rng, MODELS)
         user = rng.choice(users)
         stream = rng.random() < 0.7
-        cut = rng.randrange(3, 12) if stream and rng.random() < 0.02 else None  # a client hang-up
-        tags = {"team": "search"} if secret == "sk-globex-search" else {}
-        session = f"job-{rng.randrange(40)}" if secret == "sk-acme-batch" else None
-        exchange = synthesize(
-            fmt, model=model, usage=_usage(rng, fmt), stream=stream, rng=rng, cut_after=cut
-        )
-        decision = self.enforcer.check(
-            self.enforcer.context(
-                org_id=org,
-                secret_id=secret,
-                user_id=user,
-                session_id=session,
-                tags=tags,
-                provider=provider,
-                api=fmt,
-                model=model,
-                request_bytes=len(exchange.request_bytes),
-                max_output_tokens=exchange.request.get("max_tokens")
-                or exchange.request.get("max_output_tokens"),
-            )
-        )
-        common: dict[str, Any] = dict(
-            provider=provider,
-            api=fmt,
-            secret_id=secret,
-            org_id=org,
-            gateway_id="demo-gateway",
-            user_id=user,
-            session_id=session,
-            tags=tags,
-            stream=stream,
-            outcome=decision.outcome,
-            decision=decision.decision,
-        )
-        if not decision.allowed:  # a refusal never reaches the provider; it is usage all the same
-            event = new_usage_event(
-                model=model,
-                input_tokens=0,
-                output_tokens=0,
-                status_code=decision.status,
-                decision_budget_id=decision.budget_id,
-                **common,
-            )
-            self.ledger.refused += 1
-            self.ledger.refused_by[secret] += 1
-        else:
-            tap = open_tap(
-                fmt,
-                exchange.request_bytes,
-                content_type=exchange.content_type,
-                status=exchange.status,
-            )
-            for chunk in exchange.chunks:  # the bytes the client receives, untouched
-                tap.feed(chunk)
-            result = tap.finish(cut="client_disconnected" if cut is not None else None)
-            event = new_usage_event(
-                model=result.model or model,
-                input_tokens=result.input_tokens,
-                output_tokens=result.output_tokens,
-                cache_read_tokens=result.cache_read_tokens,
-                cache_write_tokens=result.cache_write_tokens,
-                cache_write_1h_tokens=result.cache_write_1h_tokens,
-                reasoning_tokens=result.reasoning_tokens,
-                usage_source=result.usage_source,
-                estimate_reason=result.estimate_reason,
-                status_code=exchange.status,
-                **common,
-            )
-            self.ledger.estimated += result.usage_source == "estimated"
-        await self.publisher.publish(event)
-        if decision.allowed:
-            self.enforcer.settle(decision.hold_id, event)
-        cost = self.prices.price_event(event).cost_nanos
-        self.ledger.sent_unique += 1
-        self.ledger.expected_nanos += cost
-        self.ledger.per_principal[(org, secret)] += cost
-        if rng.random() < 0.01:  # a retrying proxy re-publishes the same event id
-            await self.publisher.publish(event)
+        # now and then the provider drops a stream before its usage: charged an estimate
+        cut = rng.randrange(3, 12) if stream and rng.random() < 0.02 else None
+        usage = _usage(rng, fmt)
+        body = build_request(fmt, model=model, usage=usage, stream=stream, rng=rng)
+        headers = _auth(fmt, _virtual_key(secret, user))
+        headers["x-fake-output-tokens"] = str(usage.output_tokens)  # the answer's length
+        if cut is not None:
+            headers["x-fake-cut-after"] = str(cut)  # chunks before the connection drops
+        if secret == "sk-acme-batch":  # agent jobs name their session
+            headers["X-Spend-Session"] = f"job-{rng.randrange(40)}"
+        async with self.http.post(
+            self.url + _route(fmt, model, stream), json=body, headers=headers
+        ) as resp:
+            allowed = resp.status == 200
+            with contextlib.suppress(aiohttp.ClientPayloadError):  # the cut reaches the client
+                await resp.read()
+        await self.gateway.drain()  # this call's event is published and its hold settled
+        if rng.random() < 0.01 and self.sink.last is not None:
+            # a retrying proxy re-publishes the same event id: charged once downstream
+            await self.publisher.publish(self.sink.last)
             self.ledger.duplicates += 1
-        return decision
+        return allowed
 
 
 async def _workload(proxy: Proxy, events: int) -> None:
@@ -282,12 +321,13 @@ async def _workload(proxy: Proxy, events: int) -> None:
         return Group(progress, _spend_table(proxy.enforcer, proxy.ledger))
 
     with Live(view(), console=console, refresh_per_second=4) as live:
-        for n in range(events):
-            await proxy.request(_pick(proxy.rng, PRINCIPALS))
-            if n % 25 == 0:
-                await asyncio.sleep(0)  # let the enforcer's follower read verdicts
-                rate = (n + 1) / max(time.monotonic() - started, 1e-6)
-                progress.update(task, completed=n + 1, rate=f"{rate:,.0f}")
+        for n in range(0, events, CLIENTS):
+            # a few clients at once, as a gateway sees them (their holds overlap)
+            batch = [_pick(proxy.rng, PRINCIPALS) for _ in range(min(CLIENTS, events - n))]
+            await asyncio.gather(*(proxy.request(principal) for principal in batch))
+            if n % (CLIENTS * 4) == 0:
+                rate = (n + len(batch)) / max(time.monotonic() - started, 1e-6)
+                progress.update(task, completed=n + len(batch), rate=f"{rate:,.0f}")
                 live.update(view())
         progress.update(task, completed=events)
         await proxy.publisher.flush()
@@ -305,7 +345,7 @@ async def _exhaust(proxy: Proxy, seconds: float = 30.0) -> None:
     with console.status(f"{EXHAUSTED_SECRET[1]} keeps calling until the gateway refuses it..."):
         # reserve-and-settle: in-flight holds refuse it before its verdict can pass the limit
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and (await proxy.request(principal)).allowed:
+        while time.monotonic() < deadline and await proxy.request(principal):
             await asyncio.sleep(0)
     # The intern also called the provider directly with the same key (a notebook); the
     # provider's usage export is imported as events, as `spendbus ingest FILE.jsonl` does.
@@ -433,16 +473,28 @@ async def _drive(
     publisher = UsagePublisher(
         PublisherConfig(bootstrap=bootstrap, topic_prefix=prefix, spool_dir=home / "spool")
     )
+    ledger = Ledger()
     async with Enforcer(config) as enforcer:
         await enforcer.wait_ready(60)
         await publisher.start()
-        proxy = Proxy(enforcer, publisher, prices, random.Random(seed))
-        ledger = proxy.ledger
+        upstream = FakeUpstream(FakeUpstreamConfig(port=0, seed=seed, cache_ratio=0.3))
+        gw_config = parse_config(gateway_config(await upstream.start()), "<demo gateway>")
+        sink = RecordingSink(publisher, ledger, prices)
+        gateway = Gateway(gw_config, enforcer, sink, credentials=gw_config.credentials({}))
+        server = GatewayServer(gateway)
         try:
-            await _workload(proxy, events)
-            await _exhaust(proxy)
+            url = await server.start()
+            console.print(f"gateway [bold]{url}[/bold] in front of the fake providers")
+            async with aiohttp.ClientSession() as http:
+                proxy = Proxy(
+                    enforcer, publisher, prices, random.Random(seed), gateway, sink, http, url
+                )
+                await _workload(proxy, events)
+                await _exhaust(proxy)
             await publisher.flush()
         finally:
+            await server.stop()
+            await upstream.stop()
             await publisher.stop()
         # every record read by the aggregator, then its last verdicts seen by the enforcer
         records = ledger.sent_unique + ledger.duplicates

@@ -63,16 +63,28 @@ class Upstream(_Frozen):
 
 
 class Secret(_Frozen):
-    """One upstream credential (the ``secret_id`` budgets and events name)."""
+    """One upstream credential (the ``secret_id`` budgets and events name).
 
-    upstream: str = Field(min_length=1)
+    ``upstream`` names where it is used; a list names several upstreams of
+    different APIs for a credential that works with all of them (a
+    multi-provider router's key, a local fake): each request goes to the one
+    speaking its API.
+    """
+
+    upstream: str | tuple[str, ...]
     #: environment variable holding the credential (preferred)
     api_key_env: str | None = None
     #: the credential itself (tests and local setups only: prefer ``api_key_env``)
     api_key: str | None = None
 
+    @property
+    def upstream_names(self) -> tuple[str, ...]:
+        return (self.upstream,) if isinstance(self.upstream, str) else self.upstream
+
     @model_validator(mode="after")
     def _one_source(self) -> Secret:
+        if not self.upstream_names or not all(self.upstream_names):
+            raise ValueError("upstream: name at least one upstream")
         if (self.api_key_env is None) == (self.api_key is None):
             raise ValueError("give exactly one of api_key_env and api_key")
         return self
@@ -144,6 +156,8 @@ class Sessions(_Frozen):
     header: str = Field(default=DEFAULT_SESSION_HEADER, min_length=1)
     #: without the header: one session per key, ending after this many idle seconds
     idle_ttl_s: float = Field(default=1800.0, gt=0)
+    #: False: requests without the header carry no session (session budgets do not apply)
+    auto: bool = True
     #: keys whose automatic session is remembered at once (least recently used forgotten)
     max_tracked: int = Field(default=100_000, ge=1)
 
@@ -171,10 +185,16 @@ class GatewayConfig(_Frozen):
     def _references(self) -> GatewayConfig:
         for secret_id, secret in self.secrets.items():
             _id_field(secret_id, required=True)
-            if secret.upstream not in self.upstreams:
-                raise ValueError(
-                    f"secrets.{secret_id}.upstream: no upstream named {secret.upstream!r}"
-                )
+            apis: set[str] = set()
+            for name in secret.upstream_names:
+                if name not in self.upstreams:
+                    raise ValueError(f"secrets.{secret_id}.upstream: no upstream named {name!r}")
+                api = self.upstreams[name].api
+                if api in apis:
+                    raise ValueError(
+                        f"secrets.{secret_id}.upstream: two upstreams speak the {api} API"
+                    )
+                apis.add(api)
         names: set[str] = set()
         digests: set[str] = set()
         for i, vk in enumerate(self.keys):

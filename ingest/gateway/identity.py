@@ -78,14 +78,18 @@ class SessionTracker:
         idle_ttl_s: float,
         max_tracked: int = 100_000,
         clock: Callable[[], float] = time.time,
+        *,
+        auto: bool = True,
     ) -> None:
+        self.auto = auto
         self.idle_ttl_s = idle_ttl_s
         self.max_tracked = max_tracked
         self.clock = clock
         self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
-    def session_id(self, vk: VirtualKey, header: str | None) -> str:
-        """The request's session id; raises ValueError when the header cannot be one."""
+    def session_id(self, vk: VirtualKey, header: str | None) -> str | None:
+        """The request's session id (None: no header and ``auto`` off); raises ValueError
+        when the header cannot be one."""
         if header is not None and header.strip():
             value = f"{vk.principal.org_id}/{header.strip()}"
             if len(value) > MAX_ID_LENGTH:
@@ -93,6 +97,8 @@ class SessionTracker:
             if not value.isprintable():
                 raise ValueError("session header has unprintable characters")
             return value
+        if not self.auto:
+            return None
         now = self.clock()
         seen = self._open.get(vk.name)
         if seen is not None and now - seen[1] <= self.idle_ttl_s:

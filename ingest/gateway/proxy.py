@@ -203,7 +203,7 @@ class Gateway:
         self.credentials = dict(credentials)
         self.keys = keys if keys is not None else KeyStore(config.keys)
         self.sessions = sessions or SessionTracker(
-            config.sessions.idle_ttl_s, config.sessions.max_tracked
+            config.sessions.idle_ttl_s, config.sessions.max_tracked, auto=config.sessions.auto
         )
         self.estimator = estimator or EstimatorConfig()
         self.metrics = GatewayMetrics(registry)
@@ -224,9 +224,13 @@ class Gateway:
                 ),
             )
 
-    async def stop(self) -> None:
-        if self._pending:
+    async def drain(self) -> None:
+        """Wait until every response that ended has been accounted (published, settled)."""
+        while self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
+
+    async def stop(self) -> None:
+        await self.drain()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -271,15 +275,15 @@ class Gateway:
             self.metrics.requests.labels(family or "unknown", "unauthenticated").inc()
             return error_response(family, 401, "Invalid or missing API key for this gateway.")
         secret = self.config.secrets[vk.principal.secret_id]
-        upstream = self.config.upstreams[secret.upstream]
-        if family is not None and upstream.api != family:
-            self.metrics.requests.labels(family, "forbidden").inc()
-            return error_response(
-                family,
-                403,
-                f"This key's credential is for the {upstream.api} API, not {family}.",
-            )
-        return vk, upstream
+        upstreams = [self.config.upstreams[name] for name in secret.upstream_names]
+        for upstream in upstreams:
+            if family is None or upstream.api == family:
+                return vk, upstream
+        self.metrics.requests.labels(family or "unknown", "forbidden").inc()
+        apis = " and ".join(sorted({u.api for u in upstreams}))
+        return error_response(
+            family, 403, f"This key's credential is for the {apis} API, not {family}."
+        )
 
     def context(
         self, call: _Call, request_bytes: int, max_output: int | None, *, api: str | None = None

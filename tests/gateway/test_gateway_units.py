@@ -185,3 +185,37 @@ def test_own_errors_use_each_providers_shape() -> None:
     assert body["error"]["status"] == "PERMISSION_DENIED"
     body, headers = error_body("bedrock", 502, "no")
     assert headers == [("x-amzn-ErrorType", "ServiceUnavailableException")]
+
+
+def test_without_automatic_sessions_only_the_header_names_one() -> None:
+    tracker = SessionTracker(idle_ttl_s=60, auto=False)
+    assert tracker.session_id(key("a"), None) is None
+    assert tracker.session_id(key("a"), "job-7") == "acme/job-7"
+
+
+def test_a_secret_for_several_apis_goes_to_the_upstream_of_each() -> None:
+    from ingest.gateway import parse_config
+
+    config = parse_config(
+        {
+            "upstreams": {
+                "oa": {"api": "openai", "base_url": "http://o"},
+                "an": {"api": "anthropic", "base_url": "http://a"},
+            },
+            "secrets": {"sk-router": {"upstream": ["oa", "an"], "api_key": "k"}},
+        }
+    )
+    assert config.secrets["sk-router"].upstream_names == ("oa", "an")
+    from schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="field 'secrets.sk-router.upstream': two upstreams"):
+        parse_config(
+            {
+                "upstreams": {
+                    "oa": {"api": "openai", "base_url": "http://o"},
+                    "oa2": {"api": "openai", "base_url": "http://o2"},
+                },
+                "secrets": {"sk-router": {"upstream": ["oa", "oa2"], "api_key": "k"}},
+            },
+            "g.yaml",
+        )
