@@ -39,6 +39,7 @@ check: install
 	$(BIN)/mypy schemas aggregator enforcer ingest spendbus
 
 bench: broker
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/run_all.py
 
 clean:

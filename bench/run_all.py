@@ -24,6 +24,7 @@ BENCHES = {
     "pipeline": ["--events", "50000", "--seconds", "10"],
     "gateway": [],
     "replay": [],
+    "overshoot": [],
 }
 #: (bench, dotted path in its JSON, label) shown in the summary
 HEADLINES = [
@@ -47,6 +48,9 @@ HEADLINES = [
         "generation_worker.progress_on.steady_events_per_s",
         "replay events/s (generation worker, progress on)",
     ),
+    ("overshoot", "ours.overshoot_pct", "overshoot % of cap (50 streams, 3 replicas)"),
+    ("overshoot", "baseline.overshoot_pct", "baseline overshoot % (flush + poll every 5 s)"),
+    ("overshoot", "ratio_ours_to_baseline_overshoot", "overshoot ours / baseline"),
     ("gateway", "gateway_vs_passthrough.cpu_per_mib_ratio", "gateway CPU/MiB / bare pass-through"),
     (
         "gateway",
