@@ -123,6 +123,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     usage_priced = raw_topic(topics.usage_priced, config.partitions)
     verdicts = raw_topic(topics.budget_verdicts, config.partitions)
     stage = CountingStage(config, topics, processor, metrics, follower.ready)
+    metrics.watch_lag(config.counting_group, stage.lag)
 
     @app.task
     async def load_reference() -> None:

@@ -33,7 +33,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,37 +52,70 @@ log = logging.getLogger(__name__)
 
 #: bytes per record batch the stage builds (below the broker's 1 MiB message limit)
 RECORD_BATCH_BYTES = 512 * 1024
+#: filled batches the loop may run ahead of the producer before it waits for it
+MAX_BACKLOG = 256
 
 
 class CountingError(Exception):
     """The counting stage cannot go on (a delivery failed): the worker must stop."""
 
 
-@dataclass
 class _Outgoing:
-    """Record batches being filled, per (topic, partition); sent whole."""
+    """Record batches per (topic, partition), filled by the loop and handed over in the background.
 
-    producer: AIOKafkaProducer
-    open: dict[tuple[str, int], Any] = field(default_factory=dict)
-    full: list[tuple[str, int, Any]] = field(default_factory=list)
+    aiokafka keeps one batch per partition in its queue: ``send_batch`` waits until the
+    previous one left. Awaiting that in the loop would stall folding for a broker round
+    trip per batch, so one pump task per partition hands batches over in order while
+    the loop goes on filling the next one (which then carries everything folded
+    meanwhile: batches grow with load instead of queueing).
+    """
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        #: batches not handed over yet, oldest first
+        self.waiting: dict[tuple[str, int], list[Any]] = {}
+        self.pumps: dict[tuple[str, int], asyncio.Task[None]] = {}
+        #: one future per handed-over batch: done when the broker has it
+        self.deliveries: list[asyncio.Future[Any]] = []
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
         where = (topic, partition)
-        batch = self.open.get(where)
-        if batch is None:
-            batch = self.open[where] = self.producer.create_batch()
-        if batch.append(key=key, value=value, timestamp=None) is None:
-            self.full.append((topic, partition, batch))
-            batch = self.open[where] = self.producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None) is None:
+        batches = self.waiting.get(where)
+        if batches is None:
+            batches = self.waiting[where] = [self.producer.create_batch()]
+        if batches[-1].append(key=key, value=value, timestamp=None) is None:
+            batches.append(self.producer.create_batch())
+            if batches[-1].append(key=key, value=value, timestamp=None) is None:
                 raise CountingError(f"a record of {len(value)} bytes does not fit a record batch")
 
-    async def send(self) -> list[asyncio.Future[Any]]:
-        """Hand every batch to the producer; the futures resolve when the broker has them."""
-        sends = [*self.full, *((t, p, b) for (t, p), b in self.open.items())]
-        self.full = []
-        self.open = {}
-        return [await self.producer.send_batch(b, t, partition=p) for t, p, b in sends]
+    def backlog(self) -> int:
+        """Batches filled and not handed over yet."""
+        return sum(len(batches) for batches in self.waiting.values())
+
+    def release(self) -> None:
+        """Start handing over what is waiting (no waiting here)."""
+        for where in self.waiting:
+            if where not in self.pumps:
+                self.pumps[where] = asyncio.create_task(self._pump(where))
+
+    async def _pump(self, where: tuple[str, int]) -> None:
+        topic, partition = where
+        try:
+            while batches := self.waiting.pop(where, None):
+                for batch in batches:
+                    self.deliveries.append(
+                        await self.producer.send_batch(batch, topic, partition=partition)
+                    )
+        finally:
+            del self.pumps[where]
+
+    async def drain(self) -> list[asyncio.Future[Any]]:
+        """Hand over everything; the delivery futures of all batches since the last drain."""
+        self.release()
+        while self.pumps:
+            await asyncio.gather(*self.pumps.values())  # a failed hand-over raises here
+        deliveries, self.deliveries = self.deliveries, []
+        return deliveries
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -122,9 +154,10 @@ class CountingStage:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._outgoing: _Outgoing | None = None
-        self._deliveries: list[asyncio.Future[Any]] = []
-        #: source partition -> next offset to commit
+        #: source partition -> next offset to commit (since the last checkpoint)
         self._positions: dict[int, int] = {}
+        #: source partition -> next offset to fold (for the lag gauge)
+        self._folded_to: dict[int, int] = {}
         self._last_checkpoint = time.monotonic()
         self._partitions: dict[str, list[int]] = {}
         self._verdict_partition: dict[bytes, int] = {}
@@ -217,6 +250,18 @@ class CountingStage:
         finally:
             await admin.close()
 
+    def lag(self) -> dict[str, int]:
+        """usage.raw records of the owned partitions not folded yet (as of the last fetch)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        behind = 0
+        for partition in self.owned:
+            end = consumer.highwater(TopicPartition(self.topics.usage_raw, partition))
+            if end is not None:
+                behind += max(0, end - self._folded_to.get(partition, end))
+        return {self.topics.usage_raw: behind}
+
     # --- rebalancing -------------------------------------------------------------------
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
@@ -233,6 +278,7 @@ class CountingStage:
             self.store.drop(gone)
             for partition in gone:
                 self._positions.pop(partition, None)
+                self._folded_to.pop(partition, None)
             new = wanted - self.owned
             # a partition kept across the rebalance had no other writer: its state is current
             await self.store.recover(
@@ -263,22 +309,26 @@ class CountingStage:
             )
             async with self._lock:
                 if batches:
-                    await self._fold(batches)
+                    self._fold(batches)
+                    if self._outgoing is not None and self._outgoing.backlog() > MAX_BACKLOG:
+                        await self._outgoing.drain()  # the broker is slower than the fold
                 now = time.monotonic()
                 if now - self._last_checkpoint >= interval:
                     await self._checkpoint()
                 else:
                     due = self.verdicts.due(now)
                     if due:
-                        await self._send_verdicts(due)
+                        self._send_verdicts(due)
 
-    async def _fold(self, batches: dict[TopicPartition, list[Any]]) -> None:
+    def _fold(self, batches: dict[TopicPartition, list[Any]]) -> None:
         started = time.perf_counter()
         records = [
             m for tp, messages in batches.items() if tp.partition in self.owned for m in messages
         ]
         if not records:
             return
+        # queueing before the fold: the oldest record's Kafka timestamp (ms) against now
+        self.metrics.record_age_ms(time.time() * 1000 - min(m.timestamp for m in records))
         out = self.processor.process(records, self.store.counter, self.store.seen)
         folded = time.perf_counter()
         outgoing = self._outgoing
@@ -315,9 +365,10 @@ class CountingStage:
                 raw_key,
                 letter,
             )
-        self._deliveries.extend(await outgoing.send())
+        outgoing.release()
         for message in records:
             self._positions[message.partition] = message.offset + 1
+        self._folded_to.update(self._positions)
         sent = time.perf_counter()
         self.metrics.record_batch(out.stats, len(send_now), sent - started)
         self.metrics.record_phases(
@@ -339,11 +390,11 @@ class CountingStage:
                 topic, self._verdict_partition_of(key_bytes), key_bytes, change.encode(key, emitted)
             )
 
-    async def _send_verdicts(self, verdicts: list[tuple[str, Any]]) -> None:
+    def _send_verdicts(self, verdicts: list[tuple[str, Any]]) -> None:
         self._add_verdicts(verdicts)
         outgoing = self._outgoing
         assert outgoing is not None
-        self._deliveries.extend(await outgoing.send())
+        outgoing.release()
         self.metrics.record_verdicts(len(verdicts))
 
     async def _checkpoint(self) -> None:
@@ -351,11 +402,12 @@ class CountingStage:
         producer, consumer = self._producer, self._consumer
         assert producer is not None and consumer is not None
         # 1. held verdicts go out now
-        await self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
+        self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
         # 2. every output and changelog record so far reaches the broker
+        assert self._outgoing is not None
+        deliveries = await self._outgoing.drain()
         await producer.flush()
         # 3. a failed delivery stops here: nothing is committed
-        deliveries, self._deliveries = self._deliveries, []
         for delivery in deliveries:
             if delivery.cancelled() or delivery.exception() is not None:
                 raise CountingError(f"an output batch was not delivered: {delivery!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ class Metrics:
     unpriced_models: set[str] = field(default_factory=set)
     totals: dict[str, int] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    _recent_ages: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -39,6 +42,12 @@ class Metrics:
         self.cost = Counter("spendbus_aggregator_cost_nanos", "nano-dollars charged", registry=r)
         self.batch_seconds = Histogram(
             "spendbus_aggregator_batch_seconds", "time to fold one batch", registry=r
+        )
+        self.record_age = Histogram(
+            "spendbus_aggregator_record_age_seconds",
+            "age of a batch's oldest usage.raw record (its Kafka timestamp) when folded",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
         )
         self.sink_rows = Counter("spendbus_sink_rows", "rows inserted into ClickHouse", registry=r)
         self.sink_skipped = Counter(
@@ -82,6 +91,11 @@ class Metrics:
         self.verdicts.inc(verdicts)
         self.totals["verdicts"] = self.totals.get("verdicts", 0) + verdicts
 
+    def record_age_ms(self, age_ms: float) -> None:
+        """How old a batch's oldest record was when folded (queueing before the fold)."""
+        self.record_age.observe(age_ms / 1000)
+        self._recent_ages.append(age_ms)
+
     def record_phases(self, **seconds: float) -> None:
         """Where a batch's time goes (fold, table writes, sends): cumulative, for /stats."""
         for phase, value in seconds.items():
@@ -95,6 +109,7 @@ class Metrics:
             "sink_skipped": int(self.sink_skipped._value.get()),
             "sink_failures": int(self.sink_failures._value.get()),
             "unpriced_models": sorted(self.unpriced_models),
+            "record_age_ms": _percentiles(self._recent_ages),
         }
 
     def exposition(self) -> bytes:
@@ -115,3 +130,12 @@ class _ConsumerLag(Collector):
             for topic, records in sorted(read().items()):
                 lag.add_metric([group, topic], records)
         yield lag
+
+
+def _percentiles(values: deque[float]) -> dict[str, float] | None:
+    """p50/p99/max of the recent batches (None before the first)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": round(at(0.5), 1), "p99": round(at(0.99), 1), "max": round(ordered[-1], 1)}

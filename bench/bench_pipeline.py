@@ -294,6 +294,8 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
                 lambda v: VERDICT.decode(v)["as_of"].timestamp(),
             )
         )
+        # queueing before the fold, as the workers saw it (oldest record of each batch)
+        ages = [w.get("/stats").get("record_age_ms") for w in running]
     finally:
         stop_workers(running)
     floor_lat = asyncio.run(
@@ -306,6 +308,7 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
         "verdicts_seen": len(verdict_lat),
         "verdict_latency_ms": {"p50": ms(verdict_lat, 0.5), "p99": ms(verdict_lat, 0.99)},
         "kafka_floor_ms": {"p50": ms(floor_lat, 0.5), "p99": ms(floor_lat, 0.99)},
+        "worker_record_age_ms": ages,
     }
 
 
