@@ -340,3 +340,80 @@ def test_the_example_config_parses() -> None:
     root = Path(__file__).resolve().parents[2]
     config = load_config(root / "infra" / "gateway" / "gateway.example.yaml")
     assert config.keys and config.upstreams
+
+
+async def test_warnings_reach_the_client_and_bad_calls_cost_nothing(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """X-Spend-Budget on an allowed call past an alert threshold; an oversized body is
+    413 and an unreachable upstream 502 (hold released), neither charged."""
+    from schemas.budgets import Budget
+    from schemas.periods import parse_window
+
+    watched = Budget(
+        budget_id="acme-watch",
+        scope="org",
+        window=parse_window("month"),
+        match={"org_id": ("acme",)},
+        limit_nanos=5_000_000_000,
+        alert_at=(0.5,),
+    )
+    verdict = exhausted_verdict(watched, ["acme"]) | {
+        "state": "alert",
+        "spent_nanos": 3_000_000_000,
+    }
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        budgets=[watched],
+        verdicts=[verdict],
+        gateway={"max_body_bytes": 64 * 1024},
+    ) as stack:
+        path, body, key = request_for("gemini", True)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                stack.url + path, json=body, headers=auth("gemini", key)
+            ) as resp:
+                assert resp.status == 200
+                await resp.read()
+                warning = resp.headers["X-Spend-Budget"]
+                assert warning.startswith("acme-watch; scope=org; used=60%; state=alert")
+            huge = {**body, "padding": "x" * 100_000}
+            async with session.post(
+                stack.url + path, json=huge, headers=auth("gemini", key)
+            ) as resp:
+                assert resp.status == 413
+                assert (await resp.json())["error"]["status"] == "INVALID_ARGUMENT"
+            held_before = len(stack.enforcer.holds)
+            await stack.upstream.stop()  # the provider is gone
+            bedrock_path, bedrock_body, bedrock_key = request_for("bedrock-converse", False)
+            async with session.post(
+                stack.url + bedrock_path,
+                json=bedrock_body,
+                headers=auth("bedrock-converse", bedrock_key),
+            ) as resp:
+                assert resp.status == 502
+                assert resp.headers["x-amzn-ErrorType"] == "ServiceUnavailableException"
+            assert len(stack.enforcer.holds) == held_before  # its hold was released
+        events = await stack.events(3, timeout=5)
+        assert [e["api"] for e in events] == ["gemini"]  # only the call that was served
+
+
+async def test_a_publish_failure_never_breaks_the_response(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        await stack.publisher.stop()  # publish() now raises PublisherClosed
+        path, body, key = request_for("openai-responses", True)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                stack.url + path, json=body, headers=auth("openai-responses", key)
+            ) as resp,
+        ):
+            assert resp.status == 200
+            assert b"response.completed" in await resp.read()
+        await stack.gateway.drain()
+        errors = stack.gateway.metrics.published.labels("error")._value.get()
+        assert errors == 1

@@ -208,7 +208,7 @@ def test_a_secret_for_several_apis_goes_to_the_upstream_of_each() -> None:
     assert config.secrets["sk-router"].upstream_names == ("oa", "an")
     from schemas.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="field 'secrets.sk-router.upstream': two upstreams"):
+    with pytest.raises(ConfigError, match=r"field 'secrets\.sk-router\.upstream': two upstreams"):
         parse_config(
             {
                 "upstreams": {
