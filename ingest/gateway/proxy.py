@@ -46,7 +46,8 @@ from .routes import Route, resolve
 
 log = logging.getLogger("spendbus.gateway")
 
-#: request headers never forwarded: hop-by-hop, the client's credentials, spendbus's own
+#: request headers never forwarded: hop-by-hop, the client's credentials, spendbus's own,
+#: and the ones that would pick which provider organisation the operator's key bills
 _DROP_REQUEST = frozenset(
     {
         "connection",
@@ -64,6 +65,8 @@ _DROP_REQUEST = frozenset(
         "x-api-key",
         "x-goog-api-key",
         "cookie",
+        "openai-organization",
+        "openai-project",
     }
 )
 #: response headers never relayed (hop-by-hop; aiohttp frames the body itself)

@@ -247,6 +247,7 @@ async def test_identity_comes_from_the_virtual_key_only(
                     "X-Spend-Org": "globex",
                     "X-Spend-User": "ceo@globex.com",
                     "X-Spend-Session": "job-42",
+                    "OpenAI-Organization": "org-someone-else",
                     "x-api-key": KEY_OF["sk-anthropic"],
                 }
                 async with session.post(stack.url + path, json=body, headers=spoof) as resp:
@@ -256,6 +257,7 @@ async def test_identity_comes_from_the_virtual_key_only(
             assert forwarded["authorization"] == "Bearer real-openai-credential-1234"
             assert "x-api-key" not in forwarded
             assert not any(k.startswith("x-spend-") for k in forwarded)
+            assert "openai-organization" not in forwarded  # the operator's key bills as set up
             (event,) = await stack.events(1)
             assert event["org_id"] == "acme" and event["secret_id"] == "sk-openai"
             assert event["user_id"] == "acme-openai@example.com"
@@ -417,3 +419,27 @@ async def test_a_publish_failure_never_breaks_the_response(
         await stack.gateway.drain()
         errors = stack.gateway.metrics.published.labels("error")._value.get()
         assert errors == 1
+
+
+async def test_encoded_bodies_pass_encoded_and_are_still_metered(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(
+        kafka_bootstrap, topics, tmp_path, upstream=FakeUpstreamConfig(port=0, seed=9, gzip=True)
+    ) as stack:
+        raw: list[bytes] = []
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            for base, extra in ((stack.url, True), (stack.upstream.url, False)):
+                path, body, key = request_for("anthropic-messages", stream=False)
+                headers = {
+                    **(auth("anthropic-messages", key) if extra else {}),
+                    "Accept-Encoding": "gzip",
+                }
+                async with session.post(base + path, json=body, headers=headers) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["Content-Encoding"] == "gzip"
+                    raw.append(await resp.read())
+        assert raw[0] == raw[1]  # the gateway relayed the provider's gzip bytes untouched
+        (event,) = await stack.events(1)
+        assert event["usage_source"] == "reported"
+        assert event["output_tokens"] == stack.upstream.stats.total.usage["output_tokens"] // 2
