@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import json
 import logging
@@ -347,11 +348,12 @@ class Sidecar:
 async def serve(
     config: EnforcerConfig, *, on_started: Callable[[Sidecar], None] | None = None
 ) -> None:
-    """Run the sidecar until SIGINT/SIGTERM."""
+    """Run the sidecar until SIGINT/SIGTERM (this process is the sidecar's own)."""
     sidecar = Sidecar(config)
     await sidecar.start()
     if on_started is not None:
         on_started(sidecar)
+    freezer = asyncio.create_task(_freeze_when_ready(sidecar.enforcer))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -361,4 +363,19 @@ async def serve(
     try:
         await stop.wait()
     finally:
+        freezer.cancel()
         await sidecar.stop()
+
+
+async def _freeze_when_ready(enforcer: Enforcer, poll_s: float = 0.5) -> None:
+    """Once the state is loaded, move it out of the garbage collector's sight.
+
+    100k verdicts are 100k tracked objects that every full collection would walk
+    (pauses of tens of ms on the check path); they hold no cycles, so freezing
+    them loses nothing (a replaced verdict is still freed by its refcount).
+    """
+    while not enforcer.ready:
+        await asyncio.sleep(poll_s)
+    gc.collect()
+    gc.freeze()
+    log.info("state loaded: %d objects frozen out of the collector's sight", gc.get_freeze_count())

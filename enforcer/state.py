@@ -57,15 +57,21 @@ class CounterVerdict:
     emitted_at_us: int
 
     @classmethod
-    def from_record(cls, record: Record) -> CounterVerdict:
+    def from_record(cls, record: Record, cid: CounterId | None = None) -> CounterVerdict:
+        """``cid``: the counter id of the message key; its strings are shared when the
+        record names the same scope values (100k verdicts: less memory, fewer cache misses)."""
         reset_at = record.get("reset_at")
+        scope_values = tuple(record["scope_values"])
+        if cid is not None and cid[1:] == scope_values:
+            scope_values = cid[1:]
         return cls(
             counter_key=record["counter_key"],
-            budget_id=record["budget_id"],
-            scope=record["scope"],
-            scope_values=tuple(record["scope_values"]),
+            # budget ids, scopes, states and periods repeat across counters: one string each
+            budget_id=sys.intern(record["budget_id"]),
+            scope=sys.intern(record["scope"]),
+            scope_values=scope_values,
             period=sys.intern(record["period"]),  # compared by identity on the hot path
-            state=record["state"],
+            state=sys.intern(record["state"]),
             spent_nanos=int(record["spent_nanos"]),
             spent_tokens=int(record["spent_tokens"]),
             spent_requests=int(record["spent_requests"]),
@@ -154,7 +160,7 @@ class EnforcerState:
         cid = tuple(parts)
         if record is None:
             return self.verdicts.pop(cid, None) is not None
-        verdict = CounterVerdict.from_record(record)
+        verdict = CounterVerdict.from_record(record, cid)
         held = self.verdicts.get(cid)
         if held is not None and (
             verdict.seq < held.seq or period_is_older(verdict.period, held.period)

@@ -8,6 +8,8 @@ are held to the contract by the property test in test_enforcer_check.py.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from datetime import timedelta
 
 from enforcer_testkit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
@@ -138,3 +140,20 @@ def test_hostile_session_and_user_ids_cannot_reach_another_counter() -> None:
         assert d.allowed, (org, user, session)
         assert not keys & {c.counter for c in d.counters}
         e.release(d.hold_id)
+
+
+async def test_the_served_state_is_frozen_out_of_the_collector_once_ready() -> None:
+    from enforcer.sidecar import _freeze_when_ready
+
+    e, _ = loaded_enforcer([budget("b", limit_usd=1)])
+    e.state.ready = False
+    task = asyncio.create_task(_freeze_when_ready(e, poll_s=0.01))
+    await asyncio.sleep(0.05)
+    assert not task.done()  # not before the state is loaded
+    e.state.ready = True
+    try:
+        await asyncio.wait_for(task, 5)
+        assert gc.get_freeze_count() > 0
+        assert e.check(ctx()).allowed  # frozen state still answers
+    finally:
+        gc.unfreeze()
