@@ -72,7 +72,11 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT  # noqa: E402
 from schemas.ids import counter_key, decompose  # noqa: E402
 from schemas.pricing import PriceBook, default_price_file, load_price_file  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
-from schemas.usage import TOKEN_FIELDS  # noqa: E402
+from schemas.usage import (  # noqa: E402
+    IN_FLIGHT_BUDGET_EXCEEDED,
+    TOKEN_FIELDS,
+    new_usage_event,
+)
 from spendbus.stack.compacted import publish  # noqa: E402
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars, free_port  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
@@ -94,7 +98,7 @@ console = Console(stderr=True)
 class Options:
     clients: int = 50
     replicas: int = 3
-    cap_usd: Decimal = Decimal("6")
+    cap_usd: Decimal = Decimal("4")
     max_seconds: float = 45.0
     stop_after_refusals: int = 10
     refusal_pause_ms: float = 50.0
@@ -106,6 +110,8 @@ class Options:
     flush_interval_s: float = 5.0
     sample_ms: float = 100.0
     seed: int = 7
+    #: also run the experiment phase ``ours_shared`` (see HeadroomShare)
+    share_experiment: bool = True
 
     @property
     def cap_nanos(self) -> int:
@@ -181,6 +187,89 @@ class EstimateProbe:
 
     def release(self, hold_id: int | None) -> bool:
         return self.enforcer.release(hold_id)
+
+
+@dataclass(frozen=True)
+class ShareRefusal:
+    """The answer of :class:`HeadroomShare` when it takes back an allowed request's hold
+    (``GateDecision``, shaped like the enforcer's in-flight refusal)."""
+
+    budget_id: str
+    inner: Any
+    hold_id: int | None = None
+    allowed: bool = False
+    status: int = 402
+    headers: tuple[tuple[str, str], ...] = (("Retry-After", "5"),)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {"error": IN_FLIGHT_BUDGET_EXCEEDED, "budget_id": self.budget_id}
+
+    def usage_fields(self) -> dict[str, Any]:
+        return {
+            "outcome": "refused",
+            "decision": IN_FLIGHT_BUDGET_EXCEEDED,
+            "decision_budget_id": self.budget_id,
+        }
+
+    def refusal_event(
+        self, *, gateway_id: str | None = None, event_id: str | None = None, **fields: Any
+    ) -> dict[str, Any] | None:
+        event = self.inner.ctx  # the enforcer's Context of the request
+        return new_usage_event(
+            provider=event.provider or "unknown",
+            api=event.api or "unknown",
+            model=event.model or "unknown",
+            secret_id=event.secret_id,
+            org_id=event.org_id,
+            gateway_id=gateway_id or "headroom-share",
+            input_tokens=0,
+            output_tokens=0,
+            status_code=self.status,
+            event_id=event_id,
+            user_id=event.user_id,
+            usage_source="none",
+            **self.usage_fields(),
+            **fields,
+        )
+
+
+class HeadroomShare(EstimateProbe):
+    """EXPERIMENT, not product behaviour: what a per-replica share of the headroom would do.
+
+    The enforcer's holds are per process, so N replicas may each fill what the
+    verdict leaves. Here a replica keeps an allowed request only if its own
+    holds on the budget's counter stay within 1/N of ``limit - verdict spend``;
+    else the hold is released and the request refused as in flight. (The hook
+    this stands for would be an enforcer option, e.g. ``replicas: N``.)
+    """
+
+    def __init__(
+        self, enforcer: Enforcer, prices: PriceBook, budget: Budget, key: str, replicas: int
+    ) -> None:
+        super().__init__(enforcer, prices)
+        self.budget = budget
+        self.counter = tuple(decompose(key))
+        self.replicas = replicas
+        self.taken_back = 0
+
+    def check(self, ctx: Any, *, reserve: bool = True) -> Any:
+        decision = super().check(ctx, reserve=reserve)
+        hold = self.enforcer.holds.get(decision.hold_id) if decision.hold_id else None
+        if hold is None:
+            return decision
+        for counter, period in hold.counters:
+            if counter != self.counter:
+                continue
+            verdict = self.enforcer.state.verdicts.get(counter)
+            spent = verdict.spent_nanos if verdict is not None and verdict.period == period else 0
+            totals = self.enforcer.holds.totals(counter, period)
+            own = totals.nanos if totals is not None else 0
+            if spent + own * self.replicas > (self.budget.limit_nanos or 0):
+                self.enforcer.release(decision.hold_id)
+                self.taken_back += 1
+                return ShareRefusal(self.budget.budget_id, decision)
+        return decision
 
 
 @dataclass
@@ -268,7 +357,7 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
             await publisher.start()
             publishers.append(publisher)
             gate: Any
-            if kind == "ours":
+            if kind.startswith("ours"):
                 enforcer = Enforcer(
                     EnforcerConfig(
                         bootstrap=env.bootstrap,
@@ -283,7 +372,10 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
                 _listen(
                     enforcer, key, ledger, verdict_seen if replica == 0 else None, verdict_lag_ms
                 )
-                gate = EstimateProbe(enforcer, env.prices)
+                if kind == "ours":
+                    gate = EstimateProbe(enforcer, env.prices)
+                else:
+                    gate = HeadroomShare(enforcer, env.prices, budget, key, opts.replicas)
                 probes.append(gate)
             else:
                 gate = PollGate(
@@ -561,7 +653,7 @@ def summarise(
             "seconds",
             "true_spend_usd",
             "gate_view_usd",
-            "held_usd" if kind == "ours" else "unflushed_usd",
+            "held_usd" if kind.startswith("ours") else "unflushed_usd",
             "in_flight",
         ],
         "timeline": [
@@ -569,7 +661,7 @@ def summarise(
             for t, total, view, held, flying in load["samples"]
         ],
     }
-    if kind == "ours":
+    if kind.startswith("ours"):
         ratios = [est / actual for est, actual in (p for g in probes for p in g.pairs) if actual]
         decisions: dict[str, int] = {}
         for probe in probes:
@@ -585,6 +677,8 @@ def summarise(
             "p99": round(_pct(verdict_lag_ms, 0.99), 1) if verdict_lag_ms else None,
             "verdicts": len(verdict_lag_ms),
         }
+        if kind == "ours_shared":
+            out["holds_taken_back"] = sum(getattr(p, "taken_back", 0) for p in probes)
     else:
         out["flush_interval_s"] = opts.flush_interval_s
         out["flushes"] = polls[0].shared.flushes if polls else 0
@@ -603,21 +697,20 @@ def draw_chart(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cap = result["cap_usd"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, kind, title in (
-        (axes[0], "ours", "spendbus: reserve-and-settle + pushed verdicts"),
-        (
-            axes[1],
-            "baseline",
-            f"baseline: flush + poll every {result['baseline']['flush_interval_s']:g} s",
-        ),
-    ):
-        phase = result[kind]
+    panels = [
+        ("ours", "spendbus: reserve-and-settle + pushed verdicts"),
+        ("baseline", f"baseline: flush + poll every {result['baseline']['flush_interval_s']:g} s"),
+    ]
+    if "ours_shared" in result.get("experiments", {}):
+        panels.append(("ours_shared", "experiment: each replica holds ≤ 1/N of the headroom"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), sharey=True)
+    for ax, (kind, title) in zip(axes, panels, strict=True):
+        phase = result[kind] if kind in result else result["experiments"][kind]
         t = [row[0] for row in phase["timeline"]]
         ax.plot(t, [row[1] for row in phase["timeline"]], label="true spend (served calls)", lw=2)
-        view = "verdict spend (enforcer)" if kind == "ours" else "shared total (cached)"
+        view = "verdict spend (enforcer)" if kind != "baseline" else "shared total (cached)"
         ax.plot(t, [row[2] for row in phase["timeline"]], label=view, lw=1, ls="--")
-        if kind == "ours":
+        if kind != "baseline":
             ax.plot(
                 t,
                 [row[2] + row[3] for row in phase["timeline"]],
@@ -721,7 +814,8 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:8]
     topics = Topics(f"benchovs{run_id}.")
     prices = PriceBook(load_price_file(default_price_file()))
-    budgets = [budget_for(kind, run_id, opts.cap_usd) for kind in ("ours", "baseline")]
+    kinds = ["ours", "baseline"] + (["ours_shared"] if opts.share_experiment else [])
+    budgets = [budget_for(kind, run_id, opts.cap_usd) for kind in kinds]
     with console.status("topics, prices, budgets, aggregator worker, fake upstream..."):
         asyncio.run(ensure_topics(bootstrap, topics, 4))
         asyncio.run(apply_reference(bootstrap, topics, budgets))
@@ -731,7 +825,7 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
         upstream, url = start_upstream(opts, home / "upstream")
         env = Env(bootstrap, topics, url, prices, home, run_id)
         phases = {}
-        for kind in ("ours", "baseline"):
+        for kind in kinds:
             with console.status(
                 f"phase {kind}: {opts.clients} clients, {opts.replicas} replicas..."
             ):
@@ -768,12 +862,15 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
         },
         "ours": phases["ours"],
         "baseline": phases["baseline"],
+        # not product behaviour: what an enforcer hook sharing the headroom would change
+        "experiments": {k: v for k, v in phases.items() if k == "ours_shared"},
         "ratio_ours_to_baseline_overshoot": None if ratio is None else round(ratio, 4),
         "targets": {
             "ours_overshoot_le_1pct": ours <= 1.0,
             "ours_le_baseline_over_20": ratio is not None and ratio <= 1 / 20,
             "ground_truth_equals_verdict": all(
-                phases[k]["ground_truth"]["verdict_equals_ground_truth"] for k in phases
+                phases[k]["ground_truth"]["verdict_equals_ground_truth"]
+                for k in ("ours", "baseline")
             ),
         },
         "cpus": os.cpu_count(),
@@ -793,6 +890,12 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=defaults.latency_ms)
     parser.add_argument("--chunk-latency-ms", type=float, default=defaults.chunk_latency_ms)
     parser.add_argument("--flush-interval-s", type=float, default=defaults.flush_interval_s)
+    parser.add_argument(
+        "--share-experiment",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.share_experiment,
+        help="also run each replica with a 1/N share of the headroom (an experiment)",
+    )
     parser.add_argument("--chart", type=Path, default=RESULTS / "overshoot.png")
     parser.add_argument("--out", type=Path, default=RESULTS / "overshoot.json")
     args = parser.parse_args()
@@ -806,6 +909,7 @@ def main() -> None:
         latency_ms=args.latency_ms,
         chunk_latency_ms=args.chunk_latency_ms,
         flush_interval_s=args.flush_interval_s,
+        share_experiment=args.share_experiment,
     )
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
