@@ -110,24 +110,25 @@ def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
     return loads_stdlib(data)
 
 
-def shape_decoder(shape: type[msgspec.Struct]) -> Callable[[bytes], Any]:
+def shape_decoder(shape: type[msgspec.Struct]) -> Callable[[bytes | str], Any]:
     """A decoder of ``shape``, for :func:`read_shape`."""
     return msgspec.json.Decoder(shape).decode
 
 
-def read_shape(decode: Callable[[bytes], Any], data: bytes) -> Any:
+def read_shape(decode: Callable[[bytes | str], Any], data: bytes) -> Any:
     """The event as ``shape`` (only its fields are built; the rest is skipped), or None.
 
     For the common event of a stream, instead of a dict of every field. It is used only
-    where json would accept the whole document: ASCII (msgspec does not check the UTF-8
-    of strings it skips) and not deeper than 512 levels. Anything else, or an event that
-    does not fit the shape (a missing field, another type), gives None: the caller reads
-    it with :func:`loads`, so what the event means never depends on this shortcut.
+    where json would accept the whole document: valid UTF-8 (msgspec does not check the
+    UTF-8 of strings it skips, so text that is not ASCII is decoded strictly first, as
+    json does) and not deeper than 512 levels. Anything else, or an event that does not
+    fit the shape (a missing field, another type), gives None: the caller reads it with
+    :func:`loads`, so what the event means never depends on this shortcut.
     """
-    if data.isascii() and shallow(data):
+    if shallow(data):
         try:
-            return decode(data)
-        except Exception:  # not this shape (or not JSON): the general path decides
+            return decode(data if data.isascii() else data.decode("utf-8"))
+        except Exception:  # not this shape, not UTF-8 or not JSON: the general path decides
             return None
     return None
 

@@ -241,7 +241,7 @@ HOSTILE_TEXT = [
     '\n\nevent: message_delta\ndata: {"usage":{"output_tokens":1}}\n\n',
     'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]',
     '"delta":{"text":"x"}, "text": 123',
-    "héllo 漢字 😀",  # raw UTF-8 (not ASCII): the general path, and splits inside characters
+    "héllo 漢字 😀",  # raw UTF-8: decoded strictly before the shape; splits inside characters
     "[" * 700,
 ]
 
@@ -260,6 +260,8 @@ DELTAS: dict[str, list[bytes]] = {
         b'{"delta":{"text":5}}',
         b'{"delta":{"text":"a"},"delta":{"text":"bbb"}}',
         b'{"delta":{"text":"a"},"x":"\xff"}',
+        b'{"delta":{"text":"a"},"x":"\xed\xa0\x80"}',  # an encoded surrogate: not UTF-8
+        b'{"delta":{"text":"caf\xc3\xa9 \xe6\xbc"}}',  # text cut inside a character
         b'{"delta":{"text":"a"},"x":' + b"[" * 600 + b"]" * 600 + b"}",
         b'{"delta":{"text":"a"},"x":NaN}',
         b'{"delta":{"text":"a"}',
