@@ -12,12 +12,15 @@ provider, one after the other, each on its own org and budget (same cap):
   every 5 s, ``cached total < cap`` checked, nothing held (the design DESIGN.md's
   "Lessons from the field" criticises).
 
-Clients stream Anthropic Messages (``claude-sonnet-4-5``, ``max_tokens`` 1024)
-through the replicas round-robin and go on until every replica has refused
-``--stop-after-refusals`` requests in a row (or ``--max-seconds``); refused
-clients retry after ``--refusal-pause-ms`` (ignoring Retry-After: the hard case).
-The fake provider (its own process) answers after ``--latency-ms`` and paces
-the stream's chunks ``--chunk-latency-ms`` apart.
+Clients (their own process, as real clients are; this one runs the gateways)
+stream Anthropic Messages (``claude-sonnet-4-5``, ``max_tokens`` 1024, prompts of
+1k-6k tokens drawn per request from a seed, the same in every phase) through the
+replicas round-robin. A refused client retries after ``--refusal-pause-ms``
+(ignoring Retry-After: the hard case). A phase ends when every replica has refused
+``--stop-after-refusals`` requests in a row with no stream open and none allowed
+for ``--quiet-s`` (an in-flight refusal lifts once holds settle), or after
+``--max-seconds``. The fake provider (its own process) answers after
+``--latency-ms`` and paces the stream's chunks ``--chunk-latency-ms`` apart.
 
 Ground truth = the exact sum of the cost of every call the provider served: each
 published usage event priced with the shipped price book as the aggregator does
@@ -27,6 +30,11 @@ caught up) and with the provider's own token totals (``/stats``). Spend over tim
 is sampled every 100 ms; the chart (``bench/results/overshoot.png``) shows it
 beside the cap and what the gates believed (the verdict's spend for ours, the
 shared total for the baseline).
+
+An experiment phase (``experiments.ours_shared``, ``--no-share-experiment`` to
+skip; not product behaviour) runs ours with each replica keeping its holds within
+1/N of what the verdict leaves (:class:`HeadroomShare`): the enforcer's holds are
+per process, so N replicas can each fill the same headroom.
 
 Prints one JSON object and writes bench/results/overshoot.json. Uses
 KAFKA_BOOTSTRAP, else starts a LocalKafka for the run.
@@ -101,7 +109,9 @@ class Options:
     cap_usd: Decimal = Decimal("4")
     max_seconds: float = 45.0
     stop_after_refusals: int = 10
-    refusal_pause_ms: float = 50.0
+    refusal_pause_ms: float = 100.0
+    #: refusals stop the run only after this long without an allowed request or open stream
+    quiet_s: float = 3.0
     latency_ms: float = 250.0
     chunk_latency_ms: float = 6.0
     max_tokens: int = 1024
@@ -447,8 +457,59 @@ def _listen(
 async def drive(
     opts: Options, urls: list[str], key: str, ledger: Ledger, gate_view: Any
 ) -> dict[str, Any]:
+    """Run the clients (:func:`clients`, in their own process, as real clients would be:
+    this one runs the gateways and enforcers) and sample spend every ``sample_ms``."""
+    #: (t, true spend, what the gates saw spent, held (ours) or not yet flushed (baseline))
+    samples: list[tuple[float, int, int, int]] = []
+    loop_lag_ms: list[float] = []
+
+    async def sampler() -> None:
+        while True:
+            t = time.monotonic() - ledger.started
+            view, held = gate_view()
+            samples.append((t, ledger.nanos, view, held))
+            asked = opts.sample_ms / 1000
+            before = time.monotonic()
+            await asyncio.sleep(asked)
+            # how late this process's event loop wakes up (it runs the gateways and enforcers)
+            loop_lag_ms.append((time.monotonic() - before - asked) * 1000)
+
+    sampling = asyncio.create_task(sampler())
+    spec = {"opts": {**opts.__dict__, "cap_usd": str(opts.cap_usd)}, "urls": urls, "key": key}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--role",
+        "clients",
+        "--spec",
+        json.dumps(spec),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    errors = asyncio.create_task(process.stderr.read())
+    # the clients' first line says they start: the phase's clock starts there too
+    first = await process.stdout.readline()
+    if first.strip():
+        ledger.started = time.monotonic()
+        samples.clear()
+    out = await process.stdout.read()
+    await process.wait()
+    err = await errors
+    await asyncio.sleep(0.3)  # the last usage events are published after the client's last byte
+    sampling.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sampling
+    if process.returncode != 0:
+        raise RuntimeError(f"the clients' process failed:\n{err.decode(errors='replace')[-3000:]}")
+    load: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return {**load, "samples": samples, "loop_lag_ms": loop_lag_ms}
+
+
+async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
     """``opts.clients`` streaming clients, round-robin over ``urls``, until every replica
-    refused ``stop_after_refusals`` in a row or ``max_seconds`` passed; samples spend."""
+    refused ``stop_after_refusals`` in a row or ``max_seconds`` passed."""
 
     def body(rng: random.Random) -> bytes:
         chars = rng.randint(*opts.prompt_tokens) * 4
@@ -470,74 +531,68 @@ async def drive(
     stop = asyncio.Event()
     in_row = [0] * len(urls)
     turn = iter(range(10**12))
-    counts = {"calls": 0, "refusals": 0, "errors": 0, "in_flight": 0}
+    counts = {"calls": 0, "refusals": 0, "errors": 0}
     statuses: dict[str, int] = {}
-    #: (t, true spend, what the gates saw spent, held (ours) or not yet flushed (baseline),
-    #: streams in flight)
-    samples: list[tuple[float, int, int, int, int]] = []
-    loop_lag_ms: list[float] = []
+    streaming = 0
+    last_allowed = time.monotonic()
+
+    def spent() -> bool:
+        """Every replica refuses, and goes on refusing with nothing left to settle: an
+        in-flight refusal lifts once holds settle and the verdict catches up, so refusals
+        only count once no stream is open and none was allowed for ``quiet_s``."""
+        return (
+            min(in_row) >= opts.stop_after_refusals
+            and streaming == 0
+            and time.monotonic() - last_allowed >= opts.quiet_s
+        )
 
     async def client(session: aiohttp.ClientSession, number: int) -> None:
-        rng = random.Random(opts.seed * 1_000_003 + number)  # the same workload in both phases
+        nonlocal streaming, last_allowed
+        rng = random.Random(opts.seed * 1_000_003 + number)  # the same workload in every phase
         while not stop.is_set():
             replica = next(turn) % len(urls)
-            counts["in_flight"] += 1
-            try:
-                async with session.post(
-                    urls[replica] + "/v1/messages", data=body(rng), headers=headers
-                ) as response:
-                    statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
-                    if response.status == 200:
+            async with session.post(
+                urls[replica] + "/v1/messages", data=body(rng), headers=headers
+            ) as response:
+                statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
+                if response.status == 200:
+                    streaming += 1
+                    last_allowed = time.monotonic()
+                    in_row[replica] = 0
+                    try:
                         async for _ in response.content.iter_any():
                             pass
-                        counts["calls"] += 1
-                        in_row[replica] = 0
-                        continue
-                    await response.read()
-                    if response.status in (402, 429):
-                        counts["refusals"] += 1
-                        in_row[replica] += 1
-                        if min(in_row) >= opts.stop_after_refusals:
-                            stop.set()
-                    else:
-                        counts["errors"] += 1
-            finally:
-                counts["in_flight"] -= 1
+                    finally:
+                        streaming -= 1
+                    counts["calls"] += 1
+                    continue
+                await response.read()
+                if response.status in (402, 429):
+                    counts["refusals"] += 1
+                    in_row[replica] += 1
+                    if spent():
+                        stop.set()
+                else:
+                    counts["errors"] += 1
             await asyncio.sleep(opts.refusal_pause_ms / 1000)
 
-    async def sampler() -> None:
-        while True:
-            t = time.monotonic() - ledger.started
-            view, held = gate_view()
-            samples.append((t, ledger.nanos, view, held, counts["in_flight"]))
-            asked = opts.sample_ms / 1000
-            before = time.monotonic()
-            await asyncio.sleep(asked)
-            # how late this process's event loop wakes up (it runs clients, gateways, enforcers)
-            loop_lag_ms.append((time.monotonic() - before - asked) * 1000)
-
-    sampling = asyncio.create_task(sampler())
+    print(json.dumps({"started": True}), flush=True)
+    started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        clients = [asyncio.create_task(client(session, n)) for n in range(opts.clients)]
+        tasks = [asyncio.create_task(client(session, n)) for n in range(opts.clients)]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), opts.max_seconds)
         stopped_by = "refusals" if stop.is_set() else "time"
-        stopped_at = time.monotonic() - ledger.started
+        stopped_at = time.monotonic() - started
         stop.set()
-        await asyncio.gather(*clients)
-    await asyncio.sleep(0.3)  # the last usage events are published after the client's last byte
-    sampling.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await sampling
+        await asyncio.gather(*tasks)
     return {
         **counts,
         "statuses": statuses,
         "stopped_by": stopped_by,
         "stopped_at_s": round(stopped_at, 2),
-        "samples": samples,
-        "loop_lag_ms": loop_lag_ms,
     }
 
 
@@ -599,7 +654,7 @@ def summarise(
     crossed = next((t for t, total in ledger.cumulative if total >= cap), None)
     # what the gates knew just before the true spend reached the cap
     before = [row for row in load["samples"] if crossed is None or row[0] <= crossed]
-    _, _, view_at_cap, held_at_cap, _ = before[-1] if before else (0, 0, 0, 0, 0)
+    _, _, view_at_cap, held_at_cap = before[-1] if before else (0, 0, 0, 0)
     if crossed is None:
         in_flight_at_cap = admitted_after_cap = []
     else:
@@ -657,8 +712,14 @@ def summarise(
             "in_flight",
         ],
         "timeline": [
-            [round(t, 2), total / NANOS, view / NANOS, held / NANOS, flying]
-            for t, total, view, held, flying in load["samples"]
+            [
+                round(t, 2),
+                total / NANOS,
+                view / NANOS,
+                held / NANOS,
+                sum(1 for start, end, _ in ledger.calls if start <= t < end),
+            ]
+            for t, total, view, held in load["samples"]
         ],
     }
     if kind.startswith("ours"):
@@ -859,6 +920,7 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
             "upstream_chunk_latency_ms": opts.chunk_latency_ms,
             "refusal_pause_ms": opts.refusal_pause_ms,
             "stop_after_refusals_per_replica": opts.stop_after_refusals,
+            "stop_quiet_s": opts.quiet_s,
         },
         "ours": phases["ours"],
         "baseline": phases["baseline"],
@@ -886,6 +948,7 @@ def main() -> None:
     parser.add_argument("--cap-usd", type=Decimal, default=defaults.cap_usd)
     parser.add_argument("--max-seconds", type=float, default=defaults.max_seconds)
     parser.add_argument("--stop-after-refusals", type=int, default=defaults.stop_after_refusals)
+    parser.add_argument("--quiet-s", type=float, default=defaults.quiet_s)
     parser.add_argument("--refusal-pause-ms", type=float, default=defaults.refusal_pause_ms)
     parser.add_argument("--latency-ms", type=float, default=defaults.latency_ms)
     parser.add_argument("--chunk-latency-ms", type=float, default=defaults.chunk_latency_ms)
@@ -896,9 +959,20 @@ def main() -> None:
         default=defaults.share_experiment,
         help="also run each replica with a 1/N share of the headroom (an experiment)",
     )
+    parser.add_argument(
+        "--role", choices=("bench", "clients"), default="bench", help=argparse.SUPPRESS
+    )
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--chart", type=Path, default=RESULTS / "overshoot.png")
     parser.add_argument("--out", type=Path, default=RESULTS / "overshoot.json")
     args = parser.parse_args()
+    if args.role == "clients":  # the clients' process of one phase (see drive)
+        spec = json.loads(args.spec)
+        fields = spec["opts"]
+        fields["cap_usd"] = Decimal(fields["cap_usd"])
+        fields["prompt_tokens"] = tuple(fields["prompt_tokens"])
+        print(json.dumps(asyncio.run(clients(Options(**fields), spec["urls"], spec["key"]))))
+        return
     opts = Options(
         clients=args.clients,
         replicas=args.replicas,
@@ -906,6 +980,7 @@ def main() -> None:
         max_seconds=args.max_seconds,
         stop_after_refusals=args.stop_after_refusals,
         refusal_pause_ms=args.refusal_pause_ms,
+        quiet_s=args.quiet_s,
         latency_ms=args.latency_ms,
         chunk_latency_ms=args.chunk_latency_ms,
         flush_interval_s=args.flush_interval_s,

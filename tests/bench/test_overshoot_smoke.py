@@ -23,10 +23,12 @@ def test_a_tiny_run_reports_both_phases_and_its_ground_truth_matches(
         cap_usd=Decimal("0.15"),
         max_seconds=30,
         stop_after_refusals=4,
+        quiet_s=1.0,
         latency_ms=20,
         chunk_latency_ms=0.5,
         flush_interval_s=0.5,
         prompt_tokens=(500, 1_500),
+        share_experiment=False,
     )
     result = run(opts, kafka_bootstrap, tmp_path)
 
