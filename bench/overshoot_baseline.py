@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.gateway.gate import BudgetGate
 from schemas.pricing import PriceBook
 from schemas.usage import ALLOWED, BUDGET_EXCEEDED, new_usage_event
 
@@ -176,3 +177,8 @@ class PollGate:
 
     def release(self, hold_id: int | None) -> bool:
         return False  # nothing is ever held
+
+
+def _fits_the_gateway(gate: PollGate) -> BudgetGate:
+    """mypy checks here that PollGate is a BudgetGate (the gateway's Protocol)."""
+    return gate
