@@ -20,7 +20,6 @@ module holds the aggregator's side of it:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -176,17 +175,6 @@ async def group_members(bootstrap: str, group_id: str) -> int:
             # DescribeGroups v0+: (error_code, group_id, state, protocol_type, protocol, members, ...)
             members += len(group[5])
     return members
-
-
-async def delete_group(bootstrap: str, group_id: str) -> None:
-    """Forget a retired generation's committed offsets (its topics are kept: docs/replay.md)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        with contextlib.suppress(Exception):  # an unknown or still-active group stays as it is
-            await admin.delete_consumer_groups([group_id])
-    finally:
-        await admin.close()
 
 
 # --- alerts: exactly once across generations ----------------------------------------------------

@@ -45,6 +45,8 @@ from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
 Progress = Callable[[int, int], None]
+#: called with (counter key, CounterState.to_json()) after each change
+CounterListener = Callable[[str, dict[str, Any]], None]
 #: counters or dedupe entries per snapshot record (stays well under Kafka's 1 MB message limit)
 CHUNK: Final = 500
 _STAT_FIELDS: Final = ("events", "charged", "duplicates", "dead_letters", "unpriced", "cost_nanos")
@@ -129,8 +131,12 @@ async def fold_ledger(
     until: dict[int, int] | None = None,
     bounds: Bounds | None = None,
     progress: Progress | None = None,
+    on_counter: CounterListener | None = None,
 ) -> FoldState:
-    """Fold usage.raw from ``start``'s fences (or 0) to ``until`` (default: the ends now)."""
+    """Fold usage.raw from ``start``'s fences (or 0) to ``until`` (default: the ends now).
+
+    ``on_counter`` (slower: the fold goes record by record) sees every state each counter
+    passes through, e.g. to find the state a verdict of a given seq showed."""
     state = start if start is not None else FoldState()
     bounds = bounds if bounds is not None else Bounds()
     processor = BatchProcessor(reference, source_topic=topics.usage_raw, stage="replay")
@@ -170,7 +176,11 @@ async def fold_ledger(
                 end = ends[tp.partition]
                 messages = [m for m in messages if m.offset < end]
                 if messages:
-                    _fold(processor, state, messages, bounds)
+                    if on_counter is None:
+                        _fold(processor, state, messages, bounds)
+                    else:
+                        for message in messages:
+                            _fold(processor, state, [message], bounds, on_counter)
                     state.fences[tp.partition] = messages[-1].offset + 1
                     read += len(messages)
                 if state.fences[tp.partition] >= end or await consumer.position(tp) >= end:
@@ -183,7 +193,13 @@ async def fold_ledger(
         await consumer.stop()
 
 
-def _fold(processor: BatchProcessor, state: FoldState, messages: list[Any], bounds: Bounds) -> None:
+def _fold(
+    processor: BatchProcessor,
+    state: FoldState,
+    messages: list[Any],
+    bounds: Bounds,
+    on_counter: CounterListener | None = None,
+) -> None:
     records = [
         RawRecord(m.partition, m.offset, m.key, m.value) for m in messages if bounds.keeps(m.value)
     ]
@@ -200,6 +216,8 @@ def _fold(processor: BatchProcessor, state: FoldState, messages: list[Any], boun
     out = processor.process(records, counter, seen_at)
     for (partition, key), value in out.counter_writes.items():
         counters[key] = (partition, value)
+        if on_counter is not None:
+            on_counter(key, value)
     for (partition, key), position in out.seen_writes.items():
         seen[key] = (partition, position)
     for name in _STAT_FIELDS:

@@ -36,10 +36,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from aggregator.fold import CounterState
 from aggregator.generations import (
+    CounterView,
     Difference,
     GroupProgress,
     compare_at_cut,
+    compare_views,
     counters_from_rows,
     current_generation,
     fold_views,
@@ -255,21 +258,40 @@ class GenerationReplay:
             report.vs_clickhouse = self._clickhouse_differences(
                 reference, fold, ends, settle_seconds
             )
-        # verdicts: the fold goes on past whatever the verdicts read show; a counter is
-        # decided the first time both sides are at one seq, pending until then
-        ledger_check, previous_check = _Settling(), _Settling()
+        # Verdicts keep moving under live traffic: each is compared with the state the
+        # fold showed at the verdict's own seq. From the cut on, the fold goes record by
+        # record and keeps every state each counter passes through.
+        history: dict[str, dict[int, CounterView]] = {}
+        for key, (view, seq) in fold_views(fold).items():
+            history[key] = {seq: view}
+
+        def remember(key: str, data: dict[str, Any]) -> None:
+            counter = CounterState.from_json(data)
+            if counter.period:
+                history.setdefault(key, {})[counter.seq] = _counter_view(counter)
+
         deadline = time.monotonic() + settle_seconds
         while True:
             found = asyncio.run(verdict_views(place.bootstrap, self.topics.budget_verdicts))
             old = asyncio.run(verdict_views(place.bootstrap, previous_topics.budget_verdicts))
-            fold = asyncio.run(fold_ledger(place.bootstrap, place.topics, reference, start=fold))
-            expected = fold_views(fold)
-            ledger_check.add(set(expected) | set(found), *compare_at_cut(expected, found))
-            previous_check.add(set(old) | set(found), *compare_at_cut(old, found))
-            settled = ledger_check.settled and previous_check.settled
-            if settled or time.monotonic() > deadline:
-                report.vs_ledger = ledger_check.result()
-                report.vs_previous = previous_check.result()
+            fold = asyncio.run(
+                fold_ledger(
+                    place.bootstrap, place.topics, reference, start=fold, on_counter=remember
+                )
+            )
+            vs_ledger = compare_with_history(history, found)
+            vs_previous = compare_with_history(history, old)
+            # in flight: a seq the fold has not reached, a verdict not sent yet (a counter
+            # the previous generation lacks, e.g. of a budget added since, stays missing)
+            pending = [d for d in vs_ledger if d.field in ("seq", "counter")] + [
+                d for d in vs_previous if d.field == "seq"
+            ]
+            if not pending or time.monotonic() > deadline:
+                report.vs_ledger = vs_ledger
+                # old -> new: what the previous generation shows, against the rebuild
+                report.vs_previous = [
+                    Difference(d.counter_key, d.field, d.found, d.expected) for d in vs_previous
+                ]
                 return report
             time.sleep(0.5)
 
@@ -373,38 +395,38 @@ class GenerationReplay:
         self.worker.stop()
 
 
-class _Settling:
-    """Per counter, the first comparison made at one seq decides; until then it is pending."""
+def _counter_view(counter: CounterState) -> CounterView:
+    totals = counter.periods[counter.period]
+    return (counter.period, totals.nanos, totals.tokens, totals.requests)
 
-    def __init__(self) -> None:
-        self.decided: dict[str, list[Difference]] = {}
-        self.pending: dict[str, Difference] = {}
 
-    def add(self, keys: set[str], differences: list[Difference], pending: list[Difference]) -> None:
-        """One comparison over ``keys`` (every counter either side holds)."""
-        waiting = {d.counter_key: d for d in pending}
-        differing: dict[str, list[Difference]] = {}
-        for d in differences:
-            differing.setdefault(d.counter_key, []).append(d)
-        for key in keys:
-            if key in self.decided:
-                continue
-            if key in differing:
-                self.decided[key] = differing[key]
-                self.pending.pop(key, None)
-            elif key in waiting:
-                self.pending[key] = waiting[key]
-            else:  # compared equal at one seq
-                self.decided[key] = []
-                self.pending.pop(key, None)
-
-    @property
-    def settled(self) -> bool:
-        return not self.pending
-
-    def result(self) -> list[Difference]:
-        out = [d for key in sorted(self.decided) for d in self.decided[key]]
-        return out + [self.pending[key] for key in sorted(self.pending)]
+def compare_with_history(
+    history: dict[str, dict[int, CounterView]], verdicts: dict[str, tuple[CounterView, int]]
+) -> list[Difference]:
+    """Each verdict against the state the fold showed at the verdict's seq (expected = the
+    fold). A verdict at a seq the fold has not reached is a ``seq`` difference (in flight:
+    read again); a counter only one side has is a ``counter`` difference."""
+    out: list[Difference] = []
+    for key in sorted(set(history) | set(verdicts)):
+        states, verdict = history.get(key), verdicts.get(key)
+        if states is None or verdict is None:
+            mine, theirs = states is not None, verdict is not None
+            out.append(
+                Difference(
+                    key,
+                    "counter",
+                    "present" if mine else "missing",
+                    "present" if theirs else "missing",
+                )
+            )
+            continue
+        view, seq = verdict
+        expected = states.get(seq)
+        if expected is None:
+            out.append(Difference(key, "seq", max(states), seq))
+            continue
+        out.extend(compare_views({key: expected}, {key: view}))
+    return out
 
 
 def _fill_totals(report: ReplayReport, fold: FoldState) -> None:

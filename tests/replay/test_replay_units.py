@@ -103,3 +103,30 @@ def test_comparisons_name_each_field_and_missing_counters() -> None:
         Difference("k3", "counter", "missing", "present"),
     ]
     assert compare_views(a, dict(a)) == []
+
+
+def test_a_moving_verdict_is_compared_with_the_fold_at_its_own_seq() -> None:
+    from spendbus.commands.replay import compare_with_history
+
+    history = {
+        "k1": {4: ("m:2026-11", 40, 4, 4), 5: ("m:2026-11", 50, 5, 5)},
+        "k2": {7: ("m:2026-11", 70, 7, 7)},
+    }
+    # k1's verdict lags the fold by one event: compared at seq 4, equal
+    assert (
+        compare_with_history(
+            history, {"k1": (("m:2026-11", 40, 4, 4), 4), "k2": (history["k2"][7], 7)}
+        )
+        == []
+    )
+    # a verdict the fold has not reached is in flight; a wrong value at a known seq is not
+    assert compare_with_history(
+        history, {"k1": (("m:2026-11", 41, 4, 4), 4), "k2": (("m:2026-11", 80, 8, 8), 8)}
+    ) == [
+        Difference("k1", "spent_nanos", 40, 41),
+        Difference("k2", "seq", 7, 8),
+    ]
+    assert compare_with_history(history, {}) == [
+        Difference("k1", "counter", "present", "missing"),
+        Difference("k2", "counter", "present", "missing"),
+    ]
