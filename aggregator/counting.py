@@ -16,8 +16,9 @@ invariant 1; Faust's exactly_once mode is avoided on purpose). A checkpoint, eve
 
   1. send every verdict the coalescer still holds (a committed record never has its
      verdict waiting in memory);
-  2. flush the producer: priced events, verdicts, alerts, dead letters and both
-     changelogs (counters with their fences, event-id dedupe) of every batch so far;
+  2. hand every filled record batch to the producer and flush it: priced events,
+     verdicts, alerts, dead letters and both changelogs (counters with their
+     fences, event-id dedupe) of every batch so far;
   3. check each delivery: one failure aborts the checkpoint and stops the worker,
      nothing is committed, the records are re-delivered to the next owner;
   4. commit the source offsets past the last folded record of each partition.
@@ -165,6 +166,8 @@ class CountingStage:
         self._task: asyncio.Task[None] | None = None
         self.on_crash: Callable[[BaseException], Awaitable[None]] | None = None
         self._crash_task: asyncio.Future[None] | None = None
+        #: a checkpoint failed: this stage never commits again (the worker is stopping)
+        self._failed: CountingError | None = None
 
     @property
     def serving(self) -> bool:
@@ -210,7 +213,7 @@ class CountingStage:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         try:
-            if self._consumer is not None and self.owned:
+            if self._consumer is not None and self.owned and self._failed is None:
                 async with self._lock:
                     await self._checkpoint()
         except Exception:  # stopping anyway: what was not committed is re-delivered
@@ -226,6 +229,9 @@ class CountingStage:
         exc = task.exception()
         if exc is not None:
             log.error("counting stage stopped: %r", exc)
+            # whatever the loop was doing is unfinished: nothing more is committed
+            if self._failed is None:
+                self._failed = CountingError(f"the counting loop failed: {exc!r}")
             if self.on_crash is not None:
                 self._crash_task = asyncio.ensure_future(self.on_crash(exc))
 
@@ -399,18 +405,26 @@ class CountingStage:
 
     async def _checkpoint(self) -> None:
         """Steps 1-4 of the module docstring, in that order."""
+        if self._failed is not None:
+            raise self._failed  # the records after the last commit must be re-delivered
         producer, consumer = self._producer, self._consumer
         assert producer is not None and consumer is not None
-        # 1. held verdicts go out now
-        self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
-        # 2. every output and changelog record so far reaches the broker
-        assert self._outgoing is not None
-        deliveries = await self._outgoing.drain()
-        await producer.flush()
-        # 3. a failed delivery stops here: nothing is committed
-        for delivery in deliveries:
-            if delivery.cancelled() or delivery.exception() is not None:
-                raise CountingError(f"an output batch was not delivered: {delivery!r}")
+        try:
+            # 1. held verdicts go out now
+            self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
+            # 2. every output and changelog record so far reaches the broker
+            assert self._outgoing is not None
+            deliveries = await self._outgoing.drain()
+            await producer.flush()
+            # 3. a failed delivery stops here: nothing is committed, now or ever by this stage
+            failed = [d for d in deliveries if d.cancelled() or d.exception() is not None]
+            if failed:
+                raise CountingError(
+                    f"{len(failed)} output batches were not delivered: {failed[0]!r}"
+                )
+        except Exception as exc:
+            self._failed = exc if isinstance(exc, CountingError) else CountingError(repr(exc))
+            raise self._failed from exc
         # 4. the source offsets
         offsets = {
             TopicPartition(self.topics.usage_raw, partition): offset

@@ -31,6 +31,8 @@ HEADLINES = [
     ("pipeline", "throughput.aggregator_events_per_s", "aggregator events/s (1 worker)"),
     ("pipeline", "throughput.raw_consume_events_per_s", "raw aiokafka consume events/s"),
     ("pipeline", "throughput.ratio_to_raw", "aggregator / raw"),
+    ("pipeline", "throughput.aggregator_events_per_cpu_s", "aggregator events per CPU-second"),
+    ("pipeline", "throughput.ratio_to_raw_per_cpu_s", "aggregator / raw, per CPU-second"),
     ("pipeline", "latency.verdict_latency_ms.p99", "verdict latency p99 ms"),
     ("pipeline", "latency.kafka_floor_ms.p99", "Kafka produce->consume p99 ms"),
     ("publisher", "events_per_s.publish_prepared", "publisher events/s (prepared)"),
