@@ -278,6 +278,9 @@ class HeadroomShare(EstimateProbe):
             if spent + own * self.replicas > (self.budget.limit_nanos or 0):
                 self.enforcer.release(decision.hold_id)
                 self.taken_back += 1
+                # decisions count what the gateway was answered
+                self.decisions[decision.decision] -= 1
+                self.decisions["share_refused"] = self.decisions.get("share_refused", 0) + 1
                 return ShareRefusal(self.budget.budget_id, decision)
         return decision
 
