@@ -156,18 +156,13 @@ def history_versions(name: str) -> list[dict[str, Any]]:
 _SMALL_LIMIT: Final = 8192
 
 
-def _plain_varint(z: int) -> bytes:
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-#: varint of z for 0 <= z < 2**14, and 14-bit groups of a longer varint (both bytes continued)
-_VARINT14: Final = tuple(_plain_varint(z) for z in range(1 << 14))
-_GROUP14: Final = tuple(bytes([(z & 0x7F) | 0x80, (z >> 7) | 0x80]) for z in range(1 << 14))
+#: varint of z for 0 <= z < 2**14, and 14-bit groups of a longer varint (both bytes continued);
+#: about 1 MiB, built in ~10 ms at import
+_VARINT14: Final = tuple(
+    [bytes((z,)) for z in range(0x80)]
+    + [bytes(((z & 0x7F) | 0x80, z >> 7)) for z in range(0x80, 1 << 14)]
+)
+_GROUP14: Final = tuple([bytes(((z & 0x7F) | 0x80, (z >> 7) | 0x80)) for z in range(1 << 14)])
 #: varint of the zig-zag of n (2n), for 0 <= n < _SMALL_LIMIT: lengths and most counts
 _SMALL: Final = _VARINT14[::2]
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)

@@ -226,3 +226,21 @@ def test_a_schema_with_an_unspecialised_type_gets_no_writer() -> None:
     for kind in ("double", "bytes", {"type": "fixed", "name": "F", "size": 2}):
         schema = {"type": "record", "name": "R", "fields": [{"name": "x", "type": kind}]}
         assert compile_record_writer(schema) is None
+
+
+def reference_varint(z: int) -> bytes:
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def test_the_varint_tables_hold_every_varint_of_14_bits() -> None:
+    from schemas import codec
+
+    for z in range(1 << 14):
+        assert codec._VARINT14[z] == reference_varint(z)
+        # a 14-bit group followed by more: both bytes carry the continuation bit
+        assert codec._GROUP14[z] == reference_varint(z | 1 << 14)[:2]
