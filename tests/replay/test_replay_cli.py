@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,41 @@ def test_bad_replay_options_are_refused_with_the_reason(tmp_path: Path) -> None:
     result = runner.invoke(cli, ["replay", "--generation", "G-2"], env=env)
     assert result.exit_code != 0
     assert "lower-case letters and digits" in str(result.exception or result.output)
+
+
+def test_replay_with_cutover_from_the_command_line_on_the_local_stack(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    """The stack's worker is the serving slot: the command retires it and restarts it on g2."""
+    from replay_kit import publish_events
+
+    from aggregator.generations import read_switch
+
+    publish_events(pipeline, make_events(200, seed=12))
+    env = dict(pipeline.worker.env)
+    result = CliRunner().invoke(
+        cli, ["replay", "--generation", "g2", "--cutover"], env=env, catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "vs the ledger (in memory): no differences" in result.stdout
+    assert "vs its ClickHouse rows: no differences" in result.stdout
+    assert "vs generation (default): no differences" in result.stdout
+    assert "cut over to generation g2" in result.stdout
+    switch = asyncio.run(read_switch(pipeline.bootstrap, pipeline.topics))
+    assert switch is not None and (switch.generation, switch.previous_retired) == ("g2", True)
+    # the serving slot runs again, now on g2's store: analysts' SQL sees every event
+    rows = pipeline.sql_until("SELECT count() FROM usage_events", lambda r: r[0][0] >= 200)
+    assert rows[0][0] == 200
+    assert pipeline.stats().get("serving")
+    # ... and it is g2's group that reads new events; the retired default group is left behind
+    from aggregator.generations import group_progress
+    from aggregator.snapshots import ledger_ends
+
+    publish_events(pipeline, make_events(10, seed=12, start=200))
+    ends = asyncio.run(ledger_ends(pipeline.bootstrap, pipeline.topics))
+    g2 = pipeline.topics.of_generation("g2")
+    deadline = time.monotonic() + 60
+    while not asyncio.run(group_progress(pipeline.bootstrap, g2)).past(ends):
+        assert time.monotonic() < deadline, pipeline.worker.log_tail()
+        time.sleep(0.5)
+    assert asyncio.run(group_progress(pipeline.bootstrap, pipeline.topics)).committed == 200
