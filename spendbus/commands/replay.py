@@ -50,6 +50,7 @@ from aggregator.generations import (
     group_progress,
     prepare_store,
     publish_switch,
+    read_switch,
     switch_to,
     topic_values,
     verdict_views,
@@ -178,25 +179,33 @@ class GenerationReplay:
         )
         self.started_at = 0.0
         self.start_committed = 0
+        #: an earlier command started the worker; this one only watches and compares
+        self.attached = False
 
     # --- 1. start ------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the generation's worker, or attach to it when an earlier `spendbus replay`
+        left it running (a stopped one resumes from its committed offsets)."""
         place = self.place
-        self.previous = asyncio.run(current_generation(place.bootstrap, place.topics))
+        switch = asyncio.run(read_switch(place.bootstrap, place.topics))
+        self.previous = "" if switch is None else switch.generation
         if self.previous == self.generation:
             raise ConfigError(f"generation {self.generation!r} is the current one already")
+        if switch is not None and switch.previous == self.generation:
+            raise ConfigError(f"generation {self.generation!r} was retired; pick a new name")
         asyncio.run(ensure_topics(place.bootstrap, self.topics, place.partitions))
-        existing = asyncio.run(group_progress(place.bootstrap, self.topics))
-        if existing.committed:
-            raise ConfigError(
-                f"generation {self.generation!r} has run before (its group "
-                f"{self.topics.aggregator_app_id} committed {existing.committed:,} records); "
-                "pick a new name"
-            )
+        self.start_committed = asyncio.run(group_progress(place.bootstrap, self.topics)).committed
+        self.started_at = time.monotonic()
+        port_file = self.worker.run_dir / f"{self.worker.name}.port"
+        if self.worker.pid() is not None and port_file.exists():
+            self.worker.web_port = int(port_file.read_text())
+            self.worker.env["SPENDBUS_WEB_PORT"] = str(self.worker.web_port)
+            self.attached = True
+            return
         if place.dsn:
             prepare_store(place.dsn, self.generation)
-        self.started_at = time.monotonic()
         self.worker.start(timeout=180)
+        port_file.write_text(str(self.worker.web_port))
 
     # --- 2. watch until caught up -----------------------------------------------------------
     def wait_caught_up(
@@ -242,7 +251,8 @@ class GenerationReplay:
         ends = asyncio.run(ledger_ends(place.bootstrap, place.topics))
         reached = self.wait_caught_up(target=ends)
         report.seconds = time.monotonic() - self.started_at
-        report.events_per_second = reached.committed / report.seconds if report.seconds else 0.0
+        done = reached.committed - self.start_committed
+        report.events_per_second = done / report.seconds if report.seconds else 0.0
         reference = asyncio.run(load_reference(place.bootstrap, place.topics))
         fold = asyncio.run(fold_ledger(place.bootstrap, place.topics, reference, until=ends))
         _fill_totals(report, fold)
@@ -658,7 +668,8 @@ def replay(
         console.print(
             f"generation {name} keeps running beside the current one (worker pid "
             f"{run.worker.pid()}, log {run.worker.log_file}); stop it with "
-            f"`kill {run.worker.pid()}` or cut over with `spendbus replay --cutover`",
+            f"`kill {run.worker.pid()}` or cut over with "
+            f"`spendbus replay --generation {name} --cutover`",
             highlight=False,
         )
     sys.exit(0 if report.consistent else 1)

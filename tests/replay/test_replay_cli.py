@@ -14,6 +14,7 @@ from replay_kit import make_events, publish
 
 from schemas.topics import Topics
 from spendbus.cli import cli
+from spendbus.stack.worker import WorkerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +72,7 @@ def test_bad_replay_options_are_refused_with_the_reason(tmp_path: Path) -> None:
 
 
 def test_replay_with_cutover_from_the_command_line_on_the_local_stack(
-    pipeline: Pipeline, tmp_path: Path
+    pipeline: Pipeline, request: pytest.FixtureRequest
 ) -> None:
     """The stack's worker is the serving slot: the command retires it and restarts it on g2."""
     from replay_kit import publish_events
@@ -80,6 +81,16 @@ def test_replay_with_cutover_from_the_command_line_on_the_local_stack(
 
     publish_events(pipeline, make_events(200, seed=12))
     env = dict(pipeline.worker.env)
+    # first without --cutover: g2 is built and keeps running beside the default generation
+    replay_worker = WorkerProcess(
+        run_dir=pipeline.worker.run_dir, env={}, web_port=0, name="aggregator-g2"
+    )
+    request.addfinalizer(replay_worker.stop)
+    result = CliRunner().invoke(cli, ["replay", "--generation", "g2"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "spendbus replay --generation g2 --cutover" in " ".join(result.stderr.split())
+    assert "vs generation (default): no differences" in result.stdout
+    # then cut over: the command attaches to the running g2 worker
     result = CliRunner().invoke(
         cli, ["replay", "--generation", "g2", "--cutover"], env=env, catch_exceptions=False
     )
