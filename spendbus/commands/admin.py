@@ -19,7 +19,7 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, PriceTable, load_price_file
-from spendbus.settings import load_settings
+from spendbus.settings import Settings, load_settings
 from spendbus.stack.compacted import publish, read_compacted
 from spendbus.stack.local import bootstrap_or_fail, worker_process
 
@@ -201,6 +201,31 @@ def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: 
     console.print(table)
 
 
+def _current_store(settings: Settings) -> str:
+    """The ClickHouse store of the generation the enforcers follow (after a cutover: the new one).
+
+    Without Kafka the control topic cannot be read: the default generation's store is
+    used, and the analyst is told so.
+    """
+    from aiokafka.errors import KafkaError
+
+    from aggregator.generations import current_generation, generation_dsn
+
+    try:
+        bootstrap = bootstrap_or_fail(settings)
+        generation = asyncio.run(
+            asyncio.wait_for(current_generation(bootstrap, settings.topics), 10)
+        )
+    except (ConfigError, TimeoutError, OSError, KafkaError) as exc:
+        click.echo(
+            f"warning: current generation unknown ({type(exc).__name__}); "
+            "reading the default generation's store",
+            err=True,
+        )
+        return settings.dsn
+    return generation_dsn(settings.dsn, generation)
+
+
 @click.command()
 @click.argument("query")
 @click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
@@ -215,7 +240,7 @@ def sql(query: str, as_json: bool) -> None:
         from aggregator.sink.query import run_query
         from aggregator.sink.store import open_client
 
-        columns, rows = run_query(open_client(settings.dsn), query)
+        columns, rows = run_query(open_client(_current_store(settings)), query)
     if as_json:
         click.echo(
             json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=2)
@@ -241,10 +266,15 @@ def verify(as_json: bool) -> None:
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from aggregator.generations import current_generation
     from aggregator.verify import verify as run_verify
 
     settings = load_settings()
     bootstrap = bootstrap_or_fail(settings)
+    # the live verdicts are those of the generation the enforcers follow (after a cutover: the new one)
+    topics = settings.topics.of_generation(
+        asyncio.run(current_generation(bootstrap, settings.topics))
+    )
     with Progress(
         TextColumn("[bold]reading usage.raw"),
         BarColumn(),
@@ -257,7 +287,7 @@ def verify(as_json: bool) -> None:
         report = asyncio.run(
             run_verify(
                 bootstrap,
-                settings.topics,
+                topics,
                 lambda done, total: bar.update(task, completed=done, total=total),
             )
         )
