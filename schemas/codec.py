@@ -48,6 +48,7 @@ SCHEMA_NAMES: Final = (
     "PriceTable",
     "Alert",
     "DeadLetter",
+    "VirtualKey",
 )
 NAMESPACE: Final = "spendbus"
 
@@ -441,6 +442,7 @@ PRICE_TABLE: Final = codec_for("PriceTable")
 VERDICT: Final = codec_for("Verdict")
 ALERT: Final = codec_for("Alert")
 DEAD_LETTER: Final = codec_for("DeadLetter")
+GATEWAY_KEY: Final = codec_for("VirtualKey")
 
 
 def _priced_tail() -> tuple[Any, bool]:

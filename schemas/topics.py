@@ -125,6 +125,11 @@ class Topics:
         return f"{self.prefix}counters.snapshots"
 
     @property
+    def gateway_keys(self) -> str:
+        """Compacted: the gateways' virtual keys by SHA-256 hex (never the key); null revokes."""
+        return f"{self.prefix}gateway.keys"
+
+    @property
     def aggregator_app_id(self) -> str:
         """The aggregator's Faust app id: its consumer group and table/changelog namespace."""
         base = f"{self.prefix}spendbus-aggregator"
@@ -140,6 +145,7 @@ class Topics:
             TopicSpec(self.budget_verdicts, "counter_key", "Verdict", COMPACTED_CONFIG, partitions),
             TopicSpec(self.shared_alerts, "counter_key", "Alert", DELETE_CONFIG, 1),
             TopicSpec(self.generations, "current", "GenerationSwitch", COMPACTED_CONFIG, 1),
+            TopicSpec(self.gateway_keys, "key_sha256", "VirtualKey", COMPACTED_CONFIG, 1),
             TopicSpec(
                 self.counter_snapshots, "snapshot|partition|counter", "JSON", COMPACTED_CONFIG, 1
             ),

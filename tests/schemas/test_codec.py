@@ -147,6 +147,17 @@ FIXTURES = {
         "value": b"\x00garbage",
         "failed_at": NOW,
     },
+    "VirtualKey": {
+        "name": "acme-search-ana",
+        "org_id": "acme",
+        "secret_id": "sk-acme-openai",
+        "project_id": "search",
+        "grant_id": None,
+        "user_id": "ana@acme.io",
+        "groups": ["search", "eng"],
+        "tags": {"team": "search"},
+        "applied_at": NOW,
+    },
 }
 
 
