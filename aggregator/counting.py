@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -311,7 +312,7 @@ class CountingStage:
             if held is not None:
                 timeout = min(timeout, held - time.monotonic())
             batches = await consumer.getmany(
-                timeout_ms=max(0, int(timeout * 1000)), max_records=self.config.batch_size
+                timeout_ms=max(0, math.ceil(timeout * 1000)), max_records=self.config.batch_size
             )
             async with self._lock:
                 if batches:
