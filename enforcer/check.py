@@ -926,7 +926,8 @@ class Checker:
                 values = canon.get(plan.scope_attribute)
                 if not values:
                     continue
-                keys = ((plan.budget_id, org, values[0]),)
+                # several values never come from a Context today (only groups have them)
+                keys = ((plan.budget_id, org, values[0]),) if len(values) == 1 else plan.scoped(ctx)
             elif kind == KIND_ORG:
                 keys = ((plan.budget_id, org),)
             else:
