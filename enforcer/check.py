@@ -22,7 +22,7 @@ action     condition                                  outcome
 enforce    spent ≥ limit                              refused: budget.refusal
                                                       (budget_exceeded, or
                                                       job_budget_exceeded for session)
-enforce    spent + held + this estimate > limit       refused: in_flight_budget_exceeded
+enforce    spent + R × (held + estimate) > limit      refused: in_flight_budget_exceeded
 enforce    spent ≥ an alert threshold × limit         allowed, X-Spend-Budget state=alert
 warn       spent ≥ limit / ≥ an alert threshold      allowed, X-Spend-Budget state=exceeded|alert
 =========  =========================================  ==============================
@@ -30,6 +30,11 @@ warn       spent ≥ limit / ≥ an alert threshold      allowed, X-Spend-Budget
 When the verdicts are not ready or stale beyond ``grace``, a request that an
 enforce budget applies to is decided by ``fail_mode`` (failed_open /
 failed_closed); warn budgets never block.
+
+``held`` is this process's holds and R is ``EnforcerConfig.replicas``, the number
+of enforcers admitting against the same budgets: each may commit at most 1/R of
+what the verdict leaves (``limit − spent``), so together they stay within it.
+R = 1 is one enforcer; the multiplier is precomputed, the hot path has no branch on it.
 """
 
 from __future__ import annotations
@@ -811,6 +816,8 @@ class Checker:
         self.clock = clock
         self._grace_us = config.grace_us
         self._default_output = config.default_max_output_tokens
+        #: each of ``replicas`` enforcers may hold at most 1/replicas of the headroom
+        self._replicas = config.replicas
         self._index = Index({})
         self._index_version = -1
         self._estimates: dict[tuple[str, int, int], int] = {}
@@ -907,6 +914,7 @@ class Checker:
         to_hold: list[tuple[CounterId, str]] = []
         est_tokens = est_nanos = -1
         est_input = est_output = 0
+        share = self._replicas
         index = self._index
         if self._index_version != self.state.policy_version:
             index = self.index
@@ -972,10 +980,11 @@ class Checker:
                                 est_nanos = self.estimate_nanos(
                                     ctx.model or "", est_input, est_output, now_us
                                 )
+                            # this replica's holds, scaled to all replicas, within the headroom
                             if (
-                                (ln is not None and sn + hn + est_nanos > ln)
-                                or (lt is not None and st + ht + est_tokens > lt)
-                                or (lr is not None and sr + hr + 1 > lr)
+                                (ln is not None and sn + share * (hn + est_nanos) > ln)
+                                or (lt is not None and st + share * (ht + est_tokens) > lt)
+                                or (lr is not None and sr + share * (hr + 1) > lr)
                             ):
                                 state = IN_FLIGHT_I
                             else:

@@ -36,6 +36,13 @@ class EnforcerConfig(BaseModel):
     hold_timeout_s: float = Field(default=600.0, gt=0)
     #: output tokens held for a request that does not say its max output tokens
     default_max_output_tokens: int = Field(default=8192, ge=1, le=100_000_000)
+    #: how many enforcers (gateway replicas, sidecars) admit against the same budgets.
+    #: Holds are per process, so each may commit at most 1/replicas of the headroom the
+    #: verdict leaves: a check refuses in flight when
+    #: ``spent + replicas × (own holds + this estimate) > limit``. 1 = one enforcer
+    #: (the rule is then spent + holds + estimate > limit). Too low over-admits across
+    #: replicas; too high refuses early (enforcer/README.md, "Several replicas").
+    replicas: int = Field(default=1, ge=1, le=10_000)
     #: Retry-After of an in-flight refusal (holds settle within seconds)
     in_flight_retry_after_s: int = Field(default=5, ge=1)
     #: Retry-After of a fail-closed 503

@@ -50,6 +50,12 @@ def enforcer() -> None:
 @click.option(
     "--default-max-output-tokens", type=int, default=None, help="Held when a request has none."
 )
+@click.option(
+    "--replicas",
+    type=int,
+    default=None,
+    help="Enforcers admitting against the same budgets; each holds <= 1/replicas of the headroom.",
+)
 @click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
 @click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
 @click.option("--log-level", default="INFO", show_default=True)
@@ -62,6 +68,7 @@ def serve(
     refusal_style: str | None,
     hold_timeout: float | None,
     default_max_output_tokens: int | None,
+    replicas: int | None,
     gateway_id: str | None,
     no_publish_refusals: bool,
     log_level: str,
@@ -82,6 +89,7 @@ def serve(
             refusal_style=refusal_style,
             hold_timeout_s=hold_timeout,
             default_max_output_tokens=default_max_output_tokens,
+            replicas=replicas,
             gateway_id=gateway_id,
             publish_refusals=not no_publish_refusals,
         )
