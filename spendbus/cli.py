@@ -30,6 +30,7 @@ def _register_optional() -> None:
     from spendbus.commands.fake_upstream import fake_upstream
     from spendbus.commands.gateway import gateway
     from spendbus.commands.ingest import ingest
+    from spendbus.commands.keys import keys
     from spendbus.commands.pricing import price, prices
     from spendbus.commands.replay import replay, snapshot
     from spendbus.commands.tap import tap
@@ -44,6 +45,7 @@ def _register_optional() -> None:
     cli.add_command(check)
     cli.add_command(dlq)
     cli.add_command(gateway)
+    cli.add_command(keys)
     cli.add_command(replay)
     cli.add_command(snapshot)
 

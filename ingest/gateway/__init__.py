@@ -21,9 +21,11 @@ from .config import (
     key_digest,
     load_config,
     parse_config,
+    parse_key_entries,
 )
 from .gate import BudgetGate, GateDecision, UsageSink
 from .identity import KeyStore, SessionTracker, presented_key
+from .keys_topic import KeysNotReady, KeysTopicFollower, key_from_record, key_record
 from .proxy import Gateway, upstream_headers
 from .routes import REALTIME_API, Route, resolve
 from .server import GatewayServer
@@ -36,6 +38,8 @@ __all__ = [
     "GatewayConfig",
     "GatewayServer",
     "KeyStore",
+    "KeysNotReady",
+    "KeysTopicFollower",
     "Principal",
     "Route",
     "SessionTracker",
@@ -43,8 +47,11 @@ __all__ = [
     "UsageSink",
     "VirtualKey",
     "key_digest",
+    "key_from_record",
+    "key_record",
     "load_config",
     "parse_config",
+    "parse_key_entries",
     "presented_key",
     "resolve",
     "upstream_headers",

@@ -162,6 +162,20 @@ class Sessions(_Frozen):
     max_tracked: int = Field(default=100_000, ge=1)
 
 
+class KeysTopic(_Frozen):
+    """Follow the compacted keys topic (``Topics.gateway_keys``) beside the file's keys.
+
+    The gateway reads it from the start and listens only once it has caught up
+    with the end offsets seen at start; later records apply live (a tombstone
+    revokes at once). A key in this file always wins over the topic: a topic
+    record for the same digest or name is skipped and counted (README.md).
+    """
+
+    follow: bool = False
+    #: seconds to catch up with the topic before the gateway refuses to start
+    ready_timeout_s: float = Field(default=60.0, gt=0)
+
+
 class GatewayConfig(_Frozen):
     """Everything the gateway itself needs (see infra/gateway/gateway.example.yaml)."""
 
@@ -170,6 +184,7 @@ class GatewayConfig(_Frozen):
     upstreams: dict[str, Upstream]
     secrets: dict[str, Secret]
     keys: tuple[VirtualKey, ...] = ()
+    keys_topic: KeysTopic = Field(default_factory=KeysTopic)
     sessions: Sessions = Field(default_factory=Sessions)
     #: largest request body accepted (413 above)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
@@ -228,6 +243,16 @@ class GatewayConfig(_Frozen):
         return out
 
 
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    """(field path, reason) of a validation error's first problem."""
+    first = exc.errors()[0]
+    path = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if not path:  # a check across fields names its field first: "a.b: reason"
+        path, _, message = message.partition(": ") if ": " in message else ("<config>", "", message)
+    return path, message
+
+
 def parse_config(data: Any, source: str = "<gateway config>") -> GatewayConfig:
     """Validate already-parsed YAML; ConfigError names ``source`` and the field."""
     if not isinstance(data, dict):
@@ -235,14 +260,42 @@ def parse_config(data: Any, source: str = "<gateway config>") -> GatewayConfig:
     try:
         return GatewayConfig(**data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        path = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if not path:  # a check across fields names its field first: "a.b: reason"
-            path, _, message = (
-                message.partition(": ") if ": " in message else ("<config>", "", message)
-            )
+        path, message = _first_error(exc)
         raise ConfigError(f"{source}: field {path!r}: {message}") from None
+
+
+def parse_key_entries(data: Any, source: str = "<keys>") -> tuple[VirtualKey, ...]:
+    """Key entries as a gateway config's ``keys`` accepts them: a YAML list, or a mapping
+    with only ``keys``. ConfigError names ``source``, the entry and the field."""
+    if isinstance(data, dict) and set(data) == {"keys"}:
+        data = data["keys"]
+    if not isinstance(data, list):
+        raise ConfigError(f"{source}: expected a list of key entries (or a mapping with 'keys')")
+    out: list[VirtualKey] = []
+    names: dict[str, int] = {}
+    digests: dict[str, int] = {}
+    for i, entry in enumerate(data):
+        label = f"entry {i}"
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            label += f" ({entry['name']!r})"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{source}: {label}: expected a mapping")
+        try:
+            vk = VirtualKey(**entry)
+        except ValidationError as exc:
+            path, message = _first_error(exc)
+            raise ConfigError(f"{source}: {label}: field {path!r}: {message}") from None
+        if vk.name in names:
+            raise ConfigError(
+                f"{source}: {label}: field 'name': {vk.name!r} is used by entry {names[vk.name]} too"
+            )
+        if vk.digest in digests:
+            raise ConfigError(
+                f"{source}: {label}: the same key is given by entry {digests[vk.digest]} too"
+            )
+        names[vk.name] = digests[vk.digest] = i
+        out.append(vk)
+    return tuple(out)
 
 
 def load_config(path: str | Path) -> GatewayConfig:

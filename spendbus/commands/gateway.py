@@ -8,9 +8,11 @@ also the one place that reads the environment (credentials by variable name,
 KAFKA_BOOTSTRAP through spendbus.settings).
 
 Start order: enforcer (follow the topics; serve by ``fail_mode`` until caught
-up) → publisher (spool, producer) → gateway (listen). Stop in reverse: stop
-listening and finish the accounting of responses in flight, then flush and
-stop the publisher, then the enforcer.
+up) → publisher (spool, producer) → keys topic, when ``keys_topic.follow``
+(caught up, or the gateway does not start: without its keys it would refuse
+every client) → gateway (listen). Stop in reverse: stop listening and finish
+the accounting of responses in flight, stop following the keys, then flush
+and stop the publisher, then the enforcer.
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ async def serve(
 ) -> None:
     """Run the gateway until ``stop`` is set (or SIGINT/SIGTERM)."""
     from enforcer import Enforcer, NotReady
-    from ingest.gateway import BudgetGate, Gateway, GatewayServer, UsageSink
+    from ingest.gateway import BudgetGate, Gateway, KeysTopicFollower, UsageSink
     from ingest.publisher import UsagePublisher
+    from schemas.topics import Topics
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -113,20 +116,50 @@ async def serve(
             gate: BudgetGate = enforcer  # mypy checks that the enforcer fits the protocol
             sink: UsageSink = publisher
             gateway = Gateway(gateway_config, gate, sink, credentials=credentials)
-            server = GatewayServer(
-                gateway,
-                host or gateway_config.listen.host,
-                gateway_config.listen.port if port is None else port,
-            )
-            await server.start()
+            follower: KeysTopicFollower | None = None
+            if gateway_config.keys_topic.follow:
+                follower = KeysTopicFollower(
+                    enforcer_config.bootstrap,
+                    Topics(enforcer_config.topic_prefix).gateway_keys,
+                    gateway.keys,
+                    gateway_config,
+                    client_id=f"{gateway_config.gateway_id}-keys",
+                    registry=gateway.metrics.registry,
+                )
+                await follower.start()
             try:
-                if on_started is not None:
-                    on_started(server.url)
-                await stop.wait()
+                if follower is not None:
+                    await follower.wait_ready(gateway_config.keys_topic.ready_timeout_s)
+                await _listen(gateway, gateway_config, host, port, on_started, stop)
             finally:
-                await server.stop()
+                if follower is not None:
+                    await follower.stop()
         finally:
             await publisher.stop()
+
+
+async def _listen(
+    gateway: Any,
+    gateway_config: Any,
+    host: str | None,
+    port: int | None,
+    on_started: Callable[[str], None] | None,
+    stop: asyncio.Event,
+) -> None:
+    from ingest.gateway import GatewayServer
+
+    server = GatewayServer(
+        gateway,
+        host or gateway_config.listen.host,
+        gateway_config.listen.port if port is None else port,
+    )
+    await server.start()
+    try:
+        if on_started is not None:
+            on_started(server.url)
+        await stop.wait()
+    finally:
+        await server.stop()
 
 
 @click.group()
@@ -160,7 +193,16 @@ def run(config_path: Path, host: str | None, port: int | None, log_level: str) -
         raise click.ClickException(str(exc)) from None
 
     def started(url: str) -> None:
-        click.echo(json.dumps({"listening": url, "keys": len(config.keys)}), err=True)
+        click.echo(
+            json.dumps(
+                {
+                    "listening": url,
+                    "keys": len(config.keys),
+                    "keys_topic": config.keys_topic.follow,
+                }
+            ),
+            err=True,
+        )
 
     try:
         asyncio.run(
