@@ -433,3 +433,14 @@ async def test_ready_only_once_every_record_up_to_the_start_end_offsets_is_appli
         await follower.wait_ready(60)
         assert len(store) == count and follower.applied == count
         assert store.lookup(f"vk-bulk-{count - 1:06d}-0123456789") is not None
+
+
+def test_the_shipped_example_keys_fit_the_example_gateway() -> None:
+    from ingest.gateway import load_config, parse_key_entries
+
+    infra = Path(__file__).resolve().parents[2] / "infra" / "gateway"
+    gateway = load_config(infra / "gateway.example.yaml")
+    keys_file = infra / "keys.example.yaml"
+    entries = parse_key_entries(yaml.safe_load(keys_file.read_text()), str(keys_file))
+    assert entries and all(vk.principal.secret_id in gateway.secrets for vk in entries)
+    assert not {vk.name for vk in entries} & {vk.name for vk in gateway.keys}
