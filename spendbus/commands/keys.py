@@ -31,11 +31,11 @@ SHOWN_PREFIX = 12
 MIN_PREFIX = 8
 
 
-def _live_keys(bootstrap: str, topic: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """(digest -> decoded record of every live key, problems with undecodable records)."""
+def _live_keys(bootstrap: str, topic: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """(digest -> decoded record of every live key, digest -> problem of each undecodable one)."""
     values = asyncio.run(read_compacted(bootstrap, topic))
     live: dict[str, dict[str, Any]] = {}
-    problems: list[str] = []
+    problems: dict[str, str] = {}
     for raw_key, value in values.items():
         if value is None:
             continue
@@ -43,7 +43,7 @@ def _live_keys(bootstrap: str, topic: str) -> tuple[dict[str, dict[str, Any]], l
         try:
             live[digest] = GATEWAY_KEY.decode(value)
         except DecodeError as exc:
-            problems.append(f"record {digest[:SHOWN_PREFIX]}: {exc} ({exc.reason})")
+            problems[digest] = f"{exc} ({exc.reason})"
     return live, problems
 
 
@@ -137,8 +137,12 @@ def keys_list(as_json: bool) -> None:
         principal += [f"tag:{k}={v}" for k, v in sorted(r["tags"].items())]
         table.add_row(digest[:SHOWN_PREFIX], r["name"], " ".join(principal))
     console.print(table)
-    for problem in problems:
-        console.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
+    for digest, problem in sorted(problems.items()):
+        console.print(
+            f"[yellow]unreadable:[/yellow] record {digest[:SHOWN_PREFIX]}: {problem} "
+            "(gateways skip it; `keys revoke` removes it)",
+            highlight=False,
+        )
 
 
 @keys.command("revoke")
@@ -152,12 +156,14 @@ def keys_revoke(key_or_hash: str) -> None:
     try:
         bootstrap = bootstrap_or_fail(settings)
         topic = settings.topics.gateway_keys
-        live, _ = _live_keys(bootstrap, topic)
+        live, unreadable = _live_keys(bootstrap, topic)
     except SpendbusError as exc:
         raise _fail(exc) from None
-    digest = _resolve(key_or_hash, set(live), key_digest(key_or_hash))
+    # an unreadable record is revocable too (that is how an operator removes it)
+    digest = _resolve(key_or_hash, set(live) | set(unreadable), key_digest(key_or_hash))
     asyncio.run(publish(bootstrap, topic, [(digest.encode(), None)]))
-    click.echo(f"revoked key {digest[:SHOWN_PREFIX]} ({live[digest]['name']})")
+    name = live[digest]["name"] if digest in live else "unreadable record"
+    click.echo(f"revoked key {digest[:SHOWN_PREFIX]} ({name})")
 
 
 def _resolve(given: str, live: set[str], digest_if_key: str) -> str:

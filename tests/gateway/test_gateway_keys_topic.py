@@ -348,6 +348,14 @@ async def test_unusable_records_are_skipped_logged_and_counted_never_fatal(
             ):
                 metrics = await resp.text()
             assert 'spendbus_gateway_keys_topic_records_total{result="bad_magic"} 1.0' in metrics
+            # `keys list` names the unreadable records; `keys revoke` removes one by its hash
+            garbage = digest("vk-garbage-0123456789")
+            listed = await keys_cli_async(kafka_bootstrap, topics, "list")
+            assert f"record {garbage[:12]}:" in listed.output and "bad_magic" in listed.output
+            revoked = await keys_cli_async(kafka_bootstrap, topics, "revoke", garbage)
+            assert revoked.exit_code == 0 and "unreadable record" in revoked.output
+            live = await read_compacted(kafka_bootstrap, topics.gateway_keys)
+            assert live[garbage.encode()] is None
             # still following: a later key applies
             await publish(
                 kafka_bootstrap, topics.gateway_keys, [(digest(later).encode(), value("later"))]
