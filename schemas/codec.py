@@ -49,6 +49,7 @@ SCHEMA_NAMES: Final = (
     "Alert",
     "DeadLetter",
     "VirtualKey",
+    "GenerationSwitch",
 )
 NAMESPACE: Final = "spendbus"
 
@@ -443,6 +444,7 @@ VERDICT: Final = codec_for("Verdict")
 ALERT: Final = codec_for("Alert")
 DEAD_LETTER: Final = codec_for("DeadLetter")
 GATEWAY_KEY: Final = codec_for("VirtualKey")
+GENERATION_SWITCH: Final = codec_for("GenerationSwitch")
 
 
 def _priced_tail() -> tuple[Any, bool]:

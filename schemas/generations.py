@@ -5,35 +5,18 @@ ledger (docs/replay.md). The compacted control topic
 (``Topics.generations``) holds one live value under ``CONTROL_KEY``: the
 current generation. No value means the default generation ('').
 
-The codec is built with the same single-object header as ``schemas.codec``
-(magic + CRC-64-AVRO fingerprint); it lives here, beside its topic, until the
-schema joins ``schemas.codec.SCHEMA_NAMES``.
+Its codec is ``schemas.codec.GENERATION_SWITCH`` (single-object header, like
+every other value).
 """
 
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import resources
-from typing import Any, Final
+from typing import Any
 
-from fastavro import parse_schema
-
-from schemas.codec import MAGIC, Codec, fingerprint
+from schemas.codec import GENERATION_SWITCH
 from schemas.topics import check_generation
-
-_SCHEMA: Final = json.loads(
-    (resources.files("schemas") / "avro" / "GenerationSwitch.avsc").read_text()
-)
-GENERATION_SWITCH: Final = Codec(
-    name="GenerationSwitch",
-    schema=_SCHEMA,
-    parsed=parse_schema(copy.deepcopy(_SCHEMA)),
-    header=MAGIC + fingerprint(_SCHEMA),
-    writers={},
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,8 @@ from schemas.codec import (
     ALERT,
     BUDGET_POLICY,
     DEAD_LETTER,
+    GATEWAY_KEY,
+    GENERATION_SWITCH,
     MAGIC,
     PRICE_TABLE,
     PRICED_USAGE,
@@ -158,6 +160,12 @@ FIXTURES = {
         "tags": {"team": "search"},
         "applied_at": NOW,
     },
+    "GenerationSwitch": {
+        "generation": "g2",
+        "previous": "",
+        "previous_retired": False,
+        "switched_at": NOW,
+    },
 }
 
 
@@ -218,6 +226,8 @@ def test_codec_constants_are_the_named_codecs() -> None:
             VERDICT,
             ALERT,
             DEAD_LETTER,
+            GATEWAY_KEY,
+            GENERATION_SWITCH,
         )
     ] == [
         "UsageEvent",
@@ -227,6 +237,8 @@ def test_codec_constants_are_the_named_codecs() -> None:
         "Verdict",
         "Alert",
         "DeadLetter",
+        "VirtualKey",
+        "GenerationSwitch",
     ]
 
 
