@@ -1,12 +1,15 @@
 """Overshoot: how far past one USD budget 50 concurrent streaming clients get, through
 3 gateway replicas, with spendbus's reserve-and-settle enforcer beside a polling baseline.
 
-Issue 8. One run, two phases on the same broker, aggregator worker and fake
+Issue 8. One run, three phases on the same broker, aggregator worker and fake
 provider, one after the other, each on its own org and budget (same cap):
 
 * ``ours``: every replica is the reference gateway (``ingest.gateway``) with its
   own ``enforcer.Enforcer`` following budget.verdicts and its own publisher; an
   allowed request holds its worst-case estimate until its usage event settles it.
+  Each enforcer is told how many replicas share the budget
+  (``EnforcerConfig.replicas`` = ``--replicas``), so each commits at most 1/N of
+  what the verdict leaves.
 * ``baseline``: the same gateways and workload, the gate replaced by
   ``bench/overshoot_baseline.PollGate``: local spend flushed to a shared total
   every 5 s, ``cached total < cap`` checked, nothing held (the design DESIGN.md's
@@ -31,10 +34,9 @@ is sampled every 100 ms; the chart (``bench/results/overshoot.png``) shows it
 beside the cap and what the gates believed (the verdict's spend for ours, the
 shared total for the baseline).
 
-An experiment phase (``experiments.ours_shared``, ``--no-share-experiment`` to
-skip; not product behaviour) runs ours with each replica keeping its holds within
-1/N of what the verdict leaves (:class:`HeadroomShare`): the enforcer's holds are
-per process, so N replicas can each fill the same headroom.
+A comparison phase (``comparisons.ours_unshared``, ``--no-unshared-comparison``
+to skip) runs ours with ``replicas`` left at 1: holds are per process, so each of
+the N replicas can fill the same headroom (what the enforcer did before the option).
 
 Prints one JSON object and writes bench/results/overshoot.json. Uses
 KAFKA_BOOTSTRAP, else starts a LocalKafka for the run.
@@ -80,11 +82,7 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT  # noqa: E402
 from schemas.ids import counter_key, decompose  # noqa: E402
 from schemas.pricing import PriceBook, default_price_file, load_price_file  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
-from schemas.usage import (  # noqa: E402
-    IN_FLIGHT_BUDGET_EXCEEDED,
-    TOKEN_FIELDS,
-    new_usage_event,
-)
+from schemas.usage import TOKEN_FIELDS  # noqa: E402
 from spendbus.stack.compacted import publish  # noqa: E402
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars, free_port  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
@@ -120,8 +118,8 @@ class Options:
     flush_interval_s: float = 5.0
     sample_ms: float = 100.0
     seed: int = 7
-    #: also run the experiment phase ``ours_shared`` (see HeadroomShare)
-    share_experiment: bool = True
+    #: also run ``ours_unshared``: every enforcer with replicas=1 (per-process holds only)
+    unshared_comparison: bool = True
 
     @property
     def cap_nanos(self) -> int:
@@ -197,92 +195,6 @@ class EstimateProbe:
 
     def release(self, hold_id: int | None) -> bool:
         return self.enforcer.release(hold_id)
-
-
-@dataclass(frozen=True)
-class ShareRefusal:
-    """The answer of :class:`HeadroomShare` when it takes back an allowed request's hold
-    (``GateDecision``, shaped like the enforcer's in-flight refusal)."""
-
-    budget_id: str
-    inner: Any
-    hold_id: int | None = None
-    allowed: bool = False
-    status: int = 402
-    headers: tuple[tuple[str, str], ...] = (("Retry-After", "5"),)
-
-    @property
-    def body(self) -> dict[str, Any]:
-        return {"error": IN_FLIGHT_BUDGET_EXCEEDED, "budget_id": self.budget_id}
-
-    def usage_fields(self) -> dict[str, Any]:
-        return {
-            "outcome": "refused",
-            "decision": IN_FLIGHT_BUDGET_EXCEEDED,
-            "decision_budget_id": self.budget_id,
-        }
-
-    def refusal_event(
-        self, *, gateway_id: str | None = None, event_id: str | None = None, **fields: Any
-    ) -> dict[str, Any] | None:
-        event = self.inner.ctx  # the enforcer's Context of the request
-        return new_usage_event(
-            provider=event.provider or "unknown",
-            api=event.api or "unknown",
-            model=event.model or "unknown",
-            secret_id=event.secret_id,
-            org_id=event.org_id,
-            gateway_id=gateway_id or "headroom-share",
-            input_tokens=0,
-            output_tokens=0,
-            status_code=self.status,
-            event_id=event_id,
-            user_id=event.user_id,
-            usage_source="none",
-            **self.usage_fields(),
-            **fields,
-        )
-
-
-class HeadroomShare(EstimateProbe):
-    """EXPERIMENT, not product behaviour: what a per-replica share of the headroom would do.
-
-    The enforcer's holds are per process, so N replicas may each fill what the
-    verdict leaves. Here a replica keeps an allowed request only if its own
-    holds on the budget's counter stay within 1/N of ``limit - verdict spend``;
-    else the hold is released and the request refused as in flight. (The hook
-    this stands for would be an enforcer option, e.g. ``replicas: N``.)
-    """
-
-    def __init__(
-        self, enforcer: Enforcer, prices: PriceBook, budget: Budget, key: str, replicas: int
-    ) -> None:
-        super().__init__(enforcer, prices)
-        self.budget = budget
-        self.counter = tuple(decompose(key))
-        self.replicas = replicas
-        self.taken_back = 0
-
-    def check(self, ctx: Any, *, reserve: bool = True) -> Any:
-        decision = super().check(ctx, reserve=reserve)
-        hold = self.enforcer.holds.get(decision.hold_id) if decision.hold_id else None
-        if hold is None:
-            return decision
-        for counter, period in hold.counters:
-            if counter != self.counter:
-                continue
-            verdict = self.enforcer.state.verdicts.get(counter)
-            spent = verdict.spent_nanos if verdict is not None and verdict.period == period else 0
-            totals = self.enforcer.holds.totals(counter, period)
-            own = totals.nanos if totals is not None else 0
-            if spent + own * self.replicas > (self.budget.limit_nanos or 0):
-                self.enforcer.release(decision.hold_id)
-                self.taken_back += 1
-                # decisions count what the gateway was answered
-                self.decisions[decision.decision] -= 1
-                self.decisions["share_refused"] = self.decisions.get("share_refused", 0) + 1
-                return ShareRefusal(self.budget.budget_id, decision)
-        return decision
 
 
 @dataclass
@@ -377,6 +289,8 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
                         topic_prefix=env.topics.prefix,
                         gateway_id=f"ovs-{kind}-r{replica}",
                         client_id=f"ovs-enforcer-r{replica}",
+                        # ours: every replica knows the budget is shared by opts.replicas
+                        replicas=opts.replicas if kind == "ours" else 1,
                     )
                 )
                 await enforcer.start()
@@ -385,10 +299,7 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
                 _listen(
                     enforcer, key, ledger, verdict_seen if replica == 0 else None, verdict_lag_ms
                 )
-                if kind == "ours":
-                    gate = EstimateProbe(enforcer, env.prices)
-                else:
-                    gate = HeadroomShare(enforcer, env.prices, budget, key, opts.replicas)
+                gate = EstimateProbe(enforcer, env.prices)
                 probes.append(gate)
             else:
                 gate = PollGate(
@@ -433,7 +344,19 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
             await enforcer.stop()
     verdict = await final_verdict(env.bootstrap, env.topics, key, ledger.nanos, timeout=30)
     upstream = await asyncio.to_thread(_upstream_stats, env.upstream_url, "GET")
-    return summarise(kind, opts, ledger, load, verdict, upstream, probes, polls, verdict_lag_ms)
+    enforcer_replicas = {"ours": opts.replicas, "ours_unshared": 1}.get(kind)
+    return summarise(
+        kind,
+        opts,
+        ledger,
+        load,
+        verdict,
+        upstream,
+        probes,
+        polls,
+        verdict_lag_ms,
+        enforcer_replicas,
+    )
 
 
 def _listen(
@@ -651,6 +574,7 @@ def summarise(
     probes: list[EstimateProbe],
     polls: list[PollGate],
     verdict_lag_ms: list[float],
+    enforcer_replicas: int | None = None,
 ) -> dict[str, Any]:
     cap = opts.cap_nanos
     spend = ledger.nanos
@@ -731,6 +655,7 @@ def summarise(
         for probe in probes:
             for name, n in probe.decisions.items():
                 decisions[name] = decisions.get(name, 0) + n
+        out["enforcer_replicas"] = enforcer_replicas
         out["decisions"] = decisions
         out["hold_estimate_to_actual_cost"] = {
             "median": round(statistics.median(ratios), 3) if ratios else None,
@@ -741,8 +666,6 @@ def summarise(
             "p99": round(_pct(verdict_lag_ms, 0.99), 1) if verdict_lag_ms else None,
             "verdicts": len(verdict_lag_ms),
         }
-        if kind == "ours_shared":
-            out["holds_taken_back"] = sum(getattr(p, "taken_back", 0) for p in probes)
     else:
         out["flush_interval_s"] = opts.flush_interval_s
         out["flushes"] = polls[0].shared.flushes if polls else 0
@@ -765,11 +688,12 @@ def draw_chart(result: dict[str, Any], path: Path) -> None:
         ("ours", "spendbus: reserve-and-settle + pushed verdicts"),
         ("baseline", f"baseline: flush + poll every {result['baseline']['flush_interval_s']:g} s"),
     ]
-    if "ours_shared" in result.get("experiments", {}):
-        panels.append(("ours_shared", "experiment: each replica holds ≤ 1/N of the headroom"))
+    panels[0] = ("ours", f"spendbus: reserve-and-settle, replicas={result['replicas']}")
+    if "ours_unshared" in result.get("comparisons", {}):
+        panels.append(("ours_unshared", "spendbus, replicas=1: per-process holds only"))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), sharey=True)
     for ax, (kind, title) in zip(axes, panels, strict=True):
-        phase = result[kind] if kind in result else result["experiments"][kind]
+        phase = result[kind] if kind in result else result["comparisons"][kind]
         t = [row[0] for row in phase["timeline"]]
         ax.plot(t, [row[1] for row in phase["timeline"]], label="true spend (served calls)", lw=2)
         view = "verdict spend (enforcer)" if kind != "baseline" else "shared total (cached)"
@@ -878,7 +802,7 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:8]
     topics = Topics(f"benchovs{run_id}.")
     prices = PriceBook(load_price_file(default_price_file()))
-    kinds = ["ours", "baseline"] + (["ours_shared"] if opts.share_experiment else [])
+    kinds = ["ours", "baseline"] + (["ours_unshared"] if opts.unshared_comparison else [])
     budgets = [budget_for(kind, run_id, opts.cap_usd) for kind in kinds]
     with console.status("topics, prices, budgets, aggregator worker, fake upstream..."):
         asyncio.run(ensure_topics(bootstrap, topics, 4))
@@ -909,6 +833,7 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
         worker.stop()
     ours, base = phases["ours"]["overshoot_pct"], phases["baseline"]["overshoot_pct"]
     ratio = max(ours, 0.0) / base if base > 0 else None
+    unshared = phases.get("ours_unshared")
     return {
         "bench": "overshoot",
         "clients": opts.clients,
@@ -927,9 +852,14 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
         },
         "ours": phases["ours"],
         "baseline": phases["baseline"],
-        # not product behaviour: what an enforcer hook sharing the headroom would change
-        "experiments": {k: v for k, v in phases.items() if k == "ours_shared"},
+        # the enforcer without the replicas option (each replica may fill the whole headroom)
+        "comparisons": {k: v for k, v in phases.items() if k == "ours_unshared"},
         "ratio_ours_to_baseline_overshoot": None if ratio is None else round(ratio, 4),
+        "ratio_ours_unshared_to_baseline_overshoot": (
+            round(max(unshared["overshoot_pct"], 0.0) / base, 4)
+            if unshared is not None and base > 0
+            else None
+        ),
         "targets": {
             "ours_overshoot_le_1pct": ours <= 1.0,
             "ours_le_baseline_over_20": ratio is not None and ratio <= 1 / 20,
@@ -957,10 +887,10 @@ def main() -> None:
     parser.add_argument("--chunk-latency-ms", type=float, default=defaults.chunk_latency_ms)
     parser.add_argument("--flush-interval-s", type=float, default=defaults.flush_interval_s)
     parser.add_argument(
-        "--share-experiment",
+        "--unshared-comparison",
         action=argparse.BooleanOptionalAction,
-        default=defaults.share_experiment,
-        help="also run each replica with a 1/N share of the headroom (an experiment)",
+        default=defaults.unshared_comparison,
+        help="also run ours with replicas=1 (per-process holds, the enforcer before the option)",
     )
     parser.add_argument(
         "--role", choices=("bench", "clients"), default="bench", help=argparse.SUPPRESS
@@ -987,7 +917,7 @@ def main() -> None:
         latency_ms=args.latency_ms,
         chunk_latency_ms=args.chunk_latency_ms,
         flush_interval_s=args.flush_interval_s,
-        share_experiment=args.share_experiment,
+        unshared_comparison=args.unshared_comparison,
     )
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)

@@ -28,7 +28,7 @@ def test_a_tiny_run_reports_both_phases_and_its_ground_truth_matches(
         chunk_latency_ms=0.5,
         flush_interval_s=0.5,
         prompt_tokens=(500, 1_500),
-        share_experiment=False,
+        unshared_comparison=False,
     )
     result = run(opts, kafka_bootstrap, tmp_path)
 
@@ -57,6 +57,7 @@ def test_a_tiny_run_reports_both_phases_and_its_ground_truth_matches(
         assert spends == sorted(spends)  # cumulative
     assert result["targets"]["ground_truth_equals_verdict"]
     assert result["ours"]["decisions"].get("allowed") == result["ours"]["calls"]
+    assert result["ours"]["enforcer_replicas"] == 2  # ours tells each enforcer the replicas
 
     chart = tmp_path / "overshoot.png"
     draw_chart(result, chart)
