@@ -31,6 +31,7 @@ test: broker
 test-faults: broker
 	SPENDBUS_FAULT_KILLS=$${SPENDBUS_FAULT_KILLS:-5} \
 	SPENDBUS_CH_DOWN_SECONDS=$${SPENDBUS_CH_DOWN_SECONDS:-60} \
+	SPENDBUS_BROKER_DOWN_SECONDS=$${SPENDBUS_BROKER_DOWN_SECONDS:-20} \
 	$(BIN)/python -m pytest -m faults -p no:cacheprovider
 
 check: install

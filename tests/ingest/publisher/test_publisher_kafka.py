@@ -119,6 +119,10 @@ async def test_broker_outage_and_publisher_restart_lose_nothing_and_duplicate_no
     sent = before + during
     got = await consume(local_broker.bootstrap, topics.usage_raw, len(sent))
     ids = [e["event_id"] for _, _, e in got]
+    print(
+        f"ledger: sent={len(sent)} arrived={len(ids)} unique={len(set(ids))} "
+        f"difference={len(ids) - len(sent)}"
+    )
     assert len(ids) == len(set(ids)) == len(sent)  # exactly once
     assert set(ids) == {e["event_id"] for e in sent}
     for org in orgs:
