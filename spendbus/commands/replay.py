@@ -13,6 +13,7 @@ mode ``--since``/``--until`` are allowed in). Design: docs/replay.md.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 import sys
@@ -36,6 +37,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from aggregator.config import AggregatorConfig
 from aggregator.fold import CounterState
 from aggregator.generations import (
     CounterView,
@@ -59,10 +61,15 @@ from aggregator.reference import Reference
 from aggregator.snapshots import (
     Bounds,
     FoldState,
+    SeedResult,
     fold_ledger,
+    incomplete_snapshots,
     latest_snapshot,
     ledger_ends,
     load_reference,
+    read_topic,
+    seed_generation,
+    snapshot_from_records,
     write_snapshot,
 )
 from schemas.codec import PRICED_USAGE
@@ -110,8 +117,14 @@ class ReplayReport:
     vs_ledger: list[Difference] = field(default_factory=list)
     #: the new generation against the generation it replaces (price corrections show here)
     vs_previous: list[Difference] = field(default_factory=list)
-    #: counters recomputed from the new generation's ClickHouse rows against the fold
+    #: counters recomputed from the new generation's ClickHouse rows against the fold; after
+    #: a snapshot start only events and spend per org after the fences (``clickhouse_scope``)
     vs_clickhouse: list[Difference] | None = None
+    #: what vs_clickhouse compared, or why it compared nothing
+    clickhouse_scope: str = ""
+    #: the snapshot the generation started from ('' = offset 0) and what was seeded
+    from_snapshot: str = ""
+    seeded: dict[str, Any] | None = None
     org_changes: list[OrgChange] = field(default_factory=list)
     seconds: float = 0.0
     events_per_second: float = 0.0
@@ -149,8 +162,13 @@ class GenerationReplay:
         generation: str,
         *,
         worker_args: tuple[str, ...] = (),
+        from_snapshot: bool = False,
     ) -> None:
         self.place = place
+        self.from_snapshot = from_snapshot
+        #: the snapshot the worker was seeded from (id, state as read) and what was written
+        self.snapshot: tuple[str, FoldState] | None = None
+        self.seeded: SeedResult | None = None
         self.generation = check_generation(generation)
         if not generation:
             raise ConfigError("a replay builds a new generation: give it a name (e.g. g2)")
@@ -193,19 +211,61 @@ class GenerationReplay:
             raise ConfigError(f"generation {self.generation!r} is the current one already")
         if switch is not None and switch.previous == self.generation:
             raise ConfigError(f"generation {self.generation!r} was retired; pick a new name")
+        snapshot = self._latest_snapshot() if self.from_snapshot else None
         asyncio.run(ensure_topics(place.bootstrap, self.topics, place.partitions))
         self.start_committed = asyncio.run(group_progress(place.bootstrap, self.topics)).committed
         self.started_at = time.monotonic()
         port_file = self.worker.run_dir / f"{self.worker.name}.port"
         if self.worker.pid() is not None and port_file.exists():
+            if snapshot is not None:
+                raise ConfigError(
+                    f"generation {self.generation!r} runs already (it started earlier): "
+                    "drop --from-snapshot to attach to it"
+                )
             self.worker.web_port = int(port_file.read_text())
             self.worker.env["SPENDBUS_WEB_PORT"] = str(self.worker.web_port)
             self.attached = True
             return
         if place.dsn:
             prepare_store(place.dsn, self.generation)
+        if snapshot is not None:
+            self._seed(snapshot)
         self.worker.start(timeout=180)
         port_file.write_text(str(self.worker.web_port))
+
+    def _latest_snapshot(self) -> tuple[str, FoldState]:
+        """The newest complete snapshot; a clear error when there is none."""
+        topic = self.place.topics.counter_snapshots
+        values = asyncio.run(read_topic(self.place.bootstrap, topic))
+        found = snapshot_from_records(values)
+        if found is None:
+            incomplete = incomplete_snapshots(values)
+            detail = (
+                f" ({', '.join(incomplete)} without a manifest: incomplete, never used)"
+                if incomplete
+                else ""
+            )
+            raise ConfigError(
+                f"no complete snapshot on {topic}{detail}; write one with `spendbus snapshot`"
+            )
+        return found
+
+    def _seed(self, snapshot: tuple[str, FoldState]) -> None:
+        """Write the snapshot into the new generation's changelogs, verdicts and group
+        offsets (``aggregator.snapshots.seed_generation``) before its worker starts."""
+        place = self.place
+        config = AggregatorConfig(
+            bootstrap=place.bootstrap,
+            topic_prefix=place.topics.prefix,
+            generation=self.generation,
+            app_id=self.topics.aggregator_app_id,
+            partitions=place.partitions,
+        )
+        reference = asyncio.run(load_reference(place.bootstrap, place.topics))
+        # the fold in report() starts from the snapshot and changes what it is given
+        self.seeded = asyncio.run(seed_generation(config, copy.deepcopy(snapshot[1]), reference))
+        self.snapshot = snapshot
+        self.start_committed = asyncio.run(group_progress(place.bootstrap, self.topics)).committed
 
     # --- 2. watch until caught up -----------------------------------------------------------
     def wait_caught_up(
@@ -254,8 +314,16 @@ class GenerationReplay:
         done = reached.committed - self.start_committed
         report.events_per_second = done / report.seconds if report.seconds else 0.0
         reference = asyncio.run(load_reference(place.bootstrap, place.topics))
-        fold = asyncio.run(fold_ledger(place.bootstrap, place.topics, reference, until=ends))
+        # a seeded generation is checked against a fold from the same snapshot (equal to a
+        # fold from 0: tests/replay/test_snapshots.py), which needs no ledger below the fences
+        start = None if self.snapshot is None else copy.deepcopy(self.snapshot[1])
+        fold = asyncio.run(
+            fold_ledger(place.bootstrap, place.topics, reference, start=start, until=ends)
+        )
         _fill_totals(report, fold)
+        if self.snapshot is not None and self.seeded is not None:
+            report.from_snapshot = self.snapshot[0]
+            report.seeded = asdict(self.seeded)
         previous_topics = place.topics.of_generation(self.previous)
         before = asyncio.run(_priced_org_spend(place.bootstrap, previous_topics, ends))
         after = fold.org_spend()
@@ -264,10 +332,25 @@ class GenerationReplay:
             for org in sorted(set(before) | set(after))
             if before.get(org, 0) != after.get(org, 0)
         ]
-        if place.dsn:
+        if not place.dsn:
+            report.clickhouse_scope = "not compared: the generation runs without a ClickHouse sink"
+        elif self.snapshot is not None:
+            report.vs_clickhouse = self._clickhouse_after_fences(
+                fold, self.snapshot[1], ends, settle_seconds
+            )
+            report.clickhouse_scope = (
+                "only the rows after the snapshot's fences (events and spend per org): a "
+                "snapshot start does not rebuild the rows before them, so counters are not "
+                "recomputed from ClickHouse"
+            )
+        else:
             report.vs_clickhouse = self._clickhouse_differences(
                 reference, fold, ends, settle_seconds
             )
+            report.clickhouse_scope = (
+                "counters recomputed from every usage_events row below the cut"
+            )
+
         # Verdicts keep moving under live traffic: each is compared with the state the
         # fold showed at the verdict's own seq. From the cut on, the fold goes record by
         # record and keeps every state each counter passes through.
@@ -337,6 +420,60 @@ class GenerationReplay:
             fold_views(fold), counters_from_rows(reference.budgets.values(), rows)
         )
         return differences + pending  # both sides at the same cut: nothing is in flight
+
+    def _clickhouse_after_fences(
+        self, fold: FoldState, snapshot: FoldState, ends: dict[int, int], settle_seconds: float
+    ) -> list[Difference]:
+        """What a snapshot-start store can be checked for: per org, the events and spend
+        of its rows between the fences and the cut against the fold's part after the
+        fences (fold minus snapshot); and that it holds no row below a fence."""
+        expected: dict[str, tuple[int, int]] = {}
+        for org, (events, nanos) in fold.orgs.items():
+            before = snapshot.orgs.get(org, [0, 0])
+            if (events - before[0], nanos - before[1]) != (0, 0):
+                expected[org] = (events - before[0], nanos - before[1])
+        after = " OR ".join(
+            f"(source_partition = {p} AND source_offset >= {snapshot.fences.get(p, 0)} "
+            f"AND source_offset < {end})"
+            for p, end in sorted(ends.items())
+        )
+        below = " OR ".join(
+            f"(source_partition = {p} AND source_offset < {fence})"
+            for p, fence in sorted(snapshot.fences.items())
+        )
+        # one row per ledger position (a re-delivered insert is not counted twice)
+        query = (
+            "SELECT org_id, count(), sum(cost_nanos) FROM (SELECT org_id, cost_nanos "
+            f"FROM usage_events WHERE {after} LIMIT 1 BY source_partition, source_offset) "
+            "GROUP BY org_id"
+        )
+        wanted = sum(events for events, _ in expected.values())
+        deadline = time.monotonic() + settle_seconds
+        while True:  # the sink writes within a second or so of the priced records
+            rows = self.worker.post("/sql", {"sql": query})["rows"]
+            found = {str(org): (int(n), int(nanos)) for org, n, nanos in rows}
+            if sum(n for n, _ in found.values()) >= wanted or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        differences = [
+            Difference(f"org {org}", name, a, b)
+            for org in sorted(set(expected) | set(found))
+            for name, a, b in zip(
+                ("events after the fences", "cost_nanos after the fences"),
+                expected.get(org, (0, 0)),
+                found.get(org, (0, 0)),
+                strict=True,
+            )
+            if a != b
+        ]
+        if below:
+            stray = self.worker.post(
+                "/sql", {"sql": f"SELECT count() FROM usage_events WHERE {below}"}
+            )
+            count = int(stray["rows"][0][0])
+            if count:
+                differences.append(Difference("(store)", "rows below the fences", 0, count))
+        return differences
 
     # --- 4. cut over --------------------------------------------------------------------------
     def cutover(self, serving: WorkerProcess | None, *, timeout: float = 600.0) -> None:
@@ -604,7 +741,10 @@ def _parse_time(value: str | None) -> datetime | None:
 )
 @click.option("--dry-run", is_flag=True, help="Fold in memory, compare, publish nothing.")
 @click.option(
-    "--from-snapshot", is_flag=True, help="Start from the latest counter snapshot (with --dry-run)."
+    "--from-snapshot",
+    is_flag=True,
+    help="Start from the latest complete counter snapshot instead of offset 0 "
+    "(ClickHouse then holds only the events after its fences).",
 )
 @click.option(
     "--cutover",
@@ -634,8 +774,6 @@ def replay(
         )
     if cutover and dry_run:
         raise click.UsageError("--cutover needs a real generation: drop --dry-run")
-    if from_snapshot and not dry_run:
-        raise click.UsageError("--from-snapshot applies to --dry-run (docs/replay.md: snapshots)")
     place, settings = _place()
     if dry_run:
         with progress_bar(as_json) as bar:
@@ -646,9 +784,17 @@ def replay(
         _show(report, as_json)
         sys.exit(0)
     name = generation or asyncio.run(_next_generation(place))
-    run = GenerationReplay(place, name)
+    run = GenerationReplay(place, name, from_snapshot=from_snapshot)
     console.print(f"replaying usage.raw into generation [bold]{name}[/bold] ...", highlight=False)
     run.start()
+    if run.seeded is not None and run.snapshot is not None:
+        console.print(
+            f"started from snapshot {run.snapshot[0]} (fences {run.seeded.fences}): "
+            f"{run.seeded.counters:,} counters, {run.seeded.dedupe_entries:,} dedupe entries "
+            f"and {run.seeded.verdicts:,} verdicts seeded; ClickHouse is rebuilt only from the "
+            "fences on",
+            highlight=False,
+        )
     try:
         with progress_bar(as_json) as bar:
             meter = Meter(bar, bar.add_task(f"generation {name}", total=None, rate=0.0, lag=0))
@@ -697,7 +843,11 @@ def _show(report: ReplayReport, as_json: bool) -> None:
         ("vs its ClickHouse rows", report.vs_clickhouse),
         (f"vs generation {report.previous or '(default)'}", report.vs_previous),
     ):
+        if differences is report.vs_clickhouse and report.clickhouse_scope:
+            title = f"{title} ({report.clickhouse_scope})"
         if differences is None:
+            if report.clickhouse_scope and title.startswith("vs its ClickHouse"):
+                out.print(f"[yellow]{title}[/yellow]")
             continue
         if not differences:
             out.print(f"[green]{title}: no differences[/green]")
