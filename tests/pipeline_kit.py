@@ -102,6 +102,31 @@ class Pipeline:
         """``stats()`` until ``done(stats)`` or the timeout; the last stats either way."""
         return _poll(self.stats, done, timeout)
 
+    def verdict_spend_until(
+        self, wanted: dict[tuple[str, str], int], timeout: float = 120.0
+    ) -> dict[tuple[str, str], int]:
+        """What an enforcer following the verdicts says each (org, secret) spent on the
+        ``per-secret`` budget, once it equals ``wanted`` or at the timeout (0 = no verdict)."""
+        from enforcer import Enforcer, EnforcerConfig
+
+        async def follow() -> dict[tuple[str, str], int]:
+            config = EnforcerConfig(bootstrap=self.bootstrap, topic_prefix=self.topics.prefix)
+            async with Enforcer(config) as enforcer:
+                await enforcer.wait_ready(60)
+
+                def spent(org_id: str, secret_id: str) -> int:
+                    statuses = enforcer.usage(enforcer.context(org_id=org_id, secret_id=secret_id))
+                    return next((s.spent_nanos for s in statuses if s.budget_id == "per-secret"), 0)
+
+                deadline = time.monotonic() + timeout
+                seen = {key: spent(*key) for key in wanted}
+                while seen != wanted and time.monotonic() < deadline:
+                    await asyncio.sleep(0.3)
+                    seen = {key: spent(*key) for key in wanted}
+                return seen
+
+        return asyncio.run(follow())
+
 
 def _poll(read: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
     deadline = time.monotonic() + timeout

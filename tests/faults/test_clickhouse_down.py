@@ -32,7 +32,6 @@ from typing import Any
 import pytest
 from pipeline_kit import Pipeline
 
-from enforcer import Enforcer, EnforcerConfig
 from schemas.codec import USAGE_EVENT
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
@@ -124,31 +123,6 @@ class Load:
         return sum(self.pipeline.prices.price_event(e).cost_nanos for e in self.sent)
 
 
-async def verdicts_reach(pipeline: Pipeline, wanted: dict[tuple[str, str], int]) -> Any:
-    """The enforcer's per-secret spend once it equals ``wanted`` (or after 120 s)."""
-    config = EnforcerConfig(bootstrap=pipeline.bootstrap, topic_prefix=pipeline.topics.prefix)
-    async with Enforcer(config) as enforcer:
-        await enforcer.wait_ready(60)
-        seen: dict[tuple[str, str], int] = {}
-        until = time.monotonic() + 120
-        while time.monotonic() < until:
-            seen = {
-                key: next(
-                    (
-                        s.spent_nanos
-                        for s in enforcer.usage(enforcer.context(org_id=key[0], secret_id=key[1]))
-                        if s.budget_id == "per-secret"
-                    ),
-                    0,
-                )
-                for key in wanted
-            }
-            if seen == wanted:
-                break
-            await asyncio.sleep(0.3)
-        return seen
-
-
 def test_clickhouse_disk_full_under_load_then_catch_up_exact(
     kafka_bootstrap: str,
     topics: Topics,
@@ -179,7 +153,7 @@ def test_clickhouse_disk_full_under_load_then_catch_up_exact(
 
         # counters and verdicts kept flowing: the enforcer sees every event charged so far
         during = load.per_secret()
-        assert asyncio.run(verdicts_reach(pipeline, during)) == during
+        assert pipeline.verdict_spend_until(during) == during
         stats = pipeline.stats()
         assert stats["sink_failures"] > 0, f"the sink never failed: {stats}"
         stored = int(pipeline.sql("SELECT count() FROM usage_events")[0][0])
@@ -208,6 +182,6 @@ def test_clickhouse_disk_full_under_load_then_catch_up_exact(
             f"stats: {pipeline.stats()}\nworker log:\n{pipeline.worker.log_tail(60)}"
         )
         final = load.per_secret()
-        assert asyncio.run(verdicts_reach(pipeline, final)) == final
+        assert pipeline.verdict_spend_until(final) == final
     finally:
         pipeline.worker.stop()

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from pipeline_kit import Pipeline
 
-from enforcer import Enforcer, EnforcerConfig
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.usage import new_usage_event
 
@@ -78,24 +76,4 @@ def test_kill_minus_nine_mid_stream_then_restart_is_exact(
         f"stats: {pipeline.stats()}\nworker log:\n{pipeline.worker.log_tail(60)}"
     )
 
-    async def verdict_spend() -> dict[tuple[str, str], int]:
-        config = EnforcerConfig(bootstrap=pipeline.bootstrap, topic_prefix=pipeline.topics.prefix)
-        async with Enforcer(config) as enforcer:
-            await enforcer.wait_ready(60)
-            seen: dict[tuple[str, str], int] = {}
-            until = time.monotonic() + 30
-            while time.monotonic() < until:
-                seen = {
-                    key: next(
-                        s.spent_nanos
-                        for s in enforcer.usage(enforcer.context(org_id=key[0], secret_id=key[1]))
-                        if s.budget_id == "per-secret"
-                    )
-                    for key in per_secret
-                }
-                if seen == per_secret:
-                    break
-                await asyncio.sleep(0.3)
-            return seen
-
-    assert asyncio.run(verdict_spend()) == dict(per_secret)
+    assert pipeline.verdict_spend_until(dict(per_secret)) == dict(per_secret)

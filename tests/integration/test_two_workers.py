@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from pipeline_kit import Pipeline
 
-from enforcer import Enforcer, EnforcerConfig
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.usage import new_usage_event
 from spendbus.stack.kafka import free_port
@@ -96,27 +95,7 @@ def test_a_second_worker_takes_partitions_and_gives_them_back_exactly(
         expected,
     ), pipeline.worker.log_tail(60)
 
-    async def verdict_spend() -> dict[tuple[str, str], int]:
-        config = EnforcerConfig(bootstrap=pipeline.bootstrap, topic_prefix=pipeline.topics.prefix)
-        async with Enforcer(config) as enforcer:
-            await enforcer.wait_ready(60)
-            seen: dict[tuple[str, str], int] = {}
-            until = time.monotonic() + 30
-            while time.monotonic() < until:
-                seen = {
-                    key: next(
-                        s.spent_nanos
-                        for s in enforcer.usage(enforcer.context(org_id=key[0], secret_id=key[1]))
-                        if s.budget_id == "per-secret"
-                    )
-                    for key in per_secret
-                }
-                if seen == per_secret:
-                    break
-                await asyncio.sleep(0.3)
-            return seen
-
-    assert asyncio.run(verdict_spend()) == dict(per_secret)
+    assert pipeline.verdict_spend_until(dict(per_secret)) == dict(per_secret)
 
 
 def _until(read, done, timeout: float = 60.0):  # type: ignore[no-untyped-def]
