@@ -843,10 +843,14 @@ def _show(report: ReplayReport, as_json: bool) -> None:
         ("vs its ClickHouse rows", report.vs_clickhouse),
         (f"vs generation {report.previous or '(default)'}", report.vs_previous),
     ):
-        if differences is report.vs_clickhouse and report.clickhouse_scope:
+        # a limited or skipped ClickHouse comparison says what it covered, never a bare "equal"
+        limited = differences is report.vs_clickhouse and (
+            report.from_snapshot or differences is None
+        )
+        if limited and report.clickhouse_scope:
             title = f"{title} ({report.clickhouse_scope})"
         if differences is None:
-            if report.clickhouse_scope and title.startswith("vs its ClickHouse"):
+            if limited and report.clickhouse_scope:
                 out.print(f"[yellow]{title}[/yellow]")
             continue
         if not differences:
