@@ -196,3 +196,45 @@ def test_seeding_a_generation_that_has_run_is_refused(
         assert await _committed(kafka_bootstrap, config.counting_group) == {0: 1}
 
     asyncio.run(scenario())
+
+
+def test_replay_from_snapshot_from_the_command_line(
+    pipeline: Pipeline, request: pytest.FixtureRequest
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from spendbus.cli import cli
+    from spendbus.stack.worker import WorkerProcess
+
+    env = dict(pipeline.worker.env)
+    runner = CliRunner()
+    publish_events(pipeline, make_events(200, seed=45))
+    # no snapshot yet: refused, and no worker is left behind
+    result = runner.invoke(cli, ["replay", "--generation", "g2", "--from-snapshot"], env=env)
+    assert result.exit_code != 0
+    assert "no complete snapshot" in str(result.exception or result.output)
+
+    result = runner.invoke(cli, ["snapshot", "--json"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    made = json.loads(result.stdout)
+    publish_events(pipeline, make_events(100, seed=45, start=200))
+    replay_worker = WorkerProcess(
+        run_dir=pipeline.worker.run_dir, env={}, web_port=0, name="aggregator-g2"
+    )
+    request.addfinalizer(replay_worker.stop)
+    result = runner.invoke(
+        cli,
+        ["replay", "--generation", "g2", "--from-snapshot", "--json"],
+        env=env,
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    assert "started from snapshot" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["from_snapshot"] == made["snapshot"]
+    assert sum(report["seeded"]["fences"].values()) == 200
+    assert report["charged"] == 300 and report["consistent"]
+    assert report["vs_ledger"] == [] and report["vs_clickhouse"] == []
+    assert "after the snapshot's fences" in report["clickhouse_scope"]
