@@ -38,6 +38,9 @@ class AggregatorConfig(BaseModel):
     #: how often the counting stage flushes its outputs and changelogs and commits offsets;
     #: also bounds what a crash re-delivers (the fences absorb it)
     commit_seconds: float = Field(default=1.0, gt=0, le=10.0)
+    #: new event ids held in memory before a checkpoint writes them to the local RocksDB;
+    #: reaching it checkpoints early (the in-memory part of the dedupe is bounded by it)
+    max_pending_event_ids: int = Field(default=100_000, ge=1000)
     sink_batch_size: int = Field(default=10_000, ge=1)
     sink_batch_seconds: float = Field(default=1.0, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)

@@ -21,7 +21,11 @@ invariant 1; Faust's exactly_once mode is avoided on purpose). A checkpoint, eve
      fences, event-id dedupe) of every batch so far;
   3. check each delivery: one failure aborts the checkpoint and stops the worker,
      nothing is committed, the records are re-delivered to the next owner;
-  4. commit the source offsets past the last folded record of each partition.
+  4. commit the source offsets past the last folded record of each partition;
+  5. write the acknowledged changelog records into each partition's local RocksDB
+     with the changelog offsets they reach (``CountingStore.persist``, one WriteBatch
+     a partition), so a restart reads only the changelogs' tail. Never before step 3:
+     the local store is a prefix of the changelogs, never ahead of them.
 
 A crash anywhere re-delivers records from the last commit; the changelog may
 already hold some of their effects, which the counters' fences and the dedupe
@@ -46,7 +50,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor
-from aggregator.state import CountingStore, encode_counter
+from aggregator.state import CountingStore
 from aggregator.verdicts import VerdictCoalescer
 from schemas.topics import COMPACTED_CONFIG, Topics
 
@@ -77,8 +81,8 @@ class _Outgoing:
         #: batches not handed over yet, oldest first
         self.waiting: dict[tuple[str, int], list[Any]] = {}
         self.pumps: dict[tuple[str, int], asyncio.Task[None]] = {}
-        #: one future per handed-over batch: done when the broker has it
-        self.deliveries: list[asyncio.Future[Any]] = []
+        #: one future per handed-over batch (done when the broker has it) and its record count
+        self.deliveries: list[tuple[asyncio.Future[Any], int]] = []
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
         where = (topic, partition)
@@ -105,17 +109,21 @@ class _Outgoing:
         try:
             while batches := self.waiting.pop(where, None):
                 for batch in batches:
-                    self.deliveries.append(
-                        await self.producer.send_batch(batch, topic, partition=partition)
-                    )
+                    count = batch.record_count()
+                    delivery = await self.producer.send_batch(batch, topic, partition=partition)
+                    self.deliveries.append((delivery, count))
         finally:
             del self.pumps[where]
 
-    async def drain(self) -> list[asyncio.Future[Any]]:
-        """Hand over everything; the delivery futures of all batches since the last drain."""
+    async def hand_over(self) -> None:
+        """Hand over everything (the deliveries are kept for the next ``drain``)."""
         self.release()
         while self.pumps:
             await asyncio.gather(*self.pumps.values())  # a failed hand-over raises here
+
+    async def drain(self) -> list[tuple[asyncio.Future[Any], int]]:
+        """Hand over everything; the deliveries (future, record count) since the last drain."""
+        await self.hand_over()
         deliveries, self.deliveries = self.deliveries, []
         return deliveries
 
@@ -147,7 +155,9 @@ class CountingStage:
         self.processor = processor
         self.metrics = metrics
         self.reference_ready = reference_ready
-        self.store = CountingStore()
+        self.store = CountingStore(
+            config.data_dir / "counting", config.counter_changelog, config.seen_changelog
+        )
         self.verdicts = VerdictCoalescer(config.batch_seconds)
         #: usage.raw partitions this worker owns and has recovered
         self.owned: set[int] = set()
@@ -219,6 +229,7 @@ class CountingStage:
                     await self._checkpoint()
         except Exception:  # stopping anyway: what was not committed is re-delivered
             log.exception("last checkpoint failed")
+        self.store.close()
         if self._consumer is not None:
             await self._consumer.stop()
         if self._producer is not None:
@@ -273,10 +284,14 @@ class CountingStage:
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
             self.rebalancing = True
-            if self.owned:
-                # the partitions may go to another worker: everything folded so far is
-                # made durable and committed before it may read them
-                await self._checkpoint()
+            try:
+                if self.owned:
+                    # the partitions may go to another worker: everything folded so far is
+                    # made durable and committed before it may read them
+                    await self._checkpoint()
+            finally:
+                # another worker of this host may open them next; kept ones are reopened
+                self.store.close()
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
@@ -288,12 +303,8 @@ class CountingStage:
                 self._folded_to.pop(partition, None)
             new = wanted - self.owned
             # a partition kept across the rebalance had no other writer: its state is current
-            await self.store.recover(
-                self.config.bootstrap,
-                new,
-                self.config.counter_changelog,
-                self.config.seen_changelog,
-            )
+            await self.store.reopen(wanted & self.owned)
+            await self.store.recover(self.config.bootstrap, new)
             self.owned = wanted
             if gone or new:
                 self.verdicts.forget()
@@ -318,9 +329,13 @@ class CountingStage:
                 if batches:
                     self._fold(batches)
                     if self._outgoing is not None and self._outgoing.backlog() > MAX_BACKLOG:
-                        await self._outgoing.drain()  # the broker is slower than the fold
+                        await self._outgoing.hand_over()  # the broker is slower than the fold
                 now = time.monotonic()
-                if now - self._last_checkpoint >= interval:
+                if (
+                    now - self._last_checkpoint >= interval
+                    # the event ids held in memory stay bounded: persist them now
+                    or self.store.pending_seen >= self.config.max_pending_event_ids
+                ):
                     await self._checkpoint()
                 else:
                     due = self.verdicts.due(now)
@@ -341,14 +356,14 @@ class CountingStage:
         outgoing = self._outgoing
         assert outgoing is not None
         add = outgoing.add
-        store = self.store.partitions
+        put_counter = self.store.put_counter
         counters_topic = self.config.counter_changelog
         for (partition, key), state in out.counter_states.items():
-            store[partition].counters[key] = state
-            add(counters_topic, partition, key.encode(), encode_counter(state))
+            add(counters_topic, partition, key.encode(), put_counter(partition, key, state))
+        put_seen = self.store.put_seen
         seen_topic = self.config.seen_changelog
         for (partition, event_id), position in out.seen_writes.items():
-            store[partition].seen[event_id] = position
+            put_seen(partition, event_id, position)
             add(seen_topic, partition, event_id.encode(), position.encode())
         written = time.perf_counter()
         priced_topic = self.topics.usage_priced
@@ -418,7 +433,7 @@ class CountingStage:
             deliveries = await self._outgoing.drain()
             await producer.flush()
             # 3. a failed delivery stops here: nothing is committed, now or ever by this stage
-            failed = [d for d in deliveries if d.cancelled() or d.exception() is not None]
+            failed = [d for d, _ in deliveries if d.cancelled() or d.exception() is not None]
             if failed:
                 raise CountingError(
                     f"{len(failed)} output batches were not delivered: {failed[0]!r}"
@@ -438,6 +453,13 @@ class CountingStage:
             except (CommitFailedError, KafkaError) as exc:
                 # a rebalance took the partitions: their records are re-delivered, fenced
                 log.warning("offset commit failed (%s); the records will be re-delivered", exc)
+        # 5. the acknowledged changelog records into the local stores, with their offsets
+        reached: dict[tuple[str, int], int] = {}
+        for delivery, count in deliveries:
+            meta = delivery.result()
+            where = (meta.topic, meta.partition)
+            reached[where] = max(reached.get(where, 0), meta.offset + count)
+        self.store.persist(reached)
         self._positions.clear()
         self._last_checkpoint = time.monotonic()
 
