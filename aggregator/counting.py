@@ -186,7 +186,7 @@ class CountingStage:
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
-        await self._ensure_changelogs()
+        await ensure_changelogs(self.config, self.topics)
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.config.bootstrap,
             acks="all",
@@ -246,27 +246,6 @@ class CountingStage:
                 self._failed = CountingError(f"the counting loop failed: {exc!r}")
             if self.on_crash is not None:
                 self._crash_task = asyncio.ensure_future(self.on_crash(exc))
-
-    async def _ensure_changelogs(self) -> None:
-        """Create the two changelog topics, co-partitioned with usage.raw, if missing."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.config.bootstrap)
-        await admin.start()
-        try:
-            source = await admin.describe_topics([self.topics.usage_raw])
-            partitions = len(source[0]["partitions"]) or self.config.partitions
-            existing = set(await admin.list_topics())
-            wanted = [
-                NewTopic(name, partitions, 1, topic_configs=dict(COMPACTED_CONFIG))
-                for name in (self.config.counter_changelog, self.config.seen_changelog)
-                if name not in existing
-            ]
-            if wanted:
-                response = await admin.create_topics(wanted)
-                for name, code, *_ in response.topic_errors:
-                    if code not in (0, TopicAlreadyExistsError.errno):
-                        raise CountingError(f"cannot create changelog {name}: error {code}")
-        finally:
-            await admin.close()
 
     def lag(self) -> dict[str, int]:
         """usage.raw records of the owned partitions not folded yet (as of the last fetch)."""
@@ -485,3 +464,26 @@ class CountingStage:
     @staticmethod
     def _emitted_at() -> datetime:
         return datetime.now(UTC)
+
+
+async def ensure_changelogs(config: AggregatorConfig, topics: Topics) -> None:
+    """Create the counting stage's two changelog topics, co-partitioned with usage.raw, if
+    missing (the stage at start, and a replay seeding a generation from a snapshot)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap)
+    await admin.start()
+    try:
+        source = await admin.describe_topics([topics.usage_raw])
+        partitions = len(source[0]["partitions"]) or config.partitions
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(name, partitions, 1, topic_configs=dict(COMPACTED_CONFIG))
+            for name in (config.counter_changelog, config.seen_changelog)
+            if name not in existing
+        ]
+        if wanted:
+            response = await admin.create_topics(wanted)
+            for name, code, *_ in response.topic_errors:
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    raise CountingError(f"cannot create changelog {name}: error {code}")
+    finally:
+        await admin.close()

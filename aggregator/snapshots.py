@@ -44,9 +44,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from aggregator.config import AggregatorConfig
-from aggregator.counting import CountingStage
+from aggregator.counting import ensure_changelogs
 from aggregator.fold import CounterState
-from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor, BatchStats, RawRecord, VerdictChange
 from aggregator.reference import Reference, ReferenceFollower
 from aggregator.state import encode_counter
@@ -477,14 +476,7 @@ async def seed_generation(
                 f"{ends[partition]}: it was taken of another ledger"
             )
     # Step 2: the counting stage's own code (topic config, partitions) creates them
-    stage = CountingStage(
-        config,
-        topics,
-        BatchProcessor(reference, source_topic=topics.usage_raw),
-        Metrics(),
-        asyncio.Event(),
-    )
-    await stage._ensure_changelogs()
+    await ensure_changelogs(config, topics)
     # Step 3
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,

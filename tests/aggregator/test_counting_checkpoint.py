@@ -4,6 +4,7 @@ after every output reached Kafka, and never once an output batch failed."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.integration
 EVENTS = 12
 
 
-async def _run_stage(bootstrap: str, topics: Topics, *, break_priced: bool) -> dict[str, Any]:
+async def _run_stage(
+    bootstrap: str, topics: Topics, data_dir: Path, *, break_priced: bool
+) -> dict[str, Any]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -73,6 +76,7 @@ async def _run_stage(bootstrap: str, topics: Topics, *, break_priced: bool) -> d
             topic_prefix=topics.prefix,
             app_id=f"{topics.prefix}agg",
             commit_seconds=0.2,
+            data_dir=data_dir,
         )
         metrics = Metrics()
         stage = CountingStage(
@@ -106,16 +110,18 @@ async def _run_stage(bootstrap: str, topics: Topics, *, break_priced: bool) -> d
     }
 
 
-def test_offsets_are_committed_after_the_outputs(kafka_bootstrap: str, topics: Topics) -> None:
-    result = asyncio.run(_run_stage(kafka_bootstrap, topics, break_priced=False))
+def test_offsets_are_committed_after_the_outputs(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    result = asyncio.run(_run_stage(kafka_bootstrap, topics, tmp_path, break_priced=False))
     assert result["crash"] is None and result["folded"] == EVENTS
     assert result["committed"] == EVENTS
 
 
 def test_a_failed_output_batch_stops_the_stage_and_commits_nothing(
-    kafka_bootstrap: str, topics: Topics
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    result = asyncio.run(_run_stage(kafka_bootstrap, topics, break_priced=True))
+    result = asyncio.run(_run_stage(kafka_bootstrap, topics, tmp_path, break_priced=True))
     assert isinstance(result["crash"], CountingError), result
     assert result["folded"] == EVENTS  # it read and folded them...
     assert result["committed"] == 0  # ...and committed none: they will be re-delivered
