@@ -5,10 +5,8 @@ the topics, and one aggregator worker owning the embedded ClickHouse store.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from schemas.errors import ConfigError
 from spendbus.settings import Settings
@@ -78,28 +76,3 @@ class LocalStack:
         worker_process(self.settings).stop()
         if not self.settings.kafka_bootstrap:
             local_broker(self.settings).stop()
-
-    def status(self) -> dict[str, Any]:
-        settings = self.settings
-        worker = worker_process(settings)
-        broker_running = bool(settings.kafka_bootstrap) or local_broker(settings).is_running()
-        status: dict[str, Any] = {
-            "kafka": {
-                "bootstrap": settings.kafka_bootstrap
-                or (local_broker(settings).bootstrap if broker_running else None),
-                "managed": not settings.kafka_bootstrap,
-                "running": broker_running,
-            },
-            "clickhouse": {"dsn": settings.dsn},
-            "worker": {"pid": worker.pid(), "web_port": settings.web_port},
-        }
-        if worker.pid() is not None:
-            try:
-                status["worker"]["stats"] = worker.get("/stats", timeout=3)
-            except Exception as exc:  # status reports what it sees, it does not fail
-                status["worker"]["error"] = str(exc)
-        return status
-
-
-def dump(status: dict[str, Any]) -> str:
-    return json.dumps(status, indent=2, default=str)
