@@ -61,7 +61,6 @@ import urllib.request
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -73,20 +72,20 @@ import aiohttp  # noqa: E402
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from bench.benchkit import apply_reference, pct  # noqa: E402
+from bench.benchkit import worker as aggregator_worker  # noqa: E402
 from bench.overshoot_baseline import PollGate, SharedTotal  # noqa: E402
 from enforcer import Enforcer, EnforcerConfig  # noqa: E402
 from ingest.gateway import Gateway, GatewayServer, parse_config  # noqa: E402
 from ingest.publisher import PublisherConfig, UsagePublisher  # noqa: E402
 from schemas.budgets import Budget, budgets_from_yaml  # noqa: E402
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT  # noqa: E402
+from schemas.codec import VERDICT  # noqa: E402
 from schemas.ids import counter_key, decompose  # noqa: E402
 from schemas.pricing import PriceBook, default_price_file, load_price_file  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import TOKEN_FIELDS  # noqa: E402
-from spendbus.stack.compacted import publish  # noqa: E402
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars, free_port  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
-from spendbus.stack.worker import WorkerProcess  # noqa: E402
 
 NANOS = 1_000_000_000
 MODEL = "claude-sonnet-4-5"
@@ -628,8 +627,8 @@ def summarise(
             "estimated_events": ledger.estimated,
         },
         "event_loop_lag_ms": {
-            "p50": round(_pct(load["loop_lag_ms"], 0.5), 1),
-            "p99": round(_pct(load["loop_lag_ms"], 0.99), 1),
+            "p50": round(pct(load["loop_lag_ms"], 0.5), 1),
+            "p99": round(pct(load["loop_lag_ms"], 0.99), 1),
         },
         "timeline_columns": [
             "seconds",
@@ -662,19 +661,14 @@ def summarise(
             "min": round(min(ratios), 3) if ratios else None,
         }
         out["verdict_lag_ms"] = {
-            "p50": round(_pct(verdict_lag_ms, 0.5), 1) if verdict_lag_ms else None,
-            "p99": round(_pct(verdict_lag_ms, 0.99), 1) if verdict_lag_ms else None,
+            "p50": round(pct(verdict_lag_ms, 0.5), 1) if verdict_lag_ms else None,
+            "p99": round(pct(verdict_lag_ms, 0.99), 1) if verdict_lag_ms else None,
             "verdicts": len(verdict_lag_ms),
         }
     else:
         out["flush_interval_s"] = opts.flush_interval_s
         out["flushes"] = polls[0].shared.flushes if polls else 0
     return out
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def draw_chart(result: dict[str, Any], path: Path) -> None:
@@ -726,21 +720,6 @@ def draw_chart(result: dict[str, Any], path: Path) -> None:
 
 
 # -- the stack --------------------------------------------------------------------------------------
-async def apply_reference(bootstrap: str, topics: Topics, budgets: list[Budget]) -> None:
-    now = datetime.now(UTC)
-    tables = load_price_file(default_price_file())
-    await publish(
-        bootstrap,
-        topics.pricing,
-        [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
-    )
-    await publish(
-        bootstrap,
-        topics.budget_policies,
-        [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in budgets],
-    )
-
-
 def start_upstream(opts: Options, run_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The fake providers in their own process (the gateways' process keeps its CPU)."""
     port = free_port()
@@ -779,24 +758,6 @@ def start_upstream(opts: Options, run_dir: Path) -> tuple[subprocess.Popen[bytes
     raise RuntimeError("the fake upstream did not answer in 60 s")
 
 
-def start_worker(bootstrap: str, topics: Topics, home: Path) -> WorkerProcess:
-    port = free_port()
-    worker = WorkerProcess(
-        run_dir=home / "run",
-        env={
-            "KAFKA_BOOTSTRAP": bootstrap,
-            "SPENDBUS_TOPIC_PREFIX": topics.prefix,
-            "SPENDBUS_HOME": str(home),
-            "SPENDBUS_PARTITIONS": "4",
-            "SPENDBUS_WEB_PORT": str(port),
-        },
-        web_port=port,
-        args=("--no-sink",),  # verdicts are what the enforcers follow; no ClickHouse needed
-    )
-    worker.start(timeout=180)
-    return worker
-
-
 def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
     """Both phases on ``bootstrap``; the result (without writing anything)."""
     run_id = uuid.uuid4().hex[:8]
@@ -807,7 +768,8 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
     with console.status("topics, prices, budgets, aggregator worker, fake upstream..."):
         asyncio.run(ensure_topics(bootstrap, topics, 4))
         asyncio.run(apply_reference(bootstrap, topics, budgets))
-        worker = start_worker(bootstrap, topics, home / "worker")
+        worker = aggregator_worker(bootstrap, topics, home / "worker")
+        worker.start(timeout=180)
     upstream: subprocess.Popen[bytes] | None = None
     try:
         upstream, url = start_upstream(opts, home / "upstream")

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -29,48 +30,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
 
-from schemas.budgets import budgets_from_yaml
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT, VERDICT
-from schemas.pricing import default_price_file, load_price_file
-from schemas.topics import Topics
-from schemas.usage import new_usage_event
-from spendbus.stack.compacted import publish
-from spendbus.stack.kafka import LocalKafka, ensure_broker_jars, free_port
-from spendbus.stack.topics import ensure_topics
-from spendbus.stack.worker import WorkerProcess
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
+from aiokafka.partitioner import DefaultPartitioner  # noqa: E402
 
-BUDGETS = [
-    {"id": "per-secret", "scope": "secret", "window": "month", "limit_usd": "1000000"},
-    {"id": "per-org", "scope": "org", "window": "day", "limit_tokens": 10**15},
-    {"id": "per-user", "scope": "user", "window": "rolling:1h", "limit_usd": "1000000"},
-]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def events(n: int, orgs: int = 50) -> list[tuple[bytes, bytes]]:
-    out = []
-    for i in range(n):
-        org = f"org-{i % orgs}"
-        e = new_usage_event(
-            provider="anthropic",
-            api="anthropic-messages",
-            model="claude-sonnet-4-5",
-            secret_id=f"sk-{i % (orgs * 4)}",
-            org_id=org,
-            user_id=f"user-{i % 500}@{org}.com",
-            gateway_id="bench",
-            input_tokens=1000 + i % 5000,
-            output_tokens=100 + i % 900,
-        )
-        out.append((org.encode(), USAGE_EVENT.encode(e)))
-    return out
+from bench.benchkit import apply_reference, events, pct, worker  # noqa: E402
+from schemas.codec import USAGE_EVENT, VERDICT  # noqa: E402
+from schemas.topics import Topics  # noqa: E402
+from schemas.usage import new_usage_event  # noqa: E402
+from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
+from spendbus.stack.topics import ensure_topics  # noqa: E402
+from spendbus.stack.worker import WorkerProcess  # noqa: E402
 
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
@@ -127,27 +99,9 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_worker(bootstrap: str, topics: Topics, home: Path) -> WorkerProcess:
-    port = free_port()
-    worker = WorkerProcess(
-        run_dir=home / "run",
-        env={
-            "KAFKA_BOOTSTRAP": bootstrap,
-            "SPENDBUS_TOPIC_PREFIX": topics.prefix,
-            "SPENDBUS_HOME": str(home),
-            "SPENDBUS_PARTITIONS": "4",
-            "SPENDBUS_WEB_PORT": str(port),
-        },
-        web_port=port,
-        # no ClickHouse sink: the cost of pricing, counters and verdicts alone
-        args=("--no-sink",),
-    )
-    return worker
-
-
 def start_workers(bootstrap: str, topics: Topics, home: Path, count: int) -> list[WorkerProcess]:
     """``count`` workers of one group, started together, each serving with its share."""
-    workers = [start_worker(bootstrap, topics, home / f"w{i}") for i in range(count)]
+    workers = [worker(bootstrap, topics, home / f"w{i}") for i in range(count)]
     with ThreadPoolExecutor(count) as pool:
         list(pool.map(lambda w: w.start(timeout=180), workers))
     deadline = time.monotonic() + 60
@@ -162,24 +116,6 @@ def start_workers(bootstrap: str, topics: Topics, home: Path, count: int) -> lis
 def stop_workers(workers: list[WorkerProcess]) -> None:
     with ThreadPoolExecutor(len(workers)) as pool:
         list(pool.map(lambda w: w.stop(), workers))
-
-
-async def apply_reference(bootstrap: str, topics: Topics) -> None:
-    now = datetime.now(UTC)
-    tables = load_price_file(default_price_file())
-    await publish(
-        bootstrap,
-        topics.pricing,
-        [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
-    )
-    await publish(
-        bootstrap,
-        topics.budget_policies,
-        [
-            (b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now)))
-            for b in budgets_from_yaml(BUDGETS)
-        ],
-    )
 
 
 def throughput(bootstrap: str, n: int, home: Path, workers: int) -> dict[str, Any]:

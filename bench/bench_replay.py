@@ -25,6 +25,7 @@ import io
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -32,64 +33,25 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from rich.console import Console
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
 
-from aggregator.generations import group_progress
-from aggregator.snapshots import fold_ledger, load_reference
-from schemas.budgets import budgets_from_yaml
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
-from schemas.kafka import topic_partitions
-from schemas.pricing import default_price_file, load_price_file
-from schemas.topics import Topics
-from schemas.usage import new_usage_event
-from spendbus.commands.replay import GenerationReplay, Meter, StackPlace, progress_bar
-from spendbus.stack.compacted import publish
-from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
-from spendbus.stack.topics import ensure_topics
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
+from rich.console import Console  # noqa: E402
 
-BUDGETS = [
-    {"id": "per-secret", "scope": "secret", "window": "month", "limit_usd": "1000000"},
-    {"id": "per-org", "scope": "org", "window": "day", "limit_tokens": 10**15},
-    {"id": "per-user", "scope": "user", "window": "rolling:1h", "limit_usd": "1000000"},
-]
-
-
-def events(n: int, orgs: int = 50) -> list[tuple[bytes, bytes]]:
-    out = []
-    for i in range(n):
-        org = f"org-{i % orgs}"
-        e = new_usage_event(
-            provider="anthropic",
-            api="anthropic-messages",
-            model="claude-sonnet-4-5",
-            secret_id=f"sk-{i % (orgs * 4)}",
-            org_id=org,
-            user_id=f"user-{i % 500}@{org}.com",
-            gateway_id="bench",
-            input_tokens=1000 + i % 5000,
-            output_tokens=100 + i % 900,
-        )
-        out.append((org.encode(), USAGE_EVENT.encode(e)))
-    return out
+from aggregator.generations import group_progress  # noqa: E402
+from aggregator.snapshots import fold_ledger, load_reference  # noqa: E402
+from bench.benchkit import apply_reference, events  # noqa: E402
+from schemas.kafka import topic_partitions  # noqa: E402
+from schemas.topics import Topics  # noqa: E402
+from spendbus.commands.replay import GenerationReplay, Meter, StackPlace, progress_bar  # noqa: E402
+from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
+from spendbus.stack.topics import ensure_topics  # noqa: E402
 
 
 async def setup(bootstrap: str, topics: Topics, n: int) -> None:
     await ensure_topics(bootstrap, topics, 4)
-    tables = load_price_file(default_price_file())
-    await publish(
-        bootstrap,
-        topics.pricing,
-        [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
-    )
-    await publish(
-        bootstrap,
-        topics.budget_policies,
-        [
-            (b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record()))
-            for b in budgets_from_yaml(BUDGETS)
-        ],
-    )
+    await apply_reference(bootstrap, topics)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=512 * 1024
     )
