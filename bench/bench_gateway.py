@@ -290,6 +290,7 @@ async def measure(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[
             ]
         ),
     }
+    pinning = pin(procs, args.pin)
     try:
         await wait_http(upstream_url + "/healthz")
         await wait_http(f"http://127.0.0.1:{pass_port}/healthz")  # 405: it answers
@@ -332,7 +333,22 @@ async def measure(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[
                 sys.stderr.write(
                     f"{name} exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}\n"
                 )
-    return summarise(args, rounds, events)
+    return {**summarise(args, rounds, events), "pinning": pinning}
+
+
+def pin(procs: dict[str, subprocess.Popen[bytes]], enabled: bool) -> dict[str, list[int]] | None:
+    """The proxy under test on the last CPU, the load (this process) and the fake provider
+    on the others: on a small machine their CPU would otherwise queue the proxies' requests,
+    and that queueing, not the proxy, would dominate the latency percentiles."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not enabled or len(cpus) < 2:
+        return None
+    proxy_cpus, load_cpus = {cpus[-1]}, set(cpus[:-1])
+    for name in ("passthrough", "gateway"):
+        os.sched_setaffinity(procs[name].pid, proxy_cpus)
+    os.sched_setaffinity(procs["upstream"].pid, load_cpus)
+    os.sched_setaffinity(0, load_cpus)
+    return {"proxies": sorted(proxy_cpus), "load_and_upstream": sorted(load_cpus)}
 
 
 def summarise(
@@ -417,6 +433,12 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=100, help="Per streamed answer.")
     # ~17 SSE events a second per stream: a model streaming ~50 tokens/s
     parser.add_argument("--chunk-latency-ms", type=float, default=60.0)
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Proxies on one CPU, the load and the fake provider on the others.",
+    )
     parser.add_argument("--role", choices=["bench", "passthrough"], default="bench")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--upstream", default="")
