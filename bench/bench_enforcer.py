@@ -468,13 +468,19 @@ def main() -> None:
         default=_default_loop(),
         help="the sidecar's event loop (default: what spendbus enforcer serve uses)",
     )
+    parser.add_argument(
+        "--only", choices=("check", "sidecar"), help="run one section (faster iteration)"
+    )
     args = parser.parse_args()
     before = calibrate()
-    out = {
-        "check": bench_check(args.checks),
-        "sidecar": bench_sidecar(
+    out: dict[str, Any] = {}
+    if args.only in (None, "check"):
+        out["check"] = bench_check(args.checks)
+    if args.only in (None, "sidecar"):
+        out["sidecar"] = bench_sidecar(
             args.seconds, args.max_requests, args.connections, args.rounds, args.loop
-        ),
+        )
+    out |= {
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
