@@ -20,9 +20,8 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from prometheus_client import CollectorRegistry
 
@@ -63,9 +62,12 @@ _KEYS: dict[str, bytes] = {}
 _KEY_CACHE_SIZE: Final = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedEvent:
-    """A validated event as it will be published: the Kafka key and the encoded value."""
+class PreparedEvent(NamedTuple):
+    """A validated event as it will be published: the Kafka key and the encoded value.
+
+    A NamedTuple, not a frozen dataclass: one is built per event, and a frozen
+    dataclass's ``__init__`` costs about a microsecond more.
+    """
 
     event_id: str
     key: bytes

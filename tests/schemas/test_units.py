@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import ContractError, InvalidRecord
-from schemas.ids import canonical_id, compose, counter_key, decompose
+from schemas.ids import MAX_ID_LENGTH, canonical_id, compose, counter_key, decompose
 from schemas.money import format_usd, line_cost, round_nanos, usd_to_nanos
 from schemas.periods import (
     ROLLING_BUCKETS,
@@ -21,7 +21,15 @@ from schemas.periods import (
     rolling_bucket,
     rolling_live_buckets,
 )
-from schemas.usage import billed_tokens, new_usage_event, usage_event_from_json, usage_event_to_json
+from schemas.usage import (
+    MAX_OCCURRED_AT,
+    MAX_TOKENS_PER_EVENT,
+    MIN_OCCURRED_AT,
+    billed_tokens,
+    new_usage_event,
+    usage_event_from_json,
+    usage_event_to_json,
+)
 
 
 def test_money_is_exact_and_rounds_half_even() -> None:
@@ -150,3 +158,53 @@ def test_json_events_need_an_event_id_and_a_zoned_time() -> None:
         usage_event_from_json({**raw, "occurred_at": "2026-11-30T10:00:00"})
     with pytest.raises(InvalidRecord, match="input_tokens"):
         usage_event_from_json({k: v for k, v in raw.items() if k != "input_tokens"})
+
+
+class _Text(str):
+    """A str subclass: valid for the contract, not 'plain' for the quick test."""
+
+
+#: the edges: blank and over-long ids, small counts that break the token sums, the
+#: bounds of counts, statuses and times, and values of the wrong type
+_EDGES: list[object] = [
+    *["", " ", "\t\n", "\u2003", "x" * MAX_ID_LENGTH, "x" * (MAX_ID_LENGTH + 1), "a\x00"],
+    *[-1, 0, 1, 5, 6, 99, 100, 599, 600, MAX_TOKENS_PER_EVENT, MAX_TOKENS_PER_EVENT + 1],
+    *[MIN_OCCURRED_AT, MAX_OCCURRED_AT, datetime(1999, 12, 31, tzinfo=UTC), datetime(2026, 1, 1)],
+    *[None, True, False, 1.5, _Text("t"), [], ["a"], ["a", 1], {}, {"a": "b"}, {"a": 1}],
+    *["reported", "estimated", "none", "allowed", "refused", "failed_open"],
+]
+
+
+def _agrees(candidate: dict) -> None:
+    """The quick test never passes what the field-by-field reading refuses, and
+    validate_usage_event names the same field as that reading."""
+    from schemas.usage import _explain_invalid, _plainly_valid, validate_usage_event
+
+    try:
+        _explain_invalid(candidate)
+    except InvalidRecord as refused:
+        assert not _plainly_valid(candidate), candidate
+        with pytest.raises(InvalidRecord) as info:
+            validate_usage_event(candidate)
+        assert info.value.field == refused.field
+    else:
+        validate_usage_event(candidate)
+
+
+def test_the_quick_validity_test_agrees_on_every_edge_of_every_field() -> None:
+    valid = event(cache_write_tokens=3, cache_write_1h_tokens=1, reasoning_tokens=2)
+    assert __import__("schemas.usage").usage._plainly_valid(valid)
+    for name in valid:
+        for value in _EDGES:
+            _agrees({**valid, name: value})
+        _agrees({k: v for k, v in valid.items() if k != name})  # missing
+
+
+@settings(max_examples=300)
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(event().keys())), st.sampled_from(_EDGES), min_size=2, max_size=5
+    )
+)
+def test_the_quick_validity_test_agrees_on_combined_edges(changes: dict) -> None:
+    _agrees({**event(), **changes})
