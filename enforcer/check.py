@@ -906,7 +906,7 @@ class Checker:
         scopes (the property test against ``applicable`` covers both paths).
         """
         verdicts = self.state.verdicts
-        by_counter = self.holds.by_counter
+        holds_held = self.holds.held
         rows: list[Row] = []
         refusal = -1
         refusal_end = 0
@@ -966,12 +966,11 @@ class Checker:
                 else:
                     state = OK_I
                     if plan.holdable:
-                        if by_counter:
-                            periods = by_counter.get(cid)
-                            if periods is not None:
-                                held = periods.get(period)
-                                if held is not None:
-                                    hn, ht, hr = held.nanos, held.tokens, held.requests
+                        cp = (cid, period)
+                        if holds_held:
+                            held = holds_held.get(cp)
+                            if held is not None:
+                                hn, ht, hr = held.nanos, held.tokens, held.requests
                         if in_flight:
                             if est_tokens < 0:
                                 est_input, est_output = self.estimate_tokens(ctx)
@@ -988,7 +987,7 @@ class Checker:
                             ):
                                 state = IN_FLIGHT_I
                             else:
-                                to_hold.append((cid, period))
+                                to_hold.append(cp)
                     if state == OK_I and (sn or st or sr) and plan.alert_min is not None:
                         used = sn / ln if ln else 0.0
                         if lt and st / lt > used:

@@ -21,12 +21,18 @@ spend. A hold's life, per counter::
 * Any hold is dropped after ``hold_timeout`` without progress (a proxy that
   crashed mid-request, a verdict that never comes): holds can only over-count
   for a bounded time.
+
+Layout (every check reserves and most release or settle within seconds, so both
+are kept to a few dict operations): one flat map (counter, period) → running
+totals; a hold is an immutable tuple (untracked by the garbage collector once
+built, so thousands in flight cost no collector time), replaced when settled;
+only *settled* holds are indexed by counter, since only they wait for a verdict.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Final
+from typing import Final, NamedTuple
 
 #: a counter's identity (enforcer.state.CounterId) and a period key
 CounterId = tuple[str, ...]
@@ -36,55 +42,34 @@ SPARE_TOTALS: Final = 1024
 
 
 class CounterHolds:
-    """Running totals held on one (counter, period), and which holds make them."""
+    """Running totals held on one (counter, period), and how many holds make them."""
 
-    __slots__ = ("hold_ids", "nanos", "requests", "tokens")
+    __slots__ = ("holds", "last_hold", "nanos", "requests", "tokens")
 
     def __init__(self) -> None:
         self.nanos = 0
         self.tokens = 0
         self.requests = 0
-        self.hold_ids: set[int] = set()
+        #: holds counted in the totals
+        self.holds = 0
+        #: the last hold added (a counter named twice in one reserve is held once)
+        self.last_hold = 0
 
 
-class Hold:
+class Hold(NamedTuple):
     """One request's hold: its amount and the (counter, period) totals still holding it."""
 
-    __slots__ = (
-        "counters",
-        "expires_us",
-        "hold_id",
-        "nanos",
-        "occurred_us",
-        "requests",
-        "seq_at_settle",
-        "tokens",
-        "totals",
-    )
-
-    def __init__(
-        self,
-        hold_id: int,
-        nanos: int,
-        tokens: int,
-        requests: int,
-        expires_us: int,
-        counters: list[CounterPeriod],
-        totals: list[CounterHolds],
-    ) -> None:
-        self.hold_id = hold_id
-        self.nanos = nanos
-        self.tokens = tokens
-        self.requests = requests
-        self.expires_us = expires_us
-        #: counters (and periods) still holding this hold's amount, each once
-        self.counters = counters
-        #: their running totals (parallel to ``counters``)
-        self.totals = totals
-        #: event time of the usage event once settled (None while in flight)
-        self.occurred_us: int | None = None
-        #: per counter: seq of the verdict held when the hold was settled
-        self.seq_at_settle: dict[CounterPeriod, int] = {}
+    hold_id: int
+    nanos: int
+    tokens: int
+    requests: int
+    expires_us: int
+    #: counters (and periods) still holding this hold's amount, each once
+    counters: tuple[CounterPeriod, ...]
+    #: event time of the usage event once settled (None while in flight)
+    occurred_us: int | None = None
+    #: parallel to ``counters``: seq of the verdict held when settled (-1: none)
+    seqs: tuple[int, ...] = ()
 
 
 class Holds:
@@ -92,11 +77,13 @@ class Holds:
 
     def __init__(self, timeout_us: int) -> None:
         self.timeout_us = timeout_us
-        #: counter id -> period -> totals (only counters with outstanding holds)
-        self.by_counter: dict[CounterId, dict[str, CounterHolds]] = {}
+        #: (counter id, period) -> totals (only those with outstanding holds)
+        self.held: dict[CounterPeriod, CounterHolds] = {}
         self._holds: dict[int, Hold] = {}
+        #: (counter id, period) -> ids of the settled holds on it (what a verdict may drop)
+        self._settled: dict[CounterPeriod, set[int]] = {}
         self._ids = itertools.count(1)
-        #: emptied totals (all zero, no hold ids), reused by reserve; at most SPARE_TOTALS
+        #: emptied totals (all zero), reused by reserve; at most SPARE_TOTALS
         self._spare: list[CounterHolds] = []
         self.dropped_by_verdict = 0
         self.dropped_by_timeout = 0
@@ -113,36 +100,32 @@ class Holds:
         return self._holds.get(hold_id)
 
     def totals(self, counter: CounterId, period: str) -> CounterHolds | None:
-        periods = self.by_counter.get(counter)
-        return None if periods is None else periods.get(period)
+        return self.held.get((counter, period))
 
     def reserve(
         self, counters: list[CounterPeriod], *, nanos: int, tokens: int, requests: int, now_us: int
     ) -> int:
         """Hold the amounts on every counter (once each); returns the hold id."""
         hold_id = next(self._ids)
-        by_counter = self.by_counter
+        held = self.held
         spare = self._spare
-        held: list[CounterPeriod] = []
-        held_totals: list[CounterHolds] = []
+        twice = False
         for cp in counters:
-            counter, period = cp
-            periods = by_counter.get(counter)
-            if periods is None:
-                periods = by_counter[counter] = {}
-            totals = periods.get(period)
+            totals = held.get(cp)
             if totals is None:
-                totals = periods[period] = spare.pop() if spare else CounterHolds()
-            elif hold_id in totals.hold_ids:
-                continue  # the same counter twice
+                totals = held[cp] = spare.pop() if spare else CounterHolds()
+            elif totals.last_hold == hold_id:
+                twice = True  # the same counter twice
+                continue
             totals.nanos += nanos
             totals.tokens += tokens
             totals.requests += requests
-            totals.hold_ids.add(hold_id)
-            held.append(cp)
-            held_totals.append(totals)
-        self._holds[hold_id] = Hold(
-            hold_id, nanos, tokens, requests, now_us + self.timeout_us, held, held_totals
+            totals.holds += 1
+            totals.last_hold = hold_id
+        named = tuple(dict.fromkeys(counters)) if twice else tuple(counters)
+        # tuple.__new__: the NamedTuple without its Python-level __new__ (half the cost)
+        self._holds[hold_id] = tuple.__new__(
+            Hold, (hold_id, nanos, tokens, requests, now_us + self.timeout_us, named, None, ())
         )
         return hold_id
 
@@ -162,14 +145,29 @@ class Holds:
         if hold is None or hold.occurred_us is not None:
             return False
         dn, dt, dr = nanos - hold.nanos, tokens - hold.tokens, requests - hold.requests
-        for totals in hold.totals:
+        held = self.held
+        settled = self._settled
+        for cp in hold.counters:
+            totals = held[cp]
             totals.nanos += dn
             totals.tokens += dt
             totals.requests += dr
-        hold.nanos, hold.tokens, hold.requests = nanos, tokens, requests
-        hold.occurred_us = occurred_us
-        hold.seq_at_settle = dict(seqs or {})
-        hold.expires_us = now_us + self.timeout_us
+            ids = settled.get(cp)
+            if ids is None:
+                settled[cp] = {hold_id}
+            else:
+                ids.add(hold_id)
+        at = seqs or {}
+        self._holds[hold_id] = Hold(
+            hold_id,
+            nanos,
+            tokens,
+            requests,
+            now_us + self.timeout_us,
+            hold.counters,
+            occurred_us,
+            tuple(at.get(cp, -1) for cp in hold.counters),
+        )
         return True
 
     def release(self, hold_id: int) -> bool:
@@ -177,67 +175,82 @@ class Holds:
         hold = self._holds.pop(hold_id, None)
         if hold is None:
             return False
+        held = self.held
+        spare = self._spare
         nanos, tokens, requests = hold.nanos, hold.tokens, hold.requests
-        for (counter, period), totals in zip(hold.counters, hold.totals, strict=True):
-            ids = totals.hold_ids
-            ids.discard(hold_id)
-            if ids:
+        for cp in hold.counters:
+            totals = held[cp]
+            if totals.holds > 1:
                 totals.nanos -= nanos
                 totals.tokens -= tokens
                 totals.requests -= requests
-            else:
-                self._forget(counter, period, totals)
-        hold.counters = []
-        hold.totals = []
+                totals.holds -= 1
+            else:  # _forget, inlined: every check's hold comes through here
+                del held[cp]
+                if len(spare) < SPARE_TOTALS:
+                    totals.nanos = totals.tokens = totals.requests = 0
+                    totals.holds = totals.last_hold = 0
+                    spare.append(totals)
+        if hold.occurred_us is not None:
+            for cp in hold.counters:
+                self._unsettle(cp, hold_id)
         return True
 
     def on_verdict(self, counter: CounterId, period: str, as_of_us: int, seq: int) -> int:
         """A verdict arrived: drop the settled holds it covers on that counter."""
-        totals = self.totals(counter, period)
-        if totals is None:
+        if not self._settled:
             return 0
         cp = (counter, period)
+        ids = self._settled.get(cp)
+        if ids is None:
+            return 0
         dropped = 0
-        for hold_id in list(totals.hold_ids):
+        for hold_id in list(ids):
             hold = self._holds[hold_id]
-            if (
-                hold.occurred_us is not None
-                and hold.occurred_us <= as_of_us
-                and seq > hold.seq_at_settle.get(cp, -1)
-            ):
-                self._unhold(hold, cp)
+            assert hold.occurred_us is not None  # only settled holds are indexed
+            i = hold.counters.index(cp)
+            if hold.occurred_us <= as_of_us and seq > hold.seqs[i]:
+                self._unhold(hold, i)
                 dropped += 1
-                if not hold.counters:
-                    del self._holds[hold_id]
         self.dropped_by_verdict += dropped
         return dropped
 
     def expire(self, now_us: int) -> int:
         """Drop every hold past its deadline; returns how many."""
-        expired = [h for h in self._holds.values() if h.expires_us <= now_us]
-        for hold in expired:
-            self.release(hold.hold_id)
+        expired = [h.hold_id for h in self._holds.values() if h.expires_us <= now_us]
+        for hold_id in expired:
+            self.release(hold_id)
         self.dropped_by_timeout += len(expired)
         return len(expired)
 
-    def _unhold(self, hold: Hold, cp: CounterPeriod) -> None:
-        i = hold.counters.index(cp)
-        del hold.counters[i]
-        totals = hold.totals.pop(i)
-        totals.hold_ids.discard(hold.hold_id)
-        if totals.hold_ids:
+    def _unhold(self, hold: Hold, i: int) -> None:
+        """Drop a settled hold from its ``i``-th counter (a verdict covers it there)."""
+        cp = hold.counters[i]
+        totals = self.held[cp]
+        if totals.holds > 1:
             totals.nanos -= hold.nanos
             totals.tokens -= hold.tokens
             totals.requests -= hold.requests
+            totals.holds -= 1
         else:
-            self._forget(cp[0], cp[1], totals)
+            self._forget(cp, totals)
+        self._unsettle(cp, hold.hold_id)
+        counters = hold.counters[:i] + hold.counters[i + 1 :]
+        if counters:
+            seqs = hold.seqs[:i] + hold.seqs[i + 1 :]
+            self._holds[hold.hold_id] = hold._replace(counters=counters, seqs=seqs)
+        else:
+            del self._holds[hold.hold_id]
 
-    def _forget(self, counter: CounterId, period: str, totals: CounterHolds) -> None:
+    def _unsettle(self, cp: CounterPeriod, hold_id: int) -> None:
+        ids = self._settled[cp]
+        ids.discard(hold_id)
+        if not ids:
+            del self._settled[cp]
+
+    def _forget(self, cp: CounterPeriod, totals: CounterHolds) -> None:
         """The last hold left (counter, period): drop its totals, keep the object for reuse."""
-        periods = self.by_counter[counter]
-        del periods[period]
-        if not periods:
-            del self.by_counter[counter]
+        del self.held[cp]
         if len(self._spare) < SPARE_TOTALS:
-            totals.nanos = totals.tokens = totals.requests = 0
+            totals.nanos = totals.tokens = totals.requests = totals.holds = totals.last_hold = 0
             self._spare.append(totals)

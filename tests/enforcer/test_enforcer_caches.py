@@ -88,7 +88,7 @@ def test_emptied_hold_totals_are_reused_up_to_the_bound() -> None:
     ids = [holds.reserve([cp], nanos=3, tokens=2, requests=1, now_us=0) for cp in counters]
     for hold_id in ids:
         assert holds.release(hold_id)
-    assert not holds.by_counter and len(holds) == 0
+    assert not holds.held and len(holds) == 0
     assert len(holds._spare) == SPARE_TOTALS  # bounded: the rest were let go
     # a reused totals object starts from zero and holds only its new hold
     a, b = counters[0][0], counters[1][0]
@@ -97,12 +97,14 @@ def test_emptied_hold_totals_are_reused_up_to_the_bound() -> None:
     totals_a, totals_b = holds.totals(a, "p"), holds.totals(b, "p")
     assert totals_a is not None and totals_b is not None
     assert (totals_a.nanos, totals_a.tokens, totals_a.requests) == (8, 6, 2)
-    assert totals_a.hold_ids == {first, second} and totals_b.hold_ids == {first}
+    assert totals_a.holds == 2 and totals_b.holds == 1
     assert holds.release(first)
     assert holds.totals(b, "p") is None
-    assert (totals_a.nanos, totals_a.hold_ids) == (1, {second})
+    assert (totals_a.nanos, totals_a.holds) == (1, 1)
     # two were taken from the spares, b's came back, a's is still in use
     assert len(holds._spare) == SPARE_TOTALS - 1
+    assert holds.release(second) and holds.totals(a, "p") is None
+    assert len(holds._spare) == SPARE_TOTALS
 
 
 def test_a_counter_named_twice_is_held_once() -> None:
@@ -114,7 +116,7 @@ def test_a_counter_named_twice_is_held_once() -> None:
     assert holds.settle(hold_id, nanos=3, tokens=2, requests=1, occurred_us=5, now_us=6)
     assert (totals.nanos, totals.tokens) == (3, 2)
     assert holds.on_verdict(cid, "p", as_of_us=5, seq=1) == 1
-    assert not holds.by_counter and len(holds) == 0
+    assert not holds.held and len(holds) == 0
 
 
 def test_hostile_session_and_user_ids_cannot_reach_another_counter() -> None:

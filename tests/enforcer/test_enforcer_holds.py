@@ -53,7 +53,7 @@ def test_settle_then_a_covering_verdict_drops_the_hold() -> None:
     assert len(e.holds) == 1
     # one that reaches the event's time does
     e.state.apply_verdict(key, verdict(b, ["acme"], seq=3, at=occurred, spent_nanos=actual))
-    assert len(e.holds) == 0 and cid not in e.holds.by_counter
+    assert len(e.holds) == 0 and (cid, "m:2026-11") not in e.holds.held
     assert e.usage(ctx())[0].spent_nanos == actual
 
 
@@ -126,8 +126,82 @@ def test_holds_track_each_counter_separately() -> None:
     h = holds.reserve([(a, "p"), (b, "p")], nanos=10, tokens=5, requests=1, now_us=0)
     holds.settle(h, nanos=7, tokens=3, requests=1, occurred_us=100, now_us=1)
     assert holds.on_verdict(a, "p", 100, 1) == 1
-    assert a not in holds.by_counter and holds.totals(b, "p").nanos == 7  # type: ignore[union-attr]
+    assert (a, "p") not in holds.held and holds.totals(b, "p").nanos == 7  # type: ignore[union-attr]
     assert len(holds) == 1 and holds.held_nanos == 7
     assert holds.on_verdict(b, "other-period", 100, 1) == 0
     assert holds.on_verdict(b, "p", 99, 2) == 0
-    assert holds.on_verdict(b, "p", 100, 2) == 1 and len(holds) == 0 and not holds.by_counter
+    assert holds.on_verdict(b, "p", 100, 2) == 1 and len(holds) == 0 and not holds.held
+
+
+def test_holds_agree_with_a_plain_model_under_a_random_workload() -> None:
+    """Reserve, settle, release, verdicts and timeouts in random order: every
+    (counter, period) total is the sum of the holds a plain list says still hold it."""
+    import random
+
+    rng = random.Random(5)
+    cps = [((f"b{b}", "org", f"u{u}"), p) for b in range(3) for u in range(3) for p in ("p", "q")]
+    holds = Holds(timeout_us=1_000)
+    # hold id -> [nanos, tokens, requests, expires, counters, occurred or None, seqs]
+    model: dict[int, list[Any]] = {}
+    now = 0
+    for _ in range(4000):
+        now += rng.randrange(0, 20)
+        op = rng.random()
+        if op < 0.4 or not model:
+            named = [rng.choice(cps) for _ in range(rng.randrange(1, 5))]  # may repeat
+            n, t = rng.randrange(1, 100), rng.randrange(1, 50)
+            hold_id = holds.reserve(named, nanos=n, tokens=t, requests=1, now_us=now)
+            model[hold_id] = [n, t, 1, now + 1_000, list(dict.fromkeys(named)), None, {}]
+        elif op < 0.6:
+            hold_id = rng.choice(list(model))
+            entry = model[hold_id]
+            seqs = {cp: rng.randrange(3) for cp in entry[4] if rng.random() < 0.7}
+            n, t, r = rng.randrange(0, 100), rng.randrange(0, 50), rng.randrange(2)
+            ok = holds.settle(
+                hold_id, nanos=n, tokens=t, requests=r, occurred_us=now, now_us=now, seqs=seqs
+            )
+            assert ok == (entry[5] is None)
+            if ok:
+                model[hold_id] = [n, t, r, now + 1_000, entry[4], now, seqs]
+        elif op < 0.75:
+            hold_id = rng.choice(list(model))
+            assert holds.release(hold_id)
+            del model[hold_id]
+            assert not holds.release(hold_id)
+        elif op < 0.95:
+            (counter, period), as_of, seq = (
+                rng.choice(cps),
+                now - rng.randrange(50),
+                rng.randrange(4),
+            )
+            expected = 0
+            for hold_id, entry in list(model.items()):
+                cp = (counter, period)
+                covered = entry[5] is not None and entry[5] <= as_of
+                if cp in entry[4] and covered and seq > entry[6].get(cp, -1):
+                    entry[4].remove(cp)
+                    expected += 1
+                    if not entry[4]:
+                        del model[hold_id]
+            assert holds.on_verdict(counter, period, as_of, seq) == expected
+        else:
+            gone = [h for h, entry in model.items() if entry[3] <= now]
+            assert holds.expire(now) == len(gone)
+            for hold_id in gone:
+                del model[hold_id]
+        assert len(holds) == len(model)
+        for cp in cps:
+            mine = [e for e in model.values() if cp in e[4]]
+            totals = holds.totals(*cp)
+            if not mine:
+                assert totals is None
+                continue
+            assert totals is not None
+            got = (totals.nanos, totals.tokens, totals.requests, totals.holds)
+            assert got == (
+                sum(e[0] for e in mine),
+                sum(e[1] for e in mine),
+                sum(e[2] for e in mine),
+                len(mine),
+            )
+    assert holds.held_nanos == sum(e[0] for e in model.values())
