@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from enforcer_testkit import NOW, budget, loaded_enforcer, verdict
+from enforcer_testkit import NOW, budget, loaded_enforcer, refresh, verdict
 
-from enforcer import create_app
+from enforcer import Context, create_app
 
 USD = 1_000_000_000
 TOKEN = "t0ken"
@@ -162,3 +162,93 @@ async def test_json_the_fast_decoder_refuses_gets_the_same_answer_as_before(clie
     # non-ASCII ids (and U+2028, which JSON allows raw) are read as UTF-8
     r = await c.post("/v1/check", json={**CTX, "user_id": "Zoë\u2028"}, headers=AUTH)
     assert r.status == 200 and (await r.json())["allowed"] is True
+
+
+def test_the_short_allowed_answer_is_byte_for_byte_the_full_one() -> None:
+    """decision_json (what /v1/check writes) against msgspec-encoding Decision.to_json()
+    for every kind of decision: allowed with and without warnings, peeks, refusals of
+    each kind, both fail modes, native style, with and without counters."""
+    import random
+
+    import msgspec
+
+    from enforcer.sidecar import decision_json
+    from schemas.usage import (
+        ALLOWED,
+        BUDGET_EXCEEDED,
+        FAILED_CLOSED,
+        FAILED_OPEN,
+        IN_FLIGHT_BUDGET_EXCEEDED,
+        JOB_BUDGET_EXCEEDED,
+    )
+
+    rng = random.Random(11)
+    org = budget("org", limit_usd=10, alert_at=(0.5, 0.8))
+    per_user = budget("per-user", "user", window="day", limit_nanos=60_000_000)
+    job = budget("job", "session", window="total", limit_nanos=40_000_000)
+    team = budget("team", "group", window="week", limit_usd=1, action="warn", alert_at=(0.5,))
+    rpm = budget("rpm", "secret", window="rolling:1h", limit_requests=3)
+    budgets = [org, per_user, job, team, rpm]
+    seen: set[str] = set()
+    shapes: set[tuple[str, bool]] = set()
+    for style in ("default", "native"):
+        for fail_mode in ("open", "closed"):
+            verdicts = [
+                verdict(org, ["acme"], spent_nanos=rng.choice([0, 6 * USD, 9 * USD])),
+                verdict(team, ["acme", "red"], spent_nanos=rng.choice([0, USD // 2, USD])),
+                verdict(per_user, ["acme", "ann"], spent_nanos=rng.choice([0, 60_000_000])),
+                verdict(job, ["acme", "bob", "run-1"], spent_nanos=40_000_000),
+            ]
+            e, clock = loaded_enforcer(budgets, verdicts, refusal_style=style, fail_mode=fail_mode)
+            for i in range(300):
+                fields: dict[str, Any] = {"org_id": "acme", "secret_id": f"sk-{i % 4}"}
+                if rng.random() < 0.7:
+                    fields["user_id"] = rng.choice(["ann", "bob", " ANN "])
+                if rng.random() < 0.5:
+                    fields["session_id"] = rng.choice(["run-1", "run-2"])
+                if rng.random() < 0.5:
+                    fields["groups"] = rng.sample(["red", "blue"], rng.randrange(1, 3))
+                fields["provider"] = rng.choice(["anthropic", "openai", "gemini", "bedrock", None])
+                fields["model"] = "claude-sonnet-4-5"
+                fields["input_tokens"] = rng.choice([10, 1000, None])
+                fields["max_output_tokens"] = rng.choice([10, 1000, None])
+                if rng.random() < 0.05:  # verdicts stale: the fail mode decides
+                    clock.advance(3600)
+                reserve = rng.random() < 0.8
+                d = e.check(Context.from_mapping(fields), reserve=reserve)
+                for counters in (False, True):
+                    full = msgspec.json.encode(d.to_json(counters=counters))
+                    assert decision_json(d, counters=counters) == full, (d, counters)
+                seen.add(d.decision)
+                shapes.add((d.decision, bool(d.headers)))
+                if d.hold_id is not None and rng.random() < 0.5:
+                    e.release(d.hold_id)
+                refresh(e)
+    # every kind of answer was compared, allowed ones with and without warning headers
+    assert seen >= {
+        ALLOWED,
+        BUDGET_EXCEEDED,
+        IN_FLIGHT_BUDGET_EXCEEDED,
+        JOB_BUDGET_EXCEEDED,
+        FAILED_OPEN,
+        FAILED_CLOSED,
+    }, seen
+    assert {(ALLOWED, True), (ALLOWED, False)} <= shapes
+
+
+async def test_check_answers_with_the_bytes_of_the_full_decision(client) -> None:  # type: ignore[no-untyped-def]
+    c, e = client
+    import msgspec
+
+    for query in ("", "?counters=1"):
+        r = await c.post(f"/v1/check{query}", json=CTX, headers=AUTH)
+        raw = await r.read()
+        assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+        d = await r.json()
+        # the same decision from the library, with the same hold id, encodes to the same bytes
+        e.release(d["hold_id"])
+        again = e.check(Context.from_mapping(CTX))
+        expected = again.to_json(counters=bool(query))
+        expected["hold_id"] = d["hold_id"]
+        assert raw == msgspec.json.encode(expected)
+        e.release(again.hold_id)
