@@ -34,7 +34,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from ingest.taps import EstimatorConfig, TapResult, open_tap, read_request
+from ingest.taps import EstimatorConfig, RequestInfo, TapResult, open_tap, read_request
 from schemas.errors import InvalidRecord, SpendbusError
 from schemas.usage import new_usage_event
 
@@ -159,6 +159,7 @@ class _Call:
         "body",
         "decision",
         "family",
+        "info",
         "model",
         "route",
         "session_id",
@@ -179,6 +180,49 @@ class _Call:
         self.stream = False
         self.session_id: str | None = None
         self.decision: GateDecision | None = None
+        #: the request as read once (the gate's context and the tap both use it)
+        self.info: RequestInfo | None = None
+
+
+class _ReadDeadline:
+    """The upstream read timeout of a response body, with one timer per body.
+
+    aiohttp's ``sock_read`` cancels and re-arms a timer for every chunk received,
+    which the gateway paid on every SSE event of every stream. Here the relay
+    only notes when it starts waiting (``since``, ``NOT_WAITING`` while it writes
+    to the client, so a slow client is not taken for a silent upstream); the one
+    timer, when it fires, re-arms itself at the current wait's deadline, and only
+    a wait that really lasted ``timeout`` seconds fails the read, with the
+    exception aiohttp's own read timeout raises.
+    """
+
+    NOT_WAITING = float("inf")
+    __slots__ = ("_content", "_handle", "_loop", "_timeout", "since")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, timeout: float, content: aiohttp.StreamReader
+    ) -> None:
+        self._loop = loop
+        self._timeout = timeout
+        self._content = content
+        self.since = self.NOT_WAITING
+        self._handle: asyncio.TimerHandle | None = loop.call_at(loop.time() + timeout, self._expire)
+
+    def _expire(self) -> None:
+        now = self._loop.time()
+        due = self.since + self._timeout
+        if due > now:  # not waiting (inf), or waiting for less than the timeout
+            self._handle = self._loop.call_at(min(due, now + self._timeout), self._expire)
+            return
+        self._handle = None
+        self._content.set_exception(
+            aiohttp.SocketTimeoutError("Timeout on reading data from socket")
+        )
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class Gateway:
@@ -220,10 +264,11 @@ class Gateway:
             self._client = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                 auto_decompress=False,  # relay the provider's bytes as they are
+                # no sock_read: it re-arms a timer per chunk received; the read
+                # timeout is the headers' deadline (response_deadline) and the
+                # body's _ReadDeadline instead
                 timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    sock_connect=self.config.connect_timeout_s,
-                    sock_read=self.config.read_timeout_s,
+                    total=None, sock_connect=self.config.connect_timeout_s
                 ),
             )
 
@@ -237,6 +282,10 @@ class Gateway:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+    def response_deadline(self) -> asyncio.Timeout:
+        """The wait for an upstream's response headers, bounded by the read timeout."""
+        return asyncio.timeout(self.config.read_timeout_s)
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -328,7 +377,7 @@ class Gateway:
             self.metrics.requests.labels(route.family, "not_metered").inc()
             return await self._pass_through(request, call)
         assert route.fmt is not None
-        info = read_request(route.fmt, body)
+        info = call.info = read_request(route.fmt, body)
         call.model = route.model or info.model
         call.stream = route.streaming if route.streaming is not None else info.stream is True
         try:
@@ -375,13 +424,14 @@ class Gateway:
     ) -> aiohttp.ClientResponse | web.Response:
         credential = self.credentials[call.vk.principal.secret_id]
         try:
-            return await self.client.request(
-                "POST",
-                self._url(request, call.upstream),
-                data=call.body,
-                headers=upstream_headers(request.headers, call.family, credential),
-                allow_redirects=False,
-            )
+            async with self.response_deadline():
+                return await self.client.request(
+                    "POST",
+                    self._url(request, call.upstream),
+                    data=call.body,
+                    headers=upstream_headers(request.headers, call.family, credential),
+                    allow_redirects=False,
+                )
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.metrics.upstream_errors.labels(call.family).inc()
             log.warning("upstream %s unreachable: %r", call.upstream.base_url, exc)
@@ -397,7 +447,7 @@ class Gateway:
         assert call.route.fmt is not None
         tap = open_tap(
             call.route.fmt,
-            call.body,
+            call.info if call.info is not None else call.body,
             content_type=upstream.headers.get("Content-Type"),
             content_encoding=upstream.headers.get("Content-Encoding"),
             status=upstream.status,
@@ -454,22 +504,30 @@ class Gateway:
             return "client_disconnected", response
         content = upstream.content
         write = response.write
-        while True:
-            try:
-                chunk = await content.readany()
-            except (aiohttp.ClientError, TimeoutError):
-                # the provider went away mid-body: the client must see it incomplete too
-                if request.transport is not None:
-                    request.transport.abort()
-                return "upstream_cut", response
-            if not chunk:
-                break
-            if feed is not None:
-                feed(chunk)
-            try:
-                await write(chunk)
-            except ConnectionError:
-                return "client_disconnected", response
+        loop = asyncio.get_running_loop()
+        now = loop.time
+        deadline = _ReadDeadline(loop, self.config.read_timeout_s, content)
+        try:
+            while True:
+                deadline.since = now()
+                try:
+                    chunk = await content.readany()
+                except (aiohttp.ClientError, TimeoutError):
+                    # the provider went away mid-body: the client must see it incomplete too
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return "upstream_cut", response
+                deadline.since = _ReadDeadline.NOT_WAITING
+                if not chunk:
+                    break
+                if feed is not None:
+                    feed(chunk)
+                try:
+                    await write(chunk)
+                except ConnectionError:
+                    return "client_disconnected", response
+        finally:
+            deadline.cancel()
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return None, response

@@ -77,14 +77,15 @@ class RealtimeRelay:
         url = f"{upstream.base_url}/v1/realtime"
         query = {k: v for k, v in request.query.items() if k != "key"}
         try:
-            upstream_ws = await gw.client.ws_connect(
-                url,
-                params=query,
-                headers=headers,
-                protocols=_protocols(request),
-                max_msg_size=_MAX_MESSAGE,
-                autoping=True,
-            )
+            async with gw.response_deadline():
+                upstream_ws = await gw.client.ws_connect(
+                    url,
+                    params=query,
+                    headers=headers,
+                    protocols=_protocols(request),
+                    max_msg_size=_MAX_MESSAGE,
+                    autoping=True,
+                )
         except (aiohttp.ClientError, TimeoutError) as exc:
             gw.gate.release(decision.hold_id)
             gw.metrics.upstream_errors.labels("openai").inc()

@@ -50,7 +50,7 @@ _DEFAULT_ESTIMATOR = EstimatorConfig()
 
 def open_tap(
     fmt: str,
-    request: bytes | bytearray | str | dict[str, Any] | None,
+    request: bytes | bytearray | str | dict[str, Any] | RequestInfo | None,
     *,
     streaming: bool | None = None,
     content_encoding: str | None = None,
@@ -61,7 +61,9 @@ def open_tap(
 ) -> Tap:
     """A tap for one upstream response of format ``fmt`` (one of ``FORMATS``).
 
-    ``request`` is the request body sent upstream (bytes, text or parsed).
+    ``request`` is the request body sent upstream (bytes, text or parsed), or
+    what :func:`read_request` already read from it (a proxy that reads the
+    request before forwarding it passes that, so the body is parsed once).
     ``streaming`` None detects it: from ``content_type``, else the request's
     ``stream`` flag, else the first bytes. ``content_encoding`` is the
     response's Content-Encoding header. ``status`` is the upstream HTTP status
@@ -72,7 +74,7 @@ def open_tap(
     handler_type = _HANDLERS.get(fmt)
     if handler_type is None:
         raise ValueError(f"unknown tap format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    info = read_request(fmt, request)
+    info = request if isinstance(request, RequestInfo) else read_request(fmt, request)
     mode = resolve_mode(
         fmt,
         streaming=streaming,

@@ -185,6 +185,64 @@ async def test_an_upstream_cut_reaches_the_client_and_is_charged_an_estimate(
         assert event["output_tokens"] > 0
 
 
+async def test_a_silent_upstream_is_cut_by_the_read_timeout(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """``read_timeout_s`` bounds the wait for the headers (502, hold released, not
+    charged) and every silence inside a body (cut: the client sees it incomplete,
+    and the response is charged an estimate), while a stream whose chunks come
+    faster than the timeout goes through whole however long it lasts."""
+    silent_after_first = FakeUpstreamConfig(
+        port=0, seed=3, chunk_latency_ms=1500, output_tokens=(60, 60)
+    )
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        upstream=silent_after_first,
+        gateway={"read_timeout_s": 0.5},
+    ) as stack:
+        path, body, key = request_for("anthropic-messages", True)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                stack.url + path, json=body, headers=auth("anthropic-messages", key)
+            ) as resp:
+                assert resp.status == 200
+                first = await resp.content.readany()
+                assert first.startswith(b"event: message_start")
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await resp.read()
+            (event,) = await stack.events(1)
+            assert event["usage_source"] == "estimated"
+            assert event["estimate_reason"] == "upstream_cut"
+            assert event["input_tokens"] > 0 and event["output_tokens"] > 0
+            await eventually(lambda: stack.upstream.stats.total.client_disconnects == 1)
+
+            # the headers never come within the timeout: nothing reached the client
+            stack.upstream.config = silent_after_first.model_copy(
+                update={"chunk_latency_ms": 0, "latency_ms": 1500}
+            )
+            held_before = len(stack.enforcer.holds)
+            async with session.post(
+                stack.url + path, json=body, headers=auth("anthropic-messages", key)
+            ) as resp:
+                assert resp.status == 502
+                assert (await resp.json())["type"] == "error"
+            assert len(stack.enforcer.holds) == held_before
+
+            # chunks 100 ms apart for seconds in all: never 0.5 s silent
+            stack.upstream.config = silent_after_first.model_copy(
+                update={"chunk_latency_ms": 100, "output_tokens": (40, 40)}
+            )
+            async with session.post(
+                stack.url + path, json=body, headers=auth("anthropic-messages", key)
+            ) as resp:
+                assert resp.status == 200
+                assert (await resp.read()).rstrip().endswith(b'{"type":"message_stop"}')
+        events = await stack.events(2)
+        assert [e["usage_source"] for e in events] == ["estimated", "reported"]
+
+
 async def test_identity_comes_from_the_virtual_key_only(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
