@@ -26,7 +26,7 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
 from typing import Any, Final
@@ -335,6 +335,167 @@ def compile_record_writer(schema: dict[str, Any]) -> BodyWriter | None:
     exec(compile(source, f"<avro writer {schema.get('name')}>", "exec"), namespace)
     writer: BodyWriter = namespace["write"]
     return writer
+
+
+# -- the generated record reader -------------------------------------------------------------------
+#
+# The mirror of the writer above, for the hot path of the aggregator (one UsageEvent per
+# record). It reads only what is plainly valid: varints of at most 10 bytes below 2**64, lengths
+# and counts >= 0 within the data, union and enum indexes in range, booleans 0 or 1, strict
+# UTF-8. Anything else raises, and the caller decodes the message with the codec (fastavro),
+# whose result or DecodeError then stands: the generated reader never decides an error.
+
+#: a generated reader: (message, offset of the body) -> (record, offset past it), or an exception
+BodyReader = Callable[[bytes, int], tuple[Record, int]]
+
+
+class _NotPlain(Exception):
+    """Input the generated reader does not take: the codec decides."""
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The zig-zag decoded long at ``pos`` (a multi-byte varint) and the offset past it."""
+    z = 0
+    shift = 0
+    while True:
+        b = data[pos]  # IndexError past the end: the codec decides
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise _NotPlain
+    if z >= 1 << 64:
+        raise _NotPlain
+    return (z >> 1) ^ -(z & 1), pos
+
+
+def _emit_read_long(src: _Source, depth: int, var: str) -> None:
+    byte = src.name("b")
+    src.emit(depth, f"{byte} = data[pos]")
+    src.emit(depth, f"if {byte} < 0x80:")
+    src.emit(depth + 1, f"{var} = ({byte} >> 1) ^ -({byte} & 1)")
+    src.emit(depth + 1, "pos += 1")
+    src.emit(depth, "else:")
+    src.emit(depth + 1, f"{var}, pos = _read_varint(data, pos)")
+
+
+def _emit_read_count(src: _Source, depth: int, var: str) -> None:
+    """A length or block count: never negative here (fastavro decides about a negative one)."""
+    byte = src.name("b")
+    src.emit(depth, f"{byte} = data[pos]")
+    src.emit(depth, f"if {byte} < 0x80 and not {byte} & 1:")  # 0..63: one byte, even
+    src.emit(depth + 1, f"{var} = {byte} >> 1")
+    src.emit(depth + 1, "pos += 1")
+    src.emit(depth, "else:")
+    src.emit(depth + 1, f"{var}, pos = _read_varint(data, pos)")
+    src.emit(depth + 1, f"if {var} < 0: raise _NotPlain")
+
+
+def _emit_read_string(src: _Source, depth: int, var: str) -> None:
+    size, end = src.name("n"), src.name("e")
+    _emit_read_count(src, depth, size)
+    src.emit(depth, f"{end} = pos + {size}")
+    src.emit(depth, f"if {end} > size: raise _NotPlain")
+    src.emit(depth, f"{var} = data[pos:{end}].decode()")  # strict UTF-8
+    src.emit(depth, f"pos = {end}")
+
+
+def _emit_read(src: _Source, depth: int, var: str, schema: Any, raw_timestamps: bool) -> None:
+    """Lines reading ``var`` of type ``schema``; raises _NotPlain for a type not covered."""
+    if isinstance(schema, dict) and schema.get("logicalType") == "timestamp-micros":
+        if schema.get("type") != "long":
+            raise _NotPlain
+        _emit_read_long(src, depth, var)
+        if not raw_timestamps:  # fastavro's own conversion (an OverflowError: the codec decides)
+            src.emit(depth, f"{var} = _EPOCH + _timedelta(microseconds={var})")
+    elif isinstance(schema, dict) and "logicalType" in schema:
+        raise _NotPlain
+    elif schema in ("long", "int") or (
+        isinstance(schema, dict) and schema["type"] in ("long", "int")
+    ):
+        _emit_read_long(src, depth, var)
+    elif schema == "string" or (isinstance(schema, dict) and schema["type"] == "string"):
+        _emit_read_string(src, depth, var)
+    elif schema == "boolean":
+        byte = src.name("b")
+        src.emit(depth, f"{byte} = data[pos]")
+        src.emit(depth, "pos += 1")
+        src.emit(depth, f"if {byte} == 1: {var} = True")
+        src.emit(depth, f"elif {byte} == 0: {var} = False")
+        src.emit(depth, "else: raise _NotPlain")
+    elif isinstance(schema, list):
+        if len(schema) != 2 or "null" not in schema or any(isinstance(b, list) for b in schema):
+            raise _NotPlain
+        null_at = schema.index("null")
+        byte = src.name("b")
+        src.emit(depth, f"{byte} = data[pos]")
+        src.emit(depth, "pos += 1")
+        src.emit(depth, f"if {byte} == {2 * null_at}: {var} = None")
+        src.emit(depth, f"elif {byte} == {2 * (1 - null_at)}:")
+        _emit_read(src, depth + 1, var, schema[1 - null_at], raw_timestamps)
+        src.emit(depth, "else: raise _NotPlain")
+    elif isinstance(schema, dict) and schema["type"] == "enum":
+        symbols = src.constant(tuple(schema["symbols"]))
+        index = src.name("i")
+        _emit_read_long(src, depth, index)
+        src.emit(depth, f"if not 0 <= {index} < {len(schema['symbols'])}: raise _NotPlain")
+        src.emit(depth, f"{var} = {symbols}[{index}]")
+    elif isinstance(schema, dict) and schema["type"] in ("array", "map"):
+        is_map = schema["type"] == "map"
+        count, item = src.name("c"), src.name("v")
+        src.emit(depth, f"{var} = {{}}" if is_map else f"{var} = []")
+        src.emit(depth, "while True:")
+        _emit_read_count(src, depth + 1, count)
+        src.emit(depth + 1, f"if not {count}: break")
+        src.emit(depth + 1, f"for _ in range({count}):")
+        if is_map:
+            key = src.name("m")
+            _emit_read_string(src, depth + 2, key)
+            _emit_read(src, depth + 2, item, schema["values"], raw_timestamps)
+            src.emit(depth + 2, f"{var}[{key}] = {item}")
+        else:
+            _emit_read(src, depth + 2, item, schema["items"], raw_timestamps)
+            src.emit(depth + 2, f"{var}.append({item})")
+    else:  # records, fixed, bytes, floats...: fastavro's generic reader
+        raise _NotPlain
+
+
+def compile_record_reader(
+    schema: dict[str, Any], *, raw_timestamps: bool = False
+) -> BodyReader | None:
+    """A function reading the Avro body of a record of ``schema`` (parsed, flat) written with
+    that same schema, or None when the schema uses a type it does not specialise.
+
+    ``read(data, pos)`` returns the record (the dict fastavro's ``schemaless_reader``
+    returns) and the offset past the body; on any input it does not plainly take it
+    raises, and the caller decodes with the codec instead. ``raw_timestamps``: leave
+    ``timestamp-micros`` fields as integer microseconds (for a caller that wants them so).
+    """
+    src = _Source()
+    src.emit(0, "def read(data, pos, _read_varint=_read_varint, _timedelta=_timedelta):")
+    src.emit(1, "size = len(data)")
+    names = []
+    try:
+        for spec in schema["fields"]:
+            var = src.name("f")
+            names.append((spec["name"], var))
+            _emit_read(src, 1, var, spec["type"], raw_timestamps)
+    except _NotPlain:
+        return None
+    src.emit(1, "return {" + ", ".join(f"{name!r}: {var}" for name, var in names) + "}, pos")
+    namespace: dict[str, Any] = {
+        "_NotPlain": _NotPlain,
+        "_read_varint": _read_varint,
+        "_timedelta": timedelta,
+        "_EPOCH": _EPOCH,
+        **src.constants,
+    }
+    source = "\n".join(src.lines)
+    exec(compile(source, f"<avro reader {schema.get('name')}>", "exec"), namespace)
+    reader: BodyReader = namespace["read"]
+    return reader
 
 
 @dataclass(frozen=True)
