@@ -39,6 +39,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,8 +51,9 @@ from aiokafka.partitioner import DefaultPartitioner
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor
-from aggregator.state import CountingStore
+from aggregator.state import CountingStore, SealedState
 from aggregator.verdicts import VerdictCoalescer
+from schemas.periods import to_micros
 from schemas.topics import COMPACTED_CONFIG, Topics
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,31 @@ log = logging.getLogger(__name__)
 RECORD_BATCH_BYTES = 512 * 1024
 #: filled batches the loop may run ahead of the producer before it waits for it
 MAX_BACKLOG = 256
+#: how often a loop without records looks whether an overdue checkpoint may be cut
+CHECKPOINT_POLL_SECONDS = 0.01
 
 
 class CountingError(Exception):
     """The counting stage cannot go on (a delivery failed): the worker must stop."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """What one checkpoint covers: the output epoch, the source offsets, the store's entries."""
+
+    epoch: int
+    offsets: dict[TopicPartition, int]
+    state: SealedState
+
+
+@dataclass(slots=True)
+class _Batch:
+    """A record batch being filled, the checkpoint interval (epoch) its records belong to,
+    and when it was started (timed topics only)."""
+
+    records: Any
+    epoch: int
+    born: float | None
 
 
 class _Outgoing:
@@ -74,25 +97,64 @@ class _Outgoing:
     trip per batch, so one pump task per partition hands batches over in order while
     the loop goes on filling the next one (which then carries everything folded
     meanwhile: batches grow with load instead of queueing).
+
+    Checkpoints cut the stream into **epochs**: ``seal()`` closes every open batch, so
+    records added afterwards go into new batches of the next epoch, and ``settle(epoch)``
+    waits until every batch of that epoch and before was handed over and returns their
+    deliveries, while later batches keep flowing. Per partition the pump hands batches
+    over in order and aiokafka sends one at a time, so an epoch's records sit below every
+    later one in each output partition.
     """
 
-    def __init__(self, producer: AIOKafkaProducer) -> None:
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        timed_topic: str | None = None,
+        on_timed: Callable[[float], None] | None = None,
+    ) -> None:
         self.producer = producer
+        #: the records of the current epoch go into batches of this number
+        self.epoch = 0
         #: batches not handed over yet, oldest first
-        self.waiting: dict[tuple[str, int], list[Any]] = {}
+        self.waiting: dict[tuple[str, int], list[_Batch]] = {}
         self.pumps: dict[tuple[str, int], asyncio.Task[None]] = {}
-        #: one future per handed-over batch (done when the broker has it) and its record count
-        self.deliveries: list[tuple[asyncio.Future[Any], int]] = []
+        #: epoch -> its batches not handed over yet
+        self._unsent: dict[int, int] = {}
+        #: epoch -> one future per handed-over batch (done when the broker has it), record count
+        self._deliveries: dict[int, list[tuple[asyncio.Future[Any], int]]] = {}
+        #: set whenever a pump handed a batch over or failed
+        self._progress = asyncio.Event()
+        self.failure: BaseException | None = None
+        #: batches of this topic report (first record added -> acknowledged) in ms
+        self.timed_topic = timed_topic
+        self.on_timed = on_timed
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
         where = (topic, partition)
         batches = self.waiting.get(where)
         if batches is None:
-            batches = self.waiting[where] = [self.producer.create_batch()]
-        if batches[-1].append(key=key, value=value, timestamp=None) is None:
-            batches.append(self.producer.create_batch())
-            if batches[-1].append(key=key, value=value, timestamp=None) is None:
+            batches = self.waiting[where] = []
+        if (
+            not batches
+            or batches[-1].epoch != self.epoch  # sealed by a checkpoint
+            or batches[-1].records.append(key=key, value=value, timestamp=None) is None
+        ):
+            batch = self._new(topic)
+            batches.append(batch)
+            if batch.records.append(key=key, value=value, timestamp=None) is None:
                 raise CountingError(f"a record of {len(value)} bytes does not fit a record batch")
+
+    def _new(self, topic: str) -> _Batch:
+        self._unsent[self.epoch] = self._unsent.get(self.epoch, 0) + 1
+        born = time.monotonic() if topic == self.timed_topic else None
+        return _Batch(self.producer.create_batch(), self.epoch, born)
+
+    def seal(self) -> int:
+        """Close the current epoch: its batches take no more records. Returns its number."""
+        sealed = self.epoch
+        self.epoch += 1
+        self.release()
+        return sealed
 
     def backlog(self) -> int:
         """Batches filled and not handed over yet."""
@@ -100,8 +162,8 @@ class _Outgoing:
 
     def release(self) -> None:
         """Start handing over what is waiting (no waiting here)."""
-        for where in self.waiting:
-            if where not in self.pumps:
+        for where, batches in self.waiting.items():
+            if batches and where not in self.pumps:
                 self.pumps[where] = asyncio.create_task(self._pump(where))
 
     async def _pump(self, where: tuple[str, int]) -> None:
@@ -109,23 +171,49 @@ class _Outgoing:
         try:
             while batches := self.waiting.pop(where, None):
                 for batch in batches:
-                    count = batch.record_count()
-                    delivery = await self.producer.send_batch(batch, topic, partition=partition)
-                    self.deliveries.append((delivery, count))
+                    count = batch.records.record_count()
+                    delivery = await self.producer.send_batch(
+                        batch.records, topic, partition=partition
+                    )
+                    if batch.born is not None and self.on_timed is not None:
+                        delivery.add_done_callback(_timer(self.on_timed, batch.born))
+                    self._deliveries.setdefault(batch.epoch, []).append((delivery, count))
+                    self._unsent[batch.epoch] -= 1
+                    self._progress.set()
+        except BaseException as exc:
+            self.failure = exc
+            self._progress.set()
+            raise
         finally:
             del self.pumps[where]
 
     async def hand_over(self) -> None:
-        """Hand over everything (the deliveries are kept for the next ``drain``)."""
+        """Hand over everything (the deliveries are kept for ``settle``)."""
         self.release()
         while self.pumps:
             await asyncio.gather(*self.pumps.values())  # a failed hand-over raises here
 
-    async def drain(self) -> list[tuple[asyncio.Future[Any], int]]:
-        """Hand over everything; the deliveries (future, record count) since the last drain."""
-        await self.hand_over()
-        deliveries, self.deliveries = self.deliveries, []
+    async def settle(self, epoch: int) -> list[tuple[asyncio.Future[Any], int]]:
+        """Wait until every batch of ``epoch`` and before was handed over; their deliveries
+        (future, record count). Later batches are not waited for."""
+        while True:
+            if self.failure is not None:
+                raise CountingError(f"an output batch was not handed over: {self.failure!r}")
+            if not any(n for e, n in self._unsent.items() if e <= epoch):
+                break
+            self._progress.clear()
+            self.release()
+            await self._progress.wait()
+        deliveries: list[tuple[asyncio.Future[Any], int]] = []
+        for e in [e for e in self._deliveries if e <= epoch]:
+            deliveries += self._deliveries.pop(e)
+        for e in [e for e in self._unsent if e <= epoch]:
+            del self._unsent[e]
         return deliveries
+
+
+def _timer(report: Callable[[float], None], born: float) -> Callable[[Any], None]:
+    return lambda _: report((time.monotonic() - born) * 1000)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -179,6 +267,8 @@ class CountingStage:
         self._crash_task: asyncio.Future[None] | None = None
         #: a checkpoint failed: this stage never commits again (the worker is stopping)
         self._failed: CountingError | None = None
+        #: the checkpoint whose steps 2-5 run beside the fold (at most one at a time)
+        self._in_flight: asyncio.Task[None] | None = None
 
     @property
     def serving(self) -> bool:
@@ -195,7 +285,9 @@ class CountingStage:
             max_request_size=4 * RECORD_BATCH_BYTES,
         )
         await self._producer.start()
-        self._outgoing = _Outgoing(self._producer)
+        self._outgoing = _Outgoing(
+            self._producer, self.topics.budget_verdicts, self.metrics.record_verdict_send_ms
+        )
         for topic in (
             self.topics.usage_priced,
             self.topics.budget_verdicts,
@@ -223,6 +315,7 @@ class CountingStage:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self._settled()
         try:
             if self._consumer is not None and self.owned and self._failed is None:
                 async with self._lock:
@@ -264,6 +357,7 @@ class CountingStage:
         async with self._lock:
             self.rebalancing = True
             try:
+                await self._settled()
                 if self.owned:
                     # the partitions may go to another worker: everything folded so far is
                     # made durable and committed before it may read them
@@ -297,7 +391,12 @@ class CountingStage:
         consumer.subscribe([self.topics.usage_raw], listener=_Rebalance(self))
         interval = self.config.commit_seconds
         while True:
+            if self._failed is not None:
+                raise self._failed  # a checkpoint failed: stop, nothing more is committed
             timeout = self._last_checkpoint + interval - time.monotonic()
+            if self._in_flight is not None and not self._in_flight.done():
+                # the next cut waits for the checkpoint in flight: look again in a while
+                timeout = max(timeout, CHECKPOINT_POLL_SECONDS)
             held = self.verdicts.next_due()
             if held is not None:
                 timeout = min(timeout, held - time.monotonic())
@@ -310,12 +409,15 @@ class CountingStage:
                     if self._outgoing is not None and self._outgoing.backlog() > MAX_BACKLOG:
                         await self._outgoing.hand_over()  # the broker is slower than the fold
                 now = time.monotonic()
-                if (
-                    now - self._last_checkpoint >= interval
+                if self.store.pending_seen >= self.config.max_pending_event_ids:
                     # the event ids held in memory stay bounded: persist them now
-                    or self.store.pending_seen >= self.config.max_pending_event_ids
-                ):
                     await self._checkpoint()
+                elif now - self._last_checkpoint >= interval:
+                    if self._in_flight is None or self._in_flight.done():
+                        await self._settled()  # done: collects its outcome
+                        if self._failed is None:
+                            self._start_checkpoint()
+                    # else: the previous one still waits for the broker; cut when it is done
                 else:
                     due = self.verdicts.due(now)
                     if due:
@@ -384,11 +486,14 @@ class CountingStage:
         outgoing = self._outgoing
         assert outgoing is not None
         topic = self.topics.budget_verdicts
-        emitted = self._emitted_at()
+        emitted_us = to_micros(self._emitted_at())
         for key, change in verdicts:
             key_bytes = key.encode()
             outgoing.add(
-                topic, self._verdict_partition_of(key_bytes), key_bytes, change.encode(key, emitted)
+                topic,
+                self._verdict_partition_of(key_bytes),
+                key_bytes,
+                change.encode_at(key, emitted_us),
             )
 
     def _send_verdicts(self, verdicts: list[tuple[str, Any]]) -> None:
@@ -399,18 +504,55 @@ class CountingStage:
         self.metrics.record_verdicts(len(verdicts))
 
     async def _checkpoint(self) -> None:
-        """Steps 1-4 of the module docstring, in that order."""
+        """A whole checkpoint, waited for (on revoke, at stop, when memory must be freed)."""
+        await self._settled()
         if self._failed is not None:
             raise self._failed  # the records after the last commit must be re-delivered
-        producer, consumer = self._producer, self._consumer
-        assert producer is not None and consumer is not None
+        started = time.perf_counter()
+        await self._complete(self._cut(), started)
+        self.metrics.record_checkpoint_stall((time.perf_counter() - started) * 1000)
+
+    def _start_checkpoint(self) -> None:
+        """Cut now, in the loop; the rest runs beside the fold (steps 2-5 of the docstring)."""
+        started = time.perf_counter()
+        cut = self._cut()
+        self.metrics.record_checkpoint_stall((time.perf_counter() - started) * 1000)
+        self._in_flight = asyncio.create_task(self._complete(cut, started), name="checkpoint")
+
+    async def _settled(self) -> None:
+        """Wait for the checkpoint in flight, if any (its failure is kept in ``_failed``)."""
+        task, self._in_flight = self._in_flight, None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _cut(self) -> _Cut:
+        """Step 1, and the cut: what was folded so far is this checkpoint, later records
+        are the next one's (new record batches, new pending store entries)."""
+        # 1. held verdicts go out now (into this checkpoint's batches)
+        self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
+        assert self._outgoing is not None
+        cut = _Cut(
+            epoch=self._outgoing.seal(),
+            offsets={
+                TopicPartition(self.topics.usage_raw, partition): offset
+                for partition, offset in self._positions.items()
+                if partition in self.owned
+            },
+            state=self.store.seal(),
+        )
+        self._positions = {}
+        self._last_checkpoint = time.monotonic()
+        return cut
+
+    async def _complete(self, cut: _Cut, started: float) -> None:
+        """Steps 2-5 for the records before ``cut``; the loop may fold later ones meanwhile."""
+        consumer = self._consumer
+        assert consumer is not None and self._outgoing is not None
         try:
-            # 1. held verdicts go out now
-            self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
-            # 2. every output and changelog record so far reaches the broker
-            assert self._outgoing is not None
-            deliveries = await self._outgoing.drain()
-            await producer.flush()
+            # 2. every output and changelog record before the cut reaches the broker
+            deliveries = await self._outgoing.settle(cut.epoch)
+            if deliveries:
+                await asyncio.wait([d for d, _ in deliveries])
             # 3. a failed delivery stops here: nothing is committed, now or ever by this stage
             failed = [d for d, _ in deliveries if d.cancelled() or d.exception() is not None]
             if failed:
@@ -421,14 +563,9 @@ class CountingStage:
             self._failed = exc if isinstance(exc, CountingError) else CountingError(repr(exc))
             raise self._failed from exc
         # 4. the source offsets
-        offsets = {
-            TopicPartition(self.topics.usage_raw, partition): offset
-            for partition, offset in self._positions.items()
-            if partition in self.owned
-        }
-        if offsets:
+        if cut.offsets:
             try:
-                await consumer.commit(offsets)
+                await consumer.commit(cut.offsets)
             except (CommitFailedError, KafkaError) as exc:
                 # a rebalance took the partitions: their records are re-delivered, fenced
                 log.warning("offset commit failed (%s); the records will be re-delivered", exc)
@@ -438,9 +575,8 @@ class CountingStage:
             meta = delivery.result()
             where = (meta.topic, meta.partition)
             reached[where] = max(reached.get(where, 0), meta.offset + count)
-        self.store.persist(reached)
-        self._positions.clear()
-        self._last_checkpoint = time.monotonic()
+        self.store.persist(reached, cut.state)
+        self.metrics.record_checkpoint((time.perf_counter() - started) * 1000)
 
     # --- partitions of the outputs -------------------------------------------------------
     def _verdict_partition_of(self, key: bytes) -> int:

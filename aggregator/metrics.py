@@ -22,6 +22,12 @@ class Metrics:
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
     _recent_ages: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    #: how long each recent checkpoint took (ms), from its cut to its local-store write
+    _recent_checkpoints: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+    #: how long the fold loop waited on each recent checkpoint (ms): the stall events see
+    _recent_stalls: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+    #: verdict record batches: first verdict added -> broker acknowledgement (ms)
+    _recent_verdict_sends: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -96,6 +102,18 @@ class Metrics:
         self.record_age.observe(age_ms / 1000)
         self._recent_ages.append(age_ms)
 
+    def record_checkpoint(self, total_ms: float) -> None:
+        """One checkpoint: from its cut to its local-store write."""
+        self._recent_checkpoints.append(total_ms)
+
+    def record_checkpoint_stall(self, ms: float) -> None:
+        """How long the fold loop waited on a checkpoint (its cut, or all of it when waited)."""
+        self._recent_stalls.append(ms)
+
+    def record_verdict_send_ms(self, ms: float) -> None:
+        """One verdict record batch: its first verdict added -> the broker acknowledged it."""
+        self._recent_verdict_sends.append(ms)
+
     def record_phases(self, **seconds: float) -> None:
         """Where a batch's time goes (fold, table writes, sends): cumulative, for /stats."""
         for phase, value in seconds.items():
@@ -110,6 +128,9 @@ class Metrics:
             "sink_failures": int(self.sink_failures._value.get()),
             "unpriced_models": sorted(self.unpriced_models),
             "record_age_ms": _percentiles(self._recent_ages),
+            "checkpoint_ms": _percentiles(self._recent_checkpoints),
+            "checkpoint_stall_ms": _percentiles(self._recent_stalls),
+            "verdict_send_ms": _percentiles(self._recent_verdict_sends),
         }
 
     def exposition(self) -> bytes:

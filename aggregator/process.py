@@ -26,17 +26,18 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from aggregator.decode import read_usage_event
-from aggregator.fold import CounterState, alert_record, apply, unpriced_alert, verdict_record
+from aggregator.fold import CounterState, alert_record, apply, unpriced_alert
 from aggregator.priced import PricedWriter
 from aggregator.reference import Reference
+from aggregator.verdict_codec import encode_verdict
 from schemas.budgets import Budget, applicable
 from schemas.codec import (
     ALERT,
     DEAD_LETTER,
     PRICED_USAGE,
-    VERDICT,
 )
 from schemas.errors import ContractError
+from schemas.periods import to_micros
 from schemas.usage import billed_tokens, validate_usage_event
 
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
@@ -88,7 +89,11 @@ class VerdictChange:
     state: CounterState
 
     def encode(self, key: str, now: datetime) -> bytes:
-        return VERDICT.encode(verdict_record(self.budget, key, self.scope_values, self.state, now))
+        return self.encode_at(key, to_micros(now))
+
+    def encode_at(self, key: str, emitted_at_us: int) -> bytes:
+        """The Verdict, ``emitted_at`` given in microseconds since the epoch."""
+        return encode_verdict(self.budget, key, self.scope_values, self.state, emitted_at_us)
 
 
 @dataclass

@@ -101,6 +101,18 @@ class RecoveryStats:
     seconds: float = 0.0
 
 
+@dataclass(slots=True)
+class SealedPartition:
+    """A partition's entries of one checkpoint, waiting for their changelog acknowledgements."""
+
+    counters: dict[str, bytes] = field(default_factory=dict)
+    seen: dict[str, str] = field(default_factory=dict)
+
+
+#: what ``CountingStore.seal`` took out of the pending entries: partition -> its entries
+SealedState = dict[int, SealedPartition]
+
+
 @dataclass
 class PartitionState:
     """One owned partition: its counters, its RocksDB and what is not persisted yet."""
@@ -110,13 +122,15 @@ class PartitionState:
     counters: dict[str, CounterState] = field(default_factory=dict)
     #: counters changed since the last persist: key -> the changelog value
     pending_counters: dict[str, bytes] = field(default_factory=dict)
-    #: event ids first seen since the last persist: id -> position
+    #: event ids first seen since the last seal: id -> position
     pending_seen: dict[str, str] = field(default_factory=dict)
+    #: entries sealed by a checkpoint, until it persists them (still read by ``seen``)
+    sealed: SealedPartition = field(default_factory=SealedPartition)
     #: changelog offsets the RocksDB reaches: {"counters": n, "seen": n}
     offsets: dict[str, int] = field(default_factory=lambda: {"counters": 0, "seen": 0})
 
     def seen(self, event_id: str) -> str | None:
-        position = self.pending_seen.get(event_id)
+        position = self.pending_seen.get(event_id) or self.sealed.seen.get(event_id)
         if position is not None:
             return position
         assert self.db is not None, f"the store of {self.path} is closed"
@@ -132,7 +146,7 @@ class CountingStore:
         self.counters_topic = counters_topic
         self.seen_topic = seen_topic
         self.partitions: dict[int, PartitionState] = {}
-        #: event ids held in memory over all partitions (not persisted yet)
+        #: event ids held in memory over all partitions (pending or sealed: not persisted yet)
         self.pending_seen = 0
         #: what the last ``recover`` did (for /stats and tests)
         self.last_recovery: RecoveryStats | None = None
@@ -159,39 +173,65 @@ class CountingStore:
         pending[event_id] = position
 
     # --- checkpoints -----------------------------------------------------------------
-    def persist(self, reached: dict[tuple[str, int], int]) -> None:
+    def seal(self) -> SealedState:
+        """Take the pending entries of every partition out, for one checkpoint to persist;
+        entries put afterwards are the next checkpoint's. Sealed event ids stay visible to
+        ``seen`` until persisted. Entries a previous checkpoint left unpersisted join them."""
+        sealed: SealedState = {}
+        for partition, store in self.partitions.items():
+            entry = store.sealed
+            if entry.counters or entry.seen:  # not persisted yet: older, so updated in place
+                entry.counters.update(store.pending_counters)
+                entry.seen.update(store.pending_seen)
+            else:
+                entry = store.sealed = SealedPartition(store.pending_counters, store.pending_seen)
+            store.pending_counters = {}
+            store.pending_seen = {}
+            sealed[partition] = entry
+        return sealed
+
+    def persist(
+        self, reached: dict[tuple[str, int], int], sealed: SealedState | None = None
+    ) -> None:
         """Write what the changelogs acknowledged into each partition's RocksDB.
 
         ``reached``: (changelog topic, partition) -> the offset past the last record the
-        broker acknowledged. Call only once every changelog record handed over so far
-        was acknowledged. One WriteBatch per partition: its pending entries and the
-        offsets they reach, so the store never runs ahead of the changelogs.
+        broker acknowledged. ``sealed``: the entries those records carry (``seal()``; by
+        default everything pending now). Call only once every changelog record of them
+        was acknowledged, and none past them is counted in ``reached``. One WriteBatch per
+        partition: its entries and the offsets they reach, so the store never runs ahead
+        of the changelogs.
         """
-        for partition, store in self.partitions.items():
+        if sealed is None:
+            sealed = self.seal()
+        for partition, entry in sealed.items():
+            store = self.partitions.get(partition)
+            if store is None or store.sealed is not entry:
+                continue  # given up meanwhile, or sealed again by a later checkpoint
             counters_at = reached.get((self.counters_topic, partition), store.offsets["counters"])
             seen_at = reached.get((self.seen_topic, partition), store.offsets["seen"])
             moved = (counters_at, seen_at) != (store.offsets["counters"], store.offsets["seen"])
-            if not (moved or store.pending_counters or store.pending_seen):
+            if not (moved or entry.counters or entry.seen):
                 continue
-            unplaced = (
-                store.pending_counters and (self.counters_topic, partition) not in reached
-            ) or (store.pending_seen and (self.seen_topic, partition) not in reached)
+            unplaced = (entry.counters and (self.counters_topic, partition) not in reached) or (
+                entry.seen and (self.seen_topic, partition) not in reached
+            )
             if store.db is None or unplaced:
                 # no acknowledgement says where these records are: leave the store behind
+                # (the entries stay sealed; the next checkpoint carries them on)
                 log.error("partition %d: pending state without a changelog offset", partition)
                 continue
             batch = WriteBatch(raw_mode=True)
-            for key, value in store.pending_counters.items():
+            for key, value in entry.counters.items():
                 batch.put(_COUNTER + key.encode(), value)
-            for event_id, position in store.pending_seen.items():
+            for event_id, position in entry.seen.items():
                 batch.put(_SEEN + event_id.encode(), position.encode())
             offsets = {"counters": counters_at, "seen": seen_at}
             batch.put(_META, self._meta(offsets))
             store.db.write(batch)
             store.offsets = offsets
-            self.pending_seen -= len(store.pending_seen)
-            store.pending_counters = {}
-            store.pending_seen = {}
+            self.pending_seen -= len(entry.seen)
+            store.sealed = SealedPartition()
 
     def _meta(self, offsets: dict[str, int]) -> bytes:
         return json.dumps(
@@ -220,17 +260,19 @@ class CountingStore:
         for partition in partitions:
             store = self.partitions.pop(partition, None)
             if store is not None:
-                self.pending_seen -= len(store.pending_seen)
+                self.pending_seen -= len(store.pending_seen) + len(store.sealed.seen)
 
     def event_ids(self, partition: int) -> Iterator[tuple[str, str]]:
         """Every event id of a partition with its position (persisted and pending)."""
         store = self.partitions[partition]
         assert store.db is not None
+        pending, sealed = store.pending_seen, store.sealed.seen
         for key, value in _scan(store.db, _SEEN):
             event_id = key.decode()
-            if event_id not in store.pending_seen:
+            if event_id not in pending and event_id not in sealed:
                 yield event_id, value.decode()
-        yield from store.pending_seen.items()
+        yield from ((i, p) for i, p in sealed.items() if i not in pending)
+        yield from pending.items()
 
     async def _open(self, path: Path) -> Rdict:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -248,7 +248,7 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
             )
         )
         # queueing before the fold, as the workers saw it (oldest record of each batch)
-        ages = [w.get("/stats").get("record_age_ms") for w in running]
+        worker_stats = [w.get("/stats") for w in running]
     finally:
         stop_workers(running)
     floor_lat = asyncio.run(
@@ -261,7 +261,11 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
         "verdicts_seen": len(verdict_lat),
         "verdict_latency_ms": {"p50": ms(verdict_lat, 0.5), "p99": ms(verdict_lat, 0.99)},
         "kafka_floor_ms": {"p50": ms(floor_lat, 0.5), "p99": ms(floor_lat, 0.99)},
-        "worker_record_age_ms": ages,
+        # where a verdict's time goes inside the workers (p50/p99/max of recent samples)
+        "worker_record_age_ms": [s.get("record_age_ms") for s in worker_stats],
+        "worker_checkpoint_ms": [s.get("checkpoint_ms") for s in worker_stats],
+        "worker_checkpoint_stall_ms": [s.get("checkpoint_stall_ms") for s in worker_stats],
+        "worker_verdict_send_ms": [s.get("verdict_send_ms") for s in worker_stats],
     }
 
 
