@@ -286,6 +286,9 @@ class UsagePublisher:
         self._sender.notify()  # type: ignore[union-attr]
         if self.config.fsync == "always":
             await self._sync_upto(spool.write_end)
+        elif not self._spooled % _WRITE_GROUP:
+            # a caller publishing in a tight loop never waits: give the sender its turn
+            await asyncio.sleep(0)
 
     async def publish_many(self, events: Iterable[Record]) -> int:
         """Validate every event first (InvalidRecord: none is published), then spool them.
@@ -321,6 +324,10 @@ class UsagePublisher:
             sender.notify()
         if spooled and self.config.fsync == "always":
             await self._sync_upto(spool.write_end)
+        elif spooled:
+            # a batch never waits otherwise: yield so the sender ships it while the caller
+            # prepares the next one (the broker works on it meanwhile, in its own process)
+            await asyncio.sleep(0)
         return spooled
 
     async def flush(self, timeout: float | None = None) -> None:
