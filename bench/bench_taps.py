@@ -28,18 +28,23 @@ the default, parses each delta for its exact text; "payload_bytes" does not).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gzip
 import json
 import os
 import socket
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp
+from aiohttp import web
 
 from ingest.taps import EstimatorConfig, open_tap
 from ingest.taps.eventstream import encode_message
@@ -413,6 +418,129 @@ def _tap(
     assert result.usage_source == "reported", result
 
 
+class AiohttpRelay:
+    """The tap where a proxy runs it: inside an aiohttp pass-through (server + client).
+
+    An upstream (aiohttp server, this thread) paces each response chunk by chunk, as
+    providers flush tokens, so the relay reads about one event per chunk; the relay
+    runs in its own thread and event loop and forwards each response with
+    ``iter_any``/``write``, feeding a tap or not. Its thread's CPU time per response
+    is the measure: ``relay_aiohttp`` without a tap, ``relay_aiohttp_tap`` with one,
+    the same streams in interleaved rounds. 127.0.0.1 only; bounded by count.
+    """
+
+    def __init__(self, builders: dict[str, object], tokens: int, pace_s: float) -> None:
+        self.responses: dict[str, tuple[dict[str, object], list[bytes]]] = {}
+        for fmt, build in builders.items():
+            request, events, _ = build(tokens)  # type: ignore[operator]
+            self.responses[fmt] = (request, events)
+        self.pace_s = pace_s
+        self.taps_reported = 0
+        self._relay_loop: asyncio.AbstractEventLoop | None = None
+        self._relay_ready = threading.Event()
+        self._relay_thread = threading.Thread(target=self._run_relay, daemon=True)
+
+    # -- the upstream and the client (the calling thread's loop) --------------------------------
+    async def _upstream(self, request: web.Request) -> web.StreamResponse:
+        _, events = self.responses[request.match_info["fmt"]]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in events:
+            await response.write(chunk)
+            await asyncio.sleep(self.pace_s)
+        await response.write_eof()
+        return response
+
+    # -- the relay (its own thread and loop) ------------------------------------------------------
+    def _run_relay(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._relay_loop = loop
+        app = web.Application()
+        app.router.add_get("/{mode}/{fmt}", self._relay)
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        self.relay_port = runner.addresses[0][1]
+        self._session = aiohttp.ClientSession(loop=loop)
+        self._relay_ready.set()
+        loop.run_forever()
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        fmt = request.match_info["fmt"]
+        tap = None
+        if request.match_info["mode"] == "tap":
+            tap = open_tap(fmt, self.responses[fmt][0], streaming=True)
+        async with self._session.get(f"{self.upstream_url}/{fmt}") as upstream:
+            response = web.StreamResponse(
+                headers={"Content-Type": upstream.headers["Content-Type"]}
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                if tap is not None:
+                    tap.feed(chunk)
+                await response.write(chunk)
+            await response.write_eof()
+        if tap is not None and tap.finish().usage_source == "reported":
+            self.taps_reported += 1
+        return response
+
+    def relay_cpu_s(self) -> float:
+        """CPU seconds the relay's thread has used so far."""
+        return time.clock_gettime(time.pthread_getcpuclockid(self._relay_thread.ident or 0))
+
+    async def measure(self, rounds: int, streams: int) -> dict[str, object]:
+        upstream = web.Application()
+        upstream.router.add_get("/{fmt}", self._upstream)
+        runner = web.AppRunner(upstream, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.upstream_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        self._relay_thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, self._relay_ready.wait)
+        per_response: dict[str, dict[str, list[float]]] = {
+            fmt: {"plain": [], "tap": []} for fmt in self.responses
+        }
+        chunks_seen: dict[str, int] = {}
+        try:
+            async with aiohttp.ClientSession() as client:
+
+                async def one(mode: str, fmt: str) -> int:
+                    url = f"http://127.0.0.1:{self.relay_port}/{mode}/{fmt}"
+                    async with client.get(url) as r:
+                        return len(await r.read())
+
+                for _ in range(rounds):  # interleaved: a load spike hits both alike
+                    for fmt in self.responses:
+                        for mode in ("plain", "tap"):
+                            before = self.relay_cpu_s()
+                            sizes = await asyncio.gather(*(one(mode, fmt) for _ in range(streams)))
+                            spent = self.relay_cpu_s() - before
+                            assert all(n == sum(map(len, self.responses[fmt][1])) for n in sizes)
+                            per_response[fmt][mode].append(spent / streams)
+                        chunks_seen[fmt] = len(self.responses[fmt][1])
+        finally:
+            loop = self._relay_loop
+            assert loop is not None
+            asyncio.run_coroutine_threadsafe(self._session.close(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            self._relay_thread.join(10)
+            await runner.cleanup()
+        assert self.taps_reported == rounds * streams * len(self.responses), self.taps_reported
+        out: dict[str, object] = {}
+        for fmt, modes in per_response.items():
+            plain = statistics.median(modes["plain"])
+            tapped = statistics.median(modes["tap"])
+            out[fmt] = {
+                "relay_aiohttp_us": round(plain * 1e6, 1),
+                "relay_aiohttp_tap_us": round(tapped * 1e6, 1),
+                "tap_added_ratio": round((tapped - plain) / plain, 3),
+                "events": chunks_seen[fmt],
+            }
+        return out
+
+
 def _timed(fn: Callable[[], object]) -> float:
     """CPU seconds (user + system) of this process: the issue's target is CPU,
     and time spent descheduled on a busy machine is not the tap's cost."""
@@ -425,7 +553,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--tokens", type=int, default=500, help="output tokens per response")
     parser.add_argument("--repeats", type=int, default=31)
+    parser.add_argument("--relay-rounds", type=int, default=5)
+    parser.add_argument("--relay-streams", type=int, default=20, help="concurrent, per round")
+    parser.add_argument("--pace-ms", type=float, default=2.0, help="upstream pause per chunk")
+    parser.add_argument("--relay-only", action="store_true", help="only the aiohttp relay measure")
     args = parser.parse_args()
+    relay = AiohttpRelay(BUILDERS, args.tokens, args.pace_ms / 1000)
+    in_relay = asyncio.run(relay.measure(args.relay_rounds, args.relay_streams))
+    relay_report = {
+        "unit": "CPU microseconds of the relay's thread per response, median of rounds",
+        "rounds": args.relay_rounds,
+        "streams_per_round": args.relay_streams,
+        "pace_ms": args.pace_ms,
+        "target_tap_added_ratio": 0.05,
+        "formats": in_relay,
+    }
+    if args.relay_only:
+        relay_report["cpus"] = os.cpu_count()
+        relay_report["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        print(json.dumps({"relay_aiohttp": relay_report}, separators=(",", ":")))
+        return
     pair = socket.socketpair()
     configs = {
         "parsed": EstimatorConfig(),
@@ -487,7 +634,14 @@ def main() -> None:
         "repeats": args.repeats,
         "unit": "process CPU microseconds, median of interleaved repeats; per_mib over decoded bytes",
         "target_ratio_socket": 0.05,
-        "summary": {"stream_ratio_socket": summary},
+        "summary": {
+            "stream_tap_added_in_aiohttp_relay": {
+                fmt: row["tap_added_ratio"]  # type: ignore[index]
+                for fmt, row in in_relay.items()
+            },
+            "stream_ratio_socket": summary,
+        },
+        "relay_aiohttp": relay_report,
         "formats": formats,
         "cpus": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
