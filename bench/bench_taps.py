@@ -37,7 +37,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -429,10 +429,15 @@ class AiohttpRelay:
     the same streams in interleaved rounds. 127.0.0.1 only; bounded by count.
     """
 
-    def __init__(self, builders: dict[str, object], tokens: int, pace_s: float) -> None:
+    def __init__(
+        self,
+        builders: Mapping[str, Callable[[int], tuple[dict[str, object], list[bytes], bytes]]],
+        tokens: int,
+        pace_s: float,
+    ) -> None:
         self.responses: dict[str, tuple[dict[str, object], list[bytes]]] = {}
         for fmt, build in builders.items():
-            request, events, _ = build(tokens)  # type: ignore[operator]
+            request, events, _ = build(tokens)
             self.responses[fmt] = (request, events)
         self.pace_s = pace_s
         self.taps_reported = 0
