@@ -52,7 +52,7 @@ from enforcer.holds import Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import CounterId, CounterVerdict, EnforcerState
 from schemas.budgets import Budget
-from schemas.ids import MAX_ID_LENGTH, canonical_id, compose
+from schemas.ids import CASE_INSENSITIVE_ATTRIBUTES, MAX_ID_LENGTH, canonical_id, compose
 from schemas.periods import from_micros, period_end, period_key
 from schemas.usage import (
     ALLOWED,
@@ -95,14 +95,20 @@ _FIELD_NAMES: Final = frozenset(_FIELDS)
 
 
 def _id(name: str, value: Any) -> tuple[str, ...]:
-    """Validate one optional id/text field (not None); its canonical values."""
-    if value == "":
-        return ()  # as schemas.budgets reads an absent attribute
+    """Validate one optional id/text field (not None); its canonical values.
+
+    ``schemas.ids.canonical_id`` inlined (one call per field instead of three; the
+    property test against ``applicable`` holds the two equal)."""
     if type(value) is not str:
+        if value == "":
+            return ()  # as schemas.budgets reads an absent attribute
         raise InvalidContext(name, "must be a string or null")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidContext(name, f"longer than {MAX_ID_LENGTH} characters")
-    return _present(canonical_id(value, name))
+    value = value.strip()
+    if name in CASE_INSENSITIVE_ATTRIBUTES:
+        value = value.lower()
+    return (value,) if value else ()  # a blank id is no id: it names no counter
 
 
 def _required(name: str, value: Any) -> None:
@@ -115,6 +121,12 @@ def _required(name: str, value: Any) -> None:
 def _present(value: str) -> tuple[str, ...]:
     """A blank id is no id (as schemas.budgets reads it): it names no counter."""
     return (value,) if value else ()
+
+
+#: which of the always-present ids the contract lower-cases (schemas.ids.canonical_id)
+_LOWER_ORG: Final = "org_id" in CASE_INSENSITIVE_ATTRIBUTES
+_LOWER_SECRET: Final = "secret_id" in CASE_INSENSITIVE_ATTRIBUTES
+_LOWER_GROUP: Final = "" in CASE_INSENSITIVE_ATTRIBUTES  # groups: canonical_id(g), no attribute
 
 
 def _count(name: str, value: Any, bound: int) -> None:
@@ -176,14 +188,43 @@ class Context:
         request_bytes: int | None = None,
         max_output_tokens: int | None = None,
     ) -> None:
-        # built once per request: one dict literal, no call for an absent field
-        _required("org_id", org_id)
-        _required("secret_id", secret_id)
+        # built once per request: one dict literal (sized once), no call for an absent
+        # field, the contract's canonical_id inlined (the property test against
+        # ``applicable`` holds the two equal)
+        if type(org_id) is not str or len(org_id) > MAX_ID_LENGTH or not (org := org_id.strip()):
+            _required("org_id", org_id)  # raises the precise error
+            raise AssertionError  # unreachable: _required raised
+        if type(secret_id) is not str or len(secret_id) > MAX_ID_LENGTH:
+            _required("secret_id", secret_id)
+        secret = secret_id.strip()
+        if not secret:
+            _required("secret_id", secret_id)
+        if _LOWER_ORG:
+            org = org.lower()
+        if _LOWER_SECRET:
+            secret = secret.lower()
         # the state holds orgs interned: lookups compare them by identity
-        org = sys.intern(canonical_id(org_id, "org_id"))
+        org = sys.intern(org)
+        if type(groups) is not tuple:
+            if type(groups) is not list:
+                raise InvalidContext("groups", "must be a list of strings")
+            groups = tuple(groups)
+        group: tuple[str, ...] = ()
+        if groups:
+            if len(groups) > MAX_GROUPS:
+                raise InvalidContext("groups", f"more than {MAX_GROUPS} groups")
+            for g in groups:
+                if type(g) is not str or len(g) > MAX_ID_LENGTH:
+                    raise InvalidContext("groups", f"each group a string of <= {MAX_ID_LENGTH}")
+            if len(groups) == 1:
+                one = groups[0].strip().lower() if _LOWER_GROUP else groups[0].strip()
+                if one:
+                    group = (one,)
+            else:  # each group once, in order
+                group = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
         canon: dict[str, tuple[str, ...]] = {
             "org_id": (org,),
-            "secret_id": (canonical_id(secret_id, "secret_id"),),
+            "secret_id": (secret,),
             "project_id": () if project_id is None else _id("project_id", project_id),
             "grant_id": () if grant_id is None else _id("grant_id", grant_id),
             "permission_id": () if permission_id is None else _id("permission_id", permission_id),
@@ -192,24 +233,8 @@ class Context:
             "provider": () if provider is None else _id("provider", provider),
             "api": () if api is None else _id("api", api),
             "model": () if model is None else _id("model", model),
+            "group": group,
         }
-        if type(groups) is not tuple:
-            if type(groups) is not list:
-                raise InvalidContext("groups", "must be a list of strings")
-            groups = tuple(groups)
-        if groups:
-            if len(groups) > MAX_GROUPS:
-                raise InvalidContext("groups", f"more than {MAX_GROUPS} groups")
-            for g in groups:
-                if type(g) is not str or len(g) > MAX_ID_LENGTH:
-                    raise InvalidContext("groups", f"each group a string of <= {MAX_ID_LENGTH}")
-            if len(groups) == 1:
-                one = canonical_id(groups[0])
-                canon["group"] = (one,) if one else ()
-            else:  # each group once, in order
-                canon["group"] = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
-        else:
-            canon["group"] = ()
         if tags:
             if not isinstance(tags, Mapping):
                 raise InvalidContext("tags", "must be a map of string to string")
@@ -228,11 +253,15 @@ class Context:
             tags = {}
         else:
             raise InvalidContext("tags", "must be a map of string to string")
-        if input_tokens is not None:
+        if input_tokens is not None and (
+            type(input_tokens) is not int or not 0 <= input_tokens <= MAX_TOKENS_PER_EVENT
+        ):
             _count("input_tokens", input_tokens, MAX_TOKENS_PER_EVENT)
         if request_bytes is not None:
             _count("request_bytes", request_bytes, MAX_REQUEST_BYTES)
-        if max_output_tokens is not None:
+        if max_output_tokens is not None and (
+            type(max_output_tokens) is not int or not 0 <= max_output_tokens <= MAX_TOKENS_PER_EVENT
+        ):
             _count("max_output_tokens", max_output_tokens, MAX_TOKENS_PER_EVENT)
         self.org_id = org_id
         self.secret_id = secret_id

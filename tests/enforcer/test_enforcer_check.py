@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from enforcer import Context, InvalidContext
 from enforcer.check import Index
 from schemas.budgets import applicable
-from schemas.ids import counter_key
+from schemas.ids import canonical_id, counter_key
 from schemas.usage import (
     ALLOWED,
     BUDGET_EXCEEDED,
@@ -21,6 +21,7 @@ from schemas.usage import (
     FAILED_OPEN,
     IN_FLIGHT_BUDGET_EXCEEDED,
     JOB_BUDGET_EXCEEDED,
+    MAX_TOKENS_PER_EVENT,
     validate_usage_event,
 )
 
@@ -281,6 +282,48 @@ def test_huge_values_are_refused_not_truncated() -> None:
         with pytest.raises(InvalidContext):
             ctx(**fields)
     assert ctx(org_id="x" * 512).org_id == "x" * 512
+
+
+def test_each_invalid_field_names_itself_and_why() -> None:
+    """The constructor's inlined checks say what the plain rules say, in their order
+    (type and blankness before length)."""
+    required = "required, a non-empty string"
+    longer = "longer than 512 characters"
+    tokens = f"an integer in 0..{MAX_TOKENS_PER_EVENT} or null"
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"org_id": ""}, "org_id", required),
+        ({"org_id": " \t "}, "org_id", required),
+        ({"org_id": 7}, "org_id", required),
+        ({"org_id": None}, "org_id", required),
+        ({"org_id": "x" * 513}, "org_id", longer),
+        ({"org_id": " " * 600}, "org_id", required),
+        ({"secret_id": ""}, "secret_id", required),
+        ({"secret_id": "  "}, "secret_id", required),
+        ({"secret_id": b"sk"}, "secret_id", required),
+        ({"secret_id": "s" * 513}, "secret_id", longer),
+        ({"secret_id": " " * 513}, "secret_id", required),
+        ({"user_id": "u" * 513}, "user_id", longer),
+        ({"user_id": 42}, "user_id", "must be a string or null"),
+        ({"input_tokens": -1}, "input_tokens", tokens),
+        ({"input_tokens": True}, "input_tokens", tokens),
+        ({"input_tokens": 1.0}, "input_tokens", tokens),
+        ({"max_output_tokens": MAX_TOKENS_PER_EVENT + 1}, "max_output_tokens", tokens),
+        ({"request_bytes": -1}, "request_bytes", "an integer in 0..1099511627776 or null"),
+        ({"groups": ["a", 1]}, "groups", "each group a string of <= 512"),
+        ({"groups": "eng"}, "groups", "must be a list of strings"),
+    ]
+    for fields, field, detail in cases:
+        with pytest.raises(InvalidContext) as raised:
+            ctx(**fields)
+        assert (raised.value.field, raised.value.detail) == (field, detail), fields
+    # at the bounds: accepted, and canonical as schemas.ids says
+    c = ctx(org_id=" Org ", secret_id=" Sk ", user_id=" Ann@X ", groups=[" Eng "])
+    assert c.canon["org_id"] == (canonical_id(" Org ", "org_id"),)
+    assert c.canon["secret_id"] == (canonical_id(" Sk ", "secret_id"),)
+    assert c.canon["user_id"] == (canonical_id(" Ann@X ", "user_id"),) == ("ann@x",)
+    assert c.canon["group"] == (canonical_id(" Eng "),)
+    assert ctx(groups=["  "]).canon["group"] == ()
+    assert ctx(input_tokens=MAX_TOKENS_PER_EVENT, max_output_tokens=0).input_tokens
 
 
 def test_context_from_mapping_refuses_unknown_fields() -> None:
