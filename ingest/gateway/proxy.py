@@ -15,9 +15,14 @@ Per metered request, in this order (each step's failure and its consequence):
    which paces the reads from the upstream).
 5. **Account**, always, whatever ended the response (normal end, upstream cut,
    client hang-up, cancellation): the tap's result becomes the UsageEvent
-   (estimated when usage was not read), it is published, then the hold is
-   settled to the actual cost. A publish failure is logged and counted, and the
-   hold is still settled (the spend is real).
+   (estimated when usage was not read), the hold is settled to its actual cost,
+   and it is published. Building and settling are synchronous, in the handler's
+   ``finally`` (a cancellation cannot stop them half-way, and the next request,
+   on this connection or any other, is checked against the settled cost);
+   publishing runs as a tracked task (``drain``/``stop`` wait for it), so the
+   handler returns at once and the connection's next request waits for none of
+   it. A publish failure is logged and counted; the hold is settled all the same
+   (the spend is real).
 """
 
 from __future__ import annotations
@@ -397,14 +402,14 @@ class Gateway:
     async def _refuse(self, call: _Call, decision: GateDecision) -> web.Response:
         """A refusal never reaches the provider; it is usage all the same."""
         self.metrics.requests.labels(call.family, "refused").inc()
-        await self._refusal_event(call, decision)
+        self._refusal_event(call, decision)
         return web.Response(
             body=_json_bytes(decision.body),
             status=decision.status,
             headers=CIMultiDict(decision.headers),
         )
 
-    async def _refusal_event(self, call: _Call, decision: GateDecision) -> None:
+    def _refusal_event(self, call: _Call, decision: GateDecision) -> None:
         """Publish the refusal (its api is the context's: the gate names it)."""
         event = decision.refusal_event(
             gateway_id=self.config.gateway_id,
@@ -412,7 +417,7 @@ class Gateway:
             latency_ms=_elapsed_ms(call.started),
         )
         if event is not None:
-            await self._publish(event)
+            self._publish_soon(event)
 
     def _url(self, request: web.Request, upstream: Upstream) -> str:
         path = request.raw_path.split("?", 1)[0]
@@ -469,11 +474,8 @@ class Gateway:
             self.metrics.allowed[call.family].inc()
             if cut is not None:
                 self.metrics.cuts.labels(outcome).inc()
-            # accounting must finish even if this handler is being cancelled
-            task = asyncio.ensure_future(self._account(call, decision, result, upstream))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
-            await asyncio.shield(task)
+            # no await from here on: a cancellation cannot interrupt the accounting
+            self._account(call, decision, result, upstream)
 
     async def _pass_through(self, request: web.Request, call: _Call) -> web.StreamResponse:
         upstream = await self._open_upstream(request, call)
@@ -533,13 +535,14 @@ class Gateway:
         return None, response
 
     # -- account ---------------------------------------------------------------------------
-    async def _account(
+    def _account(
         self,
         call: _Call,
         decision: GateDecision,
         result: TapResult,
         upstream: aiohttp.ClientResponse,
     ) -> None:
+        """The response's UsageEvent: its hold settled to it now, its publishing started."""
         principal = call.vk.principal
         request_id = next(
             (upstream.headers[h] for h in _REQUEST_ID_HEADERS if h in upstream.headers), None
@@ -577,8 +580,14 @@ class Gateway:
             self.metrics.published.labels("invalid").inc()
             log.exception("usage event of %s not built", call.vk.name)
             return
-        await self._publish(event)
         self.gate.settle(decision.hold_id, event)
+        self._publish_soon(event)
+
+    def _publish_soon(self, event: dict[str, Any]) -> None:
+        """Publish in a task of its own, tracked until done (``drain``)."""
+        task = asyncio.ensure_future(self._publish(event))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def _publish(self, event: dict[str, Any]) -> None:
         try:

@@ -194,7 +194,7 @@ class _Session:
         if decision.allowed:
             self.open.append(decision)
             return True
-        await self.gw._refusal_event(self.call, decision)
+        self.gw._refusal_event(self.call, decision)
         message = "Spend limit reached for this key; the response was not started."
         body = decision.body or {}
         nested = body.get("error")
