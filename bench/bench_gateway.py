@@ -6,8 +6,8 @@ chunk by chunk), a bare aiohttp pass-through proxy (``--role passthrough``:
 forward the POST, relay the body with ``readany``/``write``, nothing else),
 the real gateway (``spendbus gateway run``: virtual key, enforcer check
 against a real budget followed from Kafka, tap, publish to usage.raw, settle),
-and this process as the client. The proxies share one pinned CPU, the client
-and the fake providers the other (``--no-pin``: no pinning).
+and this process as the client. The proxies share one pinned CPU; the client,
+the fake providers and the Kafka broker the others (``--no-pin``: no pinning).
 
 Three paths are measured in interleaved rounds (a load spike hits all alike):
 ``direct`` (client -> upstream), ``passthrough`` and ``gateway``; each round
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -270,7 +271,9 @@ async def setup_topics(bootstrap: str) -> Any:
     return topics
 
 
-async def measure(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[str, Any]:
+async def measure(
+    args: argparse.Namespace, bootstrap: str, work: Path, broker_pid: int | None = None
+) -> dict[str, Any]:
     from spendbus.stack.kafka import free_port
 
     topics = await setup_topics(bootstrap)
@@ -333,7 +336,7 @@ async def measure(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[
             ]
         ),
     }
-    pinning = pin(procs, args.pin)
+    pinning = pin(procs, args.pin, broker_pid)
     try:
         await wait_http(upstream_url + "/healthz")
         await wait_http(f"http://127.0.0.1:{pass_port}/healthz")  # 405: it answers
@@ -384,10 +387,16 @@ async def measure(args: argparse.Namespace, bootstrap: str, work: Path) -> dict[
     return {**summarise(args, rounds, bursts, events, ramp), "pinning": pinning}
 
 
-def pin(procs: dict[str, subprocess.Popen[bytes]], enabled: bool) -> dict[str, list[int]] | None:
-    """The proxy under test on the last CPU, the load (this process) and the fake provider
-    on the others: on a small machine their CPU would otherwise queue the proxies' requests,
-    and that queueing, not the proxy, would dominate the latency percentiles."""
+def pin(
+    procs: dict[str, subprocess.Popen[bytes]], enabled: bool, broker_pid: int | None
+) -> dict[str, Any] | None:
+    """The proxy under test on the last CPU; the load (this process), the fake provider and
+    the Kafka broker on the others: on a small machine their CPU would otherwise queue the
+    proxies' requests, and that queueing, not the proxy, would dominate the latency
+    percentiles. The broker matters for the gateway alone (the pass-through never talks to
+    it): on the gateway's CPU, every produce request woke a broker thread that preempted
+    the gateway mid-send. Every thread of the broker is moved (a JVM's threads keep the
+    affinity they were created with); a broker given by KAFKA_BOOTSTRAP is not ours to pin."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not enabled or len(cpus) < 2:
         return None
@@ -396,7 +405,17 @@ def pin(procs: dict[str, subprocess.Popen[bytes]], enabled: bool) -> dict[str, l
         os.sched_setaffinity(procs[name].pid, proxy_cpus)
     os.sched_setaffinity(procs["upstream"].pid, load_cpus)
     os.sched_setaffinity(0, load_cpus)
-    return {"proxies": sorted(proxy_cpus), "load_and_upstream": sorted(load_cpus)}
+    broker = "external, not pinned"
+    if broker_pid is not None:
+        for task in Path(f"/proc/{broker_pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setaffinity(int(task.name), load_cpus)
+        broker = "with the load"
+    return {
+        "proxies": sorted(proxy_cpus),
+        "load_and_upstream": sorted(load_cpus),
+        "kafka_broker": broker,
+    }
 
 
 def summarise(
@@ -549,7 +568,8 @@ def main() -> None:
         bootstrap = broker.bootstrap
     try:
         with tempfile.TemporaryDirectory(prefix="bench-gateway-") as work:
-            result = asyncio.run(measure(args, bootstrap, Path(work)))
+            broker_pid = broker.pid if broker is not None else None
+            result = asyncio.run(measure(args, bootstrap, Path(work), broker_pid))
     finally:
         if broker is not None:
             broker.stop()
