@@ -99,6 +99,18 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def watch(running: list[WorkerProcess], n: int, samples: list[tuple[float, int, float]]) -> None:
+    """Append (wall clock, events folded, CPU seconds) of the workers until ``n`` are folded."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        done = sum(w.get("/stats").get("events", 0) for w in running)
+        samples.append((time.perf_counter(), done, sum(cpu_seconds(w.pid()) for w in running)))
+        if done >= n:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"the workers folded {samples[-1][1] if samples else 0} of {n} events")
+
+
 def start_workers(bootstrap: str, topics: Topics, home: Path, count: int) -> list[WorkerProcess]:
     """``count`` workers of one group, started together, each serving with its share."""
     workers = [worker(bootstrap, topics, home / f"w{i}") for i in range(count)]
@@ -130,23 +142,22 @@ def throughput(bootstrap: str, n: int, home: Path, workers: int) -> dict[str, An
     raw, raw_per_cpu = asyncio.run(raw_consume_rate(bootstrap, twin.usage_raw, n))
     running = start_workers(bootstrap, topics, home, workers)
     try:
-        asyncio.run(produce(bootstrap, topics.usage_raw, records))
-        # (wall clock, events done, CPU seconds of all workers) at 10 % and 90 %
-        marks: dict[float, tuple[float, int, float]] = {}
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            stats = [w.get("/stats") for w in running]
-            done = sum(s.get("events", 0) for s in stats)
-            now = time.perf_counter()
-            for mark in (0.1, 0.9):
-                if mark not in marks and done >= mark * n:
-                    marks[mark] = (now, done, sum(cpu_seconds(w.pid()) for w in running))
-            if done >= n:
-                break
-            time.sleep(0.05)
+        # (wall clock, events done, CPU seconds of all workers), sampled from before the
+        # records are written: a worker that keeps pace with the producer is measured too
+        samples: list[tuple[float, int, float]] = []
+        with ThreadPoolExecutor(1) as pool:
+            watching = pool.submit(watch, running, n, samples)
+            asyncio.run(produce(bootstrap, topics.usage_raw, records))
+            watching.result()
+        marks = {
+            mark: next(sample for sample in samples if sample[1] >= mark * n) for mark in (0.1, 0.9)
+        }
         (t10, n10, cpu10), (t90, n90, cpu90) = marks[0.1], marks[0.9]
+        if t90 <= t10:
+            raise SystemExit(f"{n} events were folded between two samples: raise --events")
         steady = (n90 - n10) / (t90 - t10)
         per_cpu = (n90 - n10) / max(cpu90 - cpu10, 1e-9)
+        stats = [w.get("/stats") for w in running]
     finally:
         stop_workers(running)
     per_worker = steady / workers
