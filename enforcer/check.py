@@ -959,18 +959,19 @@ class Checker:
             if plan.match and not plan.matches(canon):
                 continue
             kind = plan.kind
-            if kind == KIND_ONE:
+            if kind == KIND_ORG:
+                keys = ((plan.budget_id, org),)
+            elif kind == KIND_SESSION:
+                sessions = canon["session_id"]
+                if not sessions:
+                    continue
+                identity = canon["user_id"] or canon["secret_id"]
+                keys = ((plan.budget_id, org, identity[0], sessions[0]),)
+            else:  # one value (ids, tags) or several (groups)
                 values = canon.get(plan.scope_attribute)
                 if not values:
                     continue
-                # several values never come from a Context today (only groups have them)
                 keys = ((plan.budget_id, org, values[0]),) if len(values) == 1 else plan.scoped(ctx)
-            elif kind == KIND_ORG:
-                keys = ((plan.budget_id, org),)
-            else:
-                keys = plan.scoped(ctx)
-                if not keys:
-                    continue
             if plan.period_from_us <= now_us < plan.period_until_us:
                 period = plan.period
                 end_us = plan.period_end_us

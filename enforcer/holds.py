@@ -83,7 +83,7 @@ class Holds:
         #: (counter id, period) -> ids of the settled holds on it (what a verdict may drop)
         self._settled: dict[CounterPeriod, set[int]] = {}
         self._ids = itertools.count(1)
-        #: emptied totals (all zero), reused by reserve; at most SPARE_TOTALS
+        #: emptied totals, reused by reserve (which sets every field); at most SPARE_TOTALS
         self._spare: list[CounterHolds] = []
         self.dropped_by_verdict = 0
         self.dropped_by_timeout = 0
@@ -112,16 +112,21 @@ class Holds:
         twice = False
         for cp in counters:
             totals = held.get(cp)
-            if totals is None:
+            if totals is None:  # every field set: a reused spare keeps stale values
                 totals = held[cp] = spare.pop() if spare else CounterHolds()
-            elif totals.last_hold == hold_id:
+                totals.nanos = nanos
+                totals.tokens = tokens
+                totals.requests = requests
+                totals.holds = 1
+                totals.last_hold = hold_id
+            elif totals.last_hold != hold_id:
+                totals.nanos += nanos
+                totals.tokens += tokens
+                totals.requests += requests
+                totals.holds += 1
+                totals.last_hold = hold_id
+            else:
                 twice = True  # the same counter twice
-                continue
-            totals.nanos += nanos
-            totals.tokens += tokens
-            totals.requests += requests
-            totals.holds += 1
-            totals.last_hold = hold_id
         named = tuple(dict.fromkeys(counters)) if twice else tuple(counters)
         # tuple.__new__: the NamedTuple without its Python-level __new__ (half the cost)
         self._holds[hold_id] = tuple.__new__(
@@ -188,8 +193,6 @@ class Holds:
             else:  # _forget, inlined: every check's hold comes through here
                 del held[cp]
                 if len(spare) < SPARE_TOTALS:
-                    totals.nanos = totals.tokens = totals.requests = 0
-                    totals.holds = totals.last_hold = 0
                     spare.append(totals)
         if hold.occurred_us is not None:
             for cp in hold.counters:
@@ -252,5 +255,4 @@ class Holds:
         """The last hold left (counter, period): drop its totals, keep the object for reuse."""
         del self.held[cp]
         if len(self._spare) < SPARE_TOTALS:
-            totals.nanos = totals.tokens = totals.requests = totals.holds = totals.last_hold = 0
-            self._spare.append(totals)
+            self._spare.append(totals)  # reserve sets every field when it reuses it
