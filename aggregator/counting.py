@@ -15,17 +15,28 @@ invariant 1; Faust's exactly_once mode is avoided on purpose). A checkpoint, eve
 ``commit_seconds`` and before partitions are given up, runs in this order:
 
   1. send every verdict the coalescer still holds (a committed record never has its
-     verdict waiting in memory);
-  2. hand every filled record batch to the producer and flush it: priced events,
-     verdicts, alerts, dead letters and both changelogs (counters with their
-     fences, event-id dedupe) of every batch so far;
+     verdict waiting in memory), then **cut**: the open record batches are sealed
+     (``_Outgoing.seal``: later records go into batches of the next epoch), the
+     store's pending entries are sealed (``CountingStore.seal``) and the source
+     offsets past the last folded record of each partition are taken;
+  2. hand every record batch of the cut's epoch and before to the producer: priced
+     events, verdicts, alerts, dead letters and both changelogs (counters with their
+     fences, event-id dedupe) of every batch folded before the cut;
   3. check each delivery: one failure aborts the checkpoint and stops the worker,
      nothing is committed, the records are re-delivered to the next owner;
-  4. commit the source offsets past the last folded record of each partition;
-  5. write the acknowledged changelog records into each partition's local RocksDB
-     with the changelog offsets they reach (``CountingStore.persist``, one WriteBatch
+  4. commit the cut's source offsets;
+  5. write the sealed entries into each partition's local RocksDB with the changelog
+     offsets the acknowledged batches reach (``CountingStore.persist``, one WriteBatch
      a partition), so a restart reads only the changelogs' tail. Never before step 3:
      the local store is a prefix of the changelogs, never ahead of them.
+
+Step 1 runs in the loop and costs well under a millisecond; steps 2-5 wait for the
+broker, so they run as a task beside the fold of the next batches (at most one
+checkpoint in flight; the next cut waits for it). Sealing is what keeps that exact:
+an epoch's batches hold only records folded before the cut and, per output
+partition, are handed over before any later batch (aiokafka sends one batch per
+partition at a time), so the offsets its deliveries reach cover exactly the sealed
+entries. On revoke and at stop the whole checkpoint is waited for.
 
 A crash anywhere re-delivers records from the last commit; the changelog may
 already hold some of their effects, which the counters' fences and the dedupe
@@ -523,7 +534,11 @@ class CountingStage:
         """Wait for the checkpoint in flight, if any (its failure is kept in ``_failed``)."""
         task, self._in_flight = self._in_flight, None
         if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+            (outcome,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(outcome, BaseException) and self._failed is None:
+                # failed past step 3 (commit, local store): nothing later may be committed
+                log.error("checkpoint failed: %r", outcome)
+                self._failed = CountingError(f"a checkpoint failed: {outcome!r}")
 
     def _cut(self) -> _Cut:
         """Step 1, and the cut: what was folded so far is this checkpoint, later records
