@@ -78,6 +78,19 @@ def test_a_bad_field_is_named_with_the_file(
     assert reason in result.output
 
 
+def test_the_gateways_publisher_batches_for_longer_unless_the_file_says(tmp_path: Path) -> None:
+    from ingest.gateway import parse_config
+    from ingest.publisher import PublisherConfig
+    from spendbus.commands.gateway import GATEWAY_LINGER_MS, compose_configs
+
+    spool = {"spool_dir": str(tmp_path / "spool")}
+    _, publisher = compose_configs(parse_config(base(publisher=spool), "gateway.yaml"), "g.yaml")
+    default = PublisherConfig.model_fields["linger_ms"].default
+    assert publisher.linger_ms == GATEWAY_LINGER_MS != default
+    chosen = parse_config(base(publisher={**spool, "linger_ms": 0}), "gateway.yaml")
+    assert compose_configs(chosen, "g.yaml")[1].linger_ms == 0
+
+
 def test_keys_must_be_usable_and_unique(tmp_path: Path) -> None:
     data = base()
     data["keys"][0]["key_sha256"] = "ab" * 32  # both the key and its digest
