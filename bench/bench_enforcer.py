@@ -447,6 +447,37 @@ def calibrate() -> float:
     return round(best, 1)
 
 
+def work(what: str, ops: int) -> dict[str, Any]:
+    """``ops`` untimed operations on a 3k-counter state, to count instructions with
+    ``valgrind --tool=cachegrind --cache-sim=no``: run it with ``ops`` 0 and N; the
+    difference in ``I refs`` / N is the work per operation, whatever else runs on the
+    machine (this VM is shared: wall-clock figures move with its load, these do not).
+
+    check: check + release; context: Context.from_mapping of a JSON-decoded body;
+    handler: the sidecar's /v1/check work without aiohttp (decode, context, check, the
+    answer bytes), holds kept as the sidecar bench keeps them.
+    """
+    import msgspec
+
+    from enforcer.sidecar import decision_json
+
+    e, contexts = loaded(counters=3000)
+    bodies = [json.dumps(c.to_json()).encode() for c in contexts]
+    decode = msgspec.json.Decoder().decode
+    fields = [decode(b) for b in bodies]
+    m = len(contexts)
+    for i in range(ops):
+        if what == "check":
+            d = e.check(contexts[i % m])
+            if d.hold_id is not None:
+                e.release(d.hold_id)
+        elif what == "context":
+            Context.from_mapping(fields[i % m])
+        else:
+            decision_json(e.check(Context.from_mapping(decode(bodies[i % m]))))
+    return {"work": what, "ops": ops}
+
+
 def _default_loop() -> str:
     try:
         import uvloop  # noqa: F401
@@ -471,7 +502,16 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=("check", "sidecar"), help="run one section (faster iteration)"
     )
+    parser.add_argument(
+        "--work",
+        choices=("check", "context", "handler"),
+        help="only run --work-ops untimed operations (for cachegrind; see work())",
+    )
+    parser.add_argument("--work-ops", type=int, default=5000)
     args = parser.parse_args()
+    if args.work:
+        print(json.dumps(work(args.work, args.work_ops)))
+        return
     before = calibrate()
     out: dict[str, Any] = {}
     if args.only in (None, "check"):
