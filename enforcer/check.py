@@ -552,16 +552,7 @@ class CounterStatus:
 
     def used_fraction(self) -> float:
         """The largest spent/limit over the budget's limits (verdict spend, holds excluded)."""
-        plan = self.plan
-        used = 0.0
-        for spent, limit in (
-            (self.spent_nanos, plan.limit_nanos),
-            (self.spent_tokens, plan.limit_tokens),
-            (self.spent_requests, plan.limit_requests),
-        ):
-            if limit:
-                used = max(used, spent / limit)
-        return used
+        return _used_fraction(self.plan, self.spent_nanos, self.spent_tokens, self.spent_requests)
 
     def remaining(self) -> dict[str, int | None]:
         """What is left under each limit after verdict spend and holds (None: no such limit)."""
@@ -598,6 +589,18 @@ class CounterStatus:
             "as_of": None if self.verdict is None else refusals.iso_us(self.verdict.as_of_us),
             "seq": None if self.verdict is None else self.verdict.seq,
         }
+
+
+def _used_fraction(plan: Plan, spent_nanos: int, spent_tokens: int, spent_requests: int) -> float:
+    used = 0.0
+    for spent, limit in (
+        (spent_nanos, plan.limit_nanos),
+        (spent_tokens, plan.limit_tokens),
+        (spent_requests, plan.limit_requests),
+    ):
+        if limit:
+            used = max(used, spent / limit)
+    return used
 
 
 def _left(limit: int | None, used: int) -> int | None:
@@ -686,6 +689,17 @@ class Decision:
         # only the warning rows become CounterStatus (an allowed answer needs no others)
         return tuple(
             CounterStatus(r)
+            for r in self._rows
+            if (r[STATE] == ALERT_I or r[STATE] == EXCEEDED_I) and r[4] is not None
+        )
+
+    def warning_headers(self) -> tuple[tuple[str, str], ...]:
+        """``X-Spend-Budget`` of each of :attr:`warnings`, read from the check's rows (no
+        CounterStatus is built for an allowed answer)."""
+        return tuple(
+            refusals.spend_header_of(
+                r[0], STATE_NAMES[r[STATE]], r[3], _used_fraction(r[0], r[5], r[6], r[7])
+            )
             for r in self._rows
             if (r[STATE] == ALERT_I or r[STATE] == EXCEEDED_I) and r[4] is not None
         )

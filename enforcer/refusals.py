@@ -40,7 +40,7 @@ from schemas.usage import (
 )
 
 if TYPE_CHECKING:
-    from enforcer.check import CounterStatus, Decision
+    from enforcer.check import CounterStatus, Decision, Plan
     from enforcer.config import EnforcerConfig
 
 SPEND_HEADER: Final = "X-Spend-Budget"
@@ -100,14 +100,19 @@ def dialect(provider: str | None) -> str | None:
 
 
 def spend_header(status: CounterStatus) -> tuple[str, str]:
-    state = "exceeded" if status.state in ("exceeded", "in_flight") else status.state
-    reset = iso_us(status.end_us) or (
-        "rolling" if status.plan.window.kind == "rolling" else "never"
-    )
-    used = int(status.used_fraction() * 100)
+    return spend_header_of(status.plan, status.state, status.end_us, status.used_fraction())
+
+
+def spend_header_of(
+    plan: Plan, state: str, end_us: int | None, used_fraction: float
+) -> tuple[str, str]:
+    """The X-Spend-Budget header of one counter (``state``: a CounterStatus state name)."""
+    state = "exceeded" if state in ("exceeded", "in_flight") else state
+    reset = iso_us(end_us) or ("rolling" if plan.window.kind == "rolling" else "never")
+    used = int(used_fraction * 100)
     return (
         SPEND_HEADER,
-        f"{header_text(status.plan.budget_id)}; scope={header_text(status.plan.scope)}; "
+        f"{header_text(plan.budget_id)}; scope={header_text(plan.scope)}; "
         f"used={used}%; state={state}; reset={reset}",
     )
 
@@ -127,10 +132,10 @@ def budget_retry_after(status: CounterStatus, now_us: int) -> int | None:
 
 def respond(decision: Decision, config: EnforcerConfig) -> Response:
     if decision.allowed:
-        warnings = decision.warnings
+        warnings = decision.warning_headers()
         if not warnings:
             return _ALLOWED
-        return Response(200, tuple(spend_header(c) for c in warnings), None, None)
+        return Response(200, warnings, None, None)
     style = dialect(decision.ctx.provider) if config.refusal_style == "native" else None
     if decision.decision == FAILED_CLOSED:
         return _failed_closed(decision, config, style)

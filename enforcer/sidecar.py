@@ -172,8 +172,7 @@ def create_app(
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
 
-    async def read_json(request: web.Request) -> Any:
-        raw = await request.read()
+    def parse_json(raw: bytes) -> Any:
         try:
             return _loads(raw)
         except msgspec.DecodeError:
@@ -188,10 +187,17 @@ def create_app(
                 content_type=_JSON_TYPE,
             ) from None
 
+    async def read_json(request: web.Request) -> Any:
+        return parse_json(await request.read())
+
     async def check(request: web.Request) -> web.Response:
         if (denied := unauthorized(request)) is not None:
             return denied
-        data = await read_json(request)
+        raw = await request.read()
+        try:  # the common case without a second coroutine (parse_json has the fallbacks)
+            data = _loads(raw)
+        except msgspec.DecodeError:
+            data = parse_json(raw)
         reserve = True
         if isinstance(data, dict) and "reserve" in data:
             data = dict(data)
