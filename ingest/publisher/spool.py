@@ -29,10 +29,13 @@ Crash safety, step by step:
    (or its start), the first frame whose length or CRC does not check out marks
    the end, and the file is truncated there (the torn event was never
    acknowledged to its caller as durable, see the publisher's README).
-3. The cursor is written to ``cursor.tmp`` and renamed over ``cursor``; it is not
-   fsynced because a stale cursor only makes the sender publish again events the
-   broker already has, under the same event ids (the aggregator dedupes by
-   event_id). A cursor ahead of the data (power loss ate unsynced segment data that
+3. The cursor is overwritten in place by one ``pwrite()`` of its 12 bytes (the
+   file stays open: no temporary file and rename on the event loop ten times a
+   second). A crash of the process cannot tear a single small write; a power loss
+   could, and a torn cursor fails its CRC, which means starting from the oldest
+   segment. It is not fsynced either: a stale or lost cursor only makes the sender
+   publish again events the broker already has, under the same event ids (the
+   aggregator dedupes by event_id). A cursor ahead of the data (power loss ate unsynced segment data that
    had been acknowledged anyway) is clamped to the end.
 4. A segment is deleted only when it is sealed and every frame in it is below the
    cursor that was just written.
@@ -122,6 +125,7 @@ class Spool:
         self._segments: list[_Segment] = []
         self._bases: list[int] = []
         self._lock_fd: int | None = None
+        self._cursor_fd: int | None = None
         self.write_end = 0
         self.acked = 0
         #: acked position last written to the cursor file
@@ -158,7 +162,7 @@ class Spool:
             raise SpoolLocked(
                 f"spool {self.directory} is in use by another publisher (one per directory)"
             ) from None
-        (self.directory / "cursor.tmp").unlink(missing_ok=True)
+        (self.directory / "cursor.tmp").unlink(missing_ok=True)  # left by an older version
         paths = sorted(
             (p for p in self.directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX)),
             key=lambda p: int(p.name[: -len(SEGMENT_SUFFIX)]),
@@ -193,6 +197,7 @@ class Spool:
             )
             acked = first_base
         self.acked = self.persisted = acked
+        self._cursor_fd = os.open(self.directory / "cursor", os.O_RDWR | os.O_CREAT, 0o644)
         self._release_below(acked)
         if not self._segments:
             self._new_segment(self.write_end)
@@ -230,6 +235,8 @@ class Spool:
         try:
             raw = (self.directory / "cursor").read_bytes()
         except FileNotFoundError:
+            return None
+        if not raw:  # created, never written: nothing was acknowledged yet
             return None
         if len(raw) == CURSOR.size:
             offset, crc = CURSOR.unpack(raw)
@@ -406,10 +413,10 @@ class Spool:
         if self.acked == self.persisted:
             return 0
         offset = self.acked
+        if self._cursor_fd is None:
+            raise SpoolError(f"spool {self.directory} is closed")
         raw = struct.pack("<Q", offset)
-        tmp = self.directory / "cursor.tmp"
-        tmp.write_bytes(raw + struct.pack("<I", zlib.crc32(raw)))
-        os.replace(tmp, self.directory / "cursor")
+        os.pwrite(self._cursor_fd, raw + struct.pack("<I", zlib.crc32(raw)), 0)
         self.persisted = offset
         return self._release_below(offset)
 
@@ -425,7 +432,7 @@ class Spool:
 
     def close(self) -> None:
         """Write the cursor, close the files and release the lock (idempotent)."""
-        if self._segments:
+        if self._segments and self._cursor_fd is not None:  # None: opening failed
             try:
                 self.persist()
             except OSError as exc:  # the data is safe; only a resend would follow
@@ -433,6 +440,9 @@ class Spool:
         for segment in self._segments:
             os.close(segment.fd)
         self._segments.clear()
+        if self._cursor_fd is not None:
+            os.close(self._cursor_fd)
+            self._cursor_fd = None
         self._bases.clear()
         if self._lock_fd is not None:
             os.close(self._lock_fd)

@@ -63,6 +63,54 @@ def test_ack_persist_deletes_whole_segments_and_restart_resumes(tmp_path: Path) 
     reopened.close()
 
 
+def test_the_cursor_is_overwritten_in_place(tmp_path: Path) -> None:
+    spool = Spool.open(tmp_path, segment_bytes=1 << 20)
+    written = records(50)
+    spool.append(frames_of(written))
+    cursor = tmp_path / "cursor"
+    inode = cursor.stat().st_ino
+    positions = []
+    pos = 0
+    for _ in range(3):
+        _, pos = spool.read(pos, 1)
+        positions.append(pos)
+        spool.ack(pos)
+        spool.persist()
+        assert cursor.stat().st_size == 12
+    assert cursor.stat().st_ino == inode  # the same file, never replaced
+    assert not (tmp_path / "cursor.tmp").exists()
+    spool.close()
+    reopened = Spool.open(tmp_path, segment_bytes=1 << 20)
+    assert reopened.acked == positions[-1]
+    assert read_all(reopened) == written[3:]
+    reopened.close()
+
+
+@pytest.mark.parametrize(
+    ("content", "warned"),
+    [
+        (b"", False),  # created, never written: nothing acknowledged yet
+        (b"\x07" * 12, True),  # a torn write: its CRC fails
+        (b"\x07" * 5, True),  # cut short
+    ],
+)
+def test_an_unreadable_cursor_means_sending_everything_again(
+    tmp_path: Path, content: bytes, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = Spool.open(tmp_path, segment_bytes=1 << 20)
+    written = records(20)
+    spool.append(frames_of(written))
+    spool.ack(spool.write_end)
+    spool.close()  # writes the cursor: everything acknowledged
+    (tmp_path / "cursor").write_bytes(content)
+    with caplog.at_level("WARNING", logger="ingest.publisher.spool"):
+        reopened = Spool.open(tmp_path, segment_bytes=1 << 20)
+    assert reopened.acked == 0
+    assert read_all(reopened) == written  # resent: same bytes, same event ids
+    assert ("unreadable cursor" in caplog.text) is warned
+    reopened.close()
+
+
 def test_one_process_per_directory(tmp_path: Path) -> None:
     spool = Spool.open(tmp_path, segment_bytes=4096)
     with pytest.raises(SpoolLocked):
