@@ -17,6 +17,10 @@ from aggregator.config import AggregatorConfig
 
 def create_app(config: AggregatorConfig) -> faust.App:
     logging.getLogger("faust").setLevel(config.log_level)
+    # faust's Worker sets the root logger to DEBUG for its terminal spinner (its handler
+    # filters): without a level of its own, every aiokafka debug call (one per batch sent
+    # or fetched) builds a LogRecord, ~5 % of a counting worker's time
+    logging.getLogger("aiokafka").setLevel(config.log_level)
     app = faust.App(
         # the sink agents' group: the counting stage owns config.app_id's group on usage.raw
         config.sink_app_id,
