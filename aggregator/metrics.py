@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +30,9 @@ class Metrics:
     _recent_stalls: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
     #: verdict record batches: first verdict added -> broker acknowledgement (ms)
     _recent_verdict_sends: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    #: the oldest generation's garbage collections (ms): they stop the loop whole
+    _recent_full_gcs: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+    _gc_started: float = 0.0
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -114,6 +119,23 @@ class Metrics:
         """One verdict record batch: its first verdict added -> the broker acknowledged it."""
         self._recent_verdict_sends.append(ms)
 
+    def watch_gc(self) -> None:
+        """Time every collection of the oldest generation (``gc.callbacks``)."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def unwatch_gc(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._recent_full_gcs.append((time.perf_counter() - self._gc_started) * 1000)
+
     def record_phases(self, **seconds: float) -> None:
         """Where a batch's time goes (fold, table writes, sends): cumulative, for /stats."""
         for phase, value in seconds.items():
@@ -131,6 +153,8 @@ class Metrics:
             "checkpoint_ms": _percentiles(self._recent_checkpoints),
             "checkpoint_stall_ms": _percentiles(self._recent_stalls),
             "verdict_send_ms": _percentiles(self._recent_verdict_sends),
+            "full_gc_ms": _percentiles(self._recent_full_gcs),
+            "full_gcs": len(self._recent_full_gcs),
         }
 
     def exposition(self) -> bytes:
