@@ -18,6 +18,14 @@ No Kafka: the state is fed in memory the way the follower feeds it (the
 follower's own cost is the 10k-counter restart test).
 
     .venv/bin/python bench/bench_enforcer.py [--checks 200000] [--seconds 5] [--connections 32]
+        [--only check|sidecar] [--baseline CHECKOUT --rounds 6 --seconds 1.5]
+
+``--baseline``: this tree's sidecar and another checkout's, served at once on the same
+pinned core, rounds alternating: the fairest comparison this shared VM allows.
+
+3. ``--work check|context|handler --work-ops N``: N untimed operations, for instruction
+   counts under ``valgrind --tool=cachegrind --cache-sim=no`` (run with 0 and N, take the
+   difference / N): figures that do not move with this shared VM's load.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from schemas.ids import counter_key
 from schemas.periods import parse_window, period_end, period_key
 from schemas.pricing import ModelPrice, PriceTable
 
+ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 USD = 1_000_000_000
 ORGS, USERS_PER_ORG, SESSIONS_PER_USER = 1000, 45, 1
@@ -435,6 +444,69 @@ def bench_sidecar(
         os.sched_setaffinity(0, set(cpus))
 
 
+def bench_side_by_side(
+    baseline: str, rounds: int, seconds: float, connections: int
+) -> dict[str, Any]:
+    """This tree's sidecar and ``baseline``'s (another checkout, e.g. ``git worktree``)
+    served at once, both pinned to the first CPU, client rounds alternating between
+    them (and their no-op floors): medians per server CPU-second and their ratio."""
+    import subprocess
+
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpu = cpus[0] if len(cpus) > 1 else None
+    trees = {"baseline": str(Path(baseline).resolve()), "this": str(ROOT)}
+    procs: dict[str, tuple[subprocess.Popen[str], int]] = {}
+    try:
+        for name, root in trees.items():
+            code = (
+                f"import sys; sys.path[:0] = [{root!r}, {root + '/bench'!r}]\n"
+                "import bench_enforcer as b\n"
+                "class Port:\n    def put(self, port): print(port, flush=True)\n"
+                f"b._server(Port(), {server_cpu!r}, {_default_loop()!r})\n"
+            )
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root
+            )
+            assert proc.stdout is not None
+            procs[name] = (proc, int(proc.stdout.readline()))
+        if len(cpus) > 1:
+            os.sched_setaffinity(0, set(cpus[1:]))
+        for _, port in procs.values():  # warm-up
+            asyncio.run(_client(port, 1.0, 3000, connections))
+            asyncio.run(_client(port, 0.5, 3000, connections, "/noop"))
+        per: dict[str, dict[str, list[dict[str, Any]]]] = {
+            name: {"/v1/check": [], "/noop": []} for name in procs
+        }
+        for r in range(rounds):  # alternate which goes first
+            for name in sorted(procs, reverse=r % 2 == 1):
+                proc, port = procs[name]
+                for path in ("/v1/check", "/noop"):
+                    per[name][path].append(
+                        _round(port, seconds, 10**9, connections, path, proc.pid)
+                    )
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(10)
+        os.sched_setaffinity(0, set(cpus))
+    out: dict[str, Any] = {"rounds": rounds, "seconds_per_round": seconds, "baseline": baseline}
+    for name, paths in per.items():
+        checks, floors = paths["/v1/check"], paths["/noop"]
+        out[name] = {
+            "checks_per_s": round(statistics.median(r["checks_per_s"] for r in checks)),
+            "checks_per_server_cpu_s": round(
+                statistics.median(r["per_server_cpu_s"] for r in checks)
+            ),
+            "noop_per_server_cpu_s": round(
+                statistics.median(r["per_server_cpu_s"] for r in floors)
+            ),
+            "rounds_per_server_cpu_s": [r["per_server_cpu_s"] for r in checks],
+        }
+    base = out["baseline"]["checks_per_server_cpu_s"]
+    out["this_over_baseline_cpu"] = round(out["this"]["checks_per_server_cpu_s"] / base, 3)
+    return out
+
+
 def calibrate() -> float:
     """ns per iteration of an empty Python loop: how fast this machine is right now
     (~10-20 ns on an idle modern core); scale the figures above by it."""
@@ -508,9 +580,20 @@ def main() -> None:
         help="only run --work-ops untimed operations (for cachegrind; see work())",
     )
     parser.add_argument("--work-ops", type=int, default=5000)
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="serve this tree's sidecar and CHECKOUT's side by side, alternating rounds",
+    )
     args = parser.parse_args()
     if args.work:
         print(json.dumps(work(args.work, args.work_ops)))
+        return
+    if args.baseline:
+        side = bench_side_by_side(args.baseline, args.rounds, args.seconds, args.connections)
+        side["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        side["cpus"] = os.cpu_count()
+        print(json.dumps(side))
         return
     before = calibrate()
     out: dict[str, Any] = {}
