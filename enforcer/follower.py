@@ -226,7 +226,7 @@ class Follower:
         self._control_tp = tp
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
+        end: int = (await consumer.end_offsets([tp]))[tp]
         deadline = time.monotonic() + TOPIC_WAIT_S
         while await consumer.position(tp) < end:
             if time.monotonic() > deadline:
