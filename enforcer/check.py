@@ -711,6 +711,11 @@ class Decision:
         return self._response
 
     @property
+    def response(self) -> refusals.Response:
+        """status, headers, body and retry_after in one (built once, on first read)."""
+        return self._answer()
+
+    @property
     def status(self) -> int:
         return self._answer().status
 

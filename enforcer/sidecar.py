@@ -125,9 +125,10 @@ def decision_json(decision: Decision, *, counters: bool = False) -> bytes:
     """``Decision.to_json(counters=...)`` encoded as JSON, by the short path when allowed."""
     if counters or decision.outcome != "allowed":
         return _dumps(decision.to_json(counters=counters))
-    if decision.status != 200 or decision.body is not None or decision.retry_after is not None:
+    answer = decision.response
+    if answer.status != 200 or answer.body is not None or answer.retry_after is not None:
         return _dumps(decision.to_json(counters=counters))  # not the allowed answer's shape
-    headers = decision.headers
+    headers = answer.headers
     hold_id = decision.hold_id
     return b"".join(
         (
