@@ -31,15 +31,16 @@ import argparse
 import asyncio
 import gzip
 import json
+import multiprocessing
 import os
 import socket
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -421,12 +422,13 @@ def _tap(
 class AiohttpRelay:
     """The tap where a proxy runs it: inside an aiohttp pass-through (server + client).
 
-    An upstream (aiohttp server, this thread) paces each response chunk by chunk, as
-    providers flush tokens, so the relay reads about one event per chunk; the relay
-    runs in its own thread and event loop and forwards each response with
-    ``iter_any``/``write``, feeding a tap or not. Its thread's CPU time per response
-    is the measure: ``relay_aiohttp`` without a tap, ``relay_aiohttp_tap`` with one,
-    the same streams in interleaved rounds. 127.0.0.1 only; bounded by count.
+    An upstream (aiohttp server, this process) paces each response chunk by chunk, as
+    providers flush tokens, so the relay reads about one event per chunk. The relay is
+    a process of its own (forked: no interpreter lock shared with the upstream and the
+    client) that forwards each response with ``iter_any``/``write``, feeding a tap or
+    not, and reports its process CPU time on ``/cpu``. Its CPU per response is the
+    measure: ``relay_aiohttp`` without a tap, ``relay_aiohttp_tap`` with one, the same
+    streams in interleaved rounds. 127.0.0.1 only; bounded by count.
     """
 
     def __init__(
@@ -440,12 +442,8 @@ class AiohttpRelay:
             request, events, _ = build(tokens)
             self.responses[fmt] = (request, events)
         self.pace_s = pace_s
-        self.taps_reported = 0
-        self._relay_loop: asyncio.AbstractEventLoop | None = None
-        self._relay_ready = threading.Event()
-        self._relay_thread = threading.Thread(target=self._run_relay, daemon=True)
 
-    # -- the upstream and the client (the calling thread's loop) --------------------------------
+    # -- the upstream and the client (this process) ----------------------------------------------
     async def _upstream(self, request: web.Request) -> web.StreamResponse:
         _, events = self.responses[request.match_info["fmt"]]
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -456,83 +454,90 @@ class AiohttpRelay:
         await response.write_eof()
         return response
 
-    # -- the relay (its own thread and loop) ------------------------------------------------------
-    def _run_relay(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._relay_loop = loop
-        app = web.Application()
-        app.router.add_get("/{mode}/{fmt}", self._relay)
-        runner = web.AppRunner(app, access_log=None)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        self.relay_port = runner.addresses[0][1]
-        self._session = aiohttp.ClientSession(loop=loop)
-        self._relay_ready.set()
-        loop.run_forever()
+    # -- the relay (its own process) --------------------------------------------------------------
+    def _serve_relay(self, upstream_url: str, ports: multiprocessing.SimpleQueue[int]) -> None:
+        async def main() -> None:
+            taps_reported = 0
+            session = aiohttp.ClientSession()
 
-    async def _relay(self, request: web.Request) -> web.StreamResponse:
-        fmt = request.match_info["fmt"]
-        tap = None
-        if request.match_info["mode"] == "tap":
-            tap = open_tap(fmt, self.responses[fmt][0], streaming=True)
-        async with self._session.get(f"{self.upstream_url}/{fmt}") as upstream:
-            response = web.StreamResponse(
-                headers={"Content-Type": upstream.headers["Content-Type"]}
-            )
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                if tap is not None:
-                    tap.feed(chunk)
-                await response.write(chunk)
-            await response.write_eof()
-        if tap is not None and tap.finish().usage_source == "reported":
-            self.taps_reported += 1
-        return response
+            async def relay(request: web.Request) -> web.StreamResponse:
+                nonlocal taps_reported
+                fmt = request.match_info["fmt"]
+                tap = None
+                if request.match_info["mode"] == "tap":
+                    tap = open_tap(fmt, self.responses[fmt][0], streaming=True)
+                async with session.get(f"{upstream_url}/{fmt}") as upstream:
+                    response = web.StreamResponse(
+                        headers={"Content-Type": upstream.headers["Content-Type"]}
+                    )
+                    await response.prepare(request)
+                    async for chunk in upstream.content.iter_any():
+                        if tap is not None:
+                            tap.feed(chunk)
+                        await response.write(chunk)
+                    await response.write_eof()
+                if tap is not None and tap.finish().usage_source == "reported":
+                    taps_reported += 1
+                return response
 
-    def relay_cpu_s(self) -> float:
-        """CPU seconds the relay's thread has used so far."""
-        return time.clock_gettime(time.pthread_getcpuclockid(self._relay_thread.ident or 0))
+            async def cpu(_: web.Request) -> web.Response:
+                return web.json_response({"cpu_s": time.process_time(), "taps": taps_reported})
+
+            app = web.Application()
+            app.router.add_get("/cpu", cpu)
+            app.router.add_get("/{mode}/{fmt}", relay)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            ports.put(runner.addresses[0][1])
+            await asyncio.Event().wait()  # until terminated
+
+        asyncio.run(main())
 
     async def measure(self, rounds: int, streams: int) -> dict[str, object]:
         upstream = web.Application()
         upstream.router.add_get("/{fmt}", self._upstream)
         runner = web.AppRunner(upstream, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.upstream_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        self._relay_thread.start()
-        await asyncio.get_running_loop().run_in_executor(None, self._relay_ready.wait)
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        upstream_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        context = multiprocessing.get_context("fork")
+        ports: multiprocessing.SimpleQueue[int] = context.SimpleQueue()
+        relay = context.Process(target=self._serve_relay, args=(upstream_url, ports), daemon=True)
+        relay.start()
+        loop = asyncio.get_running_loop()
+        relay_url = f"http://127.0.0.1:{await loop.run_in_executor(None, ports.get)}"
         per_response: dict[str, dict[str, list[float]]] = {
             fmt: {"plain": [], "tap": []} for fmt in self.responses
         }
-        chunks_seen: dict[str, int] = {}
         try:
             async with aiohttp.ClientSession() as client:
 
+                async def relay_state() -> dict[str, Any]:
+                    async with client.get(f"{relay_url}/cpu") as r:
+                        state: dict[str, Any] = await r.json()
+                        return state
+
                 async def one(mode: str, fmt: str) -> int:
-                    url = f"http://127.0.0.1:{self.relay_port}/{mode}/{fmt}"
-                    async with client.get(url) as r:
+                    async with client.get(f"{relay_url}/{mode}/{fmt}") as r:
                         return len(await r.read())
 
                 for _ in range(rounds):  # interleaved: a load spike hits both alike
                     for fmt in self.responses:
+                        expected = sum(map(len, self.responses[fmt][1]))
                         for mode in ("plain", "tap"):
-                            before = self.relay_cpu_s()
+                            before = await relay_state()
                             sizes = await asyncio.gather(*(one(mode, fmt) for _ in range(streams)))
-                            spent = self.relay_cpu_s() - before
-                            assert all(n == sum(map(len, self.responses[fmt][1])) for n in sizes)
+                            after = await relay_state()
+                            assert all(n == expected for n in sizes)
+                            spent = after["cpu_s"] - before["cpu_s"]
                             per_response[fmt][mode].append(spent / streams)
-                        chunks_seen[fmt] = len(self.responses[fmt][1])
+                taps = (await relay_state())["taps"]
         finally:
-            loop = self._relay_loop
-            assert loop is not None
-            asyncio.run_coroutine_threadsafe(self._session.close(), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
-            self._relay_thread.join(10)
+            relay.terminate()
+            relay.join(10)
             await runner.cleanup()
-        assert self.taps_reported == rounds * streams * len(self.responses), self.taps_reported
+        assert taps == rounds * streams * len(self.responses), taps  # every tap read usage
         out: dict[str, object] = {}
         for fmt, modes in per_response.items():
             plain = statistics.median(modes["plain"])
@@ -541,7 +546,7 @@ class AiohttpRelay:
                 "relay_aiohttp_us": round(plain * 1e6, 1),
                 "relay_aiohttp_tap_us": round(tapped * 1e6, 1),
                 "tap_added_ratio": round((tapped - plain) / plain, 3),
-                "events": chunks_seen[fmt],
+                "events": len(self.responses[fmt][1]),
             }
         return out
 
