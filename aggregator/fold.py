@@ -236,8 +236,31 @@ def verdict_record(
     emitted_at: datetime,
 ) -> dict[str, Any]:
     """The Verdict of the counter's newest period (schemas/avro/Verdict.avsc)."""
+    as_of = from_micros(state.periods[state.period].as_of_us)
+    return verdict_fields(
+        budget,
+        key,
+        scope_values,
+        state,
+        reset_at=period_end(budget.window, as_of),
+        as_of=as_of,
+        emitted_at=emitted_at,
+    )
+
+
+def verdict_fields(
+    budget: Budget,
+    key: str,
+    scope_values: tuple[str, ...],
+    state: CounterState,
+    *,
+    reset_at: Any,
+    as_of: Any,
+    emitted_at: Any,
+) -> dict[str, Any]:
+    """The Verdict's fields, its times as given: datetimes (:func:`verdict_record`) or
+    integer microseconds (what the encoder takes as well, see verdict_codec.py)."""
     totals = state.periods[state.period]
-    as_of = from_micros(totals.as_of_us)
     return {
         "counter_key": key,
         "budget_id": budget.budget_id,
@@ -253,7 +276,7 @@ def verdict_record(
         "limit_requests": budget.limit_requests,
         "action": budget.action,
         "refusal": budget.refusal,
-        "reset_at": period_end(budget.window, as_of),
+        "reset_at": reset_at,
         "as_of": as_of,
         "seq": state.seq,
         "emitted_at": emitted_at,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from aggregator.fold import CounterState, counter_state, verdict_record
+from aggregator.fold import CounterState, verdict_fields, verdict_record
 from schemas.budgets import Budget
 from schemas.codec import VERDICT, BodyWriter, compile_record_writer
 from schemas.periods import Window, from_micros, period_end, to_micros
@@ -52,27 +52,16 @@ def encode_verdict(
 ) -> bytes:
     """``VERDICT.encode(verdict_record(budget, key, scope_values, state, emitted_at))``,
     with ``emitted_at`` given in microseconds since the epoch."""
-    totals = state.periods[state.period]
-    record = {
-        "counter_key": key,
-        "budget_id": budget.budget_id,
-        "scope": budget.scope,
-        "scope_values": list(scope_values),
-        "period": state.period,
-        "state": counter_state(budget, totals),
-        "spent_nanos": totals.nanos,
-        "spent_tokens": totals.tokens,
-        "spent_requests": totals.requests,
-        "limit_nanos": budget.limit_nanos,
-        "limit_tokens": budget.limit_tokens,
-        "limit_requests": budget.limit_requests,
-        "action": budget.action,
-        "refusal": budget.refusal,
-        "reset_at": _reset_at_us(budget.window, state.period, totals.as_of_us),
-        "as_of": totals.as_of_us,
-        "seq": state.seq,
-        "emitted_at": emitted_at_us,
-    }
+    as_of_us = state.periods[state.period].as_of_us
+    record = verdict_fields(
+        budget,
+        key,
+        scope_values,
+        state,
+        reset_at=_reset_at_us(budget.window, state.period, as_of_us),
+        as_of=as_of_us,
+        emitted_at=emitted_at_us,
+    )
     try:
         return _HEADER + _BODY(record)
     except Exception:  # a value the generated writer does not take: the codec decides
