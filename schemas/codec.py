@@ -216,6 +216,13 @@ class _Source:
     def emit(self, depth: int, line: str) -> None:
         self.lines.append("    " * depth + line)
 
+    def define(self, function: str, label: str, namespace: dict[str, Any]) -> Any:
+        """Compile the lines (named ``label`` in tracebacks) with ``namespace`` and the
+        constants as globals; the function named ``function`` they define."""
+        namespace = {**namespace, **self.constants}
+        exec(compile("\n".join(self.lines), label, "exec"), namespace)
+        return namespace[function]
+
 
 def _emit_string(src: _Source, depth: int, var: str) -> None:
     encoded, size = src.name("b"), src.name("n")
@@ -322,18 +329,18 @@ def compile_record_writer(schema: dict[str, Any]) -> BodyWriter | None:
     except _NotSpecialised:
         return None
     src.emit(1, "return b''.join(out)")
-    namespace: dict[str, Any] = {
-        "_NotSpecialised": _NotSpecialised,
-        "_SMALL": _SMALL,
-        "_long": _long,
-        "_int": _int,
-        "_EPOCH": _EPOCH,
-        "datetime": datetime,
-        **src.constants,
-    }
-    source = "\n".join(src.lines)
-    exec(compile(source, f"<avro writer {schema.get('name')}>", "exec"), namespace)
-    writer: BodyWriter = namespace["write"]
+    writer: BodyWriter = src.define(
+        "write",
+        f"<avro writer {schema.get('name')}>",
+        {
+            "_NotSpecialised": _NotSpecialised,
+            "_SMALL": _SMALL,
+            "_long": _long,
+            "_int": _int,
+            "_EPOCH": _EPOCH,
+            "datetime": datetime,
+        },
+    )
     return writer
 
 
@@ -485,16 +492,16 @@ def compile_record_reader(
     except _NotPlain:
         return None
     src.emit(1, "return {" + ", ".join(f"{name!r}: {var}" for name, var in names) + "}, pos")
-    namespace: dict[str, Any] = {
-        "_NotPlain": _NotPlain,
-        "_read_varint": _read_varint,
-        "_timedelta": timedelta,
-        "_EPOCH": _EPOCH,
-        **src.constants,
-    }
-    source = "\n".join(src.lines)
-    exec(compile(source, f"<avro reader {schema.get('name')}>", "exec"), namespace)
-    reader: BodyReader = namespace["read"]
+    reader: BodyReader = src.define(
+        "read",
+        f"<avro reader {schema.get('name')}>",
+        {
+            "_NotPlain": _NotPlain,
+            "_read_varint": _read_varint,
+            "_timedelta": timedelta,
+            "_EPOCH": _EPOCH,
+        },
+    )
     return reader
 
 
