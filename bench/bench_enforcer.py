@@ -5,14 +5,21 @@
    with its context out of the CPU caches, the harsher case); ``fresh_ctx``: the
    context built (untimed) right before its check, as a proxy does per request;
    ``with_context_build``: building it timed too. Each allowed request's hold is
-   released after the timed call, so holds stay steady.
+   released after the timed call, so holds stay steady. The garbage collector runs
+   as an embedding proxy leaves it (nothing frozen): its collections and pauses inside
+   the timed loop are reported (``gc_during_timed_checks``).
 2. The sidecar over loopback, run as ``spendbus enforcer serve`` runs it (uvloop
    when installed, no access log): one server process pinned to one core (the
    affinity ``taskset -c 0`` sets), one client process (raw keep-alive HTTP/1.1
    on N connections) on the other. Rounds alternate between /v1/check and an
    aiohttp no-op handler in the same server (the floor: same client, same
    requests); medians of checks/s, of checks per server CPU-second, and their
-   ratio to the floor. Bounded by count and time; 127.0.0.1 only.
+   ratio to the floor. Bounded by count and time; 127.0.0.1 only. The server's clock
+   moves with wall time and a sweep expires holds after ``SIDECAR_HOLD_S`` (as the
+   follower's sweep does after ``hold_timeout``): holds stay steady, about what a
+   proxy whose upstream calls take that long keeps in flight; checks/s counts only
+   /v1/check answers. Each round reports the server's GC collections and pauses and
+   the most holds outstanding.
 
 No Kafka: the state is fed in memory the way the follower feeds it (the
 follower's own cost is the 10k-counter restart test).
@@ -40,12 +47,14 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# SPENDBUS_BENCH_ROOT: whose enforcer/ and schemas/ to load (--baseline runs this harness
+# over another checkout's code, so both servers are measured the same way)
+sys.path.insert(0, os.environ.get("SPENDBUS_BENCH_ROOT") or str(Path(__file__).parent.parent))
 
 from pydantic import SecretStr
 
@@ -60,6 +69,12 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 USD = 1_000_000_000
 ORGS, USERS_PER_ORG, SESSIONS_PER_USER = 1000, 45, 1
 TOKEN = "bench-token"
+#: the sidecar server's hold timeout: an unsettled hold lives about as long as a proxy's
+#: upstream call would, then the sweep drops it (as the follower's sweep does), so holds
+#: stay steady (~ rate x this) instead of piling up for the whole run
+SIDECAR_HOLD_S = 2.0
+#: how often the sidecar server sweeps expired holds (enforcer.follower.SWEEP_INTERVAL_S)
+SWEEP_S = 1.0
 
 
 def _budget(
@@ -107,11 +122,18 @@ def _verdict(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> dict[s
     }
 
 
-def loaded(counters: int = 100_000) -> tuple[Enforcer, list[Context]]:
-    """An enforcer holding ``counters`` live verdicts, and contexts that hit them."""
+def loaded(
+    counters: int = 100_000, *, moving_clock: bool = False, hold_timeout_s: float = 600.0
+) -> tuple[Enforcer, list[Context]]:
+    """An enforcer holding ``counters`` live verdicts, and contexts that hit them.
+
+    The clock reads NOW (12:00 UTC, so no period rolls over during a run); with
+    ``moving_clock`` it starts at NOW and advances with wall time (holds can expire)."""
     rng = random.Random(7)
     clock_t = NOW.timestamp()
-    e = Enforcer(EnforcerConfig(sidecar_token=SecretStr(TOKEN)), clock=lambda: clock_t)
+    clock = (lambda: clock_t) if not moving_clock else _moving_clock(clock_t)
+    config = EnforcerConfig(sidecar_token=SecretStr(TOKEN), hold_timeout_s=hold_timeout_s)
+    e = Enforcer(config, clock=clock)
     for b in BUDGETS:
         e.state.apply_policy(b.budget_id, b.to_record(NOW))
     prices = PriceTable(
@@ -171,6 +193,44 @@ def loaded(counters: int = 100_000) -> tuple[Enforcer, list[Context]]:
     return e, contexts
 
 
+def _moving_clock(start: float) -> Callable[[], float]:
+    offset = start - time.time()
+    wall = time.time
+    return lambda: wall() + offset
+
+
+class GcPauses:
+    """Garbage collections and their pauses while installed (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.pauses_ns: list[int] = []
+        self._started = 0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            self.pauses_ns.append(time.perf_counter_ns() - self._started)
+            self.collections[info["generation"]] += 1
+
+    def summary(self, operations: int) -> dict[str, Any]:
+        pauses = self.pauses_ns
+        return {
+            "collections_gen012": list(self.collections),
+            "pause_total_ms": round(sum(pauses) / 1e6, 2),
+            "pause_max_ms": round(max(pauses, default=0) / 1e6, 3),
+            "pause_ns_per_op": round(sum(pauses) / operations, 1) if operations else None,
+        }
+
+
 def _pair(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> tuple[str, dict[str, Any]]:
     record = _verdict(b, values, spent, seq)
     return record["counter_key"], record
@@ -183,8 +243,9 @@ def _pct(sorted_values: Sequence[float], q: float) -> float:
 def bench_check(checks: int) -> dict[str, Any]:
     e, contexts = loaded()
     live = len(e.state.verdicts)
+    # the collector stays as an embedding proxy leaves it (on, nothing frozen): the pauses
+    # it takes inside the timed calls are counted below, not hidden
     gc.collect()
-    gc.freeze()  # the loaded state is long-lived: keep it out of the young generations
     check, release = e.check, e.holds.release
     perf = time.perf_counter_ns
     for c in contexts[:2000]:  # warm the index, period and price caches
@@ -196,6 +257,8 @@ def bench_check(checks: int) -> dict[str, Any]:
     refused = 0
     m = len(contexts)
     cpu = time.thread_time_ns
+    pauses = GcPauses()
+    pauses.__enter__()
     for i in range(checks):
         c = contexts[i % m]
         c0 = cpu()
@@ -209,6 +272,7 @@ def bench_check(checks: int) -> dict[str, Any]:
             release(d.hold_id)
         elif not d.allowed:
             refused += 1
+    pauses.__exit__()
     samples.sort()
     us = [s / 1000 for s in samples]
     # context construction + check, as an in-process proxy pays it
@@ -247,7 +311,16 @@ def bench_check(checks: int) -> dict[str, Any]:
         if d.hold_id is not None:
             release(d.hold_id)
     fresh.sort()
-    gc.unfreeze()
+    # memory blocks one check leaves alive while its decision and hold live (rows, tuples,
+    # the Decision, the hold): what the collector and the allocator see per request
+    kept = []
+    blocks = sys.getallocatedblocks()
+    for c in contexts[:1000]:
+        kept.append(check(c))
+    blocks_per_check = (sys.getallocatedblocks() - blocks) / 1000
+    for d in kept:
+        if d.hold_id is not None:
+            release(d.hold_id)
     return {
         "live_counters": live,
         "budgets": len(BUDGETS),
@@ -266,6 +339,8 @@ def bench_check(checks: int) -> dict[str, Any]:
         "fresh_ctx_p999_us": round(_pct(fresh, 0.999) / 1000, 2),
         "with_context_build_p50_us": round(_pct(with_ctx, 0.50) / 1000, 2),
         "with_context_build_p99_us": round(_pct(with_ctx, 0.99) / 1000, 2),
+        "blocks_alive_per_decision": round(blocks_per_check, 1),
+        "gc_during_timed_checks": pauses.summary(checks),
     }
 
 
@@ -277,9 +352,12 @@ def _server(port_queue: Any, cpu: int | None, loop: str) -> None:
 
     from enforcer import create_app
 
-    e, _ = loaded()
+    e, _ = loaded(moving_clock=True, hold_timeout_s=SIDECAR_HOLD_S)
     gc.collect()
-    gc.freeze()
+    gc.freeze()  # as `spendbus enforcer serve` does once its state is loaded
+    pauses = GcPauses()
+    pauses.__enter__()
+    holds_seen = [0]
 
     app = create_app(e)
     noop_body = json.dumps({"allowed": True, "decision": "allowed"}).encode()
@@ -288,16 +366,35 @@ def _server(port_queue: Any, cpu: int | None, loop: str) -> None:
         await request.read()
         return web.Response(body=noop_body, content_type="application/json")
 
+    async def stats(request: web.Request) -> web.Response:
+        """The bench's own view of the server (not a sidecar route): collections, pauses,
+        the most holds outstanding since the last read."""
+        out = pauses.summary(0) | {"holds_max": holds_seen[0], "holds": len(e.holds)}
+        holds_seen[0] = len(e.holds)
+        return web.Response(body=json.dumps(out).encode(), content_type="application/json")
+
     # the floor: aiohttp alone (same client, same body size), to read the figures against
     app.router.add_post("/noop", noop)
+    app.router.add_get("/bench/stats", stats)
+
+    async def sweep() -> None:
+        """What the follower's loop does besides reading: expire holds, confirm freshness."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now_us = int(e.clock() * 1_000_000)
+            holds_seen[0] = max(holds_seen[0], len(e.holds))
+            e.holds.expire(now_us)
+            e.state.fresh_at_us = now_us
 
     async def main() -> None:
+        sweeper = asyncio.create_task(sweep())  # runs until the process ends
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
         await asyncio.Event().wait()
+        sweeper.cancel()
 
     if loop == "uvloop":
         import uvloop
@@ -379,11 +476,30 @@ def _cpu_seconds(pid: int | None) -> float:
 def _round(
     port: int, seconds: float, max_requests: int, connections: int, path: str, pid: int
 ) -> dict[str, Any]:
+    stats_before = _server_stats(port)
     cpu_before = _cpu_seconds(pid)
     result = asyncio.run(_client(port, seconds, max_requests, connections, path))
     cpu_used = _cpu_seconds(pid) - cpu_before
+    stats = _server_stats(port)
     result["per_server_cpu_s"] = round(result["requests"] / cpu_used) if cpu_used else 0
+    # the server's garbage collections during the round, and the holds it carried
+    result["gc_collections"] = [
+        a - b
+        for a, b in zip(
+            stats["collections_gen012"], stats_before["collections_gen012"], strict=True
+        )
+    ]
+    result["gc_pause_ms"] = round(stats["pause_total_ms"] - stats_before["pause_total_ms"], 2)
+    result["holds_max"] = stats["holds_max"]
     return result
+
+
+def _server_stats(port: int) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/bench/stats", timeout=10) as answer:
+        stats: dict[str, Any] = json.loads(answer.read())
+    return stats
 
 
 def bench_sidecar(
@@ -437,6 +553,10 @@ def bench_sidecar(
             "cpu_ratio_to_floor": round(per_cpu / floor_cpu, 3) if floor_cpu else None,
             "rounds_checks_per_s": [r["checks_per_s"] for r in checks],
             "rounds_floor_per_s": [r["checks_per_s"] for r in floors],
+            "hold_timeout_s": SIDECAR_HOLD_S,
+            "rounds_holds_max": [r["holds_max"] for r in checks],
+            "rounds_gc_collections": [r["gc_collections"] for r in checks],
+            "rounds_gc_pause_ms": [r["gc_pause_ms"] for r in checks],
         }
     finally:
         server.terminate()
@@ -449,7 +569,9 @@ def bench_side_by_side(
 ) -> dict[str, Any]:
     """This tree's sidecar and ``baseline``'s (another checkout, e.g. ``git worktree``)
     served at once, both pinned to the first CPU, client rounds alternating between
-    them (and their no-op floors): medians per server CPU-second and their ratio."""
+    them (and their no-op floors): medians per server CPU-second and their ratio.
+    Both run this file's server harness (state, hold sweep, stats) over their own
+    ``enforcer/`` and ``schemas/`` (SPENDBUS_BENCH_ROOT)."""
     import subprocess
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -459,13 +581,14 @@ def bench_side_by_side(
     try:
         for name, root in trees.items():
             code = (
-                f"import sys; sys.path[:0] = [{root!r}, {root + '/bench'!r}]\n"
+                f"import sys; sys.path[:0] = [{str(ROOT / 'bench')!r}]\n"
                 "import bench_enforcer as b\n"
                 "class Port:\n    def put(self, port): print(port, flush=True)\n"
                 f"b._server(Port(), {server_cpu!r}, {_default_loop()!r})\n"
             )
+            env = os.environ | {"SPENDBUS_BENCH_ROOT": root}
             proc = subprocess.Popen(
-                [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root
+                [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=root, env=env
             )
             assert proc.stdout is not None
             procs[name] = (proc, int(proc.stdout.readline()))
@@ -501,6 +624,8 @@ def bench_side_by_side(
                 statistics.median(r["per_server_cpu_s"] for r in floors)
             ),
             "rounds_per_server_cpu_s": [r["per_server_cpu_s"] for r in checks],
+            "rounds_holds_max": [r["holds_max"] for r in checks],
+            "rounds_gc_pause_ms": [r["gc_pause_ms"] for r in checks],
         }
     base = out["baseline"]["checks_per_server_cpu_s"]
     out["this_over_baseline_cpu"] = round(out["this"]["checks_per_server_cpu_s"] / base, 3)
