@@ -32,6 +32,8 @@ CUTS: frozenset[str] = frozenset({"client_disconnected", "upstream_cut"})
 #: Bytes of one SSE event, non-streamed body or realtime message parsed whole;
 #: anything larger is scanned incrementally for the paths that carry usage.
 WHOLE_PARSE_LIMIT = 256 * 1024
+#: Bytes of fed chunks held before they are read together (tap.py, ``Tap.feed``).
+HOLD_LIMIT = 16 * 1024
 #: Bytes of one captured JSON value (a usage object, a model name...).
 CAPTURE_LIMIT = 64 * 1024
 #: Bytes of one AWS event-stream frame (real Converse frames are < 1 KiB).
@@ -294,6 +296,7 @@ __all__ = [
     "CUTS",
     "DECODE_PIECE",
     "FRAME_LIMIT",
+    "HOLD_LIMIT",
     "LARGE",
     "WHOLE_PARSE_LIMIT",
     "Cut",

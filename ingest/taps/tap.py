@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Literal
 
-from .base import CUTS, WHOLE_PARSE_LIMIT, Handler, Path, clip, observed
+from .base import CUTS, HOLD_LIMIT, WHOLE_PARSE_LIMIT, Handler, Path, clip, observed
 from .decode import ContentDecoder, DecodeError
 from .estimate import EstimatorConfig, Observed, estimate_usage
 from .eventstream import EventStreamDecoder, EventStreamError
@@ -76,6 +76,8 @@ class Tap:
         self.model_hint = model_hint
         self.limit = limit
         self.raw_bytes = 0
+        #: Chunks fed but not read yet (see ``feed``), at most ``HOLD_LIMIT`` bytes.
+        self._held = bytearray()
         self._decoded = 0
         self._direct_from: int | None = None
         self._mode: Mode = mode
@@ -113,11 +115,43 @@ class Tap:
         return self._decoded + self.raw_bytes - self._direct_from
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
-        """One chunk of the response body as received. Never raises."""
+        """One chunk of the response body as received. Never raises.
+
+        Chunks are held (copied, so the proxy may reuse its buffer) until
+        ``HOLD_LIMIT`` bytes are in, then read together: a proxy hands over one
+        small event per chunk, and reading many at once in one hot loop costs a
+        fraction of waking the decoder, framing and handler per chunk, whose code
+        and state are cold again by then (other streams ran in between).
+        Nothing is decided before ``finish``, which reads what is still held.
+        """
         try:
             self.raw_bytes += len(chunk)
+            held = self._held
+            if held or len(chunk) < HOLD_LIMIT:
+                held += chunk
+                if len(held) < HOLD_LIMIT:
+                    return
+                data = bytes(held)
+                held.clear()
+            else:  # a large chunk is read as it is
+                data = chunk if type(chunk) is bytes else bytes(chunk)
+        except Exception as exc:  # pragma: no cover - only a chunk of a wrong type
+            self._fatal = self._fatal or _internal(exc)
+            return
+        self._read(data)
+
+    def _release(self) -> None:
+        """Reads what is held."""
+        if self._held:
+            data = bytes(self._held)
+            self._held.clear()
+            self._read(data)
+
+    def _read(self, data: bytes) -> None:
+        """Decoding, framing and handler over ``data``. Never raises."""
+        try:
             if self._fatal is None and self._result is None:
-                self._push(chunk if type(chunk) is bytes else bytes(chunk))
+                self._push(data)
         except (DecodeError, EventStreamError) as exc:
             self._fatal = f"unreadable: {exc}"
         except Exception as exc:
@@ -180,6 +214,7 @@ class Tap:
         return "eventstream" if self.handler.fmt == "bedrock-converse" else "sse"
 
     def _close(self, cut: str | None) -> None:
+        self._release()
         if self._fatal is not None:
             return
         handler = self.handler
