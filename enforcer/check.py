@@ -1123,10 +1123,10 @@ class Checker:
         counts = event.get("outcome", "allowed") in ("allowed", "failed_open")
         verdicts = self.state.verdicts
         seqs = {}
-        for cid, period in hold.counters:
-            verdict = verdicts.get(cid)
+        for totals in hold.counters:
+            verdict = verdicts.get(totals.key[0])
             if verdict is not None:
-                seqs[(cid, period)] = verdict.seq
+                seqs[totals.key] = verdict.seq
         return self.holds.settle(
             hold_id,
             nanos=price.cost_nanos,

@@ -24,8 +24,10 @@ spend. A hold's life, per counter::
 
 Layout (every check reserves and most release or settle within seconds, so both
 are kept to a few dict operations): one flat map (counter, period) → running
-totals; a hold is an immutable tuple (untracked by the garbage collector once
-built, so thousands in flight cost no collector time), replaced when settled;
+totals; a hold is an immutable tuple naming the totals objects it counts in
+(not new (counter, period) tuples: a check's key tuples die with the check, so
+a hold in flight leaves two young objects for the garbage collector, not ten),
+replaced when settled;
 only *settled* holds are indexed by counter, since only they wait for a verdict.
 Holds are kept in the order of their deadlines (a settled hold moves to the end),
 so a timeout sweep stops at the first live hold: O(expired), not O(holds) (tens of
@@ -48,7 +50,10 @@ SPARE_TOTALS: Final = 1024
 class CounterHolds:
     """Running totals held on one (counter, period), and how many holds make them."""
 
-    __slots__ = ("holds", "last_hold", "nanos", "requests", "tokens")
+    __slots__ = ("holds", "key", "last_hold", "nanos", "requests", "tokens")
+
+    #: the (counter id, period) these totals are held on (set by reserve)
+    key: CounterPeriod
 
     def __init__(self) -> None:
         self.nanos = 0
@@ -68,8 +73,8 @@ class Hold(NamedTuple):
     tokens: int
     requests: int
     expires_us: int
-    #: counters (and periods) still holding this hold's amount, each once
-    counters: tuple[CounterPeriod, ...]
+    #: the totals of the counters (and periods) still holding this hold's amount, each once
+    counters: tuple[CounterHolds, ...]
     #: event time of the usage event once settled (None while in flight)
     occurred_us: int | None = None
     #: parallel to ``counters``: seq of the verdict held when settled (-1: none)
@@ -117,11 +122,12 @@ class Holds:
         hold_id = next(self._ids)
         held = self.held
         spare = self._spare
-        twice = False
+        named: list[CounterHolds] = []
         for cp in counters:
             totals = held.get(cp)
             if totals is None:  # every field set: a reused spare keeps stale values
                 totals = held[cp] = spare.pop() if spare else CounterHolds()
+                totals.key = cp
                 totals.nanos = nanos
                 totals.tokens = tokens
                 totals.requests = requests
@@ -134,8 +140,8 @@ class Holds:
                 totals.holds += 1
                 totals.last_hold = hold_id
             else:
-                twice = True  # the same counter twice
-        named = tuple(dict.fromkeys(counters)) if twice else tuple(counters)
+                continue  # the same counter twice: held once
+            named.append(totals)
         expires_us = now_us + self.timeout_us
         if expires_us >= self._last_expiry:
             self._last_expiry = expires_us
@@ -143,7 +149,7 @@ class Holds:
             self._in_order = False
         # tuple.__new__: the NamedTuple without its Python-level __new__ (half the cost)
         self._holds[hold_id] = tuple.__new__(
-            Hold, (hold_id, nanos, tokens, requests, expires_us, named, None, ())
+            Hold, (hold_id, nanos, tokens, requests, expires_us, tuple(named), None, ())
         )
         return hold_id
 
@@ -163,13 +169,12 @@ class Holds:
         if hold is None or hold.occurred_us is not None:
             return False
         dn, dt, dr = nanos - hold.nanos, tokens - hold.tokens, requests - hold.requests
-        held = self.held
         settled = self._settled
-        for cp in hold.counters:
-            totals = held[cp]
+        for totals in hold.counters:
             totals.nanos += dn
             totals.tokens += dt
             totals.requests += dr
+            cp = totals.key
             ids = settled.get(cp)
             if ids is None:
                 settled[cp] = {hold_id}
@@ -190,7 +195,7 @@ class Holds:
             expires_us,
             hold.counters,
             occurred_us,
-            tuple(at.get(cp, -1) for cp in hold.counters),
+            tuple(at.get(totals.key, -1) for totals in hold.counters),
         )
         return True
 
@@ -199,23 +204,22 @@ class Holds:
         hold = self._holds.pop(hold_id, None)
         if hold is None:
             return False
+        if hold.occurred_us is not None:
+            for totals in hold.counters:
+                self._unsettle(totals.key, hold_id)
         held = self.held
         spare = self._spare
         nanos, tokens, requests = hold.nanos, hold.tokens, hold.requests
-        for cp in hold.counters:
-            totals = held[cp]
+        for totals in hold.counters:
             if totals.holds > 1:
                 totals.nanos -= nanos
                 totals.tokens -= tokens
                 totals.requests -= requests
                 totals.holds -= 1
             else:  # _forget, inlined: every check's hold comes through here
-                del held[cp]
+                del held[totals.key]
                 if len(spare) < SPARE_TOTALS:
                     spare.append(totals)
-        if hold.occurred_us is not None:
-            for cp in hold.counters:
-                self._unsettle(cp, hold_id)
         return True
 
     def on_verdict(self, counter: CounterId, period: str, as_of_us: int, seq: int) -> int:
@@ -230,7 +234,7 @@ class Holds:
         for hold_id in list(ids):
             hold = self._holds[hold_id]
             assert hold.occurred_us is not None  # only settled holds are indexed
-            i = hold.counters.index(cp)
+            i = [totals.key for totals in hold.counters].index(cp)
             if hold.occurred_us <= as_of_us and seq > hold.seqs[i]:
                 self._unhold(hold, i)
                 dropped += 1
@@ -258,8 +262,8 @@ class Holds:
 
     def _unhold(self, hold: Hold, i: int) -> None:
         """Drop a settled hold from its ``i``-th counter (a verdict covers it there)."""
-        cp = hold.counters[i]
-        totals = self.held[cp]
+        totals = hold.counters[i]
+        cp = totals.key
         if totals.holds > 1:
             totals.nanos -= hold.nanos
             totals.tokens -= hold.tokens
