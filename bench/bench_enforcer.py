@@ -345,7 +345,7 @@ def bench_check(checks: int) -> dict[str, Any]:
 
 
 # --- the sidecar ------------------------------------------------------------------------------
-def _server(port_queue: Any, cpu: int | None, loop: str) -> None:
+def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = False) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     from aiohttp import web
@@ -360,6 +360,22 @@ def _server(port_queue: Any, cpu: int | None, loop: str) -> None:
     holds_seen = [0]
 
     app = create_app(e)
+    #: path -> [thread CPU ns inside the handler, requests] (--handler-cpu only)
+    in_handlers: dict[str, list[int]] = {"/v1/check": [0, 0], "/noop": [0, 0]}
+    if handler_cpu:  # one middleware hop on every route: the split, at a small cost to both
+        thread_ns = time.thread_time_ns
+
+        @web.middleware
+        async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
+            started = thread_ns()
+            response: web.StreamResponse = await handler(request)
+            spent = in_handlers.get(request.path)
+            if spent is not None:
+                spent[0] += thread_ns() - started
+                spent[1] += 1
+            return response
+
+        app.middlewares.append(timed)
     noop_body = json.dumps({"allowed": True, "decision": "allowed"}).encode()
 
     async def noop(request: web.Request) -> web.Response:
@@ -369,7 +385,11 @@ def _server(port_queue: Any, cpu: int | None, loop: str) -> None:
     async def stats(request: web.Request) -> web.Response:
         """The bench's own view of the server (not a sidecar route): collections, pauses,
         the most holds outstanding since the last read."""
-        out = pauses.summary(0) | {"holds_max": holds_seen[0], "holds": len(e.holds)}
+        out = pauses.summary(0) | {
+            "holds_max": holds_seen[0],
+            "holds": len(e.holds),
+            "in_handlers": in_handlers,
+        }
         holds_seen[0] = len(e.holds)
         return web.Response(body=json.dumps(out).encode(), content_type="application/json")
 
@@ -491,6 +511,15 @@ def _round(
     ]
     result["gc_pause_ms"] = round(stats["pause_total_ms"] - stats_before["pause_total_ms"], 2)
     result["holds_max"] = stats["holds_max"]
+    spent, calls = (
+        a - b
+        for a, b in zip(stats["in_handlers"][path], stats_before["in_handlers"][path], strict=True)
+    )
+    # thread CPU inside the handler per request (--handler-cpu), beside the server's total
+    result["handler_cpu_us"] = round(spent / calls / 1000, 1) if calls else None
+    result["server_cpu_us"] = (
+        round(cpu_used / result["requests"] * 1e6, 1) if result["requests"] else None
+    )
     return result
 
 
@@ -503,13 +532,18 @@ def _server_stats(port: int) -> dict[str, Any]:
 
 
 def bench_sidecar(
-    seconds: float, max_requests: int, connections: int, rounds: int, loop: str
+    seconds: float,
+    max_requests: int,
+    connections: int,
+    rounds: int,
+    loop: str,
+    handler_cpu: bool = False,
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     ports = ctx.Queue()
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu = cpus[0] if len(cpus) > 1 else None
-    server = ctx.Process(target=_server, args=(ports, server_cpu, loop), daemon=True)
+    server = ctx.Process(target=_server, args=(ports, server_cpu, loop, handler_cpu), daemon=True)
     server.start()
     try:
         port = ports.get(timeout=120)
@@ -557,11 +591,22 @@ def bench_sidecar(
             "rounds_holds_max": [r["holds_max"] for r in checks],
             "rounds_gc_collections": [r["gc_collections"] for r in checks],
             "rounds_gc_pause_ms": [r["gc_pause_ms"] for r in checks],
+            "rounds_floor_gc_pause_ms": [r["gc_pause_ms"] for r in floors],
+            # per request: the server's CPU, and (--handler-cpu) the part inside the handler
+            "server_cpu_us": statistics.median(r["server_cpu_us"] for r in checks),
+            "floor_server_cpu_us": statistics.median(r["server_cpu_us"] for r in floors),
+            "handler_cpu_us": _median_or_none([r["handler_cpu_us"] for r in checks]),
+            "floor_handler_cpu_us": _median_or_none([r["handler_cpu_us"] for r in floors]),
         }
     finally:
         server.terminate()
         server.join(10)
         os.sched_setaffinity(0, set(cpus))
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def bench_side_by_side(
@@ -706,6 +751,11 @@ def main() -> None:
     )
     parser.add_argument("--work-ops", type=int, default=5000)
     parser.add_argument(
+        "--handler-cpu",
+        action="store_true",
+        help="sidecar: also time the thread CPU inside each handler (adds a middleware hop)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
         help="serve this tree's sidecar and CHECKOUT's side by side, alternating rounds",
@@ -726,7 +776,12 @@ def main() -> None:
         out["check"] = bench_check(args.checks)
     if args.only in (None, "sidecar"):
         out["sidecar"] = bench_sidecar(
-            args.seconds, args.max_requests, args.connections, args.rounds, args.loop
+            args.seconds,
+            args.max_requests,
+            args.connections,
+            args.rounds,
+            args.loop,
+            args.handler_cpu,
         )
     out |= {
         "python": sys.version.split()[0],
