@@ -18,11 +18,21 @@ are inside ``output_tokens`` and not reported apart: ``reasoning_tokens`` is 0.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 
-from .base import Handler, Path, describe_error, loads, read_shape, shape_decoder, text_len
+from .base import (
+    Handler,
+    Path,
+    describe_error,
+    loads,
+    read_shape,
+    read_shaped_run,
+    shape_decoder,
+    text_len,
+)
 from .usage import InvalidUsage, Usage, tok
 
 _SKIP = frozenset({b"ping", b"content_block_start", b"content_block_stop"})
@@ -43,6 +53,8 @@ class _TextDelta(msgspec.Struct):
 
 
 _read_text_delta = shape_decoder(_TextDelta)
+_delta_text = attrgetter("delta.text")
+_DELTA_EVENT = b"content_block_delta"
 
 
 def usage_from(raw: Any) -> Usage:
@@ -108,6 +120,35 @@ class AnthropicHandler(Handler):
             if not name and kind == "content_block_delta":
                 self.delta_events += 1
             self._on(kind, obj)
+
+    def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
+        # Runs of content_block_delta are read at once; the rest one by one, in order.
+        on_event = self.on_event
+        run: list[bytes] = []
+        for name, data in events:
+            if name == _DELTA_EVENT:
+                run.append(data)
+                continue
+            if run:
+                self._deltas(run)
+                run = []
+            on_event(name, data)
+        if run:
+            self._deltas(run)
+
+    def _deltas(self, run: list[bytes]) -> None:
+        if not self.parse_deltas:
+            self.delta_events += len(run)
+            self.text_chars += sum(map(len, run))
+            return
+        read_shaped_run(_read_text_delta, run, self._text_deltas, self._other_delta)
+
+    def _text_deltas(self, events: list[_TextDelta]) -> None:
+        self.delta_events += len(events)
+        self.text_chars += sum(map(len, map(_delta_text, events)))
+
+    def _other_delta(self, data: bytes) -> None:
+        self.on_event(_DELTA_EVENT, data)
 
     def _on(self, kind: Any, obj: dict[str, Any]) -> None:
         if kind == "content_block_delta":

@@ -21,13 +21,13 @@ fast_decode: Callable[[bytes | bytearray | str], Any] = msgspec.json.Decoder().d
 
 MAX_FAST_DEPTH = 512
 #: a document this short cannot nest deeper than MAX_FAST_DEPTH
-_ANY_DEPTH_SIZE = 2 * MAX_FAST_DEPTH
+SHALLOW_SIZE = 2 * MAX_FAST_DEPTH
 
 
 def shallow(data: bytes | bytearray | str) -> bool:
     """True when ``data`` surely nests at most MAX_FAST_DEPTH levels (brackets inside
     strings are counted too: a bound, never an underestimate)."""
-    if len(data) <= _ANY_DEPTH_SIZE:
+    if len(data) <= SHALLOW_SIZE:
         return True
     if isinstance(data, str):
         return data.count("{") + data.count("[") <= MAX_FAST_DEPTH

@@ -20,6 +20,7 @@ in practice) and returns to normal parsing at the blank line that ends it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Protocol
 
@@ -32,11 +33,18 @@ class LargeEventSink(Protocol):
 
 
 OnEvent = Callable[[bytes, bytes], None]
+OnEvents = Callable[[list[tuple[bytes, bytes]]], None]
 OpenLarge = Callable[[bytes], LargeEventSink]
 
 _AT_START, _FIELD, _DATA_SPACE, _DATA, _EVENT, _SKIP = range(6)
 _MAX_FIELD = 64
 _MAX_NAME = 256
+#: Whole events of the two shapes upstreams send, back to back: an optional
+#: `event:` line, one `data:` line, a blank line (LF line ends, no comments, no
+#: other fields, no extra blank lines). Lines hold no LF, so each event is read
+#: exactly as the general path reads it: the value after `field:` and one space.
+_SIMPLE_EVENTS = re.compile(rb"(?:(?:event: ?[^\n]*\n)?data: ?[^\n]*\n\n)+")
+_SIMPLE_EVENT = re.compile(rb"(?:event: ?([^\n]*)\n)?data: ?([^\n]*)\n\n")
 
 
 class _Large:
@@ -59,8 +67,17 @@ def _strip1(value: bytes) -> bytes:
 class SSEParser:
     """Calls ``on_event(name, data)`` per event (``name`` b"" when absent)."""
 
-    def __init__(self, on_event: OnEvent, open_large: OpenLarge, *, limit: int) -> None:
+    def __init__(
+        self,
+        on_event: OnEvent,
+        open_large: OpenLarge,
+        *,
+        limit: int,
+        on_events: OnEvents | None = None,
+    ) -> None:
         self.on_event = on_event
+        #: Receives runs of whole simple events at once (see ``_feed_normal``).
+        self.on_events = on_events
         self.open_large = open_large
         self.limit = limit
         self._parts: list[bytes] = []
@@ -157,6 +174,13 @@ class SSEParser:
             self._size = 0
         else:
             buf = data
+        # Many whole events of the usual shapes (what a held batch of chunks is): one
+        # regex match checks them all and one findall reads their names and data.
+        if self.on_events is not None:
+            end = buf.rfind(b"\n\n") + 2
+            if 2 < end <= self.limit and _SIMPLE_EVENTS.fullmatch(buf, 0, end):
+                self.on_events(_SIMPLE_EVENT.findall(buf, 0, end))
+                buf = buf[end:]
         # Events end at a blank line: split finds them all in one C call (pending parts
         # never hold a whole "\n\n", so nothing is found twice). An empty block is the
         # no-op between blank lines; a block may start with LF (a blank line before it).

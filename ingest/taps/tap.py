@@ -177,7 +177,9 @@ class Tap:
         self._mode = mode
         handler = self.handler
         if mode == "sse":
-            self._sse = SSEParser(handler.on_event, self._open_large, limit=self.limit)
+            self._sse = SSEParser(
+                handler.on_event, self._open_large, limit=self.limit, on_events=handler.on_events
+            )
             self._frame = self._sse.feed
         elif mode == "eventstream":
             self._frames = EventStreamDecoder(handler.on_frame)
