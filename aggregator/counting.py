@@ -115,7 +115,9 @@ class _Outgoing:
     waits until every batch of that epoch and before was handed over and returns their
     deliveries, while later batches keep flowing. Per partition the pump hands batches
     over in order and aiokafka sends one at a time, so an epoch's records sit below every
-    later one in each output partition.
+    later one in each output partition. A topic may have a producer of its own
+    (``own_producer``): each partition still goes through exactly one producer, so that
+    order holds, and every producer's batches belong to the same epochs.
     """
 
     def __init__(
@@ -123,8 +125,11 @@ class _Outgoing:
         producer: AIOKafkaProducer,
         timed_topic: str | None = None,
         on_timed: Callable[[float], None] | None = None,
+        own_producer: dict[str, AIOKafkaProducer] | None = None,
     ) -> None:
         self.producer = producer
+        #: topics sent through a producer (a connection) of their own
+        self.own_producer = own_producer or {}
         #: the records of the current epoch go into batches of this number
         self.epoch = 0
         #: batches not handed over yet, oldest first
@@ -159,7 +164,8 @@ class _Outgoing:
     def _new(self, topic: str) -> _Batch:
         self._unsent[self.epoch] = self._unsent.get(self.epoch, 0) + 1
         born = time.monotonic() if topic == self.timed_topic else None
-        return _Batch(self.producer.create_batch(), self.epoch, born)
+        producer = self.own_producer.get(topic, self.producer)
+        return _Batch(producer.create_batch(), self.epoch, born)
 
     def seal(self) -> int:
         """Close the current epoch: its batches take no more records. Returns its number."""
@@ -180,13 +186,12 @@ class _Outgoing:
 
     async def _pump(self, where: tuple[str, int]) -> None:
         topic, partition = where
+        producer = self.own_producer.get(topic, self.producer)
         try:
             while batches := self.waiting.pop(where, None):
                 for batch in batches:
                     count = batch.records.record_count()
-                    delivery = await self.producer.send_batch(
-                        batch.records, topic, partition=partition
-                    )
+                    delivery = await producer.send_batch(batch.records, topic, partition=partition)
                     if batch.born is not None and self.on_timed is not None:
                         delivery.add_done_callback(_timer(self.on_timed, batch.born))
                     self._deliveries.setdefault(batch.epoch, []).append((delivery, count))
@@ -265,6 +270,7 @@ class CountingStage:
         self._lock = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._verdict_producer: AIOKafkaProducer | None = None
         self._outgoing: _Outgoing | None = None
         #: source partition -> next offset to commit (since the last checkpoint)
         self._positions: dict[int, int] = {}
@@ -290,16 +296,18 @@ class CountingStage:
     async def start(self) -> None:
         await ensure_changelogs(self.config, self.topics)
         self.metrics.watch_gc()
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.config.bootstrap,
-            acks="all",
-            linger_ms=0,
-            max_batch_size=RECORD_BATCH_BYTES,
-            max_request_size=4 * RECORD_BATCH_BYTES,
-        )
+        self._producer = self._new_producer()
         await self._producer.start()
+        # aiokafka has one produce request in flight per broker connection: verdicts get a
+        # connection of their own, so an enforcer's input never waits behind a request of
+        # changelog and priced batches (their p99 at 2k events/s halved under load)
+        self._verdict_producer = self._new_producer()
+        await self._verdict_producer.start()
         self._outgoing = _Outgoing(
-            self._producer, self.topics.budget_verdicts, self.metrics.record_verdict_send_ms
+            self._producer,
+            self.topics.budget_verdicts,
+            self.metrics.record_verdict_send_ms,
+            own_producer={self.topics.budget_verdicts: self._verdict_producer},
         )
         for topic in (
             self.topics.usage_priced,
@@ -339,8 +347,18 @@ class CountingStage:
         self.metrics.unwatch_gc()
         if self._consumer is not None:
             await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        for producer in (self._producer, self._verdict_producer):
+            if producer is not None:
+                await producer.stop()
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.config.bootstrap,
+            acks="all",
+            linger_ms=0,
+            max_batch_size=RECORD_BATCH_BYTES,
+            max_request_size=4 * RECORD_BATCH_BYTES,
+        )
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -86,6 +87,64 @@ def test_a_cut_seals_batches_and_settles_only_its_epoch(kafka_bootstrap: str, un
             assert all(v.startswith(b"before-") for v in values[:cut]), partition
             assert all(v.startswith(b"after-") for v in values[cut:]), partition
             assert len(values) == 250
+
+    asyncio.run(scenario())
+
+
+class _Watched(AIOKafkaProducer):  # type: ignore[misc]
+    """A real producer that remembers which topics it was given batches of."""
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        self.topics: set[str] = set()
+
+    async def send_batch(self, batch: Any, topic: str, **kwargs: Any) -> Any:
+        self.topics.add(topic)
+        return await super().send_batch(batch, topic, **kwargs)
+
+
+def test_a_topic_on_its_own_producer_keeps_the_epochs(kafka_bootstrap: str, unique: str) -> None:
+    """Verdicts go through a producer of their own: a cut still settles both producers'
+    batches of its epoch, and each partition keeps the epoch's records below later ones."""
+    shared_topic, own_topic = f"t{unique}-shared", f"t{unique}-own"
+
+    async def scenario() -> None:
+        await _create(kafka_bootstrap, shared_topic, own_topic)
+        shared = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=0)
+        own = _Watched(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=0)
+        await shared.start()
+        await own.start()
+        try:
+            outgoing = _Outgoing(shared, own_producer={own_topic: own})
+            for n in range(300):
+                outgoing.add(shared_topic, n % 2, None, f"before-{n}".encode())
+                outgoing.add(own_topic, n % 2, None, f"before-{n}".encode())
+            epoch = outgoing.seal()
+            for n in range(100):
+                outgoing.add(shared_topic, n % 2, None, f"after-{n}".encode())
+                outgoing.add(own_topic, n % 2, None, f"after-{n}".encode())
+            outgoing.release()
+            deliveries = await outgoing.settle(epoch)
+            assert sum(count for _, count in deliveries) == 600
+            reached: dict[tuple[str, int], int] = {}
+            for delivery, count in deliveries:
+                meta = await delivery
+                where = (meta.topic, meta.partition)
+                reached[where] = max(reached.get(where, 0), meta.offset + count)
+            assert {topic for topic, _ in reached} == {shared_topic, own_topic}
+            assert own.topics == {own_topic}  # and only its topic went through it
+            later = await outgoing.settle(epoch + 1)
+            await asyncio.gather(*[d for d, _ in later])
+        finally:
+            await shared.stop()
+            await own.stop()
+        for topic in (shared_topic, own_topic):
+            for partition in (0, 1):
+                values = await _read_all(kafka_bootstrap, topic, partition)
+                cut = reached[(topic, partition)]
+                assert cut == 150 and len(values) == 200, (topic, partition)
+                assert all(v.startswith(b"before-") for v in values[:cut]), (topic, partition)
+                assert all(v.startswith(b"after-") for v in values[cut:]), (topic, partition)
 
     asyncio.run(scenario())
 
