@@ -8,9 +8,10 @@ For each worker count (default 1 and 2; issue 8), on a fresh 4-partition usage.r
    record batches, and the workers fold them: events/s per worker at steady state
    (between 10 % and 90 % of the events), its ratio to the raw rate, verdicts sent,
    and where the workers' time went (``phase_seconds`` of /stats);
-2. latency at a fixed rate (default 2k events/s): published -> verdict seen by a
-   consumer of budget.verdicts (an enforcer's view), beside the produce -> consume
-   floor of a plain topic at the same rate; p50/p99 of each.
+2. latency at a fixed rate (default 2k events/s), after 3 s of the same load untimed:
+   published -> verdict seen by a consumer of budget.verdicts (an enforcer's view),
+   beside the produce -> consume floor of a plain topic at the same rate; p50/p99 of
+   each. ``--only latency`` measures just this (faster A/B runs).
 
 Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka for the run.
 """
@@ -216,6 +217,9 @@ async def paced(bootstrap: str, topic: str, rate: int, seconds: float, make: Any
         await producer.stop()
 
 
+WARMUP_SECONDS = 3.0
+
+
 def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int) -> dict[str, Any]:
     topics = Topics(f"benchlat{uuid.uuid4().hex[:6]}.")
     asyncio.run(ensure_topics(bootstrap, topics, 4))
@@ -250,6 +254,10 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
         return await reader
 
     try:
+        # steady state: the same load, untimed, first (the broker's JIT, the workers' caches
+        # and every counter's first verdict are behind it; with --only latency the broker
+        # has just started)
+        asyncio.run(paced(bootstrap, topics.usage_raw, rate, WARMUP_SECONDS, usage))
         verdict_lat = asyncio.run(
             measure(
                 topics.budget_verdicts,
@@ -288,6 +296,11 @@ def main() -> None:
     parser.add_argument(
         "--workers", default="1,2", help="worker counts to measure, comma-separated (issue 8)"
     )
+    parser.add_argument(
+        "--only",
+        choices=("throughput", "latency"),
+        help="measure only this part (the other is left out of the JSON)",
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -301,21 +314,21 @@ def main() -> None:
         try:
             runs = []
             for count in counts:
-                runs.append(
-                    {
-                        "workers": count,
-                        "throughput": throughput(bootstrap, args.events, home / f"t{count}", count),
-                        "latency": latency(
-                            bootstrap, args.rate, args.seconds, home / f"l{count}", count
-                        ),
-                        "load_avg_1m": round(os.getloadavg()[0], 2),
-                    }
-                )
+                run: dict[str, Any] = {"workers": count}
+                if args.only != "latency":
+                    run["throughput"] = throughput(
+                        bootstrap, args.events, home / f"t{count}", count
+                    )
+                if args.only != "throughput":
+                    run["latency"] = latency(
+                        bootstrap, args.rate, args.seconds, home / f"l{count}", count
+                    )
+                run["load_avg_1m"] = round(os.getloadavg()[0], 2)
+                runs.append(run)
             result = {
                 "bench": "pipeline",
                 # the first run (1 worker by default) also at the top, where `make bench` reads it
-                "throughput": runs[0]["throughput"],
-                "latency": runs[0]["latency"],
+                **{part: runs[0][part] for part in ("throughput", "latency") if part in runs[0]},
                 "runs": runs,
                 "cpus": os.cpu_count(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),
