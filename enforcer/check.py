@@ -326,6 +326,8 @@ _SCOPE_ATTRIBUTE: Final = {
     "user": "user_id",
 }
 _NEVER: Final = 1 << 62
+#: X-Spend-Budget headers kept per plan (cleared when full)
+SPEND_HEADER_CACHE_SIZE: Final = 1024
 #: counter states, as the hot path keeps them (indexes into per-budget metric slots)
 OK_I, ALERT_I, EXCEEDED_I, IN_FLIGHT_I, FAILED_OPEN_I, FAILED_CLOSED_I = range(6)
 STATE_NAMES: Final = ("ok", "alert", "exceeded", "in_flight", "failed_open", "failed_closed")
@@ -360,6 +362,7 @@ class Plan:
         "period_until_us",
         "scope",
         "scope_attribute",
+        "spend_headers",
         "window",
     )
 
@@ -389,6 +392,9 @@ class Plan:
             self.kind = KIND_MANY
         else:  # ids and tags: one value at most
             self.kind = KIND_ONE
+        #: X-Spend-Budget headers by (state, period end µs, whole percent used): warned
+        #: counters repeat them request after request
+        self.spend_headers: dict[tuple[int, int | None, int], tuple[str, str]] = {}
         #: per-state check counts (metrics), shared across plan rebuilds of one budget
         self.counts = counts if counts is not None else [0] * len(STATE_NAMES)
         # the current period, valid for now_us in [period_from_us, period_until_us)
@@ -592,14 +598,14 @@ class CounterStatus:
 
 
 def _used_fraction(plan: Plan, spent_nanos: int, spent_tokens: int, spent_requests: int) -> float:
+    """The largest spent / limit over the plan's limits (0.0 for none)."""
     used = 0.0
-    for spent, limit in (
-        (spent_nanos, plan.limit_nanos),
-        (spent_tokens, plan.limit_tokens),
-        (spent_requests, plan.limit_requests),
-    ):
-        if limit:
-            used = max(used, spent / limit)
+    if (limit := plan.limit_nanos) and spent_nanos / limit > used:
+        used = spent_nanos / limit
+    if (limit := plan.limit_tokens) and spent_tokens / limit > used:
+        used = spent_tokens / limit
+    if (limit := plan.limit_requests) and spent_requests / limit > used:
+        used = spent_requests / limit
     return used
 
 
@@ -696,13 +702,24 @@ class Decision:
     def warning_headers(self) -> tuple[tuple[str, str], ...]:
         """``X-Spend-Budget`` of each of :attr:`warnings`, read from the check's rows (no
         CounterStatus is built for an allowed answer)."""
-        return tuple(
-            refusals.spend_header_of(
-                r[0], STATE_NAMES[r[STATE]], r[3], _used_fraction(r[0], r[5], r[6], r[7])
-            )
-            for r in self._rows
-            if (r[STATE] == ALERT_I or r[STATE] == EXCEEDED_I) and r[4] is not None
-        )
+        headers = []
+        for r in self._rows:
+            state = r[STATE]
+            if state in (ALERT_I, EXCEEDED_I) and r[4] is not None:
+                plan = r[0]
+                used = _used_fraction(plan, r[5], r[6], r[7])
+                # the header reads the plan, the state, the period end and the whole percent
+                key = (state, r[3], int(used * 100))
+                cache = plan.spend_headers
+                header = cache.get(key)
+                if header is None:
+                    if len(cache) >= SPEND_HEADER_CACHE_SIZE:
+                        cache.clear()
+                    header = cache[key] = refusals.spend_header_of(
+                        plan, STATE_NAMES[state], r[3], used
+                    )
+                headers.append(header)
+        return tuple(headers)
 
     # --- the HTTP answer --------------------------------------------------------------
     def _answer(self) -> refusals.Response:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
-from enforcer_testkit import budget, ctx, loaded_enforcer, verdict
+from enforcer_testkit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
 
 from enforcer.refusals import header_text
 
@@ -175,3 +177,37 @@ def test_header_values_cannot_be_split() -> None:
     e, _ = loaded_enforcer([b], [verdict(b, ["acme"], spent_nanos=1)])
     [(_name, value)] = e.check(ctx()).headers
     assert "\r" not in value and "\n" not in value and value.startswith("weird%3B%20id%0D%0A;")
+
+
+def test_cached_warning_headers_follow_spend_state_and_period() -> None:
+    """X-Spend-Budget headers come from a per-plan cache: each answer equals the header
+    built afresh from its counter, as the spend, the state and the period move."""
+    from enforcer.refusals import spend_header
+
+    soft = budget("soft", "user", action="warn", limit_tokens=1000, window="day", alert_at=(0.8,))
+    e, clock = loaded_enforcer([soft], [verdict(soft, ["acme", "bob"], spent_tokens=800)])
+    key = verdict(soft, ["acme", "bob"])["counter_key"]
+    seen = []
+    for seq, (spent, at) in enumerate(
+        [
+            (800, NOW),
+            (800, NOW),
+            (815, NOW),
+            (1000, NOW),
+            (2000, NOW),
+            (900, NOW),
+            (900, NOW + timedelta(days=1)),
+        ],
+        start=2,
+    ):
+        clock.set(at)
+        refresh(e)
+        e.state.apply_verdict(
+            key, verdict(soft, ["acme", "bob"], spent_tokens=spent, seq=seq, at=at)
+        )
+        d = e.check(ctx(user_id="bob"), reserve=False)
+        fresh = tuple(spend_header(c) for c in d.counters if c.state in ("alert", "exceeded"))
+        assert d.headers == fresh
+        seen.append(d.headers)
+    assert seen[0] == seen[1] and len({h for h in seen}) == 6  # each change, a new header
+    assert "used=81%; state=alert" in seen[2][0][1] and "state=exceeded" in seen[3][0][1]
