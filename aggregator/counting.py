@@ -284,6 +284,7 @@ class CountingStage:
         self._verdict_partition: dict[bytes, int] = {}
         self._partitioner = DefaultPartitioner()
         self._task: asyncio.Task[None] | None = None
+        self._loop_probe: asyncio.Task[None] | None = None
         self.on_crash: Callable[[BaseException], Awaitable[None]] | None = None
         self._crash_task: asyncio.Future[None] | None = None
         #: a checkpoint failed: this stage never commits again (the worker is stopping)
@@ -333,12 +334,14 @@ class CountingStage:
         )
         await self._consumer.start()
         self._task = asyncio.create_task(self._run(), name="counting-stage")
+        self._loop_probe = asyncio.create_task(self.metrics.watch_loop(), name="loop-probe")
         self._task.add_done_callback(self._ended)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._loop_probe):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self._settled()
         try:
             if self._consumer is not None and self.owned and self._failed is None:

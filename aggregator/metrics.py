@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections import deque
@@ -14,6 +15,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from aggregator.process import BatchStats
+
+#: the loop probe's sleep: ~100 wake-ups a second, a few µs each
+LOOP_PROBE_SECONDS = 0.01
 
 
 @dataclass
@@ -33,6 +37,8 @@ class Metrics:
     #: the oldest generation's garbage collections (ms): they stop the loop whole
     _recent_full_gcs: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
     _gc_started: float = 0.0
+    #: how late the loop woke a timer (ms): the time anything waiting on the loop lost
+    _recent_loop_lags: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -53,6 +59,12 @@ class Metrics:
         self.cost = Counter("spendbus_aggregator_cost_nanos", "nano-dollars charged", registry=r)
         self.batch_seconds = Histogram(
             "spendbus_aggregator_batch_seconds", "time to fold one batch", registry=r
+        )
+        self.loop_lag = Histogram(
+            "spendbus_aggregator_loop_lag_seconds",
+            "how late the worker's event loop woke a timer (time the loop was held)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
         )
         self.record_age = Histogram(
             "spendbus_aggregator_record_age_seconds",
@@ -155,7 +167,19 @@ class Metrics:
             "verdict_send_ms": _percentiles(self._recent_verdict_sends),
             "full_gc_ms": _percentiles(self._recent_full_gcs),
             "full_gcs": len(self._recent_full_gcs),
+            "loop_lag_ms": _percentiles(self._recent_loop_lags),
         }
+
+    async def watch_loop(self, interval: float = LOOP_PROBE_SECONDS) -> None:
+        """Sleep ``interval`` over and over and record how late each wake-up came: a fold,
+        a store write or a collection holding the loop shows here (until cancelled)."""
+        clock = time.monotonic
+        while True:
+            asked = clock()
+            await asyncio.sleep(interval)
+            late = clock() - asked - interval
+            self.loop_lag.observe(late)
+            self._recent_loop_lags.append(late * 1000)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -285,6 +285,7 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
         "worker_checkpoint_ms": [s.get("checkpoint_ms") for s in worker_stats],
         "worker_checkpoint_stall_ms": [s.get("checkpoint_stall_ms") for s in worker_stats],
         "worker_verdict_send_ms": [s.get("verdict_send_ms") for s in worker_stats],
+        "worker_loop_lag_ms": [s.get("loop_lag_ms") for s in worker_stats],
     }
 
 
