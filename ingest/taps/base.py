@@ -34,6 +34,8 @@ CUTS: frozenset[str] = frozenset({"client_disconnected", "upstream_cut"})
 WHOLE_PARSE_LIMIT = 256 * 1024
 #: Bytes of fed chunks held before they are read together (tap.py, ``Tap.feed``).
 HOLD_LIMIT = 16 * 1024
+#: Chunks held at most (a chunk of a few bytes costs ~40 bytes of bookkeeping).
+HOLD_CHUNKS = 256
 #: Bytes of one captured JSON value (a usage object, a model name...).
 CAPTURE_LIMIT = 64 * 1024
 #: Bytes of one AWS event-stream frame (real Converse frames are < 1 KiB).
@@ -345,6 +347,7 @@ __all__ = [
     "CUTS",
     "DECODE_PIECE",
     "FRAME_LIMIT",
+    "HOLD_CHUNKS",
     "HOLD_LIMIT",
     "LARGE",
     "WHOLE_PARSE_LIMIT",

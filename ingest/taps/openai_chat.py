@@ -21,6 +21,7 @@ for ``input_tokens``); ``completion_tokens`` includes
 
 from __future__ import annotations
 
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
@@ -32,6 +33,7 @@ from .base import (
     describe_error,
     loads,
     read_shape,
+    read_shaped_run,
     shape_decoder,
     text_len,
 )
@@ -64,6 +66,16 @@ class _Chunk(msgspec.Struct):
 
 
 _read_chunk = shape_decoder(_Chunk)
+_choices = attrgetter("choices")
+_first = itemgetter(0)
+_delta_of = attrgetter("delta")
+_TEXT_FIELDS = tuple(attrgetter(name) for name in ("content", "refusal"))
+_REASONING_FIELDS = tuple(attrgetter(name) for name in ("reasoning_content", "reasoning"))
+
+
+def _chars(deltas: list[_Delta], fields: tuple[attrgetter[Any], ...]) -> int:
+    """Characters of the ``fields`` of ``deltas`` (None counts 0), in C loops."""
+    return sum(sum(map(len, filter(None, map(field, deltas)))) for field in fields)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -130,6 +142,31 @@ class OpenAIChatHandler(Handler):
             if isinstance(obj, dict):
                 self.set_model(obj.get("model"))
         self._recent.push(data)
+
+    def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
+        if not self.parse_deltas:
+            super().on_events(events)
+            return
+        # The first chunk (the model) one by one; then runs of the common chunk at once.
+        on_event = self.on_event
+        start = 0
+        while self.model is None and start < len(events):
+            on_event(*events[start])
+            start += 1
+        if start < len(events):
+            payloads = [data for _, data in events[start:]]
+            read_shaped_run(_read_chunk, payloads, self._common_chunks, self._other_chunk)
+
+    def _common_chunks(self, chunks: list[_Chunk]) -> None:
+        """What ``on_event`` does for each chunk read as ``_Chunk``, added up."""
+        deltas = list(map(_delta_of, map(_first, map(_choices, chunks))))
+        reasoning = _chars(deltas, _REASONING_FIELDS)
+        self.delta_events += len(chunks)
+        self.reasoning_chars += reasoning
+        self.text_chars += reasoning + _chars(deltas, _TEXT_FIELDS)
+
+    def _other_chunk(self, data: bytes) -> None:
+        self.on_event(b"", data)
 
     def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
         self.set_model(obj.get("model"))

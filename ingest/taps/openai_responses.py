@@ -19,11 +19,20 @@ estimated, and the request's background mode lifts the input floor).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 
-from .base import Handler, Path, describe_error, read_shape, shape_decoder, text_len
+from .base import (
+    Handler,
+    Path,
+    describe_error,
+    read_shape,
+    read_shaped_run,
+    shape_decoder,
+    text_len,
+)
 from .usage import Usage, openai_usage
 
 TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
@@ -43,6 +52,9 @@ class _TextDelta(msgspec.Struct):
 
 
 _read_text_delta = shape_decoder(_TextDelta)
+_delta_of = attrgetter("delta")
+#: The common event, read in runs (``on_events``).
+_OUTPUT_TEXT_DELTA = b"response.output_text.delta"
 
 
 def usage_from(raw: Any) -> Usage:
@@ -97,6 +109,35 @@ class OpenAIResponsesHandler(Handler):
                         self._delta(name, obj)
                     return
             self._on(name, obj)
+
+    def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
+        # Runs of output text deltas are read at once; the rest one by one, in order.
+        on_event = self.on_event
+        run: list[bytes] = []
+        for name, data in events:
+            if name == _OUTPUT_TEXT_DELTA:
+                run.append(data)
+                continue
+            if run:
+                self._text_deltas(run)
+                run = []
+            on_event(name, data)
+        if run:
+            self._text_deltas(run)
+
+    def _text_deltas(self, run: list[bytes]) -> None:
+        if not self.parse_deltas:
+            self.delta_events += len(run)
+            self.text_chars += sum(map(len, run))
+            return
+        read_shaped_run(_read_text_delta, run, self._shaped_deltas, self._other_delta)
+
+    def _shaped_deltas(self, events: list[_TextDelta]) -> None:
+        self.delta_events += len(events)
+        self.text_chars += sum(map(len, map(_delta_of, events)))
+
+    def _other_delta(self, data: bytes) -> None:
+        self.on_event(_OUTPUT_TEXT_DELTA, data)
 
     def _delta(self, name: bytes, obj: dict[str, Any]) -> None:
         chars = text_len(obj.get("delta"))

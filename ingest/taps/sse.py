@@ -41,10 +41,10 @@ _MAX_FIELD = 64
 _MAX_NAME = 256
 #: Whole events of the two shapes upstreams send, back to back: an optional
 #: `event:` line, one `data:` line, a blank line (LF line ends, no comments, no
-#: other fields, no extra blank lines). Lines hold no LF, so each event is read
+#: other fields, no extra blank lines; `.` is any byte but LF). Lines hold no LF, so each event is read
 #: exactly as the general path reads it: the value after `field:` and one space.
-_SIMPLE_EVENTS = re.compile(rb"(?:(?:event: ?[^\n]*\n)?data: ?[^\n]*\n\n)+")
-_SIMPLE_EVENT = re.compile(rb"(?:event: ?([^\n]*)\n)?data: ?([^\n]*)\n\n")
+_SIMPLE_EVENTS = re.compile(rb"(?:(?:event: ?.*\n)?data: ?.*\n\n)+")
+_SIMPLE_EVENT = re.compile(rb"(?:event: ?(.*)\n)?data: ?(.*)\n\n")
 
 
 class _Large:

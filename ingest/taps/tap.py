@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Literal
 
-from .base import CUTS, HOLD_LIMIT, WHOLE_PARSE_LIMIT, Handler, Path, clip, observed
+from .base import CUTS, HOLD_CHUNKS, HOLD_LIMIT, WHOLE_PARSE_LIMIT, Handler, Path, clip, observed
 from .decode import ContentDecoder, DecodeError
 from .estimate import EstimatorConfig, Observed, estimate_usage
 from .eventstream import EventStreamDecoder, EventStreamError
@@ -76,8 +76,10 @@ class Tap:
         self.model_hint = model_hint
         self.limit = limit
         self.raw_bytes = 0
-        #: Chunks fed but not read yet (see ``feed``), at most ``HOLD_LIMIT`` bytes.
-        self._held = bytearray()
+        #: Chunks fed but not read yet (see ``feed``): under ``HOLD_LIMIT`` bytes
+        #: and ``HOLD_CHUNKS`` chunks (so tiny chunks cost little memory each).
+        self._held: list[bytes] = []
+        self._held_bytes = 0
         self._decoded = 0
         self._direct_from: int | None = None
         self._mode: Mode = mode
@@ -117,34 +119,35 @@ class Tap:
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         """One chunk of the response body as received. Never raises.
 
-        Chunks are held (copied, so the proxy may reuse its buffer) until
-        ``HOLD_LIMIT`` bytes are in, then read together: a proxy hands over one
-        small event per chunk, and reading many at once in one hot loop costs a
-        fraction of waking the decoder, framing and handler per chunk, whose code
-        and state are cold again by then (other streams ran in between).
+        Chunks are held (a copy when not ``bytes``, so the proxy may reuse its
+        buffer) until ``HOLD_LIMIT`` bytes or ``HOLD_CHUNKS`` chunks are in, then
+        read together: a proxy hands over one small event per chunk, and reading
+        many at once in one hot loop costs a fraction of waking the decoder,
+        framing and handler per chunk, whose code and state are cold again by then
+        (other streams ran in between).
         Nothing is decided before ``finish``, which reads what is still held.
         """
         try:
             self.raw_bytes += len(chunk)
             held = self._held
-            if held or len(chunk) < HOLD_LIMIT:
-                held += chunk
-                if len(held) < HOLD_LIMIT:
-                    return
-                data = bytes(held)
-                held.clear()
-            else:  # a large chunk is read as it is
-                data = chunk if type(chunk) is bytes else bytes(chunk)
+            if type(chunk) is not bytes:  # the proxy may reuse its buffer
+                chunk = bytes(chunk)
+            held.append(chunk)
+            self._held_bytes += len(chunk)
+            if self._held_bytes < HOLD_LIMIT and len(held) < HOLD_CHUNKS:
+                return
         except Exception as exc:  # pragma: no cover - only a chunk of a wrong type
             self._fatal = self._fatal or _internal(exc)
             return
-        self._read(data)
+        self._release()
 
     def _release(self) -> None:
         """Reads what is held."""
-        if self._held:
-            data = bytes(self._held)
-            self._held.clear()
+        held = self._held
+        if held:
+            data = held[0] if len(held) == 1 else b"".join(held)
+            held.clear()
+            self._held_bytes = 0
             self._read(data)
 
     def _read(self, data: bytes) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 import pytest
@@ -23,6 +24,8 @@ import ingest.taps.bedrock
 import ingest.taps.gemini
 import ingest.taps.openai_chat
 import ingest.taps.openai_responses
+import ingest.taps.sse
+import ingest.taps.tap
 from ingest.taps import EstimatorConfig, open_tap
 from ingest.taps.base import loads, loads_stdlib
 from ingest.taps.eventstream import encode_message
@@ -205,7 +208,16 @@ def test_request_edge_cases_parse_as_json_loads_parses_them(data: bytes) -> None
 # -- provider shapes: the narrow decode and the general one give the same tap --------------
 
 
+def one_by_one(decode: Any, payloads: list[bytes], on_shaped: Any, on_other: Any) -> None:
+    for payload in payloads:
+        on_other(payload)
+
+
 def without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The general path: every chunk read as it comes (nothing held), every event framed
+    and parsed on its own, no narrow shapes."""
+    monkeypatch.setattr(ingest.taps.tap, "HOLD_LIMIT", 1)
+    monkeypatch.setattr(ingest.taps.sse, "_SIMPLE_EVENTS", re.compile(rb"(?!)"))
     for module in (
         ingest.taps.anthropic,
         ingest.taps.openai_chat,
@@ -214,6 +226,8 @@ def without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
         ingest.taps.gemini,
     ):
         monkeypatch.setattr(module, "read_shape", lambda decode, data: None)
+        if hasattr(module, "read_shaped_run"):
+            monkeypatch.setattr(module, "read_shaped_run", one_by_one)
 
 
 def run(fmt: str, chunks: list[bytes]) -> tuple[Any, ...]:
@@ -408,3 +422,82 @@ def test_split_anywhere_reads_what_one_event_per_chunk_reads(data: st.DataObject
     bounds = [0, *sorted(cuts), len(whole)]
     split = [whole[a:b] for a, b in itertools.pairwise(bounds)]
     assert run(fmt, split) == run(fmt, chunks)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_held_runs_of_events_read_what_the_general_path_reads(data: st.DataObject) -> None:
+    """Many events held and read together (runs of the common delta read by one map of the
+    shape, the others in their place, a failing run halved down to the event that failed)
+    give what reading each chunk, each event and each delta on its own gives."""
+    fmt = data.draw(st.sampled_from(sorted(DELTAS)))
+    common = DELTAS[fmt][:1]
+    deltas = data.draw(st.lists(st.sampled_from(DELTAS[fmt] + common * 6), max_size=40))
+    chunks = stream(fmt, deltas)
+    whole = b"".join(chunks)
+    cuts = data.draw(st.lists(st.integers(0, len(whole)), max_size=6))
+    bounds = [0, *sorted(cuts), len(whole)]
+    split = [whole[a:b] for a, b in itertools.pairwise(bounds)]
+    with pytest.MonkeyPatch.context() as m:
+        without_shapes(m)
+        general = run(fmt, chunks)
+    assert run(fmt, chunks) == general
+    assert run(fmt, split) == general
+
+
+@pytest.mark.parametrize("fmt", sorted(DELTAS))
+def test_one_odd_delta_inside_a_long_run_is_read_in_its_place(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    common = DELTAS[fmt][0]
+    for odd in DELTAS[fmt]:
+        for at in (0, 37, 99):
+            deltas = [common] * 100
+            deltas[at] = odd
+            chunks = stream(fmt, deltas)
+            fast = run(fmt, chunks)
+            with monkeypatch.context() as m:
+                without_shapes(m)
+                general = run(fmt, chunks)
+            assert fast == general, (odd, at)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(one_event_chunks(), max_size=12), st.data())
+def test_simple_events_read_at_once_are_the_events_read_one_by_one(
+    chunks: list[bytes], data: st.DataObject
+) -> None:
+    """The SSE parser's batch path (one regex checks a run of whole simple events, one
+    findall reads them) hands over the events the general path finds, in order."""
+    whole = b"".join(chunks)
+    cuts = data.draw(st.lists(st.integers(0, len(whole)), max_size=4))
+    bounds = [0, *sorted(cuts), len(whole)]
+    batched: list[tuple[bytes, bytes]] = []
+    parser = SSEParser(
+        lambda n, d: batched.append((n, d)),
+        lambda n: pytest.fail(),
+        limit=1 << 20,
+        on_events=batched.extend,
+    )
+    for a, b in itertools.pairwise(bounds):
+        parser.feed(whole[a:b])
+    parser.close(complete=True)
+    assert batched == sse_events([bytes([b]) for b in whole])
+
+
+def test_a_chunk_the_proxy_reuses_is_read_as_it_was_fed() -> None:
+    """Held chunks that are not bytes are copied: the proxy may overwrite its buffer."""
+    events = stream("anthropic-messages", [DELTAS["anthropic-messages"][0]] * 3)
+    want = run("anthropic-messages", events)
+    tap = open_tap(
+        "anthropic-messages", {"max_tokens": 64000}, streaming=True, estimator=EstimatorConfig()
+    )
+    buffer = bytearray(max(map(len, events)))
+    for event in events:
+        view = memoryview(buffer)[: len(event)]
+        view[:] = event
+        tap.feed(view)
+        view[:] = b"x" * len(event)
+    h = tap.handler
+    got = (tap.finish(), h.delta_events, h.text_chars, h.reasoning_chars, tuple(h.problems))
+    assert got == want
