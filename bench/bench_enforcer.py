@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import json
 import multiprocessing
@@ -75,6 +76,8 @@ TOKEN = "bench-token"
 SIDECAR_HOLD_S = 2.0
 #: how often the sidecar server sweeps expired holds (enforcer.follower.SWEEP_INTERVAL_S)
 SWEEP_S = 1.0
+#: --work handler: holds kept in flight (older ones released)
+WORK_HOLDS = 1000
 
 
 def _budget(
@@ -697,7 +700,8 @@ def work(what: str, ops: int) -> dict[str, Any]:
 
     check: check + release; context: Context.from_mapping of a JSON-decoded body;
     handler: the sidecar's /v1/check work without aiohttp (decode, context, check, the
-    answer bytes), holds kept as the sidecar bench keeps them.
+    answer bytes), the last WORK_HOLDS holds kept in flight (older ones released: steady,
+    as the sidecar bench's expiry keeps them; the collector's work is in the count).
     """
     import msgspec
 
@@ -708,6 +712,7 @@ def work(what: str, ops: int) -> dict[str, Any]:
     decode = msgspec.json.Decoder().decode
     fields = [decode(b) for b in bodies]
     m = len(contexts)
+    in_flight: collections.deque[int] = collections.deque()
     for i in range(ops):
         if what == "check":
             d = e.check(contexts[i % m])
@@ -716,7 +721,12 @@ def work(what: str, ops: int) -> dict[str, Any]:
         elif what == "context":
             Context.from_mapping(fields[i % m])
         else:
-            decision_json(e.check(Context.from_mapping(decode(bodies[i % m]))))
+            d = e.check(Context.from_mapping(decode(bodies[i % m])))
+            decision_json(d)
+            if d.hold_id is not None:
+                in_flight.append(d.hold_id)
+                if len(in_flight) > WORK_HOLDS:
+                    e.release(in_flight.popleft())
     return {"work": what, "ops": ops}
 
 
