@@ -19,16 +19,20 @@
    follower's sweep does after ``hold_timeout``): holds stay steady, about what a
    proxy whose upstream calls take that long keeps in flight; checks/s counts only
    /v1/check answers. Each round reports the server's GC collections and pauses and
-   the most holds outstanding.
+   the most holds outstanding; ``--handler-cpu`` adds the thread CPU spent inside
+   each handler per request (a timing middleware on every route), to split the
+   server's CPU per request into the handler's work and what aiohttp does around it.
 
 No Kafka: the state is fed in memory the way the follower feeds it (the
 follower's own cost is the 10k-counter restart test).
 
     .venv/bin/python bench/bench_enforcer.py [--checks 200000] [--seconds 5] [--connections 32]
-        [--only check|sidecar] [--baseline CHECKOUT --rounds 6 --seconds 1.5]
+        [--only check|sidecar] [--handler-cpu] [--baseline CHECKOUT --rounds 6 --seconds 1.5]
 
 ``--baseline``: this tree's sidecar and another checkout's, served at once on the same
-pinned core, rounds alternating: the fairest comparison this shared VM allows.
+pinned core, rounds alternating: the fairest comparison this shared VM allows. Both
+run this file's harness over their own code; for the check section, run this file
+with ``SPENDBUS_BENCH_ROOT=<checkout>`` to measure another checkout's check().
 
 3. ``--work check|context|handler --work-ops N``: N untimed operations, for instruction
    counts under ``valgrind --tool=cachegrind --cache-sim=no`` (run with 0 and N, take the
