@@ -23,6 +23,8 @@ There are no cache writes (explicit caches bill storage separately).
 from __future__ import annotations
 
 import json
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import msgspec
@@ -32,7 +34,9 @@ from .base import (
     Path,
     RecentPayloads,
     describe_error,
+    loads,
     read_shape,
+    read_shaped_run,
     shape_decoder,
     text_len,
 )
@@ -64,15 +68,25 @@ class _Candidate(msgspec.Struct):
 
 
 class _Chunk(msgspec.Struct):
-    """The common chunk: text parts and a usageMetadata (decoded whole), no error."""
+    """The common chunk: text parts and a usageMetadata, no error. The usage is kept as
+    its raw JSON (checked, not built): only the last one counts, built once."""
 
     candidates: list[_Candidate] | None = None
-    usageMetadata: Any = None
+    usageMetadata: msgspec.Raw = msgspec.Raw()
     modelVersion: Any = None
     error: None = None
 
 
 _read_chunk = shape_decoder(_Chunk)
+_candidates = attrgetter("candidates")
+_finish_reason = attrgetter("finishReason")
+_content = attrgetter("content")
+_parts_of = attrgetter("parts")
+_text = attrgetter("text")
+_thought = attrgetter("thought")
+_usage_metadata = attrgetter("usageMetadata")
+_model_version = attrgetter("modelVersion")
+_NULL = msgspec.Raw(b"null")
 
 
 def usage_from(raw: Any) -> Usage:
@@ -119,6 +133,45 @@ class GeminiHandler(Handler):
         self.text_chars += len(data)
         self._recent.push(data)
 
+    def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
+        if not self.parse_deltas:
+            super().on_events(events)
+            return
+        payloads = [data for _, data in events]
+        read_shaped_run(_read_chunk, payloads, self._shaped_chunks, self._other_chunk)
+
+    def _other_chunk(self, data: bytes) -> None:
+        self.on_event(b"", data)
+
+    def _shaped_chunks(self, chunks: list[_Chunk]) -> None:
+        """``_shaped`` of each chunk in turn, in C loops: counts add up; the model, the
+        usage and ``finishReason`` are what the last chunk that carries them says."""
+        for version in reversed(list(map(_model_version, chunks))):
+            if isinstance(version, str) and version:
+                self.set_model(version)
+                break
+        with_candidates = list(filter(None, map(_candidates, chunks)))
+        self.delta_events += len(with_candidates)
+        candidates = list(chain.from_iterable(with_candidates))
+        if any(map(_finish_reason, candidates)):
+            self._finished = True
+        contents = filter(None, map(_content, candidates))
+        parts = list(chain.from_iterable(filter(None, map(_parts_of, contents))))
+        texts = list(map(_text, parts))
+        self.text_chars += sum(map(len, filter(None, texts)))
+        thoughts = compress(texts, map(is_, map(_thought, parts), repeat(True)))
+        self.reasoning_chars += sum(map(len, filter(None, thoughts)))
+        for raw in reversed(list(map(_usage_metadata, chunks))):
+            if raw and raw != _NULL:
+                self._read_usage(raw)
+                break
+
+    def _read_usage(self, raw: msgspec.Raw) -> None:
+        usage, problem = loads(memoryview(raw).tobytes())
+        if problem is not None:  # pragma: no cover - the whole chunk was valid JSON
+            self.problem(problem)
+        self._usage = usage
+
     def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
         self.set_model(obj.get("modelVersion"))
         if obj.get("error"):
@@ -154,8 +207,8 @@ class GeminiHandler(Handler):
                         if part.thought is True:
                             self.reasoning_chars += chars
                         self.text_chars += chars
-        if chunk.usageMetadata is not None:
-            self._usage = chunk.usageMetadata
+        if chunk.usageMetadata and chunk.usageMetadata != _NULL:
+            self._read_usage(chunk.usageMetadata)
 
     def _parts(self, parts: list[Any]) -> None:
         for part in parts:

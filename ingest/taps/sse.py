@@ -39,12 +39,10 @@ OpenLarge = Callable[[bytes], LargeEventSink]
 _AT_START, _FIELD, _DATA_SPACE, _DATA, _EVENT, _SKIP = range(6)
 _MAX_FIELD = 64
 _MAX_NAME = 256
-#: Whole events of the two shapes upstreams send, back to back: an optional
-#: `event:` line, one `data:` line, a blank line (LF line ends, no comments, no
-#: other fields, no extra blank lines; `.` is any byte but LF). Lines hold no LF, so each event is read
-#: exactly as the general path reads it: the value after `field:` and one space.
-_SIMPLE_EVENTS = re.compile(rb"(?:(?:event: ?.*\n)?data: ?.*\n\n)+")
-_SIMPLE_EVENT = re.compile(rb"(?:event: ?(.*)\n)?data: ?(.*)\n\n")
+#: One whole event of the two shapes upstreams send: an optional `event: NAME` line
+#: (a non-empty name), one `data: DATA` line, a blank line; LF line ends (`.` is any
+#: byte but LF). See ``_simple_events``.
+_SIMPLE_EVENT = re.compile(rb"(?:event: (.+)\n)?data: (.*)\n\n")
 
 
 class _Large:
@@ -62,6 +60,24 @@ class _Large:
 
 def _strip1(value: bytes) -> bytes:
     return value[1:] if value[:1] == b" " else value
+
+
+def _simple_events(buf: bytes, end: int) -> list[tuple[bytes, bytes]] | None:
+    """``buf[:end]`` as ``(name, data)`` events when it is nothing but whole simple
+    events back to back (what upstreams send), else None (the general path reads it).
+
+    One findall reads them; they tile ``buf[:end]`` exactly (no byte skipped between
+    or around them) when their lengths add up to ``end``, as matches never overlap.
+    Then each event is read as the general path reads it: the value after `field: `.
+    """
+    events = _SIMPLE_EVENT.findall(buf, 0, end)
+    if not events:
+        return None
+    names, datas = zip(*events, strict=True)
+    named = len(names) - names.count(b"")
+    # `data: ` + DATA + 2 LF per event, `event: ` + NAME + LF per named event
+    size = sum(map(len, datas)) + 8 * len(datas) + sum(map(len, names)) + 8 * named
+    return events if size == end else None
 
 
 class SSEParser:
@@ -178,9 +194,11 @@ class SSEParser:
         # regex match checks them all and one findall reads their names and data.
         if self.on_events is not None:
             end = buf.rfind(b"\n\n") + 2
-            if 2 < end <= self.limit and _SIMPLE_EVENTS.fullmatch(buf, 0, end):
-                self.on_events(_SIMPLE_EVENT.findall(buf, 0, end))
-                buf = buf[end:]
+            if 2 < end <= self.limit:
+                events = _simple_events(buf, end)
+                if events is not None:
+                    self.on_events(events)
+                    buf = buf[end:]
         # Events end at a blank line: split finds them all in one C call (pending parts
         # never hold a whole "\n\n", so nothing is found twice). An empty block is the
         # no-op between blank lines; a block may start with LF (a blank line before it).

@@ -217,7 +217,7 @@ def without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The general path: every chunk read as it comes (nothing held), every event framed
     and parsed on its own, no narrow shapes."""
     monkeypatch.setattr(ingest.taps.tap, "HOLD_LIMIT", 1)
-    monkeypatch.setattr(ingest.taps.sse, "_SIMPLE_EVENTS", re.compile(rb"(?!)"))
+    monkeypatch.setattr(ingest.taps.sse, "_SIMPLE_EVENT", re.compile(rb"(?!)"))
     for module in (
         ingest.taps.anthropic,
         ingest.taps.openai_chat,
@@ -467,8 +467,8 @@ def test_one_odd_delta_inside_a_long_run_is_read_in_its_place(
 def test_simple_events_read_at_once_are_the_events_read_one_by_one(
     chunks: list[bytes], data: st.DataObject
 ) -> None:
-    """The SSE parser's batch path (one regex checks a run of whole simple events, one
-    findall reads them) hands over the events the general path finds, in order."""
+    """The SSE parser's batch path (one findall reads a run of whole simple events, taken
+    only when they tile it) hands over the events the general path finds, in order."""
     whole = b"".join(chunks)
     cuts = data.draw(st.lists(st.integers(0, len(whole)), max_size=4))
     bounds = [0, *sorted(cuts), len(whole)]
@@ -501,3 +501,33 @@ def test_a_chunk_the_proxy_reuses_is_read_as_it_was_fed() -> None:
     h = tap.handler
     got = (tap.finish(), h.delta_events, h.text_chars, h.reasoning_chars, tuple(h.problems))
     assert got == want
+
+
+@pytest.mark.parametrize(
+    "stream_bytes",
+    [
+        b"data: a\n\nid: 5\ndata: b\n\n",  # a field the batch path does not read
+        b"data: a\n\n: comment\ndata: b\n\n",
+        b"event: x\ndata: b\ndata: c\n\n",  # two data lines: joined with LF
+        b"data: a\n\nevent: x\nevent: y\ndata: b\n\n",  # the last name wins
+        b"event: \ndata: x\n\n",  # an empty name
+        b"event:x\ndata:y\n\n",  # no space after the colon
+        b"data:  two spaces\n\n",
+        b"data: a\n\n\ndata: b\n\n",  # an extra blank line
+        b"garbage\ndata: a\n\n",
+        b"data: a\n\ndata: b\n",  # the last event not ended yet
+    ],
+)
+def test_near_misses_of_the_batch_shape_read_as_the_general_path_reads(
+    stream_bytes: bytes,
+) -> None:
+    batched: list[tuple[bytes, bytes]] = []
+    parser = SSEParser(
+        lambda n, d: batched.append((n, d)),
+        lambda n: pytest.fail(),
+        limit=1 << 20,
+        on_events=batched.extend,
+    )
+    parser.feed(stream_bytes)
+    parser.close(complete=True)
+    assert batched == sse_events([bytes([b]) for b in stream_bytes])
