@@ -43,6 +43,9 @@ _MAX_NAME = 256
 #: (a non-empty name), one `data: DATA` line, a blank line; LF line ends (`.` is any
 #: byte but LF). See ``_simple_events``.
 _SIMPLE_EVENT = re.compile(rb"(?:event: (.+)\n)?data: (.*)\n\n")
+#: The same with CRLF line ends (Gemini's). `.` also matches CR, so the CRs are
+#: counted: exactly one per line end, none inside a name or data.
+_SIMPLE_EVENT_CRLF = re.compile(rb"(?:event: (.+)\r\n)?data: (.*)\r\n\r\n")
 
 
 class _Large:
@@ -80,6 +83,19 @@ def _simple_events(buf: bytes, end: int) -> list[tuple[bytes, bytes]] | None:
     return events if size == end else None
 
 
+def _simple_events_crlf(buf: bytes) -> list[tuple[bytes, bytes]] | None:
+    """:func:`_simple_events` of the whole of ``buf``, with CRLF line ends."""
+    events = _SIMPLE_EVENT_CRLF.findall(buf)
+    if not events:
+        return None
+    names, datas = zip(*events, strict=True)
+    named = len(names) - names.count(b"")
+    size = sum(map(len, datas)) + 10 * len(datas) + sum(map(len, names)) + 9 * named
+    if size != len(buf) or buf.count(b"\r") != 2 * len(datas) + named:
+        return None
+    return events
+
+
 class SSEParser:
     """Calls ``on_event(name, data)`` per event (``name`` b"" when absent)."""
 
@@ -107,6 +123,18 @@ class SSEParser:
         # or `event:` then `data:` (LF), nothing pending before it. Read here without the
         # general machinery; it gives what the general path would (test_taps_sse checks).
         if not self._parts and self._large is None and not self._cr and len(data) <= self.limit:
+            # Whole events with CRLF line ends, many at once (see _feed_normal), read
+            # before the line ends are rewritten to LF (a copy of every byte).
+            if (
+                data[-4:] == b"\r\n\r\n"
+                and self.on_events is not None
+                and data[:3] != b"\xef\xbb\xbf"  # a BOM is skipped only by the general path
+            ):
+                events = _simple_events_crlf(data)
+                if events is not None:
+                    self._first = False
+                    self.on_events(events)
+                    return
             if data[-2:] == b"\n\n" and b"\r" not in data:
                 end = len(data) - 2
                 nl = data.find(b"\n")

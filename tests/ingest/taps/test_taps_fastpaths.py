@@ -516,6 +516,15 @@ def test_a_chunk_the_proxy_reuses_is_read_as_it_was_fed() -> None:
         b"data: a\n\n\ndata: b\n\n",  # an extra blank line
         b"garbage\ndata: a\n\n",
         b"data: a\n\ndata: b\n",  # the last event not ended yet
+        b"data: a\r\n\r\ndata: b\r\n\r\n",  # CRLF (Gemini)
+        b"event: e\r\ndata: a\r\n\r\n",
+        b"data: a\rb\r\n\r\n",  # a lone CR ends a line
+        b"event: e\rx\r\ndata: a\r\n\r\n",
+        b"data: a\r\r\n\r\n",
+        b"data: a\r\n\r\n\r\n",
+        b"data: a\r\n\r\nid: 1\r\ndata: b\r\n\r\n",
+        b"\xef\xbb\xbfdata: a\r\n\r\n",
+        b"data: a\n\r\n",
     ],
 )
 def test_near_misses_of_the_batch_shape_read_as_the_general_path_reads(
@@ -530,4 +539,4 @@ def test_near_misses_of_the_batch_shape_read_as_the_general_path_reads(
     )
     parser.feed(stream_bytes)
     parser.close(complete=True)
-    assert batched == sse_events([bytes([b]) for b in stream_bytes])
+    assert batched == sse_events([stream_bytes])
