@@ -316,6 +316,12 @@ class Handler(ABC):
     def on_frame(self, headers: dict[str, Any], payload: bytes) -> None:
         """One AWS event-stream message (bedrock only)."""
 
+    def on_frames(self, frames: list[tuple[dict[str, Any], bytes]]) -> None:
+        """Several AWS event-stream messages in stream order: ``on_frame`` of each."""
+        on_frame = self.on_frame
+        for headers, payload in frames:
+            on_frame(headers, payload)
+
     def on_body(self, obj: Any, size: int) -> None:
         """A whole non-streamed body (sparse when it was larger than the limit)."""
 

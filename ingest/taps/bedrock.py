@@ -21,11 +21,20 @@ the proxy passes it as the model hint).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 
-from .base import Handler, describe_error, loads, read_shape, shape_decoder, text_len
+from .base import (
+    Handler,
+    describe_error,
+    loads,
+    read_shape,
+    read_shaped_run,
+    shape_decoder,
+    text_len,
+)
 from .eventstream import message_kind
 from .usage import InvalidUsage, Usage, tok
 
@@ -43,6 +52,9 @@ class _TextDelta(msgspec.Struct):
 
 
 _read_text_delta = shape_decoder(_TextDelta)
+_delta_text = attrgetter("delta.text")
+#: The headers of a text delta message, the common one (read in runs by on_frames).
+_DELTA_HEADERS = {":event-type": "contentBlockDelta", ":message-type": "event"}
 
 
 def usage_from(raw: Any) -> Usage:
@@ -114,6 +126,40 @@ class BedrockHandler(Handler):
                 obj, _ = loads(payload)
                 message = describe_error(obj)
             self.error(f"{name or kind}: {message}" if message else name or kind)
+
+    def on_frames(self, frames: list[tuple[dict[str, Any], bytes]]) -> None:
+        """Several messages in stream order: runs of contentBlockDelta read at once, the
+        rest one by one, as ``on_frame`` reads each."""
+        run: list[bytes] = []
+        delta_headers: Any = None
+        for headers, payload in frames:
+            if headers is delta_headers or (
+                headers.get(":event-type") == "contentBlockDelta"
+                and message_kind(headers)[0] == "event"
+            ):
+                delta_headers = headers  # the decoder shares one dict per header set
+                run.append(payload)
+                continue
+            if run:
+                self._deltas(run)
+                run = []
+            self.on_frame(headers, payload)
+        if run:
+            self._deltas(run)
+
+    def _deltas(self, run: list[bytes]) -> None:
+        if not self.parse_deltas:
+            self.delta_events += len(run)
+            self.text_chars += sum(map(len, run))
+            return
+        read_shaped_run(_read_text_delta, run, self._text_deltas, self._other_delta)
+
+    def _text_deltas(self, events: list[_TextDelta]) -> None:
+        self.delta_events += len(events)
+        self.text_chars += sum(map(len, filter(None, map(_delta_text, events))))
+
+    def _other_delta(self, payload: bytes) -> None:
+        self.on_frame(_DELTA_HEADERS, payload)
 
     def _delta(self, delta: dict[str, Any]) -> None:
         chars = text_len(delta.get("text"))

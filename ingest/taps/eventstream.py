@@ -27,6 +27,7 @@ from .base import FRAME_LIMIT
 
 HeaderValue = bool | int | bytes | str | uuid.UUID
 OnMessage = Callable[[dict[str, HeaderValue], bytes], None]
+OnMessages = Callable[[list[tuple[dict[str, HeaderValue], bytes]]], None]
 
 _PRELUDE = struct.Struct(">III")
 _U32 = struct.Struct(">I")
@@ -42,8 +43,16 @@ class EventStreamDecoder:
     The headers dict may be shared between messages: treat it as read-only.
     """
 
-    def __init__(self, on_message: OnMessage, *, max_message: int = FRAME_LIMIT) -> None:
+    def __init__(
+        self,
+        on_message: OnMessage,
+        *,
+        max_message: int = FRAME_LIMIT,
+        on_messages: OnMessages | None = None,
+    ) -> None:
         self.on_message = on_message
+        #: Receives the verified messages of one ``feed`` together, in order.
+        self.on_messages = on_messages
         self.max_message = max_message
         self.messages = 0
         self._buf = bytearray()
@@ -64,6 +73,19 @@ class EventStreamDecoder:
             buf += data
             data = bytes(buf)
             buf.clear()
+        on_messages = self.on_messages
+        if on_messages is None:
+            self._read(data, None)
+            return
+        batch: list[tuple[dict[str, HeaderValue], bytes]] = []
+        try:
+            self._read(data, batch)
+        finally:  # what was verified before a corrupt message is read, as one by one
+            if batch:
+                on_messages(batch)
+
+    def _read(self, data: bytes, batch: list[tuple[dict[str, HeaderValue], bytes]] | None) -> None:
+        buf = self._buf
         off, n = 0, len(data)
         crc32 = zlib.crc32
         headers_cache = self._headers
@@ -92,7 +114,10 @@ class EventStreamDecoder:
                     headers_cache[raw] = headers
             off = end
             self.messages += 1
-            self.on_message(headers, message[12 + headers_len : -4])
+            if batch is not None:
+                batch.append((headers, message[12 + headers_len : -4]))
+            else:
+                self.on_message(headers, message[12 + headers_len : -4])
         if off < n:
             buf += data[off:] if off else data
         if n - off < 12:

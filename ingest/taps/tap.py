@@ -185,7 +185,7 @@ class Tap:
             )
             self._frame = self._sse.feed
         elif mode == "eventstream":
-            self._frames = EventStreamDecoder(handler.on_frame)
+            self._frames = EventStreamDecoder(handler.on_frame, on_messages=handler.on_frames)
             self._frame = self._frames.feed
         else:
             self._body = JsonBody(handler.body_paths, limit=self.limit)

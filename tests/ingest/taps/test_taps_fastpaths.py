@@ -27,7 +27,7 @@ import ingest.taps.openai_responses
 import ingest.taps.sse
 import ingest.taps.tap
 from ingest.taps import EstimatorConfig, open_tap
-from ingest.taps.base import loads, loads_stdlib
+from ingest.taps.base import Handler, loads, loads_stdlib
 from ingest.taps.eventstream import encode_message
 from ingest.taps.fastjson import json_loads
 from ingest.taps.sse import SSEParser
@@ -218,6 +218,8 @@ def without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     and parsed on its own, no narrow shapes."""
     monkeypatch.setattr(ingest.taps.tap, "HOLD_LIMIT", 1)
     monkeypatch.setattr(ingest.taps.sse, "_SIMPLE_EVENT", re.compile(rb"(?!)"))
+    monkeypatch.setattr(ingest.taps.sse, "_SIMPLE_EVENT_CRLF", re.compile(rb"(?!)"))
+    monkeypatch.setattr(ingest.taps.bedrock.BedrockHandler, "on_frames", Handler.on_frames)
     for module in (
         ingest.taps.anthropic,
         ingest.taps.openai_chat,
@@ -540,3 +542,24 @@ def test_near_misses_of_the_batch_shape_read_as_the_general_path_reads(
     parser.feed(stream_bytes)
     parser.close(complete=True)
     assert batched == sse_events([stream_bytes])
+
+
+def test_messages_before_a_corrupt_one_are_read_when_read_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bedrock messages verified before a CRC mismatch are read (here: an exception after
+    the 200) whether the decoder hands them over one by one or together."""
+    error = encode_message(
+        {":message-type": "exception", ":exception-type": "throttlingException"},
+        b'{"message":"slow down"}',
+    )
+    corrupt = bytearray(frame("contentBlockDelta", DELTAS["bedrock-converse"][0]))
+    corrupt[-1] ^= 0xFF
+    chunks = [frame("contentBlockDelta", DELTAS["bedrock-converse"][0]), error, bytes(corrupt)]
+    fast = run("bedrock-converse", [b"".join(chunks)])
+    with monkeypatch.context() as m:
+        without_shapes(m)
+        general = run("bedrock-converse", chunks)
+    assert fast == general
+    assert fast[0].upstream_error == "throttlingException: slow down"
+    assert fast[0].estimate_reason == "unreadable: event-stream message CRC mismatch"
