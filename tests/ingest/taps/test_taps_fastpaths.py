@@ -527,6 +527,12 @@ def test_a_chunk_the_proxy_reuses_is_read_as_it_was_fed() -> None:
         b"data: a\r\n\r\nid: 1\r\ndata: b\r\n\r\n",
         b"\xef\xbb\xbfdata: a\r\n\r\n",
         b"data: a\n\r\n",
+        b"data: a\n\ndata:b\n\n",
+        b"data: a\n\ndata: b\nid: 1\n\n",
+        b"data: a\n\nevent: x\ndata: b\n\n",
+        b"data: a\rb\n\n",
+        b"data: a\r\n\r\ndata: b\nc\r\n\r\n",
+        b"data: \n\ndata: \n\n",
     ],
 )
 def test_near_misses_of_the_batch_shape_read_as_the_general_path_reads(
