@@ -567,7 +567,26 @@ def main() -> None:
     parser.add_argument("--relay-streams", type=int, default=20, help="concurrent, per round")
     parser.add_argument("--pace-ms", type=float, default=2.0, help="upstream pause per chunk")
     parser.add_argument("--relay-only", action="store_true", help="only the aiohttp relay measure")
+    parser.add_argument(
+        "--work",
+        choices=sorted(BUILDERS),
+        help="run --work-responses streamed responses of this format through taps, untimed "
+        "(for instruction counts that do not move with the machine's load: run under "
+        "`valgrind --tool=cachegrind --cache-sim=no` with 1 and N+1 responses, "
+        "PYTHONHASHSEED=0, and divide the difference by N x events)",
+    )
+    parser.add_argument("--work-responses", type=int, default=4)
     args = parser.parse_args()
+    if args.work:
+        request, events, _ = BUILDERS[args.work](args.tokens)
+        for _ in range(args.work_responses):
+            _tap(args.work, request, events, True, EstimatorConfig())
+        print(
+            json.dumps(
+                {"format": args.work, "responses": args.work_responses, "events": len(events)}
+            )
+        )
+        return
     relay = AiohttpRelay(BUILDERS, args.tokens, args.pace_ms / 1000)
     in_relay = asyncio.run(relay.measure(args.relay_rounds, args.relay_streams))
     relay_report = {
