@@ -42,11 +42,11 @@ _ERROR = frozenset({("error",)})
 _ANY = _START | _DELTA | _ERROR | {("type",)}
 
 
-class _Text(msgspec.Struct):
+class _Text(msgspec.Struct, gc=False):
     text: str
 
 
-class _TextDelta(msgspec.Struct):
+class _TextDelta(msgspec.Struct, gc=False):
     """``content_block_delta`` of text, the common event: only ``delta.text`` is built."""
 
     delta: _Text

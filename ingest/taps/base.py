@@ -115,7 +115,10 @@ def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
 
 
 def shape_decoder(shape: type[msgspec.Struct]) -> Callable[[bytes | str], Any]:
-    """A decoder of ``shape``, for :func:`read_shape`."""
+    """A decoder of ``shape``, for :func:`read_shape`.
+
+    Shapes are declared ``gc=False``: what they hold is decoded JSON, which can never
+    refer back to them, so the garbage collector need not track (nor count) them."""
     return msgspec.json.Decoder(shape).decode
 
 

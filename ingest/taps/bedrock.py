@@ -39,7 +39,7 @@ from .eventstream import message_kind
 from .usage import InvalidUsage, Usage, tok
 
 
-class _Text(msgspec.Struct):
+class _Text(msgspec.Struct, gc=False):
     """A text delta; tool input and reasoning take the general path."""
 
     text: str | None = None
@@ -47,7 +47,7 @@ class _Text(msgspec.Struct):
     reasoningContent: None = None  # the wire name
 
 
-class _TextDelta(msgspec.Struct):
+class _TextDelta(msgspec.Struct, gc=False):
     delta: _Text
 
 

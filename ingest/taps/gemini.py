@@ -49,7 +49,7 @@ _BODY_PATHS = frozenset(
 )
 
 
-class _Part(msgspec.Struct):
+class _Part(msgspec.Struct, gc=False):
     """A text part; function calls and code take the general path."""
 
     text: str | None = None
@@ -58,16 +58,16 @@ class _Part(msgspec.Struct):
     executableCode: None = None
 
 
-class _Content(msgspec.Struct):
+class _Content(msgspec.Struct, gc=False):
     parts: list[_Part] | None = None
 
 
-class _Candidate(msgspec.Struct):
+class _Candidate(msgspec.Struct, gc=False):
     content: _Content | None = None
     finishReason: str | None = None
 
 
-class _Chunk(msgspec.Struct):
+class _Chunk(msgspec.Struct, gc=False):
     """The common chunk: text parts and a usageMetadata, no error. The usage is kept as
     its raw JSON (checked, not built): only the last one counts, built once."""
 

@@ -42,7 +42,7 @@ from .usage import Usage, openai_usage
 _PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",)})
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     """The text fields ``_delta`` counts; tool calls and audio take the general path."""
 
     content: str | None = None
@@ -53,11 +53,11 @@ class _Delta(msgspec.Struct):
     audio: None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     delta: _Delta
 
 
-class _Chunk(msgspec.Struct):
+class _Chunk(msgspec.Struct, gc=False):
     """The common chunk: one choice with a delta, no usage, no error."""
 
     choices: tuple[_Choice]

@@ -45,7 +45,7 @@ _RESPONSE_PATHS = frozenset(
 _ERROR_PATHS = frozenset({("code",), ("message",), ("error",), ("type",)})
 
 
-class _TextDelta(msgspec.Struct):
+class _TextDelta(msgspec.Struct, gc=False):
     """A ``*.delta`` event whose ``delta`` is text: only that field is built."""
 
     delta: str
