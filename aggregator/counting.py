@@ -74,9 +74,6 @@ log = logging.getLogger(__name__)
 RECORD_BATCH_BYTES = 512 * 1024
 #: filled batches the loop may run ahead of the producer before it waits for it
 MAX_BACKLOG = 256
-#: most records folded before the loop lets the producers and the fetcher run: a large
-#: batch's first verdicts leave while the rest of it folds, not after all of it
-FOLD_SLICE = 256
 #: how often a loop without records looks whether an overdue checkpoint may be cut
 CHECKPOINT_POLL_SECONDS = 0.01
 
@@ -451,15 +448,8 @@ class CountingStage:
                 timeout_ms=max(0, math.ceil(timeout * 1000)), max_records=self.config.batch_size
             )
             async with self._lock:
-                records = [
-                    m for tp, messages in batches.items() if tp.partition in self.owned
-                    for m in messages
-                ]  # fmt: skip
-                for start in range(0, len(records), FOLD_SLICE):
-                    if start:
-                        # the producers send what the slice before made while this one folds
-                        await asyncio.sleep(0)
-                    self._fold(records[start : start + FOLD_SLICE])
+                if batches:
+                    self._fold(batches)
                     if self._outgoing is not None and self._outgoing.backlog() > MAX_BACKLOG:
                         await self._outgoing.hand_over()  # the broker is slower than the fold
                 now = time.monotonic()
@@ -477,8 +467,13 @@ class CountingStage:
                     if due:
                         self._send_verdicts(due)
 
-    def _fold(self, records: list[Any]) -> None:
+    def _fold(self, batches: dict[TopicPartition, list[Any]]) -> None:
         started = time.perf_counter()
+        records = [
+            m for tp, messages in batches.items() if tp.partition in self.owned for m in messages
+        ]
+        if not records:
+            return
         # queueing before the fold: the oldest record's Kafka timestamp (ms) against now
         self.metrics.record_age_ms(time.time() * 1000 - min(m.timestamp for m in records))
         out = self.processor.process(records, self.store.counter, self.store.seen)
