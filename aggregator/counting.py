@@ -15,7 +15,9 @@ invariant 1; Faust's exactly_once mode is avoided on purpose). A checkpoint, eve
 ``commit_seconds`` and before partitions are given up, runs in this order:
 
   1. send every verdict the coalescer still holds (a committed record never has its
-     verdict waiting in memory), then **cut**: the open record batches are sealed
+     verdict waiting in memory), write each counter changed since the last cut to its
+     changelog (its state now: once per checkpoint however often it changed, or
+     earlier once ``MAX_CHANGED_COUNTERS`` wait), then **cut**: the open record batches are sealed
      (``_Outgoing.seal``: later records go into batches of the next epoch), the
      store's pending entries are sealed (``CountingStore.seal``) and the source
      offsets past the last folded record of each partition are taken;
@@ -30,7 +32,7 @@ invariant 1; Faust's exactly_once mode is avoided on purpose). A checkpoint, eve
      a partition), so a restart reads only the changelogs' tail. Never before step 3:
      the local store is a prefix of the changelogs, never ahead of them.
 
-Step 1 runs in the loop and costs well under a millisecond; steps 2-5 wait for the
+Step 1 runs in the loop (a few ms: the changed counters' encoding); steps 2-5 wait for the
 broker, so they run as a task beside the fold of the next batches (at most one
 checkpoint in flight; the next cut waits for it). Sealing is what keeps that exact:
 an epoch's batches hold only records folded before the cut and, per output
@@ -74,6 +76,9 @@ log = logging.getLogger(__name__)
 RECORD_BATCH_BYTES = 512 * 1024
 #: filled batches the loop may run ahead of the producer before it waits for it
 MAX_BACKLOG = 256
+#: changed counters held unwritten before a fold writes them (else the checkpoint's cut
+#: does): bounds the work a cut does in the loop
+MAX_CHANGED_COUNTERS = 20_000
 #: how often a loop without records looks whether an overdue checkpoint may be cut
 CHECKPOINT_POLL_SECONDS = 0.01
 
@@ -481,10 +486,11 @@ class CountingStage:
         outgoing = self._outgoing
         assert outgoing is not None
         add = outgoing.add
-        put_counter = self.store.put_counter
-        counters_topic = self.config.counter_changelog
+        touch = self.store.touch_counter
         for (partition, key), state in out.counter_states.items():
-            add(counters_topic, partition, key.encode(), put_counter(partition, key, state))
+            touch(partition, key, state)
+        if self.store.changed_counters >= MAX_CHANGED_COUNTERS:
+            self._write_changed_counters()
         put_seen = self.store.put_seen
         seen_topic = self.config.seen_changelog
         for (partition, event_id), position in out.seen_writes.items():
@@ -523,6 +529,14 @@ class CountingStage:
         )
         if out.unpriced_models:
             self.metrics.unpriced_models.update(out.unpriced_models)
+
+    def _write_changed_counters(self) -> None:
+        """Each counter changed since the last write: its state now, to its changelog."""
+        assert self._outgoing is not None
+        add = self._outgoing.add
+        topic = self.config.counter_changelog
+        for partition, key, value in self.store.write_changed():
+            add(topic, partition, key.encode(), value)
 
     def _add_verdicts(self, verdicts: list[tuple[str, Any]]) -> None:
         if not verdicts:
@@ -576,8 +590,10 @@ class CountingStage:
     def _cut(self) -> _Cut:
         """Step 1, and the cut: what was folded so far is this checkpoint, later records
         are the next one's (new record batches, new pending store entries)."""
-        # 1. held verdicts go out now (into this checkpoint's batches)
+        # 1. held verdicts go out now (into this checkpoint's batches), and the changed
+        # counters' states to their changelog
         self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
+        self._write_changed_counters()
         assert self._outgoing is not None
         cut = _Cut(
             epoch=self._outgoing.seal(),

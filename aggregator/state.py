@@ -183,6 +183,8 @@ class PartitionState:
     counters: dict[str, CounterState] = field(default_factory=dict)
     #: counters changed since the last persist: key -> the changelog value
     pending_counters: dict[str, bytes] = field(default_factory=dict)
+    #: counters changed since the last ``write_changed``: key -> the live state (not encoded)
+    changed: dict[str, CounterState] = field(default_factory=dict)
     #: event ids first seen since the last seal: id -> position
     pending_seen: dict[str, str] = field(default_factory=dict)
     #: entries sealed by a checkpoint, until it persists them (still read by ``seen``)
@@ -209,6 +211,8 @@ class CountingStore:
         self.partitions: dict[int, PartitionState] = {}
         #: event ids held in memory over all partitions (pending or sealed: not persisted yet)
         self.pending_seen = 0
+        #: counters touched and not written since (``touch_counter`` / ``write_changed``)
+        self.changed_counters = 0
         #: what the last ``recover`` did (for /stats and tests)
         self.last_recovery: RecoveryStats | None = None
 
@@ -218,6 +222,28 @@ class CountingStore:
 
     def seen(self, partition: int, event_id: str) -> str | None:
         return self.partitions[partition].seen(event_id)
+
+    def touch_counter(self, partition: int, key: str, state: CounterState) -> None:
+        """Keep ``state`` (the live object); its changelog value is made by the next
+        ``write_changed``, once however often it changed meanwhile."""
+        store = self.partitions[partition]
+        store.counters[key] = state
+        changed = store.changed
+        if key not in changed:
+            changed[key] = state
+            self.changed_counters += 1
+
+    def write_changed(self) -> list[tuple[int, str, bytes]]:
+        """Every counter touched since the last call: encoded as it is now, put (pending
+        for the next checkpoint), and returned as (partition, key, changelog value)."""
+        written: list[tuple[int, str, bytes]] = []
+        for partition, store in self.partitions.items():
+            if store.changed:
+                put = self.put_counter
+                written += [(partition, k, put(partition, k, v)) for k, v in store.changed.items()]
+                store.changed = {}
+        self.changed_counters = 0
+        return written
 
     def put_counter(self, partition: int, key: str, state: CounterState) -> bytes:
         """Keep ``state`` and return its changelog value (persisted at the next checkpoint)."""
@@ -322,6 +348,7 @@ class CountingStore:
             store = self.partitions.pop(partition, None)
             if store is not None:
                 self.pending_seen -= len(store.pending_seen) + len(store.sealed.seen)
+                self.changed_counters -= len(store.changed)
 
     def event_ids(self, partition: int) -> Iterator[tuple[str, str]]:
         """Every event id of a partition with its position (persisted and pending)."""

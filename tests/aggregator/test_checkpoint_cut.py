@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from aggregator.counting import _Outgoing
 from aggregator.fold import CounterState, PeriodTotals
-from aggregator.state import CountingStore
+from aggregator.state import CountingStore, encode_counter
 
 pytestmark = pytest.mark.integration
 
@@ -175,6 +175,39 @@ def test_sealed_entries_persist_while_later_ones_stay_pending(
         assert part.db is not None
         assert part.db[b"ck"] == b'{"p":"t","s":1,"f":{"0":1},"t":{"t":[1,0,0,0,[],{}]}}'
         assert part.db.get(b"sev-2") is None  # not acknowledged yet: not in the store
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_counter_touched_often_is_written_once_as_it_is_at_the_write(
+    kafka_bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    """Between two cuts the fold only touches counters (the live state objects); the cut
+    writes each changed counter once, encoded as it is then, and puts it for persisting."""
+    counters_topic, seen_topic = f"t{unique}-counters", f"t{unique}-seen"
+
+    async def scenario() -> None:
+        await _create(kafka_bootstrap, counters_topic, seen_topic)
+        store = CountingStore(tmp_path, counters_topic, seen_topic)
+        await store.recover(kafka_bootstrap, {0, 1})
+        live = _state(1)
+        for nanos in range(1, 50):  # one counter, changed in place by 49 folds
+            live.periods["t"].nanos = nanos
+            store.touch_counter(0, "hot", live)
+        store.touch_counter(1, "cold", _state(7))
+        assert store.changed_counters == 2
+        assert store.counter(0, "hot") is live  # the fold reads the live state meanwhile
+        assert store.partitions[0].pending_counters == {}  # nothing encoded before the write
+        written = store.write_changed()
+        assert sorted((p, k) for p, k, _ in written) == [(0, "hot"), (1, "cold")]
+        hot = next(v for p, k, v in written if k == "hot")
+        assert hot == encode_counter(live) and b'"t":[49,' in hot  # the state at the write
+        assert store.partitions[0].pending_counters == {"hot": hot}  # persisted at the cut
+        assert store.changed_counters == 0 and store.write_changed() == []
+        store.touch_counter(1, "cold", _state(8))
+        store.drop({1})  # given up: its unwritten change is not counted any more
+        assert store.changed_counters == 0
         store.close()
 
     asyncio.run(scenario())
