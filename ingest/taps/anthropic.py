@@ -29,7 +29,6 @@ from .base import (
     describe_error,
     loads,
     read_shape,
-    read_shaped_run,
     shape_decoder,
     text_len,
 )
@@ -137,11 +136,7 @@ class AnthropicHandler(Handler):
             self._deltas(run)
 
     def _deltas(self, run: list[bytes]) -> None:
-        if not self.parse_deltas:
-            self.delta_events += len(run)
-            self.text_chars += sum(map(len, run))
-            return
-        read_shaped_run(_read_text_delta, run, self._text_deltas, self._other_delta)
+        self.read_delta_run(run, _read_text_delta, self._text_deltas, self._other_delta)
 
     def _text_deltas(self, events: list[_TextDelta]) -> None:
         self.delta_events += len(events)

@@ -285,6 +285,22 @@ class Handler(ABC):
             self.problem(problem)
         return value
 
+    def read_delta_run(
+        self,
+        run: list[bytes],
+        decoder: Any,
+        shaped: Callable[[list[Any]], None],
+        other: Callable[[bytes], None],
+    ) -> None:
+        """A run of the format's common delta event: read by one map of its shape
+        (``read_shaped_run``: ``shaped`` gets the fitting ones, ``other`` the rest, in
+        order), or only counted by its bytes when deltas are not parsed."""
+        if not self.parse_deltas:
+            self.delta_events += len(run)
+            self.text_chars += sum(map(len, run))
+            return
+        read_shaped_run(decoder, run, shaped, other)
+
     def map_usage(self, raw: Any) -> Usage | None:
         """``self.usage_from(raw)``, recording invalid usage as a problem."""
         try:

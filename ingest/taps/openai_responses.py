@@ -29,7 +29,6 @@ from .base import (
     Path,
     describe_error,
     read_shape,
-    read_shaped_run,
     shape_decoder,
     text_len,
 )
@@ -126,11 +125,7 @@ class OpenAIResponsesHandler(Handler):
             self._text_deltas(run)
 
     def _text_deltas(self, run: list[bytes]) -> None:
-        if not self.parse_deltas:
-            self.delta_events += len(run)
-            self.text_chars += sum(map(len, run))
-            return
-        read_shaped_run(_read_text_delta, run, self._shaped_deltas, self._other_delta)
+        self.read_delta_run(run, _read_text_delta, self._shaped_deltas, self._other_delta)
 
     def _shaped_deltas(self, events: list[_TextDelta]) -> None:
         self.delta_events += len(events)
