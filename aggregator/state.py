@@ -230,8 +230,8 @@ class CountingStore:
         store.counters[key] = state
         changed = store.changed
         if key not in changed:
-            changed[key] = state
             self.changed_counters += 1
+        changed[key] = state  # the object the fold holds now, should it ever be replaced
 
     def write_changed(self) -> list[tuple[int, str, bytes]]:
         """Every counter touched since the last call: encoded as it is now, put (pending
