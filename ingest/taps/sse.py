@@ -39,6 +39,8 @@ OpenLarge = Callable[[bytes], LargeEventSink]
 
 _AT_START, _FIELD, _DATA_SPACE, _DATA, _EVENT, _SKIP = range(6)
 _MAX_FIELD = 64
+#: UTF-8's byte-order mark: skipped once at the start of a stream (the SSE spec)
+_BOM = b"\xef\xbb\xbf"
 _MAX_NAME = 256
 #: One whole event of the two shapes upstreams send: an optional `event: NAME` line
 #: (a non-empty name), one `data: DATA` line, a blank line; LF line ends (`.` is any
@@ -133,19 +135,24 @@ class SSEParser:
         self._size = 0
         self._cr = False
         self._first = True
+        #: the first bytes of the stream while they may still be a split BOM
+        self._bom_part = b""
         self._large: _Large | None = None
 
     def feed(self, data: bytes) -> None:
         # The chunk upstreams flush: exactly one whole event, `data:` (LF or CRLF line ends)
         # or `event:` then `data:` (LF), nothing pending before it. Read here without the
         # general machinery; it gives what the general path would (test_taps_sse checks).
-        if not self._parts and self._large is None and not self._cr and len(data) <= self.limit:
+        if self._bom_part:  # the stream began with a piece of a BOM: the rest comes first
+            data = self._bom_part + data
+            self._bom_part = b""
+        elif not self._parts and self._large is None and not self._cr and len(data) <= self.limit:
             # Whole events with CRLF line ends, many at once (see _feed_normal), read
             # before the line ends are rewritten to LF (a copy of every byte).
             if (
                 data[-4:] == b"\r\n\r\n"
                 and self.on_events is not None
-                and data[:3] != b"\xef\xbb\xbf"  # a BOM is skipped only by the general path
+                and data[:3] != _BOM  # a BOM is skipped only by the general path
             ):
                 events = _simple_events_crlf(data)
                 if events is not None:
@@ -187,7 +194,10 @@ class SSEParser:
                 data = data[:-1]
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self._first and data:
-            if data.startswith(b"\xef\xbb\xbf"):
+            if len(data) < 3 and _BOM.startswith(data):  # a BOM split across chunks
+                self._bom_part = data
+                return
+            if data.startswith(_BOM):
                 data = data[3:]
             self._first = False
         while data:
@@ -196,6 +206,10 @@ class SSEParser:
     def close(self, *, complete: bool) -> None:
         """End of the stream. ``complete`` (a normal end) dispatches an event
         that lacks its final blank line; after a cut it is dropped."""
+        if self._bom_part:  # the stream held nothing but those bytes
+            part, self._bom_part = self._bom_part, b""
+            self._first = False
+            self.feed(part)
         if self._cr:
             self._cr = False
             self.feed(b"\n")

@@ -118,6 +118,25 @@ def test_the_shapes_the_fast_path_takes() -> None:
     assert sse_events([b"data: x\n\n", b"\xef\xbb\xbfdata: y\n\n"]) == [(b"", b"x")]
 
 
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"\xef", b"\xbb\xbfdata: x\n\n"],
+        [b"\xef\xbb", b"\xbfdata: x\n\n"],
+        [b"\xef", b"\xbb", b"\xbf", b"data: x\n\n"],
+        [b"\xef\xbb", b"\xbfdata: x\r\n\r\n"],
+    ],
+)
+def test_a_bom_split_across_chunks_is_skipped_as_a_whole_one_is(chunks: list[bytes]) -> None:
+    assert sse_events(chunks) == [(b"", b"x")]
+
+
+def test_bytes_that_only_began_like_a_bom_are_kept() -> None:
+    # not a BOM after all: the bytes are the start of the stream's first line, as unsplit
+    assert sse_events([b"\xef", b"data: x\n\n"]) == sse_events([b"\xefdata: x\n\n"])
+    assert sse_events([b"\xef\xbb", b"\n\ndata: y\n\n"]) == [(b"", b"y")]
+
+
 # -- loads: msgspec first, json's verdict on anything else --------------------------------
 
 
