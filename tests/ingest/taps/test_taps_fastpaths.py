@@ -44,6 +44,16 @@ def sse_events(chunks: list[bytes], *, limit: int = 1 << 20) -> list[tuple[bytes
     return events
 
 
+def batching_parser(out: list[tuple[bytes, bytes]]) -> SSEParser:
+    """A parser whose events, one by one or in batches, all land in ``out`` in order."""
+    return SSEParser(
+        lambda n, d: out.append((n, d)),
+        lambda n: pytest.fail(),
+        limit=1 << 20,
+        on_events=out.extend,
+    )
+
+
 FIELD_TEXT = st.binary(max_size=12).filter(lambda b: b"\n" not in b and b"\r" not in b)
 LINE_END = st.sampled_from([b"\n", b"\r\n", b"\r"])
 
@@ -494,12 +504,7 @@ def test_simple_events_read_at_once_are_the_events_read_one_by_one(
     cuts = data.draw(st.lists(st.integers(0, len(whole)), max_size=4))
     bounds = [0, *sorted(cuts), len(whole)]
     batched: list[tuple[bytes, bytes]] = []
-    parser = SSEParser(
-        lambda n, d: batched.append((n, d)),
-        lambda n: pytest.fail(),
-        limit=1 << 20,
-        on_events=batched.extend,
-    )
+    parser = batching_parser(batched)
     for a, b in itertools.pairwise(bounds):
         parser.feed(whole[a:b])
     parser.close(complete=True)
@@ -558,12 +563,7 @@ def test_near_misses_of_the_batch_shape_read_as_the_general_path_reads(
     stream_bytes: bytes,
 ) -> None:
     batched: list[tuple[bytes, bytes]] = []
-    parser = SSEParser(
-        lambda n, d: batched.append((n, d)),
-        lambda n: pytest.fail(),
-        limit=1 << 20,
-        on_events=batched.extend,
-    )
+    parser = batching_parser(batched)
     parser.feed(stream_bytes)
     parser.close(complete=True)
     assert batched == sse_events([stream_bytes])
