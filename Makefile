@@ -4,18 +4,32 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-faults check bench broker clean
+.PHONY: install native demo test test-faults check bench broker clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,dev]'
+	SPENDBUS_PURE=1 $(BIN)/pip install -q -e '.[test,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# The hot modules compiled with mypyc (pyproject.toml [tool.spendbus] compiled): rebuilt
+# in place whenever one of their sources changes, so an extension never runs stale code
+# (touched after the build: an unchanged one is copied with its old time).
+COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled']))")
+NATIVE_STAMP := $(VENV)/.native-stamp
+
+$(NATIVE_STAMP): $(STAMP) $(COMPILED) setup.py
+	@if [ "$$SPENDBUS_PURE" != 1 ]; then \
+		$(BIN)/python setup.py -q build_ext --inplace && \
+		for m in $(COMPILED:.py=); do touch $$m.cpython-*.so; done; fi
+	touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP)
+
 # The Kafka broker's jars, fetched once from Maven Central into the cache.
-broker: install
+broker: native
 	$(BIN)/python -c "from spendbus.stack.kafka import ensure_broker_jars; print(ensure_broker_jars())"
 
 demo: broker
@@ -45,3 +59,4 @@ bench: broker
 
 clean:
 	rm -rf .spendbus build *.egg-info
+	find . -path ./.venv -prune -o -name '*.cpython-*.so' -print -delete

@@ -11,7 +11,9 @@ Each test gets fresh topics (a unique prefix) and consumer group ids.
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import os
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,35 @@ import pytest
 
 from schemas.topics import Topics
 from spendbus.stack.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compiled_sources() -> list[Path]:
+    """The hot modules setup.py compiles with mypyc (pyproject.toml [tool.spendbus])."""
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        return [ROOT / p for p in tomllib.load(handle)["tool"]["spendbus"]["compiled"]]
+
+
+def stale_extensions() -> list[str]:
+    """Extensions older than the source they were built from: CPython imports the
+    extension first, so the tests would run the old code."""
+    stale = []
+    for source in compiled_sources():
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            built = source.with_suffix(suffix)
+            if built.exists() and built.stat().st_mtime < source.stat().st_mtime:
+                stale.append(str(built.relative_to(ROOT)))
+    return stale
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if stale := stale_extensions():
+        pytest.exit(
+            f"compiled modules older than their sources: {', '.join(stale)}; "
+            "run `make native` (or delete them to run the sources interpreted)",
+            returncode=2,
+        )
 
 
 def _docker_answers() -> bool:
