@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The hot modules compiled with mypyc (pyproject.toml [tool.spendbus] compiled): rebuilt
+# The hot modules compiled with mypyc (pyproject.toml [tool.spendbus.compiled]): rebuilt
 # in place whenever one of their sources changes, so an extension never runs stale code
 # (touched after the build: an unchanged one is copied with its old time).
-COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled']))")
+COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(sum(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled'].values(), [])))")
 NATIVE_STAMP := $(VENV)/.native-stamp
 
 $(NATIVE_STAMP): $(STAMP) $(COMPILED) setup.py

@@ -1,9 +1,10 @@
-"""Builds the hot modules listed in pyproject.toml's [tool.spendbus] compiled with mypyc.
+"""Builds the hot modules listed in pyproject.toml's [tool.spendbus.compiled] with mypyc.
 
 They stay plain, typed Python: mypyc (mypy's compiler, the one black and mypy ship
 with) turns each into a C extension that CPython imports before the .py beside it.
-Set SPENDBUS_PURE=1 to skip the build and run every module interpreted (slower,
-same behaviour); the test suite runs either way.
+One group per room, so a room's modules call each other as C functions.
+SPENDBUS_PURE=1 skips the build: every module then runs interpreted (slower, same
+behaviour). SPENDBUS_NATIVE_GROUPS=enforcer,taps builds only those groups.
 """
 
 from __future__ import annotations
@@ -11,24 +12,30 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 
 
-def compiled_modules() -> list[str]:
+def compiled_groups() -> dict[str, list[str]]:
     with open(ROOT / "pyproject.toml", "rb") as handle:
-        return list(tomllib.load(handle)["tool"]["spendbus"]["compiled"])
+        return dict(tomllib.load(handle)["tool"]["spendbus"]["compiled"])
 
 
-def extensions() -> list:
+def extensions() -> list[Any]:
     if os.environ.get("SPENDBUS_PURE") == "1":
         return []
     from mypyc.build import mypycify
 
-    # One group, so calls between the compiled modules stay native C calls.
-    return mypycify(compiled_modules(), opt_level="3", group_name="spendbus_native")
+    groups = compiled_groups()
+    if only := os.environ.get("SPENDBUS_NATIVE_GROUPS"):
+        groups = {name: groups[name] for name in only.split(",")}
+    built: list[Any] = []
+    for name, paths in groups.items():
+        built += mypycify(paths, opt_level="3", group_name=f"spendbus_{name}_native")
+    return built
 
 
 setup(ext_modules=extensions())

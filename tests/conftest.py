@@ -29,9 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def compiled_sources() -> list[Path]:
-    """The hot modules setup.py compiles with mypyc (pyproject.toml [tool.spendbus])."""
+    """The hot modules setup.py compiles with mypyc (pyproject.toml [tool.spendbus.compiled])."""
     with open(ROOT / "pyproject.toml", "rb") as handle:
-        return [ROOT / p for p in tomllib.load(handle)["tool"]["spendbus"]["compiled"]]
+        groups = tomllib.load(handle)["tool"]["spendbus"]["compiled"]
+    return [ROOT / path for paths in groups.values() for path in paths]
 
 
 def stale_extensions() -> list[str]:
