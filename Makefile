@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade pip 'setuptools>=77'  # setup.py's build_ext reads pyproject's metadata
 	SPENDBUS_PURE=1 $(BIN)/pip install -q -e '.[test,dev]'
 	touch $(STAMP)
 
