@@ -3,8 +3,12 @@
 ``schemas.codec.USAGE_EVENT.decode`` is the contract's reader (fastavro); it was a
 third of a worker's time. For a message written with the current schema this
 module reads the body with the reader generated from the schema
-(``schemas.codec.compile_record_reader``), timestamps as integer microseconds (the
+(``schemas.codec.record_reader_source``), timestamps as integer microseconds (the
 fold's unit), and builds ``occurred_at`` itself (the same aware UTC datetime).
+The generated reader is kept as a module, ``aggregator/usage_reader.py``, so mypyc
+compiles it with the rest of the fold (a test holds it equal to what the schema
+generates; ``python -m aggregator.decode`` writes it anew). Should it not match the
+schema the codec ships (an edited .avsc), the reader is generated at import instead.
 Anything else (an older writer schema, a bad header, a body the generated reader
 does not plainly take, trailing bytes, an out-of-range time) goes through the
 codec, so errors keep their reasons and messages; tests hold the two readers equal.
@@ -13,20 +17,54 @@ codec, so errors keep their reasons and messages; tests hold the two readers equ
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Final
 
-from schemas.codec import HEADER_LEN, USAGE_EVENT, BodyReader, compile_record_reader
+from aggregator import usage_reader
+from schemas.codec import (
+    HEADER_LEN,
+    USAGE_EVENT,
+    BodyReader,
+    compile_record_reader,
+    record_reader_source,
+)
 from schemas.periods import EPOCH, to_micros
+
+#: where the generated reader module lives, beside this file
+READER_MODULE: Final = Path(__file__).with_name("usage_reader.py")
+
+
+def usage_reader_source() -> str:
+    """The text of ``aggregator/usage_reader.py`` for the UsageEvent schema shipped now."""
+    source = record_reader_source(
+        USAGE_EVENT.schema,
+        raw_timestamps=True,
+        docstring=(
+            "The UsageEvent body reader, generated from the schema by "
+            "``python -m aggregator.decode``: do not edit.\n\n"
+            "Timestamps are integer microseconds. Compiled with mypyc (pyproject.toml)."
+        ),
+    )
+    if source is None:  # the schema gained a type the generator does not read
+        raise ImportError("the UsageEvent schema has no generated reader: decode through the codec")
+    return f"{source}\n\n#: the writer schema this reader reads (its message header)\nHEADER: Final = {USAGE_EVENT.header!r}\n"
+
+
+def _current_reader() -> BodyReader:
+    if USAGE_EVENT.header == usage_reader.HEADER:
+        return usage_reader.read
+    reader = compile_record_reader(USAGE_EVENT.schema, raw_timestamps=True)
+    if reader is None:
+        raise ImportError("the UsageEvent schema has no generated reader: decode through the codec")
+    return reader
+
 
 _TIMESTAMP_FIELDS: Final = tuple(
     f["name"]
     for f in USAGE_EVENT.schema["fields"]
     if isinstance(f["type"], dict) and f["type"].get("logicalType") == "timestamp-micros"
 )
-_reader = compile_record_reader(USAGE_EVENT.schema, raw_timestamps=True)
-if _reader is None:  # the schema gained a type the generator does not read
-    raise ImportError("the UsageEvent schema has no generated reader: decode through the codec")
-_READ: Final[BodyReader] = _reader
+_READ: Final[BodyReader] = _current_reader()
 _HEADER: Final = USAGE_EVENT.header
 
 
@@ -51,3 +89,8 @@ def read_usage_event(data: bytes | None) -> tuple[dict[str, Any], int]:
         record = USAGE_EVENT.decode(data)
         return record, to_micros(record["occurred_at"])
     return record, occurred_us
+
+
+if __name__ == "__main__":
+    READER_MODULE.write_text(usage_reader_source())
+    print(f"wrote {READER_MODULE}")

@@ -79,17 +79,19 @@ def billed_tokens(event: Record) -> int:
 
 def new_usage_event(
     *,
-    provider: str,
-    api: str,
-    model: str,
-    secret_id: str,
-    org_id: str,
-    gateway_id: str,
-    input_tokens: int,
-    output_tokens: int,
-    status_code: int = 200,
-    occurred_at: datetime | None = None,
-    event_id: str | None = None,
+    # Any: validated below (validate_usage_event); compiled (mypyc), a declared type would
+    # be enforced first, with a TypeError naming no field (and True would pass as an int)
+    provider: Any,
+    api: Any,
+    model: Any,
+    secret_id: Any,
+    org_id: Any,
+    gateway_id: Any,
+    input_tokens: Any,
+    output_tokens: Any,
+    status_code: Any = 200,
+    occurred_at: Any = None,
+    event_id: Any = None,
     **optional: Any,
 ) -> Record:
     """A complete, validated UsageEvent record; ``optional`` takes any other schema field."""

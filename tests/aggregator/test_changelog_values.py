@@ -50,9 +50,11 @@ def test_the_direct_writer_equals_json_dumps(state: CounterState) -> None:
 
 def test_values_json_writes_differently_go_through_json_dumps() -> None:
     odd = CounterState(
-        period='m:"quoted"\\',
-        seq=True,  # a bool: json writes true, an f-string would write True
-        periods={"t": PeriodTotals(1, 2, 3, 4, [], {False: [1, 2, 3]})},
+        period='m:"quoted"\\',  # json escapes it; an f-string would not
+        seq=1,
+        # a bool in a list: json writes true, an f-string would write True
+        periods={"t": PeriodTotals(1, 2, 3, 4, [], {0: [True, 2, 3]})},
     )
     assert encode_counter(odd) == encode_counter_json(odd)
-    assert b'"s":true' in encode_counter(odd)
+    assert b'"p":"m:\\"quoted\\"\\\\"' in encode_counter(odd)
+    assert b'"0":[true,2,3]' in encode_counter(odd)

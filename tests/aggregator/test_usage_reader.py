@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import aggregator.decode as hot
+from aggregator import usage_reader
 from aggregator.decode import decode_usage_event, read_usage_event
 from schemas.codec import HEADER_LEN, USAGE_EVENT, compile_record_reader
 from schemas.errors import DecodeError
@@ -196,3 +197,10 @@ def test_randomly_damaged_events_give_the_codecs_outcome(
         data[HEADER_LEN + at % (len(data) - HEADER_LEN)] = value
     damaged = bytes(data[: HEADER_LEN + cut % len(data)] if cut is not None else data) + extra
     assert _outcome(decode_usage_event, damaged) == _outcome(USAGE_EVENT.decode, damaged)
+
+
+def test_the_generated_reader_module_is_what_the_schema_generates() -> None:
+    """aggregator/usage_reader.py (compiled with the fold) is the schema's reader, as
+    ``python -m aggregator.decode`` writes it, and it is the one the hot path uses."""
+    assert hot.READER_MODULE.read_text() == hot.usage_reader_source()
+    assert hot._READ is usage_reader.read
