@@ -7,8 +7,8 @@ module reads the body with the reader generated from the schema
 fold's unit), and builds ``occurred_at`` itself (the same aware UTC datetime).
 The generated reader is kept as a module, ``aggregator/usage_reader.py``, so mypyc
 compiles it with the rest of the fold (a test holds it equal to what the schema
-generates; ``python -m aggregator.decode`` writes it anew). Should it not match the
-schema the codec ships (an edited .avsc), the reader is generated at import instead.
+generates; ``WRITE_READER`` writes it anew, and an import that finds it written for
+another schema fails, naming that command).
 Anything else (an older writer schema, a bad header, a body the generated reader
 does not plainly take, trailing bytes, an out-of-range time) goes through the
 codec, so errors keep their reasons and messages; tests hold the two readers equal.
@@ -25,38 +25,24 @@ from schemas.codec import (
     HEADER_LEN,
     USAGE_EVENT,
     BodyReader,
-    compile_record_reader,
-    record_reader_source,
 )
 from schemas.periods import EPOCH, to_micros
 
-#: where the generated reader module lives, beside this file
+#: the generated reader module, beside this file
 READER_MODULE: Final = Path(__file__).with_name("usage_reader.py")
-
-
-def usage_reader_source() -> str:
-    """The text of ``aggregator/usage_reader.py`` for the UsageEvent schema shipped now."""
-    source = record_reader_source(
-        USAGE_EVENT.schema,
-        raw_timestamps=True,
-        docstring=(
-            "The UsageEvent body reader, generated from the schema by "
-            "``python -m aggregator.decode``: do not edit.\n\n"
-            "Timestamps are integer microseconds. Compiled with mypyc (pyproject.toml)."
-        ),
-    )
-    if source is None:  # the schema gained a type the generator does not read
-        raise ImportError("the UsageEvent schema has no generated reader: decode through the codec")
-    return f"{source}\n\n#: the writer schema this reader reads (its message header)\nHEADER: Final = {USAGE_EVENT.header!r}\n"
+#: the command that writes it
+WRITE_READER: Final = (
+    "python -m schemas.readergen UsageEvent aggregator/usage_reader.py --raw-timestamps"
+)
 
 
 def _current_reader() -> BodyReader:
-    if USAGE_EVENT.header == usage_reader.HEADER:
-        return usage_reader.read
-    reader = compile_record_reader(USAGE_EVENT.schema, raw_timestamps=True)
-    if reader is None:
-        raise ImportError("the UsageEvent schema has no generated reader: decode through the codec")
-    return reader
+    if USAGE_EVENT.header != usage_reader.HEADER:
+        raise ImportError(
+            "aggregator/usage_reader.py reads another UsageEvent schema than the one "
+            f"shipped: run {WRITE_READER}"
+        )
+    return usage_reader.read
 
 
 _TIMESTAMP_FIELDS: Final = tuple(
@@ -89,8 +75,3 @@ def read_usage_event(data: bytes | None) -> tuple[dict[str, Any], int]:
         record = USAGE_EVENT.decode(data)
         return record, to_micros(record["occurred_at"])
     return record, occurred_us
-
-
-if __name__ == "__main__":
-    READER_MODULE.write_text(usage_reader_source())
-    print(f"wrote {READER_MODULE}")

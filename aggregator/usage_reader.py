@@ -1,6 +1,6 @@
-"""The UsageEvent body reader, generated from the schema by ``python -m aggregator.decode``: do not edit.
+"""The UsageEvent body reader, generated from its schema by ``python -m schemas.readergen``: do not edit.
 
-Timestamps are integer microseconds. Compiled with mypyc (pyproject.toml)."""
+Timestamps are integer microseconds."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -442,5 +442,5 @@ def read(data: bytes, pos: int) -> tuple[dict[str, Any], int]:
     return {'event_id': f1, 'occurred_at': f5, 'provider': f7, 'api': f11, 'model': f15, 'secret_id': f19, 'org_id': f23, 'project_id': f27, 'grant_id': f33, 'permission_id': f39, 'user_id': f45, 'groups': f51, 'session_id': f58, 'tags': f64, 'input_tokens': f75, 'cache_read_tokens': f77, 'cache_write_tokens': f79, 'cache_write_1h_tokens': f81, 'output_tokens': f83, 'reasoning_tokens': f85, 'usage_source': f87, 'estimate_reason': f91, 'outcome': f97, 'decision': f101, 'decision_budget_id': f105, 'status_code': f111, 'stream': f113, 'gateway_id': f115, 'request_id': f119, 'latency_ms': f125}, pos
 
 
-#: the writer schema this reader reads (its message header)
+#: the message header (writer schema) this reader reads
 HEADER: Final = b"\xc3\x01\xb0UX'%\xf6\xc1\x15"

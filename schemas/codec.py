@@ -360,24 +360,6 @@ class _NotPlain(Exception):
     """Input the generated reader does not take: the codec decides."""
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The zig-zag decoded long at ``pos`` (a multi-byte varint) and the offset past it."""
-    z = 0
-    shift = 0
-    while True:
-        b = data[pos]  # IndexError past the end: the codec decides
-        pos += 1
-        z |= (b & 0x7F) << shift
-        if b < 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise _NotPlain
-    if z >= 1 << 64:
-        raise _NotPlain
-    return (z >> 1) ^ -(z & 1), pos
-
-
 def _emit_read_long(src: _Source, depth: int, var: str) -> None:
     byte = src.name("b")
     src.emit(depth, f"{byte} = data[pos]")
@@ -714,3 +696,23 @@ def priced_usage_from_raw(raw_usage: bytes, tail: Record) -> bytes | None:
     buf.write(memoryview(raw_usage)[HEADER_LEN:])
     schemaless_writer(buf, _PRICED_TAIL, tail)
     return buf.getvalue()
+
+
+def reader_module_source(codec: Codec, *, raw_timestamps: bool = False) -> str:
+    """A module of :func:`record_reader_source` for ``codec``'s current schema, with the
+    message header it reads (``HEADER``), so its user can tell it is not stale."""
+    source = record_reader_source(
+        codec.schema,
+        raw_timestamps=raw_timestamps,
+        docstring=(
+            f"The {codec.name} body reader, generated from its schema by "
+            f"``python -m schemas.readergen``: do not edit.\n\n"
+            f"Timestamps are {'integer microseconds' if raw_timestamps else 'datetimes'}."
+        ),
+    )
+    if source is None:
+        raise ValueError(f"the {codec.name} schema has a type the reader generator does not read")
+    return (
+        f"{source}\n\n#: the message header (writer schema) this reader reads\n"
+        f"HEADER: Final = {codec.header!r}\n"
+    )

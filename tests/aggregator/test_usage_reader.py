@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import aggregator.decode as hot
 from aggregator import usage_reader
 from aggregator.decode import decode_usage_event, read_usage_event
-from schemas.codec import HEADER_LEN, USAGE_EVENT, compile_record_reader
+from schemas.codec import HEADER_LEN, USAGE_EVENT, compile_record_reader, reader_module_source
 from schemas.errors import DecodeError
 from schemas.periods import to_micros
 
@@ -200,7 +200,8 @@ def test_randomly_damaged_events_give_the_codecs_outcome(
 
 
 def test_the_generated_reader_module_is_what_the_schema_generates() -> None:
-    """aggregator/usage_reader.py (compiled with the fold) is the schema's reader, as
-    ``python -m aggregator.decode`` writes it, and it is the one the hot path uses."""
-    assert hot.READER_MODULE.read_text() == hot.usage_reader_source()
+    """aggregator/usage_reader.py (compiled with the fold) is the schema's reader as
+    ``hot.WRITE_READER`` writes it, and it is the one the hot path uses."""
+    expected = reader_module_source(USAGE_EVENT, raw_timestamps=True)
+    assert hot.READER_MODULE.read_text() == expected, f"stale: run {hot.WRITE_READER}"
     assert hot._READ is usage_reader.read
