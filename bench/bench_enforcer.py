@@ -357,7 +357,7 @@ def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = Fal
         os.sched_setaffinity(0, {cpu})
     from aiohttp import web
 
-    from enforcer import create_app
+    from enforcer import sidecar
 
     e, _ = loaded(moving_clock=True, hold_timeout_s=SIDECAR_HOLD_S)
     gc.collect()
@@ -366,30 +366,15 @@ def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = Fal
     pauses.__enter__()
     holds_seen = [0]
 
-    app = create_app(e)
     #: path -> [thread CPU ns inside the handler, requests] (--handler-cpu only)
     in_handlers: dict[str, list[int]] = {"/v1/check": [0, 0], "/noop": [0, 0]}
-    if handler_cpu:  # one middleware hop on every route: the split, at a small cost to both
-        thread_ns = time.thread_time_ns
-
-        @web.middleware
-        async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
-            started = thread_ns()
-            response: web.StreamResponse = await handler(request)
-            spent = in_handlers.get(request.path)
-            if spent is not None:
-                spent[0] += thread_ns() - started
-                spent[1] += 1
-            return response
-
-        app.middlewares.append(timed)
     noop_body = json.dumps({"allowed": True, "decision": "allowed"}).encode()
 
-    async def noop(request: web.Request) -> web.Response:
+    async def noop(request: web.BaseRequest) -> web.Response:
         await request.read()
         return web.Response(body=noop_body, content_type="application/json")
 
-    async def stats(request: web.Request) -> web.Response:
+    async def stats(request: web.BaseRequest) -> web.Response:
         """The bench's own view of the server (not a sidecar route): collections, pauses,
         the most holds outstanding since the last read."""
         out = pauses.summary(0) | {
@@ -400,9 +385,53 @@ def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = Fal
         holds_seen[0] = len(e.holds)
         return web.Response(body=json.dumps(out).encode(), content_type="application/json")
 
-    # the floor: aiohttp alone (same client, same body size), to read the figures against
-    app.router.add_post("/noop", noop)
-    app.router.add_get("/bench/stats", stats)
+    # the bench's own routes (the floor: aiohttp alone, same client, same body size; and
+    # the stats) beside the sidecar's, served the way this tree's `serve` serves them:
+    # its low-level handler when it has one (create_handler), else its application
+    low_level = getattr(sidecar, "create_handler", None)
+    if low_level is not None:
+        served = low_level(e)
+
+        def dispatch(request: web.BaseRequest) -> Any:
+            path = request.path
+            if path == "/noop":
+                return noop(request)
+            if path == "/bench/stats":
+                return stats(request)
+            return served(request)
+
+        handle = dispatch
+        if handler_cpu:  # one more coroutine around every route: the split, at a small cost
+            thread_ns = time.thread_time_ns
+
+            async def timed(request: web.BaseRequest) -> web.StreamResponse:
+                started = thread_ns()
+                response: web.StreamResponse = await dispatch(request)
+                spent = in_handlers.get(request.path)
+                if spent is not None:
+                    spent[0] += thread_ns() - started
+                    spent[1] += 1
+                return response
+
+            handle = timed
+    else:
+        app = sidecar.create_app(e)
+        if handler_cpu:  # one middleware hop on every route: the split, at a small cost
+            thread_ns = time.thread_time_ns
+
+            @web.middleware
+            async def timed_app(request: web.Request, handler: Any) -> web.StreamResponse:
+                started = thread_ns()
+                response: web.StreamResponse = await handler(request)
+                spent = in_handlers.get(request.path)
+                if spent is not None:
+                    spent[0] += thread_ns() - started
+                    spent[1] += 1
+                return response
+
+            app.middlewares.append(timed_app)
+        app.router.add_post("/noop", noop)
+        app.router.add_get("/bench/stats", stats)
 
     async def sweep() -> None:
         """What the follower's loop does besides reading: expire holds, confirm freshness."""
@@ -415,7 +444,21 @@ def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = Fal
 
     async def main() -> None:
         sweeper = asyncio.create_task(sweep())  # runs until the process ends
-        runner = web.AppRunner(app, access_log=None)
+        runner: web.BaseRunner
+        if low_level is not None:
+            loop = asyncio.get_running_loop()
+
+            def request_factory(  # as sidecar.create_server
+                message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+            ) -> web.BaseRequest:
+                return web.BaseRequest(
+                    message, payload, protocol, writer, task, loop, client_max_size=sidecar.MAX_BODY
+                )
+
+            server = web.Server(handle, request_factory=request_factory, access_log=None)
+            runner = web.ServerRunner(server)
+        else:
+            runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

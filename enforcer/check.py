@@ -43,12 +43,12 @@ import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, final
 
 from enforcer import refusals
 from enforcer.config import EnforcerConfig
 from enforcer.errors import InvalidContext
-from enforcer.holds import Holds
+from enforcer.holds import CounterHolds, CounterPeriod, Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import CounterId, CounterVerdict, EnforcerState
 from schemas.budgets import Budget
@@ -300,7 +300,26 @@ class Context:
         if "org_id" not in data or "secret_id" not in data:
             name = "secret_id" if "org_id" in data else "org_id"
             raise InvalidContext(name, "required, a non-empty string")
-        return cls(**data)
+        # each field by name, not cls(**data): compiled, this is a direct call of __init__
+        # (parsing 15 keyword arguments cost as much as building the context)
+        fields: dict[str, Any] = data if type(data) is dict else dict(data)
+        return Context(
+            org_id=fields["org_id"],
+            secret_id=fields["secret_id"],
+            project_id=fields.get("project_id"),
+            grant_id=fields.get("grant_id"),
+            permission_id=fields.get("permission_id"),
+            user_id=fields.get("user_id"),
+            groups=fields.get("groups", ()),
+            session_id=fields.get("session_id"),
+            tags=fields.get("tags"),
+            provider=fields.get("provider"),
+            api=fields.get("api"),
+            model=fields.get("model"),
+            input_tokens=fields.get("input_tokens"),
+            request_bytes=fields.get("request_bytes"),
+            max_output_tokens=fields.get("max_output_tokens"),
+        )
 
     # Mapping-like access for schemas.budgets (Budget.counter_keys / applicable)
     def get(self, name: str, default: Any = None) -> Any:
@@ -332,16 +351,20 @@ _NEVER: Final = 1 << 62
 #: X-Spend-Budget headers kept per plan (cleared when full)
 SPEND_HEADER_CACHE_SIZE: Final = 1024
 #: counter states, as the hot path keeps them (indexes into per-budget metric slots)
-OK_I, ALERT_I, EXCEEDED_I, IN_FLIGHT_I, FAILED_OPEN_I, FAILED_CLOSED_I = range(6)
+#: (each one ``Final``: compiled, a constant is inlined; a plain module global is a dict
+#: lookup at every use)
+OK_I: Final = 0
+ALERT_I: Final = 1
+EXCEEDED_I: Final = 2
+IN_FLIGHT_I: Final = 3
+FAILED_OPEN_I: Final = 4
+FAILED_CLOSED_I: Final = 5
 STATE_NAMES: Final = ("ok", "alert", "exceeded", "in_flight", "failed_open", "failed_closed")
-#: a counter row: (plan, counter id, period, end µs, verdict, spent n/t/r, held n/t/r, state)
-Row = tuple[
-    "Plan", CounterId, str, "int | None", "CounterVerdict | None",
-    int, int, int, int, int, int, int,
-]  # fmt: skip
-STATE: Final = 11
 #: how a plan reads its scope values from the context (Plan.kind)
-KIND_ORG, KIND_ONE, KIND_MANY, KIND_SESSION = range(4)
+KIND_ORG: Final = 0
+KIND_ONE: Final = 1
+KIND_MANY: Final = 2
+KIND_SESSION: Final = 3
 
 
 class Plan:
@@ -499,11 +522,14 @@ EXCEEDED: Final = "exceeded"
 IN_FLIGHT: Final = "in_flight"
 
 
+@final
 class CounterStatus:
     """One applicable counter as the check saw it (read-only for callers).
 
     ``state``: ok | alert | exceeded | in_flight (this request's estimate would
     pass the limit) | failed_open | failed_closed (verdicts stale: not evaluated).
+    The check builds one per counter (a compiled class: its integers are stored
+    unboxed, one allocation per counter).
     """
 
     __slots__ = (
@@ -517,26 +543,55 @@ class CounterStatus:
         "spent_nanos",
         "spent_requests",
         "spent_tokens",
-        "state",
+        "state_i",
         "verdict",
     )
 
-    def __init__(self, row: Row) -> None:
-        (
-            self.plan,
-            self.counter_id,
-            self.period,
-            self.end_us,
-            self.verdict,
-            self.spent_nanos,
-            self.spent_tokens,
-            self.spent_requests,
-            self.held_nanos,
-            self.held_tokens,
-            self.held_requests,
-            state,
-        ) = row
-        self.state = STATE_NAMES[state]
+    plan: Plan
+    counter_id: CounterId
+    period: str
+    end_us: int | None
+    verdict: CounterVerdict | None
+    spent_nanos: int
+    spent_tokens: int
+    spent_requests: int
+    held_nanos: int
+    held_tokens: int
+    held_requests: int
+    #: the state as an index into STATE_NAMES (what the hot path compares)
+    state_i: int
+
+    def __init__(
+        self,
+        plan: Plan,
+        counter_id: CounterId,
+        period: str,
+        end_us: int | None,
+        verdict: CounterVerdict | None,
+        spent_nanos: int,
+        spent_tokens: int,
+        spent_requests: int,
+        held_nanos: int,
+        held_tokens: int,
+        held_requests: int,
+        state_i: int,
+    ) -> None:
+        self.plan = plan
+        self.counter_id = counter_id
+        self.period = period
+        self.end_us = end_us
+        self.verdict = verdict
+        self.spent_nanos = spent_nanos
+        self.spent_tokens = spent_tokens
+        self.spent_requests = spent_requests
+        self.held_nanos = held_nanos
+        self.held_tokens = held_tokens
+        self.held_requests = held_requests
+        self.state_i = state_i
+
+    @property
+    def state(self) -> str:
+        return STATE_NAMES[self.state_i]
 
     @property
     def budget_id(self) -> str:
@@ -617,6 +672,8 @@ def _left(limit: int | None, used: int) -> int | None:
 
 
 _REFUSING: Final = (EXCEEDED, IN_FLIGHT)
+#: an allowed request without warnings: the same answer every time
+_ALLOWED_ANSWER: Final = refusals.Response(200, (), None, None)
 
 
 class Decision:
@@ -646,7 +703,7 @@ class Decision:
         ctx: Context,
         decision: str,
         outcome: str,
-        rows: list[Row],
+        rows: list[CounterStatus],
         refusal: int,
         now_us: int,
         config: EnforcerConfig,
@@ -678,7 +735,7 @@ class Decision:
     def counters(self) -> tuple[CounterStatus, ...]:
         """Every applicable counter, as the check saw it."""
         if self._counters is None:
-            self._counters = tuple(CounterStatus(row) for row in self._rows)
+            self._counters = tuple(self._rows)
         return self._counters
 
     @property
@@ -688,38 +745,36 @@ class Decision:
 
     @property
     def budget_id(self) -> str | None:
-        return None if self._refusal < 0 else self._rows[self._refusal][0].budget_id
+        return None if self._refusal < 0 else self._rows[self._refusal].plan.budget_id
 
     @property
     def warnings(self) -> tuple[CounterStatus, ...]:
         """Counters past an alert threshold or a warn budget's limit (X-Spend-Budget)."""
-        if self._counters is not None:
-            return tuple(c for c in self._counters if c.state in (ALERT, EXCEEDED) and c.verdict)
-        # only the warning rows become CounterStatus (an allowed answer needs no others)
         return tuple(
-            CounterStatus(r)
-            for r in self._rows
-            if (r[STATE] == ALERT_I or r[STATE] == EXCEEDED_I) and r[4] is not None
+            [
+                r
+                for r in self._rows
+                if (r.state_i == ALERT_I or r.state_i == EXCEEDED_I) and r.verdict is not None
+            ]
         )
 
     def warning_headers(self) -> tuple[tuple[str, str], ...]:
-        """``X-Spend-Budget`` of each of :attr:`warnings`, read from the check's rows (no
-        CounterStatus is built for an allowed answer)."""
+        """``X-Spend-Budget`` of each of :attr:`warnings`, cached per plan."""
         headers = []
         for r in self._rows:
-            state = r[STATE]
-            if state in (ALERT_I, EXCEEDED_I) and r[4] is not None:
-                plan = r[0]
-                used = _used_fraction(plan, r[5], r[6], r[7])
+            state = r.state_i
+            if state in (ALERT_I, EXCEEDED_I) and r.verdict is not None:
+                plan = r.plan
+                used = _used_fraction(plan, r.spent_nanos, r.spent_tokens, r.spent_requests)
                 # the header reads the plan, the state, the period end and the whole percent
-                key = (state, r[3], int(used * 100))
+                key = (state, r.end_us, int(used * 100))
                 cache = plan.spend_headers
                 header = cache.get(key)
                 if header is None:
                     if len(cache) >= SPEND_HEADER_CACHE_SIZE:
                         cache.clear()
                     header = cache[key] = refusals.spend_header_of(
-                        plan, STATE_NAMES[state], r[3], used
+                        plan, STATE_NAMES[state], r.end_us, used
                     )
                 headers.append(header)
         return tuple(headers)
@@ -727,7 +782,16 @@ class Decision:
     # --- the HTTP answer --------------------------------------------------------------
     def _answer(self) -> refusals.Response:
         if self._response is None:
-            self._response = refusals.respond(self, self._config)
+            outcome = self.outcome
+            if outcome == "allowed" or outcome == "failed_open":
+                # refusals.respond's allowed branch, here (no call into the interpreted
+                # module for the common answer)
+                warnings = self.warning_headers()
+                self._response = (
+                    refusals.Response(200, warnings, None, None) if warnings else _ALLOWED_ANSWER
+                )
+            else:
+                self._response = refusals.respond(self, self._config)
         return self._response
 
     @property
@@ -754,11 +818,11 @@ class Decision:
         return self._answer().retry_after
 
     # --- the policy hook ----------------------------------------------------------------
-    def _refusing_rows(self) -> list[Row]:
+    def _refusing_rows(self) -> list[CounterStatus]:
         return [
             r
             for r in self._rows
-            if (r[STATE] == EXCEEDED_I or r[STATE] == IN_FLIGHT_I) and r[0].enforce
+            if (r.state_i == EXCEEDED_I or r.state_i == IN_FLIGHT_I) and r.plan.enforce
         ]
 
     @property
@@ -769,12 +833,12 @@ class Decision:
     @property
     def job_over_budget(self) -> bool:
         """A per-job (session) ceiling refuses this request."""
-        return any(r[0].scope == "session" for r in self._refusing_rows())
+        return any([r.plan.scope == "session" for r in self._refusing_rows()])
 
     @property
     def exceeded_budgets(self) -> tuple[str, ...]:
         """The enforce budgets refusing this request (exhausted or in flight)."""
-        return tuple(dict.fromkeys(r[0].budget_id for r in self._refusing_rows()))
+        return tuple(dict.fromkeys([r.plan.budget_id for r in self._refusing_rows()]))
 
     def remaining(self) -> dict[str, dict[str, int | None]]:
         """Per counter key: what is left under each limit."""
@@ -830,8 +894,8 @@ class Decision:
         # only a budget refusal has refusing rows: skip the scans otherwise
         if outcome == "refused":
             refusing = self._refusing_rows()
-            job = any(r[0].scope == "session" for r in refusing)
-            exceeded = list(dict.fromkeys(r[0].budget_id for r in refusing))
+            job = any([r.plan.scope == "session" for r in refusing])
+            exceeded = list(dict.fromkeys([r.plan.budget_id for r in refusing]))
         else:
             refusing, job, exceeded = [], False, []
         out = {
@@ -891,6 +955,14 @@ class Checker:
         self._estimates: dict[tuple[str, int, int], int] = {}
         self._estimates_version = -1
         self._estimates_until_us = 0
+        #: the last estimate, in front of the cache (a proxy's requests repeat one shape)
+        self._last_model: str | None = None
+        self._last_input = 0
+        self._last_output = 0
+        self._last_nanos = 0
+        #: the metric counters bumped per check (plain dicts, held here: one lookup less)
+        self._decisions = metrics.decisions
+        self._peeks = metrics.peeks
 
     @property
     def index(self) -> Index:
@@ -925,12 +997,19 @@ class Checker:
         state = self.state
         if state.price_version != self._estimates_version or now_us >= self._estimates_until_us:
             self._estimates.clear()
+            self._last_model = None
             self._estimates_version = state.price_version
             self._estimates_until_us = _NEVER
             for table in state.prices.tables:  # the next version to come into force
                 start = _micros(table.effective_from)
                 if start > now_us:
                     self._estimates_until_us = min(self._estimates_until_us, start)
+        if (
+            model == self._last_model
+            and input_tokens == self._last_input
+            and max_output == self._last_output
+        ):
+            return self._last_nanos
         key = (model, input_tokens, max_output)
         nanos = self._estimates.get(key)
         if nanos is None:
@@ -943,6 +1022,10 @@ class Checker:
                 max_output_tokens=max_output,
             )
             self._estimates[key] = nanos
+        self._last_model = model
+        self._last_input = input_tokens
+        self._last_output = max_output
+        self._last_nanos = nanos
         return nanos
 
     def check(self, ctx: Context, *, reserve: bool = True) -> Decision:
@@ -956,9 +1039,9 @@ class Checker:
         else:
             decision = self._stale(ctx, now_us, reserve)
         if reserve:
-            self.metrics.decisions[decision.decision] += 1
+            self._decisions[decision.decision] += 1
         else:
-            self.metrics.peeks[decision.decision] += 1
+            self._peeks[decision.decision] += 1
         return decision
 
     def usage(self, ctx: Context) -> list[CounterStatus]:
@@ -970,18 +1053,24 @@ class Checker:
         """Every applicable counter against its budget (the table in the module docstring).
 
         ``in_flight=False`` reports verdict states only and holds nothing (usage).
-        The counters are those of :meth:`Plan.keys`, inlined here for org and one-value
-        scopes (the property test against ``applicable`` covers both paths).
+        The counters are those of :meth:`Plan.keys`, inlined here for org, session and
+        one-value scopes (the property test against ``applicable`` covers every path).
         """
         verdicts = self.state.verdicts
         holds_held = self.holds.held
-        rows: list[Row] = []
+        # holds are looked up only when some are outstanding; what was found is handed to
+        # reserve (no second lookup of the same (counter, period))
+        look_up_holds = bool(holds_held)
+        rows: list[CounterStatus] = []
         refusal = -1
         refusal_end = 0
         hard = False
-        to_hold: list[tuple[CounterId, str]] = []
-        est_tokens = est_nanos = -1
-        est_input = est_output = 0
+        to_hold: list[CounterPeriod] = []
+        found: list[CounterHolds | None] = []
+        est_tokens = -1
+        est_nanos = -1
+        est_input = 0
+        est_output = 0
         share = self._replicas
         index = self._index
         if self._index_version != self.state.policy_version:
@@ -993,24 +1082,31 @@ class Checker:
             pinned = index.by_org.get(org)
             if pinned is not None:
                 plans = plans + pinned
-        keys: Sequence[CounterId]
         for plan in plans:
             if plan.match and not plan.matches(canon):
                 continue
             kind = plan.kind
+            # the common scopes name one counter: its id is built here, without a sequence
+            # of ids around it; several groups name several (``many``)
+            many: Sequence[CounterId] | None = None
+            cid: CounterId
             if kind == KIND_ORG:
-                keys = ((plan.budget_id, org),)
+                cid = (plan.budget_id, org)
             elif kind == KIND_SESSION:
                 sessions = canon["session_id"]
                 if not sessions:
                     continue
                 identity = canon["user_id"] or canon["secret_id"]
-                keys = ((plan.budget_id, org, identity[0], sessions[0]),)
+                cid = (plan.budget_id, org, identity[0], sessions[0])
             else:  # one value (ids, tags) or several (groups)
                 values = canon.get(plan.scope_attribute)
                 if not values:
                     continue
-                keys = ((plan.budget_id, org, values[0]),) if len(values) == 1 else plan.scoped(ctx)
+                if len(values) == 1:
+                    cid = (plan.budget_id, org, values[0])
+                else:
+                    many = plan.scoped(ctx)
+                    cid = many[0]
             if plan.period_from_us <= now_us < plan.period_until_us:
                 period = plan.period
                 end_us = plan.period_end_us
@@ -1019,10 +1115,13 @@ class Checker:
             ln = plan.limit_nanos
             lt = plan.limit_tokens
             lr = plan.limit_requests
-            for cid in keys:
+            next_key = 1
+            while True:
                 verdict = verdicts.get(cid)
                 if verdict is not None and verdict.period == period:
-                    sn, st, sr = verdict.spent_nanos, verdict.spent_tokens, verdict.spent_requests
+                    sn = verdict.spent_nanos
+                    st = verdict.spent_tokens
+                    sr = verdict.spent_requests
                 else:
                     sn = st = sr = 0
                 hn = ht = hr = 0
@@ -1036,10 +1135,13 @@ class Checker:
                     state = OK_I
                     if plan.holdable:
                         cp = (cid, period)
-                        if holds_held:
+                        held: CounterHolds | None = None
+                        if look_up_holds:
                             held = holds_held.get(cp)
                             if held is not None:
-                                hn, ht, hr = held.nanos, held.tokens, held.requests
+                                hn = held.nanos
+                                ht = held.tokens
+                                hr = held.requests
                         if in_flight:
                             if est_tokens < 0:
                                 est_input, est_output = self.estimate_tokens(ctx)
@@ -1057,6 +1159,7 @@ class Checker:
                                 state = IN_FLIGHT_I
                             else:
                                 to_hold.append(cp)
+                                found.append(held)
                     if state == OK_I and (sn or st or sr) and plan.alert_min is not None:
                         used = sn / ln if ln else 0.0
                         if lt and st / lt > used:
@@ -1075,22 +1178,38 @@ class Checker:
                         or (is_hard and not hard)
                         or (is_hard == hard and end > refusal_end)
                     ):
-                        refusal, refusal_end, hard = len(rows), end, is_hard
-                rows.append((plan, cid, period, end_us, verdict, sn, st, sr, hn, ht, hr, state))
+                        refusal = len(rows)
+                        refusal_end = end
+                        hard = is_hard
+                rows.append(
+                    CounterStatus(plan, cid, period, end_us, verdict, sn, st, sr, hn, ht, hr, state)
+                )
+                if many is None or next_key >= len(many):
+                    break
+                cid = many[next_key]
+                next_key += 1
 
         config = self.config
         if refusal >= 0:
-            refusing = rows[refusal][0]
+            refusing = rows[refusal].plan
             value = refusing.budget.refusal if hard else IN_FLIGHT_BUDGET_EXCEEDED
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
-                    "refused %s by %s counter %r", value, refusing.budget_id, rows[refusal][1]
+                    "refused %s by %s counter %r",
+                    value,
+                    refusing.budget_id,
+                    rows[refusal].counter_id,
                 )
             return Decision(ctx, value, "refused", rows, refusal, now_us, config)
         hold_id = None
         if reserve and to_hold:
             hold_id = self.holds.reserve(
-                to_hold, nanos=max(est_nanos, 0), tokens=est_tokens, requests=1, now_us=now_us
+                to_hold,
+                nanos=max(est_nanos, 0),
+                tokens=est_tokens,
+                requests=1,
+                now_us=now_us,
+                found=found if look_up_holds else None,
             )
         return Decision(ctx, ALLOWED, "allowed", rows, -1, now_us, config, hold_id)
 
@@ -1099,11 +1218,11 @@ class Checker:
         reason = self.stale_reason(now_us) or "stale"
         index = self.index
         hits = [(plan, cid) for plan in index.plans(ctx) for cid in plan.keys(ctx)]
-        if reason != "not_ready" and not any(plan.enforce for plan, _ in hits):
+        if reason != "not_ready" and not any([plan.enforce for plan, _ in hits]):
             return self._evaluate(ctx, now_us, reserve, True)  # warn budgets never block
         closed = self.config.fail_mode == "closed"
         state = FAILED_CLOSED_I if closed else FAILED_OPEN_I
-        rows: list[Row] = []
+        rows: list[CounterStatus] = []
         first = -1
         for plan, cid in hits:
             period, end_us = plan.current_period(now_us)
@@ -1111,7 +1230,7 @@ class Checker:
                 first = len(rows)
             if reserve:
                 plan.counts[state] += 1
-            rows.append((plan, cid, period, end_us, None, 0, 0, 0, 0, 0, 0, state))
+            rows.append(CounterStatus(plan, cid, period, end_us, None, 0, 0, 0, 0, 0, 0, state))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s (%s) for org %r", STATE_NAMES[state], reason, ctx.org_id)
         if closed:

@@ -38,7 +38,7 @@ the order; the next sweep sorts once and carries on.
 from __future__ import annotations
 
 import itertools
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, final
 
 #: a counter's identity (enforcer.state.CounterId) and a period key
 CounterId = tuple[str, ...]
@@ -47,6 +47,7 @@ CounterPeriod = tuple[CounterId, str]
 SPARE_TOTALS: Final = 1024
 
 
+@final
 class CounterHolds:
     """Running totals held on one (counter, period), and how many holds make them."""
 
@@ -116,31 +117,48 @@ class Holds:
         return self.held.get((counter, period))
 
     def reserve(
-        self, counters: list[CounterPeriod], *, nanos: int, tokens: int, requests: int, now_us: int
+        self,
+        counters: list[CounterPeriod],
+        *,
+        nanos: int,
+        tokens: int,
+        requests: int,
+        now_us: int,
+        found: list[CounterHolds | None] | None = None,
     ) -> int:
-        """Hold the amounts on every counter (once each); returns the hold id."""
+        """Hold the amounts on every counter (once each); returns the hold id.
+
+        ``found``: parallel to ``counters``, the totals a caller already looked up in
+        :attr:`held` (None where there were none), so they are not looked up again."""
         hold_id = next(self._ids)
         held = self.held
         spare = self._spare
         named: list[CounterHolds] = []
-        for cp in counters:
-            totals = held.get(cp)
-            if totals is None:  # every field set: a reused spare keeps stale values
-                totals = held[cp] = spare.pop() if spare else CounterHolds()
-                totals.key = cp
-                totals.nanos = nanos
-                totals.tokens = tokens
-                totals.requests = requests
-                totals.holds = 1
-                totals.last_hold = hold_id
-            elif totals.last_hold != hold_id:
-                totals.nanos += nanos
-                totals.tokens += tokens
-                totals.requests += requests
-                totals.holds += 1
-                totals.last_hold = hold_id
-            else:
+        for i in range(len(counters)):
+            totals = None if found is None else found[i]
+            if totals is None:
+                # one hash of the key: insert a fresh totals object, or get the one held
+                cp = counters[i]
+                fresh = spare.pop() if spare else CounterHolds()
+                totals = held.setdefault(cp, fresh)
+                if totals is fresh:  # every field set: a reused spare keeps stale values
+                    totals.key = cp
+                    totals.nanos = nanos
+                    totals.tokens = tokens
+                    totals.requests = requests
+                    totals.holds = 1
+                    totals.last_hold = hold_id
+                    named.append(totals)
+                    continue
+                if len(spare) < SPARE_TOTALS:
+                    spare.append(fresh)
+            if totals.last_hold == hold_id:
                 continue  # the same counter twice: held once
+            totals.nanos += nanos
+            totals.tokens += tokens
+            totals.requests += requests
+            totals.holds += 1
+            totals.last_hold = hold_id
             named.append(totals)
         expires_us = now_us + self.timeout_us
         if expires_us >= self._last_expiry:

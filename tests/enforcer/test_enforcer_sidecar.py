@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp import web
+from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from enforcer_testkit import NOW, budget, loaded_enforcer, refresh, verdict
 
-from enforcer import Context, create_app
+from enforcer import Context, Enforcer, create_app
+from enforcer.sidecar import MAX_BODY, create_server
 
 USD = 1_000_000_000
 TOKEN = "t0ken"
@@ -24,10 +26,33 @@ CTX = {
 }
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[tuple[TestClient, Any]]:  # type: ignore[type-arg]
+class SidecarServer(BaseTestServer):
+    """What ``serve`` runs (create_server: aiohttp's low-level server), as a test server."""
+
+    def __init__(self, enforcer: Enforcer, token: str | None = None) -> None:
+        super().__init__()
+        self.enforcer = enforcer
+        self.token = token
+
+    async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
+        return web.ServerRunner(create_server(self.enforcer, token=self.token), **kwargs)
+
+
+def served(how: str, e: Enforcer, token: str | None = None) -> BaseTestServer:
+    """The sidecar's routes served as ``serve`` serves them, or as an application."""
+    if how == "server":
+        return SidecarServer(e, token)
+    return TestServer(create_app(e, token=token))
+
+
+#: every test of the routes runs against both ways of serving them
+SERVED = pytest.mark.parametrize("how", ["server", "app"])
+
+
+@pytest.fixture(params=["server", "app"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[tuple[TestClient, Any]]:  # type: ignore[type-arg]
     e, _clock = loaded_enforcer([ORG], [verdict(ORG, ["acme"], spent_nanos=USD // 2)])
-    async with TestClient(TestServer(create_app(e, token=TOKEN))) as c:
+    async with TestClient(served(request.param, e, TOKEN)) as c:
         yield c, e
 
 
@@ -140,10 +165,33 @@ async def test_readyz_and_metrics(client) -> None:  # type: ignore[no-untyped-de
     assert r.status == 503 and (await r.json())["ready"] is False
 
 
-async def test_no_token_configured_means_open_on_loopback() -> None:
+@SERVED
+async def test_no_token_configured_means_open_on_loopback(how: str) -> None:
     e, _ = loaded_enforcer([ORG])
-    async with TestClient(TestServer(create_app(e))) as c:
+    async with TestClient(served(how, e)) as c:
         assert (await c.post("/v1/check", json=CTX)).status == 200
+
+
+async def test_unknown_paths_are_404_and_other_methods_405(client) -> None:  # type: ignore[no-untyped-def]
+    c, e = client
+    for method, path in (("POST", "/v1/nope"), ("GET", "/"), ("GET", "/v1/check/")):
+        r = await c.request(method, path, headers=AUTH)
+        assert r.status == 404, (method, path)
+    r = await c.get("/v1/check", headers=AUTH)
+    assert r.status == 405 and r.headers["Allow"] == "POST"
+    r = await c.post("/healthz")
+    assert r.status == 405 and set(r.headers["Allow"].split(",")) == {"GET", "HEAD"}
+    assert (await c.head("/healthz")).status == 200
+    assert len(e.holds) == 0 and sum(e.metrics.decisions.values()) == 0
+
+
+async def test_a_body_over_the_limit_is_413_and_decides_nothing(client) -> None:  # type: ignore[no-untyped-def]
+    c, e = client
+    big = {**CTX, "model": "m" * MAX_BODY}
+    r = await c.post("/v1/check", json=big, headers=AUTH)
+    assert r.status == 413
+    assert len(e.holds) == 0 and sum(e.metrics.decisions.values()) == 0
+    assert (await c.post("/v1/check", json=CTX, headers=AUTH)).status == 200
 
 
 async def test_json_the_fast_decoder_refuses_gets_the_same_answer_as_before(client) -> None:  # type: ignore[no-untyped-def]
