@@ -4,12 +4,16 @@ They stay plain, typed Python: mypyc (mypy's compiler, the one black and mypy sh
 with) turns each into a C extension that CPython imports before the .py beside it.
 One group per room, so a room's modules call each other as C functions.
 SPENDBUS_PURE=1 skips the build: every module then runs interpreted (slower, same
-behaviour). SPENDBUS_NATIVE_GROUPS=enforcer,taps builds only those groups.
+behaviour); so does a machine without a C compiler, with a warning (as msgpack and
+aiokafka install). SPENDBUS_NATIVE_GROUPS=enforcer,taps builds only those groups.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,13 @@ def compiled_groups() -> dict[str, list[str]]:
 
 def extensions() -> list[Any]:
     if os.environ.get("SPENDBUS_PURE") == "1":
+        return []
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        print(
+            f"spendbus: no C compiler ({compiler}): the hot modules run interpreted (slower)",
+            file=sys.stderr,
+        )
         return []
     from mypyc.build import mypycify
 
