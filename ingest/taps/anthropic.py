@@ -21,8 +21,6 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-import msgspec
-
 from .base import (
     Handler,
     Path,
@@ -32,6 +30,9 @@ from .base import (
     shape_decoder,
     text_len,
 )
+from .estimate import EstimatorConfig
+from .request import RequestInfo
+from .shapes import AnthropicTextDelta
 from .usage import InvalidUsage, Usage, tok
 
 _SKIP = frozenset({b"ping", b"content_block_start", b"content_block_stop"})
@@ -41,17 +42,7 @@ _ERROR = frozenset({("error",)})
 _ANY = _START | _DELTA | _ERROR | {("type",)}
 
 
-class _Text(msgspec.Struct, gc=False):
-    text: str
-
-
-class _TextDelta(msgspec.Struct, gc=False):
-    """``content_block_delta`` of text, the common event: only ``delta.text`` is built."""
-
-    delta: _Text
-
-
-_read_text_delta = shape_decoder(_TextDelta)
+_read_text_delta = shape_decoder(AnthropicTextDelta)
 _delta_text = attrgetter("delta.text")
 _DELTA_EVENT = b"content_block_delta"
 
@@ -78,8 +69,8 @@ class AnthropicHandler(Handler):
     fmt = "anthropic-messages"
     body_paths = frozenset({("usage",), ("model",), ("type",), ("error",)})
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
+        super().__init__(request, config)
         self._usage: dict[str, Any] = {}
         self._started = False
         self._delta_usage = False
@@ -138,7 +129,7 @@ class AnthropicHandler(Handler):
     def _deltas(self, run: list[bytes]) -> None:
         self.read_delta_run(run, _read_text_delta, self._text_deltas, self._other_delta)
 
-    def _text_deltas(self, events: list[_TextDelta]) -> None:
+    def _text_deltas(self, events: list[AnthropicTextDelta]) -> None:
         self.delta_events += len(events)
         self.text_chars += sum(map(len, map(_delta_text, events)))
 

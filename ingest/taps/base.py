@@ -17,13 +17,14 @@ import json.scanner
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal, final
 
 import msgspec
 
 from .estimate import EstimatorConfig, Observed
 from .fastjson import SHALLOW_SIZE, fast_decode, shallow
 from .request import RequestInfo
+from .shapes import LARGE
 from .usage import InvalidUsage, Usage
 
 Cut = Literal["client_disconnected", "upstream_cut"]
@@ -48,21 +49,20 @@ MAX_PROBLEMS = 8
 Path = tuple[str, ...]
 
 
-class _Large:
-    """Stands for a captured JSON value larger than ``CAPTURE_LIMIT``."""
+@final
+class Shortcuts:
+    """Whether the hot path's shortcuts are taken (always, but in the tests that compare
+    them with the general path: test_taps_fastpaths). Off, a tap reads each chunk as it
+    comes (nothing held), the SSE parser and the event-stream decoder hand events over one
+    by one, and no event is decoded into a narrow shape. A flag read at run time, as the
+    compiled modules bind their own functions early (monkeypatching them would not reach
+    the calls between them)."""
 
-    _instance: _Large | None = None
-
-    def __new__(cls) -> _Large:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "LARGE"
+    def __init__(self) -> None:
+        self.enabled = True
 
 
-LARGE: Any = _Large()
+SHORTCUTS: Final = Shortcuts()
 
 
 def describe_error(obj: Any) -> str | None:
@@ -115,10 +115,7 @@ def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
 
 
 def shape_decoder(shape: type[msgspec.Struct]) -> Callable[[bytes | str], Any]:
-    """A decoder of ``shape``, for :func:`read_shape`.
-
-    Shapes are declared ``gc=False``: what they hold is decoded JSON, which can never
-    refer back to them, so the garbage collector need not track (nor count) them."""
+    """A decoder of ``shape`` (shapes.py), for :func:`read_shape`."""
     return msgspec.json.Decoder(shape).decode
 
 
@@ -132,7 +129,7 @@ def read_shape(decode: Callable[[bytes | str], Any], data: bytes) -> Any:
     fit the shape (a missing field, another type), gives None: the caller reads it with
     :func:`loads`, so what the event means never depends on this shortcut.
     """
-    if shallow(data):
+    if shallow(data) and SHORTCUTS.enabled:
         try:
             return decode(data if data.isascii() else data.decode("utf-8"))
         except Exception:  # not this shape, not UTF-8 or not JSON: the general path decides
@@ -180,7 +177,11 @@ def read_shaped_run(
     fails is halved until the payload that failed is found. The effect is
     :func:`read_shape` on each payload in turn (test_taps_fastpaths holds them equal).
     """
-    if max(map(len, payloads)) > SHALLOW_SIZE or not all(map(bytes.isascii, payloads)):
+    if (
+        max(map(len, payloads)) > SHALLOW_SIZE
+        or not all(map(bytes.isascii, payloads))
+        or not SHORTCUTS.enabled
+    ):
         for payload in payloads:
             on_other(payload)
         return
@@ -324,6 +325,10 @@ class Handler(ABC):
         for name, data in events:
             on_event(name, data)
 
+    def on_datas(self, datas: list[bytes]) -> None:
+        """Several whole SSE events without names, by their data: ``on_events`` of them."""
+        self.on_events([(b"", data) for data in datas])
+
     def large_event_paths(self, name: bytes) -> frozenset[Path]:
         """Paths to read from an event too large to parse whole."""
         return frozenset()
@@ -375,6 +380,7 @@ __all__ = [
     "HOLD_CHUNKS",
     "HOLD_LIMIT",
     "LARGE",
+    "SHORTCUTS",
     "WHOLE_PARSE_LIMIT",
     "Cut",
     "Handler",

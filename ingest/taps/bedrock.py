@@ -24,8 +24,6 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-import msgspec
-
 from .base import (
     Handler,
     describe_error,
@@ -34,23 +32,13 @@ from .base import (
     shape_decoder,
     text_len,
 )
+from .estimate import EstimatorConfig
 from .eventstream import message_kind
+from .request import RequestInfo
+from .shapes import BedrockTextDelta
 from .usage import InvalidUsage, Usage, tok
 
-
-class _Text(msgspec.Struct, gc=False):
-    """A text delta; tool input and reasoning take the general path."""
-
-    text: str | None = None
-    toolUse: None = None  # the wire name
-    reasoningContent: None = None  # the wire name
-
-
-class _TextDelta(msgspec.Struct, gc=False):
-    delta: _Text
-
-
-_read_text_delta = shape_decoder(_TextDelta)
+_read_text_delta = shape_decoder(BedrockTextDelta)
 _delta_text = attrgetter("delta.text")
 #: The headers of a text delta message, the common one (read in runs by on_frames).
 _DELTA_HEADERS = {":event-type": "contentBlockDelta", ":message-type": "event"}
@@ -83,8 +71,8 @@ class BedrockHandler(Handler):
     fmt = "bedrock-converse"
     body_paths = frozenset({("usage",), ("message",), ("Message",)})
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
+        super().__init__(request, config)
         self._usage: Any = None
         self._metadata = False
         self._stopped = False
@@ -149,7 +137,7 @@ class BedrockHandler(Handler):
     def _deltas(self, run: list[bytes]) -> None:
         self.read_delta_run(run, _read_text_delta, self._text_deltas, self._other_delta)
 
-    def _text_deltas(self, events: list[_TextDelta]) -> None:
+    def _text_deltas(self, events: list[BedrockTextDelta]) -> None:
         self.delta_events += len(events)
         self.text_chars += sum(map(len, filter(None, map(_delta_text, events))))
 

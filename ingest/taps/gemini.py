@@ -23,9 +23,7 @@ There are no cache writes (explicit caches bill storage separately).
 from __future__ import annotations
 
 import json
-from itertools import chain, compress, repeat
-from operator import attrgetter, is_
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -40,6 +38,9 @@ from .base import (
     shape_decoder,
     text_len,
 )
+from .estimate import EstimatorConfig
+from .request import RequestInfo
+from .shapes import GeminiChunk
 from .usage import InvalidUsage, Usage, sub, tok
 
 _PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
@@ -49,44 +50,8 @@ _BODY_PATHS = frozenset(
 )
 
 
-class _Part(msgspec.Struct, gc=False):
-    """A text part; function calls and code take the general path."""
-
-    text: str | None = None
-    thought: bool | None = None
-    functionCall: None = None  # the wire names
-    executableCode: None = None
-
-
-class _Content(msgspec.Struct, gc=False):
-    parts: list[_Part] | None = None
-
-
-class _Candidate(msgspec.Struct, gc=False):
-    content: _Content | None = None
-    finishReason: str | None = None
-
-
-class _Chunk(msgspec.Struct, gc=False):
-    """The common chunk: text parts and a usageMetadata, no error. The usage is kept as
-    its raw JSON (checked, not built): only the last one counts, built once."""
-
-    candidates: list[_Candidate] | None = None
-    usageMetadata: msgspec.Raw = msgspec.Raw()
-    modelVersion: Any = None
-    error: None = None
-
-
-_read_chunk = shape_decoder(_Chunk)
-_candidates = attrgetter("candidates")
-_finish_reason = attrgetter("finishReason")
-_content = attrgetter("content")
-_parts_of = attrgetter("parts")
-_text = attrgetter("text")
-_thought = attrgetter("thought")
-_usage_metadata = attrgetter("usageMetadata")
-_model_version = attrgetter("modelVersion")
-_NULL = msgspec.Raw(b"null")
+_read_chunk = shape_decoder(GeminiChunk)
+_NULL: Final = b"null"
 
 
 def usage_from(raw: Any) -> Usage:
@@ -108,8 +73,8 @@ class GeminiHandler(Handler):
     fmt = "gemini"
     body_paths = _BODY_PATHS
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
+        super().__init__(request, config)
         self._usage: Any = None
         self._finished = False
         self._body = False
@@ -137,37 +102,68 @@ class GeminiHandler(Handler):
         if not self.parse_deltas:
             super().on_events(events)
             return
-        payloads = [data for _, data in events]
-        read_shaped_run(_read_chunk, payloads, self._shaped_chunks, self._other_chunk)
+        self.on_datas([data for _, data in events])
+
+    def on_datas(self, datas: list[bytes]) -> None:
+        if not self.parse_deltas:
+            for data in datas:
+                self.on_event(b"", data)
+            return
+        read_shaped_run(_read_chunk, datas, self._shaped_chunks, self._other_chunk)
 
     def _other_chunk(self, data: bytes) -> None:
         self.on_event(b"", data)
 
-    def _shaped_chunks(self, chunks: list[_Chunk]) -> None:
-        """``_shaped`` of each chunk in turn, in C loops: counts add up; the model, the
-        usage and ``finishReason`` are what the last chunk that carries them says."""
-        for version in reversed(list(map(_model_version, chunks))):
+    def _shaped_chunks(self, chunks: list[Any]) -> None:
+        """``_shaped`` of each chunk (a ``GeminiChunk``) in turn: the counts add up; the
+        model and the usage are what the last chunk that carries them says."""
+        events = 0
+        text = 0
+        reasoning = 0
+        finished = False
+        for chunk in chunks:
+            candidates = chunk.candidates
+            if not candidates:
+                continue
+            events += 1
+            for candidate in candidates:
+                if candidate.finishReason:
+                    finished = True
+                content = candidate.content
+                if content is None:
+                    continue
+                parts = content.parts
+                if parts is None:
+                    continue
+                for part in parts:
+                    part_text = part.text
+                    if part_text is not None:
+                        chars: int = len(part_text)
+                        text += chars
+                        if part.thought is True:
+                            reasoning += chars
+        self.delta_events += events
+        self.text_chars += text
+        self.reasoning_chars += reasoning
+        if finished:
+            self._finished = True
+        i = len(chunks) - 1
+        while i >= 0:
+            version = chunks[i].modelVersion
             if isinstance(version, str) and version:
                 self.set_model(version)
                 break
-        with_candidates = list(filter(None, map(_candidates, chunks)))
-        self.delta_events += len(with_candidates)
-        candidates = list(chain.from_iterable(with_candidates))
-        if any(map(_finish_reason, candidates)):
-            self._finished = True
-        contents = filter(None, map(_content, candidates))
-        parts = list(chain.from_iterable(filter(None, map(_parts_of, contents))))
-        texts = list(map(_text, parts))
-        self.text_chars += sum(map(len, filter(None, texts)))
-        thoughts = compress(texts, map(is_, map(_thought, parts), repeat(True)))
-        self.reasoning_chars += sum(map(len, filter(None, thoughts)))
-        for raw in reversed(list(map(_usage_metadata, chunks))):
-            if raw and raw != _NULL:
+            i -= 1
+        i = len(chunks) - 1
+        while i >= 0:
+            raw = chunks[i].usageMetadata
+            if raw and bytes(raw) != _NULL:
                 self._read_usage(raw)
                 break
+            i -= 1
 
     def _read_usage(self, raw: msgspec.Raw) -> None:
-        usage, problem = loads(memoryview(raw).tobytes())
+        usage, problem = loads(bytes(raw))
         if problem is not None:  # pragma: no cover - the whole chunk was valid JSON
             self.problem(problem)
         self._usage = usage
@@ -192,23 +188,9 @@ class GeminiHandler(Handler):
         if obj.get("usageMetadata") is not None:
             self._usage = obj["usageMetadata"]
 
-    def _shaped(self, chunk: _Chunk) -> None:
-        """``_chunk`` of a chunk read as ``_Chunk``: the same effects, from typed fields."""
-        self.set_model(chunk.modelVersion)
-        if chunk.candidates:
-            self.delta_events += 1
-            for candidate in chunk.candidates:
-                if candidate.finishReason:
-                    self._finished = True
-                content = candidate.content
-                if content is not None and content.parts is not None:
-                    for part in content.parts:
-                        chars = len(part.text) if part.text is not None else 0
-                        if part.thought is True:
-                            self.reasoning_chars += chars
-                        self.text_chars += chars
-        if chunk.usageMetadata and chunk.usageMetadata != _NULL:
-            self._read_usage(chunk.usageMetadata)
+    def _shaped(self, chunk: Any) -> None:
+        """``_chunk`` of a chunk read as ``GeminiChunk``: the same effects, from its fields."""
+        self._shaped_chunks([chunk])
 
     def _parts(self, parts: list[Any]) -> None:
         for part in parts:

@@ -21,10 +21,7 @@ for ``input_tokens``); ``completion_tokens`` includes
 
 from __future__ import annotations
 
-from operator import attrgetter, itemgetter
 from typing import Any
-
-import msgspec
 
 from .base import (
     Handler,
@@ -37,45 +34,15 @@ from .base import (
     shape_decoder,
     text_len,
 )
+from .estimate import EstimatorConfig
+from .request import RequestInfo
+from .shapes import ChatChunk
 from .usage import Usage, openai_usage
 
 _PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",)})
 
 
-class _Delta(msgspec.Struct, gc=False):
-    """The text fields ``_delta`` counts; tool calls and audio take the general path."""
-
-    content: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    refusal: str | None = None
-    tool_calls: None = None
-    audio: None = None
-
-
-class _Choice(msgspec.Struct, gc=False):
-    delta: _Delta
-
-
-class _Chunk(msgspec.Struct, gc=False):
-    """The common chunk: one choice with a delta, no usage, no error."""
-
-    choices: tuple[_Choice]
-    usage: None = None
-    error: None = None
-
-
-_read_chunk = shape_decoder(_Chunk)
-_choices = attrgetter("choices")
-_first = itemgetter(0)
-_delta_of = attrgetter("delta")
-_TEXT_FIELDS = tuple(attrgetter(name) for name in ("content", "refusal"))
-_REASONING_FIELDS = tuple(attrgetter(name) for name in ("reasoning_content", "reasoning"))
-
-
-def _chars(deltas: list[_Delta], fields: tuple[attrgetter[Any], ...]) -> int:
-    """Characters of the ``fields`` of ``deltas`` (None counts 0), in C loops."""
-    return sum(sum(map(len, filter(None, map(field, deltas)))) for field in fields)
+_read_chunk = shape_decoder(ChatChunk)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -86,8 +53,8 @@ class OpenAIChatHandler(Handler):
     fmt = "openai-chat"
     body_paths = frozenset({("usage",), ("model",), ("error",)})
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
+        super().__init__(request, config)
         self._usage: Any = None
         self._usage_final = False
         self._done = False
@@ -147,23 +114,33 @@ class OpenAIChatHandler(Handler):
         if not self.parse_deltas:
             super().on_events(events)
             return
-        # The first chunk (the model) one by one; then runs of the common chunk at once.
-        on_event = self.on_event
-        start = 0
-        while self.model is None and start < len(events):
-            on_event(*events[start])
-            start += 1
-        if start < len(events):
-            payloads = [data for _, data in events[start:]]
-            read_shaped_run(_read_chunk, payloads, self._common_chunks, self._other_chunk)
+        self.on_datas([data for _, data in events])  # chunks have no event names
 
-    def _common_chunks(self, chunks: list[_Chunk]) -> None:
-        """What ``on_event`` does for each chunk read as ``_Chunk``, added up."""
-        deltas = list(map(_delta_of, map(_first, map(_choices, chunks))))
-        reasoning = _chars(deltas, _REASONING_FIELDS)
+    def on_datas(self, datas: list[bytes]) -> None:
+        if not self.parse_deltas:
+            for data in datas:
+                self.on_event(b"", data)
+            return
+        # The first chunk (the model) one by one; then runs of the common chunk at once.
+        start = 0
+        while self.model is None and start < len(datas):
+            self.on_event(b"", datas[start])
+            start += 1
+        if start < len(datas):
+            run = datas[start:] if start else datas
+            read_shaped_run(_read_chunk, run, self._common_chunks, self._other_chunk)
+
+    def _common_chunks(self, chunks: list[Any]) -> None:
+        """What ``on_event`` does for each chunk read as ``ChatChunk``, added up."""
+        text = 0
+        reasoning = 0
+        for chunk in chunks:
+            delta = chunk.choices[0].delta
+            reasoning += len(delta.reasoning_content or "") + len(delta.reasoning or "")
+            text += len(delta.content or "") + len(delta.refusal or "")
         self.delta_events += len(chunks)
         self.reasoning_chars += reasoning
-        self.text_chars += reasoning + _chars(deltas, _TEXT_FIELDS)
+        self.text_chars += reasoning + text
 
     def _other_chunk(self, data: bytes) -> None:
         self.on_event(b"", data)

@@ -22,8 +22,6 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any
 
-import msgspec
-
 from .base import (
     Handler,
     Path,
@@ -32,6 +30,9 @@ from .base import (
     shape_decoder,
     text_len,
 )
+from .estimate import EstimatorConfig
+from .request import RequestInfo
+from .shapes import ResponsesTextDelta
 from .usage import Usage, openai_usage
 
 TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
@@ -44,13 +45,7 @@ _RESPONSE_PATHS = frozenset(
 _ERROR_PATHS = frozenset({("code",), ("message",), ("error",), ("type",)})
 
 
-class _TextDelta(msgspec.Struct, gc=False):
-    """A ``*.delta`` event whose ``delta`` is text: only that field is built."""
-
-    delta: str
-
-
-_read_text_delta = shape_decoder(_TextDelta)
+_read_text_delta = shape_decoder(ResponsesTextDelta)
 _delta_of = attrgetter("delta")
 #: The common event, read in runs (``on_events``).
 _OUTPUT_TEXT_DELTA = b"response.output_text.delta"
@@ -64,8 +59,8 @@ class OpenAIResponsesHandler(Handler):
     fmt = "openai-responses"
     body_paths = frozenset({("usage",), ("model",), ("status",), ("error",)})
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
+        super().__init__(request, config)
         self._usage: Any = None
         self._terminal: str | None = None
         self._status: str | None = None
@@ -127,7 +122,7 @@ class OpenAIResponsesHandler(Handler):
     def _text_deltas(self, run: list[bytes]) -> None:
         self.read_delta_run(run, _read_text_delta, self._shaped_deltas, self._other_delta)
 
-    def _shaped_deltas(self, events: list[_TextDelta]) -> None:
+    def _shaped_deltas(self, events: list[ResponsesTextDelta]) -> None:
         self.delta_events += len(events)
         self.text_chars += sum(map(len, map(_delta_of, events)))
 

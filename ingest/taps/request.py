@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fastjson import json_loads
+from .references import references
 
 #: Containers visited when looking for server-side state in a request; a larger
 #: request is assumed to name server-side state (pessimistic).
 WALK_BUDGET = 200_000
+
+#: ``json.dumps(obj, separators=(",", ":"), default=str)`` without making an encoder per call
+_compact_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,7 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
         return RequestInfo()
     if isinstance(request, dict):
         obj: Any = request
-        size = len(json.dumps(request, separators=(",", ":"), default=str).encode())
+        size = len(_compact_json(request).encode())
     else:
         raw = request.encode() if isinstance(request, str) else bytes(request)
         size = len(raw)
@@ -58,7 +62,7 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
     reader = _READERS.get(fmt)
     fields: dict[str, Any] = reader(obj) if reader is not None else {}
     found: list[str] = list(fields.pop("server_state", ()))
-    found.extend(_references(obj))
+    found.extend(references(obj, WALK_BUDGET))
     return RequestInfo(size=size, server_state=tuple(dict.fromkeys(found)), **fields)
 
 
@@ -227,49 +231,3 @@ _READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "gemini": _gemini,
     "bedrock-converse": _bedrock,
 }
-
-_ID_KEYS = {
-    "file_id": "file by id",
-    "fileId": "file by id",
-    "fileUri": "file by URL",
-    "file_uri": "file by URL",
-    "file_url": "file by URL",
-    "s3Location": "object by S3 location",
-}
-
-
-def _is_remote_url(value: Any) -> bool:
-    return isinstance(value, str) and value[:8].lower().startswith(("http://", "https://", "gs://"))
-
-
-def _references(obj: Any) -> list[str]:
-    """Content that the provider fetches or keeps: files/images by id or URL."""
-    found: dict[str, None] = {}
-    stack: list[Any] = [obj]
-    budget = WALK_BUDGET
-    while stack:
-        node = stack.pop()
-        budget -= 1
-        if budget < 0:
-            found["request too large to inspect"] = None
-            break
-        if isinstance(node, list):
-            stack.extend(item for item in node if isinstance(item, dict | list))
-            continue
-        for key, value in node.items():
-            if isinstance(value, dict | list):
-                stack.append(value)
-            if key in _ID_KEYS and value:
-                found[_ID_KEYS[key]] = None
-            elif key == "image_url" and (
-                _is_remote_url(value)
-                or (isinstance(value, dict) and _is_remote_url(value.get("url")))
-            ):
-                found["image by URL"] = None
-            elif (
-                key == "source" and isinstance(value, dict) and value.get("type") in ("url", "file")
-            ):
-                found[f"content by {value['type']}"] = None
-            elif key == "type" and value in ("item_reference", "container_upload"):
-                found[str(value)] = None
-    return list(found)

@@ -35,6 +35,7 @@ class LargeEventSink(Protocol):
 
 OnEvent = Callable[[bytes, bytes], None]
 OnEvents = Callable[[list[tuple[bytes, bytes]]], None]
+OnDatas = Callable[[list[bytes]], None]
 OpenLarge = Callable[[bytes], LargeEventSink]
 
 _AT_START, _FIELD, _DATA_SPACE, _DATA, _EVENT, _SKIP = range(6)
@@ -76,8 +77,6 @@ def _simple_events(buf: bytes, end: int) -> list[tuple[bytes, bytes]] | None:
     or around them) when their lengths add up to ``end``, as matches never overlap.
     Then each event is read as the general path reads it: the value after `field: `.
     """
-    if buf.startswith(b"data: "):  # no names (OpenAI chat): split, no regex
-        return _data_only(buf[6 : end - 2].split(b"\n\ndata: "))
     events = _SIMPLE_EVENT.findall(buf, 0, end)
     if not events:
         return None
@@ -90,8 +89,6 @@ def _simple_events(buf: bytes, end: int) -> list[tuple[bytes, bytes]] | None:
 
 def _simple_events_crlf(buf: bytes) -> list[tuple[bytes, bytes]] | None:
     """:func:`_simple_events` of the whole of ``buf``, with CRLF line ends."""
-    if buf.startswith(b"data: "):  # no names (Gemini): split, no regex
-        return _data_only(buf[6:-4].split(b"\r\n\r\ndata: "))
     events = _SIMPLE_EVENT_CRLF.findall(buf)
     if not events:
         return None
@@ -106,13 +103,20 @@ def _simple_events_crlf(buf: bytes) -> list[tuple[bytes, bytes]] | None:
     return events
 
 
-def _data_only(datas: list[bytes]) -> list[tuple[bytes, bytes]] | None:
-    """Events of ``data: DATA`` lines only, split at the line ends and blank lines
-    between them: each is one line when no DATA holds a CR or LF (find is memchr)."""
+def _data_only(buf: bytes, end: int, crlf: bool) -> list[bytes] | None:
+    """The DATA of the events of ``buf[:end]`` when they are ``data: DATA`` lines only (no
+    names: OpenAI chat, Gemini): ``buf`` starts with `data: ` and ``buf[:end]`` ends with
+    the blank line. One ``split`` at the line ends and blank lines between them, no regex;
+    each is one line when no DATA holds a CR or LF (find is memchr; ``count`` would not be)."""
+    datas = (buf if end == len(buf) else buf[:end]).split(
+        b"\r\n\r\ndata: " if crlf else b"\n\ndata: "
+    )
+    datas[0] = datas[0][6:]
+    datas[-1] = datas[-1][: -4 if crlf else -2]
     joined = b"".join(datas)
     if joined.find(b"\n") >= 0 or joined.find(b"\r") >= 0:
         return None
-    return list(zip(repeat(b""), datas))
+    return datas
 
 
 class SSEParser:
@@ -125,10 +129,14 @@ class SSEParser:
         *,
         limit: int,
         on_events: OnEvents | None = None,
+        on_datas: OnDatas | None = None,
     ) -> None:
         self.on_event = on_event
         #: Receives runs of whole simple events at once (see ``_feed_normal``).
         self.on_events = on_events
+        #: Receives the data of runs of events without names (``data:`` lines only);
+        #: ``on_events`` gets them (with b"" names) when this is None.
+        self.on_datas = on_datas
         self.open_large = open_large
         self.limit = limit
         self._parts: list[bytes] = []
@@ -154,11 +162,18 @@ class SSEParser:
                 and self.on_events is not None
                 and data[:3] != _BOM  # a BOM is skipped only by the general path
             ):
-                events = _simple_events_crlf(data)
-                if events is not None:
-                    self._first = False
-                    self.on_events(events)
-                    return
+                if data.startswith(b"data: "):  # no names (Gemini): split, no regex
+                    datas = _data_only(data, len(data), True)
+                    if datas is not None:
+                        self._first = False
+                        self._emit_datas(datas)
+                        return
+                else:
+                    events = _simple_events_crlf(data)
+                    if events is not None:
+                        self._first = False
+                        self.on_events(events)
+                        return
             if data[-2:] == b"\n\n" and b"\r" not in data:
                 end = len(data) - 2
                 nl = data.find(b"\n")
@@ -254,10 +269,16 @@ class SSEParser:
         if self.on_events is not None:
             end = buf.rfind(b"\n\n") + 2
             if 2 < end <= self.limit:
-                events = _simple_events(buf, end)
-                if events is not None:
-                    self.on_events(events)
-                    buf = buf[end:]
+                if buf.startswith(b"data: "):  # no names (OpenAI chat): split, no regex
+                    datas = _data_only(buf, end, False)
+                    if datas is not None:
+                        self._emit_datas(datas)
+                        buf = buf[end:]
+                else:
+                    events = _simple_events(buf, end)
+                    if events is not None:
+                        self.on_events(events)
+                        buf = buf[end:]
         # Events end at a blank line: split finds them all in one C call (pending parts
         # never hold a whole "\n\n", so nothing is found twice). An empty block is the
         # no-op between blank lines; a block may start with LF (a blank line before it).
@@ -299,6 +320,12 @@ class SSEParser:
                 if self._size > limit + 1:
                     return self._go_large()
         return b""
+
+    def _emit_datas(self, datas: list[bytes]) -> None:
+        if self.on_datas is not None:
+            self.on_datas(datas)
+        elif self.on_events is not None:
+            self.on_events(list(zip(repeat(b""), datas)))
 
     def _large_block(self, block: bytes) -> None:
         """A complete event larger than the limit (``block`` does not start

@@ -11,7 +11,17 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, Literal
 
-from .base import CUTS, HOLD_CHUNKS, HOLD_LIMIT, WHOLE_PARSE_LIMIT, Handler, Path, clip, observed
+from .base import (
+    CUTS,
+    HOLD_CHUNKS,
+    HOLD_LIMIT,
+    SHORTCUTS,
+    WHOLE_PARSE_LIMIT,
+    Handler,
+    Path,
+    clip,
+    observed,
+)
 from .decode import ContentDecoder, DecodeError
 from .estimate import EstimatorConfig, Observed, estimate_usage
 from .eventstream import EventStreamDecoder, EventStreamError
@@ -80,6 +90,9 @@ class Tap:
         #: and ``HOLD_CHUNKS`` chunks (so tiny chunks cost little memory each).
         self._held: list[bytes] = []
         self._held_bytes = 0
+        shortcuts = SHORTCUTS.enabled
+        self._hold_limit = HOLD_LIMIT if shortcuts else 1
+        self._hold_chunks = HOLD_CHUNKS if shortcuts else 1
         self._decoded = 0
         self._direct_from: int | None = None
         self._mode: Mode = mode
@@ -94,9 +107,10 @@ class Tap:
         # Where raw chunks go: the decoder, or straight to the framing.
         self._push: Callable[[bytes], None] = self._on_decoded
         try:
-            self._decoder = ContentDecoder(content_encoding, self._on_decoded)
-            if not self._decoder.identity:
-                self._push = self._decoder.feed
+            if content_encoding and not content_encoding.isspace():
+                self._decoder = ContentDecoder(content_encoding, self._on_decoded)
+                if not self._decoder.identity:
+                    self._push = self._decoder.feed
             if mode != "auto":
                 self._start(mode)
         except DecodeError as exc:
@@ -116,7 +130,7 @@ class Tap:
             return self._decoded
         return self._decoded + self.raw_bytes - self._direct_from
 
-    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+    def feed(self, chunk: Any) -> None:  # Any: a wrong type is caught below, not raised
         """One chunk of the response body as received. Never raises.
 
         Chunks are held (a copy when not ``bytes``, so the proxy may reuse its
@@ -134,7 +148,7 @@ class Tap:
                 chunk = bytes(chunk)
             held.append(chunk)
             self._held_bytes += len(chunk)
-            if self._held_bytes < HOLD_LIMIT and len(held) < HOLD_CHUNKS:
+            if self._held_bytes < self._hold_limit and len(held) < self._hold_chunks:
                 return
         except Exception as exc:  # pragma: no cover - only a chunk of a wrong type
             self._fatal = self._fatal or _internal(exc)
@@ -160,7 +174,7 @@ class Tap:
         except Exception as exc:
             self._fatal = _internal(exc)
 
-    def finish(self, *, cut: str | None = None) -> TapResult:
+    def finish(self, *, cut: Any = None) -> TapResult:
         """The response ended: normally (``cut=None``), or ``client_disconnected``
         / ``upstream_cut``. Returns the same result when called again."""
         if self._result is not None:
@@ -181,11 +195,18 @@ class Tap:
         handler = self.handler
         if mode == "sse":
             self._sse = SSEParser(
-                handler.on_event, self._open_large, limit=self.limit, on_events=handler.on_events
+                handler.on_event,
+                self._open_large,
+                limit=self.limit,
+                on_events=handler.on_events if SHORTCUTS.enabled else None,
+                on_datas=handler.on_datas if SHORTCUTS.enabled else None,
             )
             self._frame = self._sse.feed
         elif mode == "eventstream":
-            self._frames = EventStreamDecoder(handler.on_frame, on_messages=handler.on_frames)
+            self._frames = EventStreamDecoder(
+                handler.on_frame,
+                on_messages=handler.on_frames if SHORTCUTS.enabled else None,
+            )
             self._frame = self._frames.feed
         else:
             self._body = JsonBody(handler.body_paths, limit=self.limit)

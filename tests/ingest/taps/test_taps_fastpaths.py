@@ -12,24 +12,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ingest.taps.anthropic
-import ingest.taps.bedrock
-import ingest.taps.gemini
-import ingest.taps.openai_chat
-import ingest.taps.openai_responses
-import ingest.taps.sse
-import ingest.taps.tap
+import ingest.taps.base
 from ingest.taps import EstimatorConfig, open_tap
-from ingest.taps.base import Handler, loads, loads_stdlib
+from ingest.taps.base import loads, loads_stdlib, read_shape, shape_decoder
 from ingest.taps.eventstream import encode_message
 from ingest.taps.fastjson import json_loads
+from ingest.taps.shapes import GeminiChunk
 from ingest.taps.sse import SSEParser
 
 # -- SSE: one event per chunk ------------------------------------------------------------
@@ -51,6 +45,7 @@ def batching_parser(out: list[tuple[bytes, bytes]]) -> SSEParser:
         lambda n: pytest.fail(),
         limit=1 << 20,
         on_events=out.extend,
+        on_datas=lambda datas: out.extend((b"", data) for data in datas),
     )
 
 
@@ -237,28 +232,12 @@ def test_request_edge_cases_parse_as_json_loads_parses_them(data: bytes) -> None
 # -- provider shapes: the narrow decode and the general one give the same tap --------------
 
 
-def one_by_one(decode: Any, payloads: list[bytes], on_shaped: Any, on_other: Any) -> None:
-    for payload in payloads:
-        on_other(payload)
-
-
 def without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The general path: every chunk read as it comes (nothing held), every event framed
-    and parsed on its own, no narrow shapes."""
-    monkeypatch.setattr(ingest.taps.tap, "HOLD_LIMIT", 1)
-    monkeypatch.setattr(ingest.taps.sse, "_SIMPLE_EVENT", re.compile(rb"(?!)"))
-    monkeypatch.setattr(ingest.taps.sse, "_SIMPLE_EVENT_CRLF", re.compile(rb"(?!)"))
-    monkeypatch.setattr(ingest.taps.bedrock.BedrockHandler, "on_frames", Handler.on_frames)
-    for module in (
-        ingest.taps.anthropic,
-        ingest.taps.openai_chat,
-        ingest.taps.openai_responses,
-        ingest.taps.bedrock,
-        ingest.taps.gemini,
-    ):
-        monkeypatch.setattr(module, "read_shape", lambda decode, data: None)
-        if hasattr(module, "read_shaped_run"):
-            monkeypatch.setattr(module, "read_shaped_run", one_by_one)
+    and parsed on its own (no batches from the SSE parser or the event-stream decoder), no
+    narrow shapes. A switch the taps read at run time (their modules are compiled, so
+    patching their functions would not reach the calls between them)."""
+    monkeypatch.setattr(ingest.taps.base.SHORTCUTS, "enabled", False)
 
 
 def run(fmt: str, chunks: list[bytes]) -> tuple[Any, ...]:
@@ -588,3 +567,39 @@ def test_messages_before_a_corrupt_one_are_read_when_read_together(
     assert fast == general
     assert fast[0].upstream_error == "throttlingException: slow down"
     assert fast[0].estimate_reason == "unreadable: event-stream message CRC mismatch"
+
+
+def test_switched_off_the_shortcuts_are_not_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparisons above hold only if the general path takes no shortcut: nothing is
+    held, the SSE parser hands no batches over, no event is decoded into a shape."""
+    chunks = stream("gemini", [DELTAS["gemini"][0]] * 3)
+    decode = shape_decoder(GeminiChunk)
+
+    def fed_one() -> tuple[int, bool, bool]:
+        tap = open_tap("gemini", {"max_tokens": 64000}, streaming=True)
+        tap.feed(chunks[0])
+        batches = tap._sse is not None and tap._sse.on_datas is not None
+        return tap.handler.delta_events, batches, read_shape(decode, b"{}") is not None
+
+    assert fed_one() == (0, True, True)  # held, batched, shaped
+    with monkeypatch.context() as m:
+        without_shapes(m)
+        assert fed_one() == (1, False, False)
+
+
+@pytest.mark.parametrize("fmt", ["gemini", "openai-chat"])
+def test_crlf_runs_read_what_the_general_path_reads(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemini ends its lines with CRLF: held runs of them are split at once too."""
+    common = DELTAS[fmt][0]
+    for odd in DELTAS[fmt]:
+        deltas = [common] * 40
+        deltas[17] = odd
+        chunks = [c.replace(b"\n", b"\r\n") for c in stream(fmt, deltas)]
+        fast = run(fmt, chunks)
+        with monkeypatch.context() as m:
+            without_shapes(m)
+            general = run(fmt, chunks)
+        assert fast == general, odd
+        assert run(fmt, [b"".join(chunks)]) == general, odd

@@ -1,0 +1,112 @@
+"""The narrow msgspec shapes of each provider's common event (``base.read_shape``).
+
+Only the fields a handler reads are declared; msgspec skips the rest of the event
+without building it. They live apart from the handlers because the handlers are
+compiled with mypyc (pyproject.toml, ``taps``) and a Struct is made by msgspec's own
+metaclass: this module stays plain Python, the compiled code reads the Structs' fields
+as attributes. Shapes are ``gc=False``: what they hold is decoded JSON, which can never
+refer back to them, so the garbage collector need not track (nor count) them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class AnthropicText(msgspec.Struct, gc=False):
+    text: str
+
+
+class AnthropicTextDelta(msgspec.Struct, gc=False):
+    """``content_block_delta`` of text, the common event: only ``delta.text`` is built."""
+
+    delta: AnthropicText
+
+
+class ChatDelta(msgspec.Struct, gc=False):
+    """The text fields OpenAI chat's ``_delta`` counts; tool calls and audio take the
+    general path."""
+
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    refusal: str | None = None
+    tool_calls: None = None
+    audio: None = None
+
+
+class ChatChoice(msgspec.Struct, gc=False):
+    delta: ChatDelta
+
+
+class ChatChunk(msgspec.Struct, gc=False):
+    """OpenAI chat's common chunk: one choice with a delta, no usage, no error."""
+
+    choices: tuple[ChatChoice]
+    usage: None = None
+    error: None = None
+
+
+class ResponsesTextDelta(msgspec.Struct, gc=False):
+    """A Responses ``*.delta`` event whose ``delta`` is text: only that field is built."""
+
+    delta: str
+
+
+class GeminiPart(msgspec.Struct, gc=False):
+    """A text part; function calls and code take the general path."""
+
+    text: str | None = None
+    thought: bool | None = None
+    functionCall: None = None  # the wire names
+    executableCode: None = None
+
+
+class GeminiContent(msgspec.Struct, gc=False):
+    parts: list[GeminiPart] | None = None
+
+
+class GeminiCandidate(msgspec.Struct, gc=False):
+    content: GeminiContent | None = None
+    finishReason: str | None = None
+
+
+class GeminiChunk(msgspec.Struct, gc=False):
+    """Gemini's common chunk: text parts and a usageMetadata, no error. The usage is kept
+    as its raw JSON (checked, not built): only the last one counts, built once."""
+
+    candidates: list[GeminiCandidate] | None = None
+    usageMetadata: msgspec.Raw = msgspec.Raw()
+    modelVersion: Any = None
+    error: None = None
+
+
+class BedrockText(msgspec.Struct, gc=False):
+    """A Bedrock text delta; tool input and reasoning take the general path."""
+
+    text: str | None = None
+    toolUse: None = None  # the wire name
+    reasoningContent: None = None  # the wire name
+
+
+class BedrockTextDelta(msgspec.Struct, gc=False):
+    delta: BedrockText
+
+
+class _Large:
+    """Stands for a captured JSON value larger than ``CAPTURE_LIMIT`` (base.py)."""
+
+    _instance: _Large | None = None
+
+    def __new__(cls) -> _Large:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "LARGE"
+
+
+LARGE: Any = _Large()
