@@ -146,7 +146,7 @@ class Context:
     must be cheap).
     """
 
-    __slots__ = (*_FIELDS, "canon", "org")
+    __slots__ = (*_FIELDS, "canon", "group", "org", "secret", "session", "user")
 
     org_id: str
     secret_id: str
@@ -168,6 +168,12 @@ class Context:
     #: derived: canonical values per attribute (``tag:<name>`` included), the canonical org
     canon: dict[str, tuple[str, ...]]
     org: str
+    #: derived: the canonical secret, user and session ("" for none) and groups, as check()
+    #: reads them (typed attributes: no dict lookups, fewer cache lines per check)
+    secret: str
+    user: str
+    session: str
+    group: tuple[str, ...]
 
     def __init__(
         self,
@@ -225,14 +231,16 @@ class Context:
                     group = (one,)
             else:  # each group once, in order
                 group = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
+        users = () if user_id is None else _id("user_id", user_id)
+        sessions = () if session_id is None else _id("session_id", session_id)
         canon: dict[str, tuple[str, ...]] = {
             "org_id": (org,),
             "secret_id": (secret,),
             "project_id": () if project_id is None else _id("project_id", project_id),
             "grant_id": () if grant_id is None else _id("grant_id", grant_id),
             "permission_id": () if permission_id is None else _id("permission_id", permission_id),
-            "user_id": () if user_id is None else _id("user_id", user_id),
-            "session_id": () if session_id is None else _id("session_id", session_id),
+            "user_id": users,
+            "session_id": sessions,
             "provider": () if provider is None else _id("provider", provider),
             "api": () if api is None else _id("api", api),
             "model": () if model is None else _id("model", model),
@@ -283,6 +291,10 @@ class Context:
         self.max_output_tokens = max_output_tokens
         self.canon = canon
         self.org = org
+        self.secret = secret
+        self.user = users[0] if users else ""
+        self.session = sessions[0] if sessions else ""
+        self.group = group
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.to_json().items())
@@ -365,6 +377,8 @@ KIND_ORG: Final = 0
 KIND_ONE: Final = 1
 KIND_MANY: Final = 2
 KIND_SESSION: Final = 3
+KIND_SECRET: Final = 4
+KIND_USER: Final = 5
 
 
 class Plan:
@@ -416,6 +430,10 @@ class Plan:
             self.kind = KIND_SESSION
         elif budget.scope == "group":
             self.kind = KIND_MANY
+        elif budget.scope == "secret":
+            self.kind = KIND_SECRET
+        elif budget.scope == "user":
+            self.kind = KIND_USER
         else:  # ids and tags: one value at most
             self.kind = KIND_ONE
         #: X-Spend-Budget headers by (state, period end µs, whole percent used): warned
@@ -1092,13 +1110,26 @@ class Checker:
             cid: CounterId
             if kind == KIND_ORG:
                 cid = (plan.budget_id, org)
-            elif kind == KIND_SESSION:
-                sessions = canon["session_id"]
-                if not sessions:
+            elif kind == KIND_USER:
+                if not ctx.user:
                     continue
-                identity = canon["user_id"] or canon["secret_id"]
-                cid = (plan.budget_id, org, identity[0], sessions[0])
-            else:  # one value (ids, tags) or several (groups)
+                cid = (plan.budget_id, org, ctx.user)
+            elif kind == KIND_SECRET:
+                cid = (plan.budget_id, org, ctx.secret)
+            elif kind == KIND_SESSION:
+                if not ctx.session:
+                    continue
+                cid = (plan.budget_id, org, ctx.user or ctx.secret, ctx.session)
+            elif kind == KIND_MANY:  # groups: one counter each
+                groups = ctx.group
+                if not groups:
+                    continue
+                if len(groups) == 1:
+                    cid = (plan.budget_id, org, groups[0])
+                else:
+                    many = plan.scoped(ctx)
+                    cid = many[0]
+            else:  # one value (other ids, tags)
                 values = canon.get(plan.scope_attribute)
                 if not values:
                     continue
