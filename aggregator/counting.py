@@ -461,13 +461,16 @@ class CountingStage:
                 if self.store.pending_seen >= self.config.max_pending_event_ids:
                     # the event ids held in memory stay bounded: persist them now
                     await self._checkpoint()
-                elif now - self._last_checkpoint >= interval:
-                    if self._in_flight is None or self._in_flight.done():
-                        await self._settled()  # done: collects its outcome
-                        if self._failed is None:
-                            self._start_checkpoint()
-                    # else: the previous one still waits for the broker; cut when it is done
+                elif now - self._last_checkpoint >= interval and (
+                    self._in_flight is None or self._in_flight.done()
+                ):
+                    await self._settled()  # done: collects its outcome
+                    if self._failed is None:
+                        self._start_checkpoint()
                 else:
+                    # also while a cut is due but the previous checkpoint still waits for
+                    # the broker: a held verdict falls due all the same (and, not sent, it
+                    # would make the next getmany's timeout 0: a loop that never yields)
                     due = self.verdicts.due(now)
                     if due:
                         self._send_verdicts(due)

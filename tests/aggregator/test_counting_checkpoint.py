@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from pipeline_kit import BUDGETS_YAML, price_book
@@ -20,7 +20,7 @@ from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor
 from aggregator.reference import Reference
 from schemas.budgets import budgets_from_yaml
-from schemas.codec import USAGE_EVENT
+from schemas.codec import USAGE_EVENT, VERDICT
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 
@@ -125,3 +125,101 @@ def test_a_failed_output_batch_stops_the_stage_and_commits_nothing(
     assert isinstance(result["crash"], CountingError), result
     assert result["folded"] == EVENTS  # it read and folded them...
     assert result["committed"] == 0  # ...and committed none: they will be re-delivered
+
+
+class _HeldCheckpoint(CountingStage):
+    """A stage whose checkpoints wait, after their cut, until the test lets them finish
+    (a broker slow to acknowledge, held as long as the test needs)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.let_finish = asyncio.Event()
+        self.cuts = 0
+
+    async def _complete(self, cut: Any, started: float) -> None:
+        self.cuts += 1
+        await self.let_finish.wait()
+        await super()._complete(cut, started)
+
+
+async def _verdicts_while_a_checkpoint_waits(
+    bootstrap: str, topics: Topics, data_dir: Path
+) -> tuple[int, list[int]]:
+    reference = Reference()
+    reference.prices = price_book()
+    reference.budgets = {b.budget_id: b for b in budgets_from_yaml(yaml.safe_load(BUDGETS_YAML))}
+    ready = asyncio.Event()
+    ready.set()
+    config = AggregatorConfig(
+        bootstrap=bootstrap,
+        topic_prefix=topics.prefix,
+        app_id=f"{topics.prefix}agg",
+        commit_seconds=0.2,
+        data_dir=data_dir,
+    )
+    metrics = Metrics()
+    stage = _HeldCheckpoint(
+        config, topics, BatchProcessor(reference, source_topic=topics.usage_raw), metrics, ready
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    verdicts = AIOKafkaConsumer(
+        topics.budget_verdicts, bootstrap_servers=bootstrap, auto_offset_reset="earliest"
+    )
+    await asyncio.gather(stage.start(), producer.start(), verdicts.start())
+    loop = asyncio.get_running_loop()
+
+    async def publish() -> None:
+        event = new_usage_event(
+            provider="anthropic",
+            api="anthropic-messages",
+            model="claude-sonnet-4-5",
+            secret_id="sk-held",
+            org_id="org-held",
+            gateway_id="checkpoint",
+            input_tokens=100,
+            output_tokens=10,
+        )
+        await producer.send_and_wait(topics.usage_raw, USAGE_EVENT.encode(event), b"org-held")
+
+    async def until(condition: Any) -> None:
+        deadline = loop.time() + 60  # a bound on a hang, not a measurement
+        while not condition():
+            assert loop.time() < deadline, "the stage never got there"
+            await asyncio.sleep(0.05)
+
+    try:
+        await until(lambda: stage.serving)
+        await publish()
+        # the first event folded, then the first checkpoint cut and held
+        await until(lambda: metrics.totals.get("events", 0) == 1 and stage.cuts == 1)
+        # then one event every 20 ms into the same counter: most of their verdicts are
+        # held (< 100 ms after the last one sent), and meanwhile the next cut falls due
+        for _ in range(EVENTS - 1):
+            await publish()
+            await asyncio.sleep(0.02)
+        deadline = loop.time() + 60  # a bound on a hang, not a measurement
+        requests: list[int] = []
+        while loop.time() < deadline and not (requests and requests[-1] == EVENTS):
+            for messages in (await verdicts.getmany(timeout_ms=200)).values():
+                for message in messages:
+                    verdict = VERDICT.decode(message.value)
+                    if verdict["budget_id"] == "org-total":
+                        requests.append(verdict["spent_requests"])
+        return stage.cuts, requests
+    finally:
+        stage.let_finish.set()
+        await asyncio.gather(stage.stop(), producer.stop(), verdicts.stop())
+
+
+@pytest.mark.timeout(120)
+def test_held_verdicts_go_out_while_a_checkpoint_waits_for_the_broker(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """A verdict held by the coalescer falls due while the cut is due and the previous
+    checkpoint still waits: it is sent then, with the newest totals (the loop neither
+    holds it back until the checkpoint ends nor spins without yielding)."""
+    cuts, requests = asyncio.run(
+        _verdicts_while_a_checkpoint_waits(kafka_bootstrap, topics, tmp_path)
+    )
+    assert cuts == 1  # the first checkpoint never finished: no second cut
+    assert requests and requests[-1] == EVENTS, requests
