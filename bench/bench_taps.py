@@ -551,6 +551,12 @@ class AiohttpRelay:
         return out
 
 
+def _taps_compiled() -> bool:
+    import ingest.taps.tap
+
+    return Path(ingest.taps.tap.__file__ or "").suffix == ".so"
+
+
 def _timed(fn: Callable[[], object]) -> float:
     """CPU seconds (user + system) of this process: the issue's target is CPU,
     and time spent descheduled on a busy machine is not the tap's cost."""
@@ -595,6 +601,8 @@ def main() -> None:
         "streams_per_round": args.relay_streams,
         "pace_ms": args.pace_ms,
         "target_tap_added_ratio": 0.05,
+        # the taps' modules run as mypyc extensions (pyproject [tool.spendbus.compiled]) or not
+        "taps_compiled": _taps_compiled(),
         "formats": in_relay,
     }
     if args.relay_only:
