@@ -80,7 +80,7 @@ class BatchStats:
     cost_nanos: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: compiled, each frozen field is set the slow, generic way
 class VerdictChange:
     """A counter whose newest period changed in this batch (or was re-delivered)."""
 
