@@ -92,6 +92,47 @@ async def raw_consume_rate(bootstrap: str, topic: str, n: int) -> tuple[float, f
         await consumer.stop()
 
 
+async def raw_relay_rate(bootstrap: str, topic: str, out_topics: list[str], n: int) -> float:
+    """Events/s of a bare aiokafka consume that writes each record on, unchanged, once to
+    each of ``out_topics`` (same partition), in record batches as the counting stage
+    writes: the part of the aggregator's work that is Kafka's clients alone. The stage
+    writes at least two records per event (usage.priced and the dedupe changelog), so
+    this rate over the raw consume rate bounds ``ratio_to_raw`` from above."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"bench-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=512 * 1024
+    )
+    await asyncio.gather(consumer.start(), producer.start())
+    try:
+        seen = 0
+        futures = []
+        started = time.perf_counter()
+        while seen < n:
+            for tp, messages in (
+                await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            ).items():
+                seen += len(messages)
+                for out in out_topics:
+                    batch = producer.create_batch()
+                    for m in messages:
+                        if batch.append(key=m.key, value=m.value, timestamp=None) is None:
+                            futures.append(
+                                await producer.send_batch(batch, out, partition=tp.partition)
+                            )
+                            batch = producer.create_batch()
+                            batch.append(key=m.key, value=m.value, timestamp=None)
+                    futures.append(await producer.send_batch(batch, out, partition=tp.partition))
+        await asyncio.gather(*futures)
+        return n / (time.perf_counter() - started)
+    finally:
+        await asyncio.gather(consumer.stop(), producer.stop())
+
+
 def cpu_seconds(pid: int | None) -> float:
     """User + system CPU time of a process so far (/proc/<pid>/stat)."""
     if pid is None:
@@ -141,6 +182,9 @@ def throughput(bootstrap: str, n: int, home: Path, workers: int) -> dict[str, An
     asyncio.run(ensure_topics(bootstrap, twin, 4))
     asyncio.run(produce(bootstrap, twin.usage_raw, records))
     raw, raw_per_cpu = asyncio.run(raw_consume_rate(bootstrap, twin.usage_raw, n))
+    relay = asyncio.run(
+        raw_relay_rate(bootstrap, twin.usage_raw, [twin.usage_priced, twin.budget_verdicts], n)
+    )
     running = start_workers(bootstrap, topics, home, workers)
     try:
         # (wall clock, events done, CPU seconds of all workers), sampled from before the
@@ -168,6 +212,9 @@ def throughput(bootstrap: str, n: int, home: Path, workers: int) -> dict[str, An
         "aggregator_events_per_s": round(steady),
         "aggregator_events_per_s_per_worker": round(per_worker),
         "ratio_to_raw": round(per_worker / raw, 4),
+        # consume + write each record on twice, nothing else: the Kafka clients' share
+        "raw_relay_two_writes_events_per_s": round(relay),
+        "relay_ratio_to_raw": round(relay / raw, 4),
         # on a machine shared with other work, wall-clock rates measure the share each
         # process got; events per CPU-second is what one dedicated core would do
         "raw_consume_events_per_cpu_s": round(raw_per_cpu),
