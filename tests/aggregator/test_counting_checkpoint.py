@@ -28,6 +28,41 @@ pytestmark = pytest.mark.integration
 EVENTS = 12
 
 
+def _event_bytes(secret_id: str, org_id: str) -> bytes:
+    event = new_usage_event(
+        provider="anthropic",
+        api="anthropic-messages",
+        model="claude-sonnet-4-5",
+        secret_id=secret_id,
+        org_id=org_id,
+        gateway_id="checkpoint",
+        input_tokens=100,
+        output_tokens=10,
+    )
+    return USAGE_EVENT.encode(event)
+
+
+def _stage(
+    bootstrap: str, topics: Topics, data_dir: Path, kind: type[CountingStage] = CountingStage
+) -> tuple[CountingStage, AggregatorConfig, Metrics]:
+    """A counting stage on the pipeline kit's prices and budgets, checkpointing every 0.2 s."""
+    reference = Reference()
+    reference.prices = price_book()
+    reference.budgets = {b.budget_id: b for b in budgets_from_yaml(yaml.safe_load(BUDGETS_YAML))}
+    ready = asyncio.Event()
+    ready.set()
+    config = AggregatorConfig(
+        bootstrap=bootstrap,
+        topic_prefix=topics.prefix,
+        app_id=f"{topics.prefix}agg",
+        commit_seconds=0.2,
+        data_dir=data_dir,
+    )
+    metrics = Metrics()
+    processor = BatchProcessor(reference, source_topic=topics.usage_raw)
+    return kind(config, topics, processor, metrics, ready), config, metrics
+
+
 async def _run_stage(
     bootstrap: str, topics: Topics, data_dir: Path, *, break_priced: bool
 ) -> dict[str, Any]:
@@ -48,40 +83,14 @@ async def _run_stage(
         await producer.start()
         try:
             for n in range(EVENTS):
-                event = new_usage_event(
-                    provider="anthropic",
-                    api="anthropic-messages",
-                    model="claude-sonnet-4-5",
-                    secret_id=f"sk-{n % 3}",
-                    org_id=f"org-{n % 4}",
-                    gateway_id="checkpoint",
-                    input_tokens=100,
-                    output_tokens=10,
-                )
+                org = f"org-{n % 4}"
                 await producer.send_and_wait(
-                    topics.usage_raw, USAGE_EVENT.encode(event), event["org_id"].encode()
+                    topics.usage_raw, _event_bytes(f"sk-{n % 3}", org), org.encode()
                 )
         finally:
             await producer.stop()
 
-        reference = Reference()
-        reference.prices = price_book()
-        reference.budgets = {
-            b.budget_id: b for b in budgets_from_yaml(yaml.safe_load(BUDGETS_YAML))
-        }
-        ready = asyncio.Event()
-        ready.set()
-        config = AggregatorConfig(
-            bootstrap=bootstrap,
-            topic_prefix=topics.prefix,
-            app_id=f"{topics.prefix}agg",
-            commit_seconds=0.2,
-            data_dir=data_dir,
-        )
-        metrics = Metrics()
-        stage = CountingStage(
-            config, topics, BatchProcessor(reference, source_topic=topics.usage_raw), metrics, ready
-        )
+        stage, config, metrics = _stage(bootstrap, topics, data_dir)
         crashed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
         async def on_crash(exc: BaseException) -> None:
@@ -145,22 +154,8 @@ class _HeldCheckpoint(CountingStage):
 async def _verdicts_while_a_checkpoint_waits(
     bootstrap: str, topics: Topics, data_dir: Path
 ) -> tuple[int, list[int]]:
-    reference = Reference()
-    reference.prices = price_book()
-    reference.budgets = {b.budget_id: b for b in budgets_from_yaml(yaml.safe_load(BUDGETS_YAML))}
-    ready = asyncio.Event()
-    ready.set()
-    config = AggregatorConfig(
-        bootstrap=bootstrap,
-        topic_prefix=topics.prefix,
-        app_id=f"{topics.prefix}agg",
-        commit_seconds=0.2,
-        data_dir=data_dir,
-    )
-    metrics = Metrics()
-    stage = _HeldCheckpoint(
-        config, topics, BatchProcessor(reference, source_topic=topics.usage_raw), metrics, ready
-    )
+    stage, _, metrics = _stage(bootstrap, topics, data_dir, _HeldCheckpoint)
+    assert isinstance(stage, _HeldCheckpoint)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     verdicts = AIOKafkaConsumer(
         topics.budget_verdicts, bootstrap_servers=bootstrap, auto_offset_reset="earliest"
@@ -169,17 +164,9 @@ async def _verdicts_while_a_checkpoint_waits(
     loop = asyncio.get_running_loop()
 
     async def publish() -> None:
-        event = new_usage_event(
-            provider="anthropic",
-            api="anthropic-messages",
-            model="claude-sonnet-4-5",
-            secret_id="sk-held",
-            org_id="org-held",
-            gateway_id="checkpoint",
-            input_tokens=100,
-            output_tokens=10,
+        await producer.send_and_wait(
+            topics.usage_raw, _event_bytes("sk-held", "org-held"), b"org-held"
         )
-        await producer.send_and_wait(topics.usage_raw, USAGE_EVENT.encode(event), b"org-held")
 
     async def until(condition: Any) -> None:
         deadline = loop.time() + 60  # a bound on a hang, not a measurement
