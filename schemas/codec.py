@@ -396,6 +396,8 @@ def _python_type(schema: Any, raw_timestamps: bool) -> str:
     if isinstance(schema, dict) and schema.get("logicalType") == "timestamp-micros":
         return "int" if raw_timestamps else "datetime"
     if isinstance(schema, list):
+        if len(schema) != 2 or "null" not in schema:
+            raise _NotPlain
         other = schema[1 - schema.index("null")]
         return f"{_python_type(other, raw_timestamps)} | None"
     kind = schema["type"] if isinstance(schema, dict) else schema
@@ -403,7 +405,18 @@ def _python_type(schema: Any, raw_timestamps: bool) -> str:
         return f"list[{_python_type(schema['items'], raw_timestamps)}]"
     if kind == "map":
         return f"dict[str, {_python_type(schema['values'], raw_timestamps)}]"
-    return {"long": "int", "int": "int", "string": "str", "boolean": "bool", "enum": "str"}[kind]
+    if kind not in _PYTHON_TYPES:  # records, fixed, bytes, floats...: not specialised
+        raise _NotPlain
+    return _PYTHON_TYPES[kind]
+
+
+_PYTHON_TYPES: Final = {
+    "long": "int",
+    "int": "int",
+    "string": "str",
+    "boolean": "bool",
+    "enum": "str",
+}
 
 
 def _emit_read(src: _Source, depth: int, var: str, schema: Any, raw_timestamps: bool) -> None:
@@ -530,7 +543,7 @@ def record_reader_source(
             names.append((spec["name"], var))
             src.emit(1, f"{var}: {_python_type(spec['type'], raw_timestamps)}")
             _emit_read(src, 1, var, spec["type"], raw_timestamps)
-    except (_NotPlain, KeyError, ValueError):
+    except _NotPlain:
         return None
     src.emit(1, "return {" + ", ".join(f"{name!r}: {var}" for name, var in names) + "}, pos")
     constants = [f"{name}: Final = {value!r}" for name, value in src.constants.items()]

@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 import aggregator.decode as hot
 from aggregator import usage_reader
 from aggregator.decode import decode_usage_event, read_usage_event
-from schemas.codec import HEADER_LEN, USAGE_EVENT, compile_record_reader, reader_module_source
+from schemas.codec import (
+    HEADER_LEN,
+    USAGE_EVENT,
+    compile_record_reader,
+    reader_module_source,
+    record_reader_source,
+)
 from schemas.errors import DecodeError
 from schemas.periods import to_micros
 
@@ -205,3 +211,26 @@ def test_the_generated_reader_module_is_what_the_schema_generates() -> None:
     expected = reader_module_source(USAGE_EVENT, raw_timestamps=True)
     assert hot.READER_MODULE.read_text() == expected, f"stale: run {hot.WRITE_READER}"
     assert hot._READ is usage_reader.read
+
+
+@pytest.mark.parametrize(
+    "field_type",
+    [
+        "double",
+        "bytes",
+        ["null", "string", "long"],
+        ["string", "long"],
+        {"type": "array", "items": "double"},
+        {"type": "map", "values": {"type": "fixed", "name": "F", "size": 2}},
+        {"type": "record", "name": "Inner", "fields": [{"name": "x", "type": "long"}]},
+    ],
+)
+def test_a_type_the_generator_does_not_read_gets_no_reader(field_type: Any) -> None:
+    """No reader rather than a wrong one: the codec (fastavro) reads such records."""
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [{"name": "a", "type": "string"}, {"name": "b", "type": field_type}],
+    }
+    assert record_reader_source(schema) is None
+    assert compile_record_reader(schema) is None
