@@ -6,27 +6,31 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install native demo test test-faults check bench broker clean
 
-$(STAMP): pyproject.toml
+# The hot modules compiled with mypyc (pyproject.toml [tool.spendbus.compiled]).
+COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(sum(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled'].values(), [])))")
+NATIVE_STAMP := $(VENV)/.native-stamp
+# touched after a build: an extension whose C did not change is copied with its old time
+TOUCH_EXTENSIONS := [ "$$SPENDBUS_PURE" = 1 ] || for m in $(COMPILED:.py=); do touch -c $$m.cpython-*.so; done
+
+# The install compiles them too: an editable install then knows each group's shared
+# library (a top-level module), which a later build in place replaces.
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 'setuptools>=77'  # setup.py's build_ext reads pyproject's metadata
-	SPENDBUS_PURE=1 $(BIN)/pip install -q -e '.[test,dev]'
-	touch $(STAMP)
+	$(BIN)/pip install -q -e '.[test,dev]'
+	$(TOUCH_EXTENSIONS)
+	touch $(STAMP) $(NATIVE_STAMP)
 
 install: $(STAMP)
 
-# The hot modules compiled with mypyc (pyproject.toml [tool.spendbus.compiled]): rebuilt
-# in place whenever one of their sources changes, so an extension never runs stale code
-# (touched after the build: an unchanged one is copied with its old time).
-COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(sum(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled'].values(), [])))")
-NATIVE_STAMP := $(VENV)/.native-stamp
-
-$(NATIVE_STAMP): $(STAMP) $(COMPILED) setup.py
-	@if [ "$$SPENDBUS_PURE" != 1 ]; then \
-		$(BIN)/python setup.py -q build_ext --inplace && \
-		for m in $(COMPILED:.py=); do touch $$m.cpython-*.so; done; fi
+# Rebuilt in place whenever one of their sources changes, so an extension never runs
+# stale code.
+$(NATIVE_STAMP): $(COMPILED)
+	[ "$$SPENDBUS_PURE" = 1 ] || $(BIN)/python setup.py -q build_ext --inplace
+	$(TOUCH_EXTENSIONS)
 	touch $(NATIVE_STAMP)
 
-native: $(NATIVE_STAMP)
+native: $(STAMP) $(NATIVE_STAMP)
 
 # The Kafka broker's jars, fetched once from Maven Central into the cache.
 broker: native

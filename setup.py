@@ -45,6 +45,8 @@ def extensions() -> list[Any]:
         groups = {name: groups[name] for name in only.split(",")}
     built: list[Any] = []
     for name, paths in groups.items():
+        # the group's shared library is a top-level module (mypyc derives each module's
+        # __file__ from its place); an editable install maps it when it built it
         built += mypycify(paths, opt_level="3", group_name=f"spendbus_{name}_native")
     return built
 
