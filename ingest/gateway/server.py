@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from types import TracebackType
 
 from aiohttp import web
@@ -26,10 +27,18 @@ class GatewayServer:
     async def start(self) -> str:
         runner = web.AppRunner(self.gateway.app(), access_log=None, handle_signals=False)
         await runner.setup()
+        # What exists before the first request (imports, config, the enforcer's state, the
+        # price book) lives as long as the server: frozen, a full collection no longer walks
+        # it. In the gateway under bench_gateway a full collection took 56-87 ms of CPU with
+        # the event loop held (every stream's next chunk and every admission waited behind
+        # it); frozen, 1-21 ms. Before listening: the one collection here delays no client.
+        gc.collect()
+        gc.freeze()
         try:
             site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
             await site.start()
         except BaseException:
+            gc.unfreeze()
             await runner.cleanup()
             raise
         self._runner = runner
@@ -42,6 +51,7 @@ class GatewayServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            gc.unfreeze()  # what start froze is collectable again
 
     async def __aenter__(self) -> GatewayServer:
         await self.start()

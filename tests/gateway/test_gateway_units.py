@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import gc
+import socket
 from pathlib import Path
 
 import pytest
@@ -224,3 +226,40 @@ def test_a_secret_for_several_apis_goes_to_the_upstream_of_each() -> None:
             },
             "g.yaml",
         )
+
+
+async def test_the_server_freezes_the_heap_it_starts_with_and_thaws_it_when_it_stops(
+    tmp_path: Path,
+) -> None:
+    """A full collection walked the gateway's whole long-lived heap (imports, config, the
+    enforcer's state: 56-87 ms of CPU, the loop held meanwhile); frozen at start, it walks
+    only what was made since. Stopped, the server gives that heap back to the collector."""
+    from gateway_kit import gateway_config
+
+    from enforcer import Enforcer, EnforcerConfig
+    from ingest.gateway import Gateway, GatewayServer, parse_config
+    from ingest.publisher import PublisherConfig, UsagePublisher
+
+    config = parse_config(gateway_config("http://127.0.0.1:9"), "test")
+    gate = Enforcer(EnforcerConfig(bootstrap="127.0.0.1:9", gateway_id="test-gateway"))
+    sink = UsagePublisher(PublisherConfig(bootstrap="127.0.0.1:9", spool_dir=tmp_path / "spool"))
+    gc.unfreeze()
+    before = gc.get_freeze_count()
+    long_lived = [object()]  # a container made before the start: tracked by the collector
+    gw = Gateway(config, gate, sink, credentials=config.credentials({}))
+    async with GatewayServer(gw) as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        assert gc.get_freeze_count() > before + 1000
+        gc.collect()  # a full collection leaves the frozen heap alone
+        assert gc.get_freeze_count() > before + 1000
+        assert not any(o is long_lived for o in gc.get_objects())  # frozen, not walked
+    assert gc.get_freeze_count() == 0
+    assert any(o is long_lived for o in gc.get_objects())
+    # a server that cannot listen leaves nothing frozen behind
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError):
+            await GatewayServer(gw, port=port).start()
+    assert gc.get_freeze_count() == 0
