@@ -12,12 +12,14 @@ NATIVE_STAMP := $(VENV)/.native-stamp
 # touched after a build: an extension whose C did not change is copied with its old time
 TOUCH_EXTENSIONS := [ "$$SPENDBUS_PURE" = 1 ] || for m in $(COMPILED:.py=); do touch -c $$m.cpython-*.so; done
 
-# The install compiles them too: an editable install then knows each group's shared
-# library (a top-level module), which a later build in place replaces.
+# The dependencies first, then the project compiled against them (mypyc reads their
+# types; and installed compiled, the editable install knows each group's shared library,
+# a top-level module that a later build in place replaces).
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip 'setuptools>=77'  # setup.py's build_ext reads pyproject's metadata
-	$(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q --upgrade pip 'setuptools>=77' wheel  # build_ext reads pyproject's metadata
+	SPENDBUS_PURE=1 $(BIN)/pip install -q -e '.[test,dev]'
+	$(BIN)/pip install -q -e . --no-deps --no-build-isolation
 	$(TOUCH_EXTENSIONS)
 	touch $(STAMP) $(NATIVE_STAMP)
 
