@@ -368,6 +368,13 @@ def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = Fal
 
     #: path -> [thread CPU ns inside the handler, requests] (--handler-cpu only)
     in_handlers: dict[str, list[int]] = {"/v1/check": [0, 0], "/noop": [0, 0]}
+
+    def count_handler_cpu(path: str, spent_ns: int) -> None:
+        spent = in_handlers.get(path)
+        if spent is not None:
+            spent[0] += spent_ns
+            spent[1] += 1
+
     noop_body = json.dumps({"allowed": True, "decision": "allowed"}).encode()
 
     async def noop(request: web.BaseRequest) -> web.Response:
@@ -407,10 +414,7 @@ def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = Fal
             async def timed(request: web.BaseRequest) -> web.StreamResponse:
                 started = thread_ns()
                 response: web.StreamResponse = await dispatch(request)
-                spent = in_handlers.get(request.path)
-                if spent is not None:
-                    spent[0] += thread_ns() - started
-                    spent[1] += 1
+                count_handler_cpu(request.path, thread_ns() - started)
                 return response
 
             handle = timed
@@ -423,10 +427,7 @@ def _server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: bool = Fal
             async def timed_app(request: web.Request, handler: Any) -> web.StreamResponse:
                 started = thread_ns()
                 response: web.StreamResponse = await handler(request)
-                spent = in_handlers.get(request.path)
-                if spent is not None:
-                    spent[0] += thread_ns() - started
-                    spent[1] += 1
+                count_handler_cpu(request.path, thread_ns() - started)
                 return response
 
             app.middlewares.append(timed_app)
