@@ -30,7 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gzip
+import itertools
 import json
+import math
 import multiprocessing
 import os
 import socket
@@ -51,6 +53,10 @@ from ingest.taps import EstimatorConfig, open_tap
 from ingest.taps.eventstream import encode_message
 
 MIB = 1 << 20
+PAIR_TIMEOUT_S = 60.0
+SPIN_CALIBRATION = 5_000_000
+PHASES = 7  # start offsets of the upstream streams, in sevenths of the pace
+SETTLE_S = 0.05
 WORDS = ("The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".")
 
 
@@ -419,16 +425,54 @@ def _tap(
     assert result.usage_source == "reported", result
 
 
-class AiohttpRelay:
-    """The tap where a proxy runs it: inside an aiohttp pass-through (server + client).
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of a process in ns, read from outside (``schedstat``): the
+    relay spends nothing on being measured, and the clock is exact, not in 10 ms ticks."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as stat:
+            total += int(stat.read().split()[0])
+    return total
 
-    An upstream (aiohttp server, this process) paces each response chunk by chunk, as
-    providers flush tokens, so the relay reads about one event per chunk. The relay is
-    a process of its own (forked: no interpreter lock shared with the upstream and the
-    client) that forwards each response with ``iter_any``/``write``, feeding a tap or
-    not, and reports its process CPU time on ``/cpu``. Its CPU per response is the
-    measure: ``relay_aiohttp`` without a tap, ``relay_aiohttp_tap`` with one, the same
-    streams in interleaved rounds. 127.0.0.1 only; bounded by count.
+
+def _may_run_realtime() -> bool:
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    except (PermissionError, AttributeError):
+        return False
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    return True
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return {
+        "min": round(min(values), 4),
+        "q1": round(quartiles[0], 4),
+        "median": round(statistics.median(values), 4),
+        "q3": round(quartiles[2], 4),
+        "max": round(max(values), 4),
+    }
+
+
+class PairedRelay:
+    """The tap where a proxy runs it: inside an aiohttp pass-through, measured in pairs.
+
+    Two identical relays (forked processes: aiohttp server + ClientSession forwarding each
+    response with ``iter_any``/``write``, feeding a tap per request path or not) share one
+    core (the last CPU); the upstream (an aiohttp server pacing each response chunk by chunk,
+    as providers flush tokens) and the client run in this process on the other core(s).
+    Each round the client runs the same streams through both relays at the same time, one
+    relay tapping and the other not, and swaps the roles the next round, so which process
+    taps cancels out. A round's ratio is CPU(tapping relay) / CPU(plain relay) over that
+    round, both read from ``/proc/<pid>/task/*/schedstat``: a load spike, a frequency change
+    or another process on the core hits both relays in the same instant. The figure is the
+    median of the rounds' ratios, minus 1 (``tap_added_ratio``), with their spread.
+
+    Pacing keeps about one event per read (``chunks_per_read``, counted by each relay for
+    each role: the two must match, or one relay batches more than the other and the
+    comparison is unfair), and the share of each core the run used is reported
+    (``core_busy``): a saturated core would batch reads. 127.0.0.1 only; bounded by count.
     """
 
     def __init__(
@@ -436,55 +480,110 @@ class AiohttpRelay:
         builders: Mapping[str, Callable[[int], tuple[dict[str, object], list[bytes], bytes]]],
         tokens: int,
         pace_s: float,
+        round_chunks: int,
     ) -> None:
         self.responses: dict[str, tuple[dict[str, object], list[bytes]]] = {}
         for fmt, build in builders.items():
             request, events, _ = build(tokens)
             self.responses[fmt] = (request, events)
         self.pace_s = pace_s
+        self._pairs: dict[str, tuple[web.StreamResponse, asyncio.Future[None]]] = {}
+        # responses one after another on each stream, so every format's round relays about
+        # as many chunks (Gemini's 63-chunk responses would make short, noisy rounds)
+        self.responses_per_stream = {
+            fmt: max(1, round(round_chunks / len(events)))
+            for fmt, (_, events) in self.responses.items()
+        }
 
-    # -- the upstream and the client (this process) ----------------------------------------------
+    # -- the upstream (this process) ----------------------------------------------------------------
     async def _upstream(self, request: web.Request) -> web.StreamResponse:
+        """One stream of a pair: the two relays' requests for the same pair are answered by
+        one loop that writes each chunk to both, then sleeps: both relays get every chunk
+        at the same instant (the same reads), for half the upstream's timers and steps."""
         _, events = self.responses[request.match_info["fmt"]]
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for chunk in events:
-            await response.write(chunk)
-            await asyncio.sleep(self.pace_s)
-        await response.write_eof()
+        pair = request.match_info["pair"]
+        waiting = self._pairs.pop(pair, None)
+        if waiting is None:  # the first of the two: the second one streams to both
+            done = asyncio.get_running_loop().create_future()
+            self._pairs[pair] = (response, done)
+            await asyncio.wait_for(done, PAIR_TIMEOUT_S)
+            return response
+        other, done = waiting
+        # streams start at spread phases, as a proxy's streams do (not all in one burst);
+        # which relay is written first alternates chunk by chunk
+        order = itertools.cycle(((response, other), (other, response)))
+        try:
+            await asyncio.sleep(self.pace_s * (int(pair) % PHASES) / PHASES)
+            for chunk in events:
+                for target in next(order):
+                    await target.write(chunk)
+                await asyncio.sleep(self.pace_s)
+            await response.write_eof()
+            await other.write_eof()
+        finally:
+            done.set_result(None)
         return response
 
-    # -- the relay (its own process) --------------------------------------------------------------
-    def _serve_relay(self, upstream_url: str, ports: multiprocessing.SimpleQueue[int]) -> None:
+    # -- a relay (a process of its own) -------------------------------------------------------------
+    def _serve_relay(
+        self,
+        upstream_url: str,
+        core: int | None,
+        realtime: bool,
+        spin_us: float,
+        ports: multiprocessing.SimpleQueue[int],
+    ) -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        if realtime:  # both alike: the one woken first runs first, whatever its CPU so far
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+        spin_loops = 0
+        if spin_us:  # empty loop turns costing spin_us of CPU (user space only, no calls)
+            started = time.process_time()
+            for _ in range(SPIN_CALIBRATION):
+                pass
+            spin_loops = round(spin_us / 1e6 * SPIN_CALIBRATION / (time.process_time() - started))
+
         async def main() -> None:
             taps_reported = 0
+            reads = 0
             session = aiohttp.ClientSession()
 
             async def relay(request: web.Request) -> web.StreamResponse:
-                nonlocal taps_reported
-                fmt = request.match_info["fmt"]
+                nonlocal taps_reported, reads
+                fmt, mode = request.match_info["fmt"], request.match_info["mode"]
                 tap = None
-                if request.match_info["mode"] == "tap":
+                if mode == "tap" and not spin_us:
                     tap = open_tap(fmt, self.responses[fmt][0], streaming=True)
-                async with session.get(f"{upstream_url}/{fmt}") as upstream:
+                spin = mode == "tap" and spin_us > 0
+                count = 0
+                pair = request.query["pair"]
+                async with session.get(f"{upstream_url}/{fmt}/{pair}") as upstream:
                     response = web.StreamResponse(
                         headers={"Content-Type": upstream.headers["Content-Type"]}
                     )
                     await response.prepare(request)
                     async for chunk in upstream.content.iter_any():
+                        count += 1
                         if tap is not None:
                             tap.feed(chunk)
+                        elif spin:  # a known cost instead of a tap, to check the method
+                            for _ in range(spin_loops):
+                                pass
                         await response.write(chunk)
                     await response.write_eof()
                 if tap is not None and tap.finish().usage_source == "reported":
                     taps_reported += 1
+                reads += count
                 return response
 
-            async def cpu(_: web.Request) -> web.Response:
-                return web.json_response({"cpu_s": time.process_time(), "taps": taps_reported})
+            async def stats(_: web.Request) -> web.Response:
+                return web.json_response({"taps": taps_reported, "reads": reads})
 
             app = web.Application()
-            app.router.add_get("/cpu", cpu)
+            app.router.add_get("/stats", stats)
             app.router.add_get("/{mode}/{fmt}", relay)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
@@ -494,61 +593,172 @@ class AiohttpRelay:
 
         asyncio.run(main())
 
-    async def measure(self, rounds: int, streams: int) -> dict[str, object]:
+    # -- the client (this process) ------------------------------------------------------------------
+    async def measure(
+        self,
+        rounds: int,
+        streams: int,
+        *,
+        pin: bool = True,
+        realtime: bool = True,
+        null_check: bool = False,
+        spin_us: float = 0.0,
+    ) -> dict[str, object]:
+        cpus = sorted(os.sched_getaffinity(0))
+        realtime = realtime and _may_run_realtime()
+        relay_core: int | None = None
+        client_cores = set(cpus)
+        if pin and len(cpus) > 1:
+            relay_core = cpus[-1]
+            client_cores = set(cpus[:-1])
+            os.sched_setaffinity(0, client_cores)  # before forking: the relays set their own
         upstream = web.Application()
-        upstream.router.add_get("/{fmt}", self._upstream)
+        upstream.router.add_get("/{fmt}/{pair}", self._upstream)
         runner = web.AppRunner(upstream, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         upstream_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
         context = multiprocessing.get_context("fork")
         ports: multiprocessing.SimpleQueue[int] = context.SimpleQueue()
-        relay = context.Process(target=self._serve_relay, args=(upstream_url, ports), daemon=True)
-        relay.start()
+        relays = [
+            context.Process(
+                target=self._serve_relay,
+                args=(upstream_url, relay_core, realtime, spin_us, ports),
+                daemon=True,
+            )
+            for _ in range(2)
+        ]
+        for process in relays:
+            process.start()
         loop = asyncio.get_running_loop()
-        relay_url = f"http://127.0.0.1:{await loop.run_in_executor(None, ports.get)}"
-        per_response: dict[str, dict[str, list[float]]] = {
+        urls = [f"http://127.0.0.1:{await loop.run_in_executor(None, ports.get)}" for _ in relays]
+        pids = [process.pid or 0 for process in relays]
+        ratios: dict[str, list[float]] = {fmt: [] for fmt in self.responses}
+        cpu_us: dict[str, dict[str, list[float]]] = {
             fmt: {"plain": [], "tap": []} for fmt in self.responses
         }
+        busy: dict[str, list[float]] = {"relay_core": [], "client": []}
+        reads = {fmt: {"plain": 0, "tap": 0} for fmt in self.responses}
+        taps_asked = 0
         try:
-            async with aiohttp.ClientSession() as client:
+            connector = aiohttp.TCPConnector(limit=0)
+            async with aiohttp.ClientSession(connector=connector) as client:
 
-                async def relay_state() -> dict[str, Any]:
-                    async with client.get(f"{relay_url}/cpu") as r:
+                async def relay_stats(url: str) -> dict[str, Any]:
+                    async with client.get(f"{url}/stats") as r:
                         state: dict[str, Any] = await r.json()
                         return state
 
-                async def one(mode: str, fmt: str) -> int:
-                    async with client.get(f"{relay_url}/{mode}/{fmt}") as r:
+                serials = itertools.count()
+
+                async def fetch(url: str, mode: str, fmt: str, pair: int) -> int:
+                    async with client.get(f"{url}/{mode}/{fmt}", params={"pair": pair}) as r:
                         return len(await r.read())
 
-                for _ in range(rounds):  # interleaved: a load spike hits both alike
+                async def pair_stream(modes: tuple[str, str], fmt: str) -> list[int]:
+                    """One stream through each relay, fed by the same upstream loop."""
+                    sizes: list[int] = []
+                    for _ in range(self.responses_per_stream[fmt]):
+                        pair = next(serials)
+                        sizes += await asyncio.gather(
+                            *(
+                                fetch(url, mode, fmt, pair)
+                                for url, mode in zip(urls, modes, strict=True)
+                            )
+                        )
+                    return sizes
+
+                async def run(pairs: list[tuple[str, str]], fmt: str) -> None:
+                    nonlocal taps_asked
+                    expected = sum(map(len, self.responses[fmt][1]))
+                    sizes = await asyncio.gather(*(pair_stream(modes, fmt) for modes in pairs))
+                    assert all(n == expected for one in sizes for n in one), "relayed bytes differ"
+                    if not spin_us:
+                        taps_asked += sum(m.count("tap") for m in pairs) * len(sizes[0]) // 2
+
+                # warm-up, not counted: imports, first taps, connections, both relays both ways
+                for fmt in self.responses:
+                    await run(
+                        [(("tap", "plain"), ("plain", "tap"))[i % 2] for i in range(streams)], fmt
+                    )
+                reads_seen = [(await relay_stats(url))["reads"] for url in urls]
+                for r in range(rounds):  # interleaved formats: a slow spell hits all of them
+                    tapping = r % 2  # the roles swap every round
+                    modes = (
+                        ("plain", "plain")
+                        if null_check
+                        else (("tap", "plain"), ("plain", "tap"))[tapping]
+                    )
                     for fmt in self.responses:
-                        expected = sum(map(len, self.responses[fmt][1]))
-                        for mode in ("plain", "tap"):
-                            before = await relay_state()
-                            sizes = await asyncio.gather(*(one(mode, fmt) for _ in range(streams)))
-                            after = await relay_state()
-                            assert all(n == expected for n in sizes)
-                            spent = after["cpu_s"] - before["cpu_s"]
-                            per_response[fmt][mode].append(spent / streams)
-                taps = (await relay_state())["taps"]
+                        jobs = [modes] * streams
+                        before = [_cpu_ns(pid) for pid in pids]
+                        wall, client_cpu = time.perf_counter(), time.process_time()
+                        await run(jobs, fmt)
+                        # the client has the last bytes before a relay's handler returns:
+                        # let both finish their taps and requests (an idle relay costs nothing)
+                        await asyncio.sleep(SETTLE_S)
+                        after = [_cpu_ns(pid) for pid in pids]
+                        wall = time.perf_counter() - wall
+                        client_cpu = time.process_time() - client_cpu
+                        spent = [(b - a) / 1e9 for a, b in zip(before, after, strict=True)]
+                        states = [await relay_stats(url) for url in urls]  # outside the window
+                        reads_now = [state["reads"] for state in states]
+                        reads[fmt]["tap"] += reads_now[tapping] - reads_seen[tapping]
+                        reads[fmt]["plain"] += reads_now[1 - tapping] - reads_seen[1 - tapping]
+                        reads_seen = reads_now
+                        tap_s, plain_s = spent[tapping], spent[1 - tapping]
+                        ratios[fmt].append(tap_s / plain_s)
+                        responses = streams * self.responses_per_stream[fmt]
+                        cpu_us[fmt]["tap"].append(tap_s / responses * 1e6)
+                        cpu_us[fmt]["plain"].append(plain_s / responses * 1e6)
+                        busy["relay_core"].append(sum(spent) / wall)
+                        busy["client"].append(client_cpu / wall)
+                end = [await relay_stats(url) for url in urls]
         finally:
-            relay.terminate()
-            relay.join(10)
+            for process in relays:
+                process.terminate()
+            for process in relays:
+                process.join(10)
             await runner.cleanup()
-        assert taps == rounds * streams * len(self.responses), taps  # every tap read usage
+            os.sched_setaffinity(0, set(cpus))
+        taps_reported = sum(state["taps"] for state in end)
+        assert taps_reported == taps_asked, (taps_reported, taps_asked)  # every tap read usage
         out: dict[str, object] = {}
-        for fmt, modes in per_response.items():
-            plain = statistics.median(modes["plain"])
-            tapped = statistics.median(modes["tap"])
-            out[fmt] = {
-                "relay_aiohttp_us": round(plain * 1e6, 1),
-                "relay_aiohttp_tap_us": round(tapped * 1e6, 1),
-                "tap_added_ratio": round((tapped - plain) / plain, 3),
-                "events": len(self.responses[fmt][1]),
+        responses_per_round = {fmt: streams * n for fmt, n in self.responses_per_stream.items()}
+        for fmt, events in ((fmt, len(ev)) for fmt, (_, ev) in self.responses.items()):
+            chunks = rounds * responses_per_round[fmt] * events
+            # two rounds with the roles swapped: their geometric mean cancels whatever
+            # makes one relay (its core, its process) cheaper than the other
+            swapped = zip(ratios[fmt][0::2], ratios[fmt][1::2], strict=False)
+            pairs = [math.sqrt(a * b) for a, b in swapped]
+            row: dict[str, object] = {
+                "tap_added_ratio": round(statistics.median(pairs) - 1, 4),
+                "pair_spread": _spread(pairs),
+                # all rounds' CPU together: sum(tapping) / sum(plain) - 1
+                "tap_added_ratio_pooled": round(
+                    sum(cpu_us[fmt]["tap"]) / sum(cpu_us[fmt]["plain"]) - 1, 4
+                ),
+                "ratio_spread": _spread(ratios[fmt]),
+                "ratios": [round(x, 3) for x in ratios[fmt]],
+                "relay_us": round(statistics.median(cpu_us[fmt]["plain"]), 1),
+                "relay_tap_us": round(statistics.median(cpu_us[fmt]["tap"]), 1),
+                "chunks_per_read": {
+                    role: round(chunks / max(1, n), 3) for role, n in reads[fmt].items()
+                },
+                "events": events,
+                "responses_per_stream": self.responses_per_stream[fmt],
             }
-        return out
+            if spin_us:
+                plain_s = sum(cpu_us[fmt]["plain"]) * responses_per_round[fmt] / 1e6
+                row["spin_expected_ratio"] = round(spin_us / 1e6 * reads[fmt]["tap"] / plain_s, 4)
+            out[fmt] = row
+        return {
+            "relay_core": relay_core,
+            "client_cores": sorted(client_cores),
+            "relay_policy": "SCHED_RR" if realtime else "SCHED_OTHER",
+            "core_busy": {name: _spread(values) for name, values in busy.items()},
+            "formats": out,
+        }
 
 
 def _taps_compiled() -> bool:
@@ -569,10 +779,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--tokens", type=int, default=500, help="output tokens per response")
     parser.add_argument("--repeats", type=int, default=31)
-    parser.add_argument("--relay-rounds", type=int, default=5)
-    parser.add_argument("--relay-streams", type=int, default=20, help="concurrent, per round")
+    parser.add_argument(
+        "--relay-rounds", type=int, default=12, help="rounds per format (even: roles swap)"
+    )
+    parser.add_argument(
+        "--relay-streams", type=int, default=12, help="concurrent streams per relay, per round"
+    )
     parser.add_argument("--pace-ms", type=float, default=2.0, help="upstream pause per chunk")
-    parser.add_argument("--relay-only", action="store_true", help="only the aiohttp relay measure")
+    parser.add_argument(
+        "--round-chunks",
+        type=int,
+        default=500,
+        help="chunks per stream and round (short responses run one after another)",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin the relays to one core, the client to the rest",
+    )
+    parser.add_argument("--relay-only", action="store_true", help="only the in-place relay measure")
+    parser.add_argument(
+        "--no-realtime",
+        action="store_true",
+        help="run the relays at normal priority (default: SCHED_RR, both alike, where allowed)",
+    )
+    parser.add_argument(
+        "--spin-us",
+        type=float,
+        default=0.0,
+        help="check the method: the tapping relay spins this many CPU us per read instead of "
+        "tapping; spin_expected_ratio says what tap_added_ratio should then be",
+    )
+    parser.add_argument(
+        "--relay-formats", nargs="+", choices=sorted(BUILDERS), help="in place: only these"
+    )
+    parser.add_argument(
+        "--null-check",
+        action="store_true",
+        help="the in-place measure with no tap on either side: its tap_added_ratio should be 0, "
+        "its spread is what the method resolves",
+    )
     parser.add_argument(
         "--work",
         choices=sorted(BUILDERS),
@@ -593,17 +839,28 @@ def main() -> None:
             )
         )
         return
-    relay = AiohttpRelay(BUILDERS, args.tokens, args.pace_ms / 1000)
-    in_relay = asyncio.run(relay.measure(args.relay_rounds, args.relay_streams))
+    relay_builders = {fmt: BUILDERS[fmt] for fmt in args.relay_formats or BUILDERS}
+    relay = PairedRelay(relay_builders, args.tokens, args.pace_ms / 1000, args.round_chunks)
+    in_relay = asyncio.run(
+        relay.measure(
+            args.relay_rounds,
+            args.relay_streams,
+            pin=not args.no_pin,
+            realtime=not args.no_realtime,
+            null_check=args.null_check,
+            spin_us=args.spin_us,
+        )
+    )
     relay_report = {
-        "unit": "CPU microseconds of the relay's thread per response, median of rounds",
+        "unit": "relay process CPU per response (us), medians of paired rounds; "
+        "tap_added_ratio = median over rounds of CPU(tapping relay) / CPU(plain relay) - 1",
         "rounds": args.relay_rounds,
-        "streams_per_round": args.relay_streams,
+        "streams_per_relay": args.relay_streams,
         "pace_ms": args.pace_ms,
         "target_tap_added_ratio": 0.05,
         # the taps' modules run as mypyc extensions (pyproject [tool.spendbus.compiled]) or not
         "taps_compiled": _taps_compiled(),
-        "formats": in_relay,
+        **in_relay,
     }
     if args.relay_only:
         relay_report["cpus"] = os.cpu_count()
@@ -674,7 +931,7 @@ def main() -> None:
         "summary": {
             "stream_tap_added_in_aiohttp_relay": {
                 fmt: row["tap_added_ratio"]  # type: ignore[index]
-                for fmt, row in in_relay.items()
+                for fmt, row in in_relay["formats"].items()  # type: ignore[attr-defined]
             },
             "stream_ratio_socket": summary,
         },
