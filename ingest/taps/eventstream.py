@@ -58,6 +58,8 @@ class EventStreamDecoder:
         self._buf = bytearray()
         self._headers: dict[bytes, dict[str, HeaderValue]] = {}
         self._need = 0  # length of the pending message, once its prelude is in
+        self._last_raw = b""
+        self._last_headers: dict[str, HeaderValue] = {}
 
     @property
     def pending(self) -> int:
@@ -86,10 +88,18 @@ class EventStreamDecoder:
 
     def _read(self, data: bytes, batch: list[tuple[dict[str, HeaderValue], bytes]] | None) -> None:
         buf = self._buf
-        off, n = 0, len(data)
+        off = 0
+        n = len(data)
         crc32 = zlib.crc32
         headers_cache = self._headers
+        # the header bytes of the last message and their dict: consecutive messages
+        # mostly share them, compared in place (no slice, no hash)
+        last_raw = self._last_raw
+        last_headers = self._last_headers
         while n - off >= 12:
+            total: int
+            headers_len: int
+            prelude_crc: int
             total, headers_len, prelude_crc = _PRELUDE.unpack_from(data, off)
             if crc32(data[off : off + 8]) != prelude_crc:
                 raise EventStreamError("event-stream prelude CRC mismatch")
@@ -103,21 +113,29 @@ class EventStreamDecoder:
             if end > n:
                 self._need = total
                 break
-            message = data[off:end] if off or end != n else data
-            if crc32(message[:-4]) != _U32.unpack_from(message, total - 4)[0]:
+            message_crc: int = _U32.unpack_from(data, end - 4)[0]
+            if crc32(data[off : end - 4]) != message_crc:
                 raise EventStreamError("event-stream message CRC mismatch")
-            raw = message[12 : 12 + headers_len]
-            headers = headers_cache.get(raw)
-            if headers is None:
-                headers = parse_headers(raw)
-                if len(headers_cache) < 32:  # the same few header sets repeat
-                    headers_cache[raw] = headers
+            at = off + 12
+            if headers_len == len(last_raw) and data.startswith(last_raw, at):
+                headers = last_headers
+            else:
+                raw = data[at : at + headers_len]
+                cached = headers_cache.get(raw)
+                if cached is None:
+                    cached = parse_headers(raw)
+                    if len(headers_cache) < 32:  # the same few header sets repeat
+                        headers_cache[raw] = cached
+                headers = last_headers = cached
+                last_raw = raw
             off = end
             self.messages += 1
             if batch is not None:
-                batch.append((headers, message[12 + headers_len : -4]))
+                batch.append((headers, data[at + headers_len : end - 4]))
             else:
-                self.on_message(headers, message[12 + headers_len : -4])
+                self.on_message(headers, data[at + headers_len : end - 4])
+        self._last_raw = last_raw
+        self._last_headers = last_headers
         if off < n:
             buf += data[off:] if off else data
         if n - off < 12:
