@@ -48,6 +48,32 @@ def test_round_trip_and_split_anywhere() -> None:
         assert got == want and decoder.pending == 0
 
 
+def test_consecutive_messages_with_headers_of_the_same_length() -> None:
+    """The decoder reuses the last message's headers when the next one's header bytes are
+    the same: headers of the same length but other bytes are read anew, in one feed
+    (batched) or one by one, and a repeated header set keeps its one dict."""
+    sets = [
+        {":event-type": "abcd", ":message-type": "event"},
+        {":event-type": "abcd", ":message-type": "event"},
+        {":event-type": "wxyz", ":message-type": "event"},
+        {":event-type": "abcd", ":message-type": "error"},
+        {":event-type": "abcd", ":message-type": "event"},
+    ]
+    stream = b"".join(encode_message(h, str(i).encode()) for i, h in enumerate(sets))
+    assert decode(stream) == [(h, str(i).encode()) for i, h in enumerate(sets)]
+    batches: list[list[tuple[dict[str, Any], bytes]]] = []
+    EventStreamDecoder(lambda h, p: None, on_messages=batches.append).feed(stream)
+    (batch,) = batches
+    assert [(dict(h), p) for h, p in batch] == [(h, str(i).encode()) for i, h in enumerate(sets)]
+    assert batch[0][0] is batch[1][0] is batch[4][0]
+    one_by_one = EventStreamDecoder(lambda h, p: None)
+    seen: list[Any] = []
+    one_by_one.on_message = lambda h, p: seen.append(dict(h))
+    for i in range(0, len(stream), 7):
+        one_by_one.feed(stream[i : i + 7])
+    assert seen == sets
+
+
 def test_wrong_prelude_crc() -> None:
     message = bytearray(encode_message({"a": "b"}, b"{}"))
     message[9] ^= 0xFF
