@@ -60,8 +60,9 @@ class PublisherConfig(BaseModel):
     #: that window); ``never``: leave it to the OS
     fsync: FsyncPolicy = "interval"
     fsync_interval_ms: int = Field(default=200, ge=1)
-    #: how long the sender waits for more events before sending a small batch
-    linger_ms: int = Field(default=2, ge=0)
+    #: how long a batch waits for more records once its first is spooled (Kafka's linger.ms;
+    #: its default since Kafka 4.0 is 5 ms too)
+    linger_ms: int = Field(default=5, ge=0)
     compression: Compression = Field(default_factory=default_compression)
     #: bytes of one producer batch (per partition), before compression
     max_batch_bytes: int = Field(default=512 * KiB, ge=16 * KiB, le=8 * MiB)

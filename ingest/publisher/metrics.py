@@ -35,6 +35,11 @@ class PublisherMetrics:
             "UsageEvents acknowledged by the broker (re-sends after a reconnect count again)",
             registry=registry,
         )
+        self.batches = Counter(
+            "spendbus_ingest_batches",
+            "producer batches handed to Kafka (published events / batches: events per request)",
+            registry=registry,
+        )
         self.rejected = Counter(
             "spendbus_ingest_rejected_events",
             "events refused as invalid, by the field at fault",

@@ -346,6 +346,8 @@ class UsagePublisher:
             raise PublisherClosed("publisher stopped before the broker acknowledged every event")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flush_waiters.append((target, waiter))
+        if self._sender is not None:
+            self._sender.send_now(target)  # a flush does not wait for the linger
         try:
             await asyncio.wait_for(waiter, timeout)  # cancels the waiter on timeout
         except TimeoutError:

@@ -34,14 +34,13 @@ from schemas.errors import ConfigError, SpendbusError
 
 log = logging.getLogger("spendbus.gateway")
 
-#: The gateway's publisher waits this long to batch a lone event (the publisher's own
-#: default is 2 ms). A gateway publishes one event per response, as responses end: at
-#: 100 a second, 2 ms sent nearly every event in a produce request of its own, and each
-#: request is CPU in the gateway's process (aiokafka is Python). Measured beside 2 ms in
-#: one bench_gateway run (200 streams): ~200 us less CPU per request in every round. The
-#: cost is that an event reaches usage.raw up to 20 ms later; the client's response is
-#: finished by then, and its hold covers the spend in the meantime. The file's
-#: ``publisher: {linger_ms: ...}`` overrides it.
+#: The gateway's publisher lingers this long (the publisher's own default is Kafka's 5 ms):
+#: a batch goes out once its oldest event has waited 20 ms. A gateway publishes one event
+#: per response, as responses end: at 100 a second, a short linger sends nearly every event
+#: in a produce request of its own, and each request is CPU in the gateway's process
+#: (aiokafka is Python) and in the broker. The cost is that an event reaches usage.raw up
+#: to 20 ms later; the client's response is finished by then, and its hold covers the
+#: spend in the meantime. The file's ``publisher: {linger_ms: ...}`` overrides it.
 GATEWAY_LINGER_MS = 20
 
 

@@ -129,3 +129,39 @@ async def test_broker_outage_and_publisher_restart_lose_nothing_and_duplicate_no
         assert [e["event_id"] for _, k, e in got if k == org.encode()] == [
             e["event_id"] for e in sent if e["org_id"] == org
         ]
+
+
+async def test_records_linger_together_and_flush_does_not_wait_for_the_linger(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Kafka's linger: nothing goes out before the oldest record waited linger_ms, then
+    every record that joined meanwhile goes in the same batch; flush() sends at once."""
+    cfg = config(tmp_path, kafka_bootstrap, topic_prefix=topics.prefix, linger_ms=800)
+    async with UsagePublisher(cfg) as pub:
+        batches = pub.metrics.batches._value
+        published = pub.metrics.published._value
+        # one event, flushed: sent at once, in one batch (a flush ignores the linger)
+        await pub.publish(event(0))
+        await asyncio.wait_for(pub.flush(30), 30)
+        assert (batches.get(), published.get()) == (1, 1)
+
+        # five events of one org, 40 ms apart: all within the first one's linger
+        for i in range(1, 6):
+            await pub.publish(event(i))
+            await asyncio.sleep(0.04)
+        assert (batches.get(), published.get()) == (1, 1)  # nothing sent before the linger
+        deadline = asyncio.get_running_loop().time() + 30
+        while published.get() < 6 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assert (batches.get(), published.get()) == (2, 6)  # then all five in one batch
+
+        # a long linger never holds up a flush
+        slow = config(
+            tmp_path / "slow", kafka_bootstrap, topic_prefix=topics.prefix, linger_ms=60_000
+        )
+        async with UsagePublisher(slow) as hurried:
+            await hurried.publish(event(9))
+            await asyncio.wait_for(hurried.flush(30), 10)
+            assert hurried.metrics.published._value.get() == 1
+    got = await consume(kafka_bootstrap, topics.usage_raw, 7)
+    assert len(got) == 7
