@@ -33,6 +33,13 @@ every stream of the round. A round's p99 over ~200 measured TTFBs is its
 second-worst, so one stall moves it; ``ttfb_p99_pooled`` (and
 ``added_ttfb_p99_pooled_ms``) is the p99 of every round's measured TTFBs together.
 
+How fine the latency figures are. ``twin`` is a second pass-through, the same
+code in a process of its own on the same core, measured like the others (the
+proxies' order turns each round): ``twin_vs_passthrough`` is what this bench
+reports as "added" between two identical proxies, an A/A test. An added figure
+of the gateway within that spread is not resolved by the run (``--no-twin``
+skips it).
+
 Starting all 200 at the same instant measures something else: each of the
 first 200 TTFBs queues behind up to 199 admissions (accept, parse, check,
 upstream connect) on one core, so its p99 is the time to admit the whole
@@ -56,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +80,22 @@ PROMPT = "Summarise the retention policy of usage.raw for the finance team. " * 
 
 
 # -- the bare pass-through (its own process) ------------------------------------------------
-def passthrough_app(upstream: str) -> web.Application:
-    """The least an aiohttp proxy can do: forward and relay, chunk by chunk."""
+def burn(seconds: float) -> None:
+    """Spin on the CPU for ``seconds`` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def passthrough_app(upstream: str, burn_us: float = 0.0) -> web.Application:
+    """The least an aiohttp proxy can do: forward and relay, chunk by chunk.
+
+    ``burn_us`` > 0 makes it a calibrated stand-in: it also spins that much CPU per
+    request, half before forwarding and half once the response ended, where the
+    gateway does its admission (check, hold) and its accounting (usage, settle)."""
     drop = {"host", "content-length", "transfer-encoding", "connection"}
     state: dict[str, aiohttp.ClientSession] = {}
+    half_burn_s = burn_us / 2e6
 
     async def startup(_: web.Application) -> None:
         state["client"] = aiohttp.ClientSession(
@@ -87,6 +107,8 @@ def passthrough_app(upstream: str) -> web.Application:
 
     async def relay(request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        if half_burn_s:
+            burn(half_burn_s)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
         async with state["client"].post(
             upstream + request.path_qs, data=body, headers=headers
@@ -99,7 +121,9 @@ def passthrough_app(upstream: str) -> web.Application:
             while chunk := await up.content.readany():
                 await response.write(chunk)
             await response.write_eof()
-            return response
+        if half_burn_s:
+            burn(half_burn_s)
+        return response
 
     app = web.Application(client_max_size=32 * MIB)
     app.router.add_post("/{tail:.*}", relay)
@@ -280,7 +304,7 @@ async def measure(
     from spendbus.stack.kafka import free_port
 
     topics = await setup_topics(bootstrap)
-    up_port, pass_port, gw_port = free_port(), free_port(), free_port()
+    up_port, pass_port, twin_port, gw_port = free_port(), free_port(), free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{up_port}"
     config = {
         "gateway_id": "bench-gateway",
@@ -314,17 +338,22 @@ async def measure(
                 str(args.output_tokens),
             ]
         ),
-        "passthrough": spawn(
-            [
-                str(Path(__file__)),
-                "--role",
-                "passthrough",
-                "--port",
-                str(pass_port),
-                "--upstream",
-                upstream_url,
-            ]
-        ),
+        **{
+            name: spawn(
+                [
+                    str(Path(__file__)),
+                    "--role",
+                    "passthrough",
+                    "--port",
+                    str(port),
+                    "--upstream",
+                    upstream_url,
+                    *(["--burn-us", str(args.twin_burn_us)] if name == "twin" else []),
+                ]
+            )
+            for name, port in (("passthrough", pass_port), ("twin", twin_port))
+            if name == "passthrough" or args.twin
+        },
         "gateway": spawn(
             [
                 *(["-m", "cProfile", "-o", args.profile_gateway] if args.profile_gateway else []),
@@ -341,15 +370,18 @@ async def measure(
     }
     pinning = pin(procs, args.pin, broker_pid)
     try:
-        await wait_http(upstream_url + "/healthz")
-        await wait_http(f"http://127.0.0.1:{pass_port}/healthz")  # 405: it answers
-        await wait_http(f"http://127.0.0.1:{gw_port}/healthz")
         urls = {
             "direct": upstream_url,
             "passthrough": f"http://127.0.0.1:{pass_port}",
+            **({"twin": f"http://127.0.0.1:{twin_port}"} if args.twin else {}),
             "gateway": f"http://127.0.0.1:{gw_port}",
         }
-        pids = {"passthrough": procs["passthrough"].pid, "gateway": procs["gateway"].pid}
+        for url in urls.values():
+            await wait_http(url + "/healthz")
+        pids = {path: procs[path].pid for path in urls if path != "direct"}
+        side_pids = {"upstream": procs["upstream"].pid, "load": os.getpid()}
+        if broker_pid is not None:
+            side_pids["kafka_broker"] = broker_pid
         warm = {}
         for path, url in urls.items():  # warm up connections, imports, caches
             warm[path] = await wave(url, min(args.concurrency, 20), 40)
@@ -358,10 +390,20 @@ async def measure(
         # spreading the starts over one stream's length keeps ``concurrency`` streams
         # open with arrivals and ends all along
         ramp = warm["direct"]["total_p50"] / 1000
-        for _ in range(args.rounds):
-            for path, url in urls.items():
+        proxies = [path for path in urls if path != "direct"]
+        for index in range(args.rounds):
+            # the proxies' order turns each round: none is always the one after another
+            turn = index % len(proxies)
+            for path in ["direct", *proxies[turn:], *proxies[:turn]]:
+                url = urls[path]
                 before = cpu_seconds(pids[path]) if path in pids else 0.0
+                # the other processes' CPU in the round, on the load's cores: a busier
+                # load core delays every path's client and upstream
+                others_before = {name: cpu_seconds(pid) for name, pid in side_pids.items()}
                 result = await wave(url, args.concurrency, args.requests, ramp)
+                result["side_cpu_s"] = {
+                    name: cpu_seconds(pid) - others_before[name] for name, pid in side_pids.items()
+                }
                 if path in pids:
                     cpu = cpu_seconds(pids[path]) - before
                     result["cpu_s"] = cpu
@@ -404,8 +446,9 @@ def pin(
     if not enabled or len(cpus) < 2:
         return None
     proxy_cpus, load_cpus = {cpus[-1]}, set(cpus[:-1])
-    for name in ("passthrough", "gateway"):
-        os.sched_setaffinity(procs[name].pid, proxy_cpus)
+    for name in ("passthrough", "twin", "gateway"):
+        if name in procs:
+            os.sched_setaffinity(procs[name].pid, proxy_cpus)
     os.sched_setaffinity(procs["upstream"].pid, load_cpus)
     os.sched_setaffinity(0, load_cpus)
     broker = "external, not pinned"
@@ -418,6 +461,38 @@ def pin(
         "proxies": sorted(proxy_cpus),
         "load_and_upstream": sorted(load_cpus),
         "kafka_broker": broker,
+    }
+
+
+def twin_vs_passthrough(
+    rounds: dict[str, list[dict[str, Any]]],
+    added: Callable[[str, str], dict[str, float]],
+    pooled: Callable[[str, float], float],
+    burn_us: float,
+) -> dict[str, Any]:
+    """What the bench reports as "added" between two identical pass-throughs (an A/A
+    test: the resolution of the gateway's added latency figures in this run), or, with
+    ``--twin-burn-us``, what that much CPU per request alone adds."""
+    vs = added("twin", "passthrough")
+    per_round = [
+        round(t["ttfb_p99"] - p["ttfb_p99"], 2)
+        for t, p in zip(rounds["twin"], rounds["passthrough"], strict=True)
+    ]
+    return {
+        "twin_burn_us_per_request": burn_us,
+        "added_cpu_us_per_request": round(
+            statistics.median(r["cpu_us_per_request"] for r in rounds["twin"])
+            - statistics.median(r["cpu_us_per_request"] for r in rounds["passthrough"])
+        ),
+        "added_ttfb_p50_ms": vs["ttfb_p50"],
+        "added_ttfb_p99_ms": vs["ttfb_p99"],
+        "added_ttfb_p99_pooled_ms": round(pooled("twin", 99) - pooled("passthrough", 99), 2),
+        "added_ttfb_p99_per_round_ms": per_round,
+        "cpu_per_mib_ratio": round(
+            statistics.median(r["cpu_ms_per_mib"] for r in rounds["twin"])
+            / statistics.median(r["cpu_ms_per_mib"] for r in rounds["passthrough"]),
+            3,
+        ),
     }
 
 
@@ -457,6 +532,12 @@ def summarise(
         }
         for path in rounds
     }
+
+    for path in paths:
+        paths[path]["side_cpu_ms_per_round"] = {
+            name: round(1000 * statistics.median(r["side_cpu_s"][name] for r in rounds[path]))
+            for name in rounds[path][0]["side_cpu_s"]
+        }
 
     def pooled(path: str, p: float) -> float:
         return round(pct(sorted(t for r in rounds[path] for t in r["ttfb_ms"]), p), 2)
@@ -505,15 +586,16 @@ def summarise(
             "mib_per_round": mib_per_round,
         },
         "paths_ms": paths,
-        "added_ms": {
-            "passthrough": added("passthrough", "direct"),
-            "gateway": added("gateway", "direct"),
-        },
+        "added_ms": {path: added(path, "direct") for path in paths if path != "direct"},
         "gateway_vs_passthrough": {
             "added_ttfb_p50_ms": vs_pass["ttfb_p50"],
             "added_ttfb_p99_ms": vs_pass["ttfb_p99"],
             "added_total_p99_ms": vs_pass["total_p99"],
             "added_ttfb_p99_pooled_ms": round(pooled("gateway", 99) - pooled("passthrough", 99), 2),
+            "added_ttfb_p99_per_round_ms": [
+                round(g["ttfb_p99"] - p["ttfb_p99"], 2)
+                for g, p in zip(rounds["gateway"], rounds["passthrough"], strict=True)
+            ],
             "cpu_per_mib_ratio": cpu_ratio,
             # CPU the gateway spends per request beyond relaying it (check, tap, publish,
             # settle): less sensitive to a loaded machine than the latencies
@@ -525,6 +607,11 @@ def summarise(
             "cpu_target_met": cpu_ratio <= 1.5,
             "latency_target_met": vs_pass["ttfb_p99"] <= 2.0,
         },
+        **(
+            {"twin_vs_passthrough": twin_vs_passthrough(rounds, added, pooled, args.twin_burn_us)}
+            if args.twin
+            else {}
+        ),
         **burst,
         "events_published": events,
         "events_expected": requests,
@@ -553,7 +640,22 @@ def main() -> None:
         default=True,
         help="Also measure --concurrency streams started at once (reported apart).",
     )
+    parser.add_argument(
+        "--twin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Also measure a second, identical pass-through: what the bench calls added "
+        "latency between two identical proxies (its resolution), reported apart.",
+    )
+    parser.add_argument(
+        "--twin-burn-us",
+        type=float,
+        default=0.0,
+        help="The twin also spins this much CPU per request (half at admission, half at "
+        "the end): what that much added CPU alone does to the latencies.",
+    )
     parser.add_argument("--role", choices=["bench", "passthrough"], default="bench")
+    parser.add_argument("--burn-us", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--upstream", default="")
     parser.add_argument(
@@ -564,7 +666,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.role == "passthrough":
-        app = passthrough_app(args.upstream)
+        app = passthrough_app(args.upstream, args.burn_us)
         app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
         web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
         return
