@@ -818,7 +818,7 @@ def main() -> None:
     parser.add_argument(
         "--no-pin",
         action="store_true",
-        help="do not pin the relays to one core, the client to the rest",
+        help="pin neither the relays nor the client to cores",
     )
     parser.add_argument("--relay-only", action="store_true", help="only the in-place relay measure")
     parser.add_argument(
