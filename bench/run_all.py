@@ -42,6 +42,20 @@ HEADLINES = [
         "formats.anthropic-messages.stream.parsed.ratio_socket",
         "tap CPU / socket relay (Anthropic SSE)",
     ),
+    *(
+        (
+            "taps",
+            f"relay_aiohttp.formats.{fmt}.tap_added_ratio",
+            f"tap added CPU in an aiohttp relay, paired ({fmt})",
+        )
+        for fmt in (
+            "anthropic-messages",
+            "openai-chat",
+            "openai-responses",
+            "gemini",
+            "bedrock-converse",
+        )
+    ),
     ("sink", "rows_per_s_median", "ClickHouse sink rows/s"),
     ("enforcer", "check.p99_us", "enforcer check() p99 µs"),
     ("enforcer", "sidecar.checks_per_s", "sidecar checks/s"),
@@ -60,6 +74,11 @@ HEADLINES = [
         "gateway added TTFB p99 ms (200 streams)",
     ),
     ("gateway", "gateway_vs_passthrough.added_cpu_us_per_request", "gateway added CPU µs/request"),
+    (
+        "gateway",
+        "gateway_vs_passthrough.latency_resolution_ms",
+        "A/A: two identical pass-throughs' TTFB p99 apart, ms",
+    ),
 ]
 
 
