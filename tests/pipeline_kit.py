@@ -94,13 +94,13 @@ class Pipeline:
     ) -> list[list[Any]]:
         """Run ``query`` until ``done(rows)`` or the timeout; the last rows either way
         (the sink writes within a second or so: tests assert on what this returns)."""
-        return _poll(lambda: self.sql(query), done, timeout)
+        return poll(lambda: self.sql(query), done, timeout)
 
     def stats_until(
         self, done: Callable[[dict[str, Any]], bool], timeout: float = 120.0
     ) -> dict[str, Any]:
         """``stats()`` until ``done(stats)`` or the timeout; the last stats either way."""
-        return _poll(self.stats, done, timeout)
+        return poll(self.stats, done, timeout)
 
     def verdict_spend_until(
         self, wanted: dict[tuple[str, str], int], timeout: float = 120.0
@@ -128,10 +128,13 @@ class Pipeline:
         return asyncio.run(follow())
 
 
-def _poll(read: Callable[[], T], done: Callable[[T], bool], timeout: float) -> T:
+def poll(
+    read: Callable[[], T], done: Callable[[T], bool], timeout: float = 60.0, interval: float = 0.3
+) -> T:
+    """read() until done(value) or the deadline; the last value, for the assertion."""
     deadline = time.monotonic() + timeout
     value = read()
     while not done(value) and time.monotonic() < deadline:
-        time.sleep(0.3)
+        time.sleep(interval)
         value = read()
     return value

@@ -7,19 +7,16 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
+from pipeline_kit import poll
 
 from schemas.pricing import default_price_file
 from spendbus.stack.kafka import free_port
 
 pytestmark = pytest.mark.integration
-T = TypeVar("T")
 
 BUDGETS = """
 - id: acme-monthly
@@ -75,16 +72,6 @@ def worker_stats(env: dict[str, str]) -> dict:
     return json.loads(spendbus(env, "status", "--json").stdout)["worker"]["stats"]
 
 
-def poll(read: Callable[[], T], done: Callable[[T], bool], seconds: float = 90) -> T:
-    """read() until done(value) or the deadline; the last value, for the assertion."""
-    deadline = time.monotonic() + seconds
-    value = read()
-    while not done(value) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        value = read()
-    return value
-
-
 def test_the_local_stack_from_the_command_line(
     kafka_bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
@@ -119,7 +106,7 @@ def test_the_local_stack_from_the_command_line(
         # the worker reads budgets live: an event counted before it has read the budget
         # never counts towards it, so wait until it holds exactly acme-monthly (the policy
         # topic has one partition: "one budget" is acme-monthly, before or after mystery)
-        assert poll(lambda: worker_stats(env)["budgets"], lambda n: n == 1) == 1
+        assert poll(lambda: worker_stats(env)["budgets"], lambda n: n == 1, 90, 0.5) == 1
         (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in EVENTS) + "\n")
         spendbus(env, "ingest", str(tmp_path / "events.jsonl"))
 
@@ -128,7 +115,7 @@ def test_the_local_stack_from_the_command_line(
             row = json.loads(spendbus(env, "sql", "--json", sql).stdout)[0]
             return int(row["n"]), int(row["nanos"])
 
-        assert poll(stored, lambda got: got[0] >= len(EVENTS)) == (20, 20 * 4_500_000)
+        assert poll(stored, lambda got: got[0] >= len(EVENTS), 90, 0.5) == (20, 20 * 4_500_000)
 
         # verdicts may go out a moment after the store has the rows: the enforcer's numbers
         # converge on the same sum
@@ -137,7 +124,7 @@ def test_the_local_stack_from_the_command_line(
             return [(u["budget_id"], u["spent_nanos"]) for u in json.loads(out.stdout)]
 
         expected = [("acme-monthly", 20 * 4_500_000)]
-        assert poll(budget_usage, lambda usage: usage == expected) == expected
+        assert poll(budget_usage, lambda usage: usage == expected, 90, 0.5) == expected
     finally:
         spendbus(env, "down")
     # nothing runs now: sql opens the embedded store itself

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from pipeline_kit import Pipeline
+from pipeline_kit import Pipeline, poll
 
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.usage import new_usage_event
@@ -71,13 +70,13 @@ def test_a_second_worker_takes_partitions_and_gives_them_back_exactly(
     try:
         asyncio.run(publish(events[:500], "spool-1"))
         second.start(timeout=180)
-        split = _until(
+        split = poll(
             lambda: (pipeline.stats()["assigned_partitions"], second.get("/stats")),
             lambda s: s[0] == 2 and s[1]["assigned_partitions"] == 2 and s[1]["serving"],
         )
         assert split[0] == 2 and split[1]["assigned_partitions"] == 2, split
         asyncio.run(publish(events[500:1000], "spool-2"))
-        taken = _until(lambda: second.get("/stats"), lambda s: s.get("events", 0) > 0)
+        taken = poll(lambda: second.get("/stats"), lambda s: s.get("events", 0) > 0)
         assert taken.get("events", 0) > 0, "the second worker folded nothing"
     finally:
         second.stop()  # SIGTERM: a last checkpoint, then its partitions go back
@@ -96,12 +95,3 @@ def test_a_second_worker_takes_partitions_and_gives_them_back_exactly(
     ), pipeline.worker.log_tail(60)
 
     assert pipeline.verdict_spend_until(dict(per_secret)) == dict(per_secret)
-
-
-def _until(read, done, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    value = read()
-    while not done(value) and time.monotonic() < deadline:
-        time.sleep(0.3)
-        value = read()
-    return value
