@@ -1,17 +1,19 @@
 """What the reference gateway adds to a streamed LLM call, beside a bare aiohttp pass-through.
 
-Prints one JSON object (and writes bench/results/gateway.json). Four processes:
+Prints one JSON object (and writes bench/results/gateway.json). Five processes:
 the fake providers (``spendbus fake-upstream``, Anthropic SSE streams paced
 chunk by chunk), a bare aiohttp pass-through proxy (``--role passthrough``:
-forward the POST, relay the body with ``readany``/``write``, nothing else),
-the real gateway (``spendbus gateway run``: virtual key, enforcer check
+forward the POST, relay the body with ``readany``/``write``, nothing else) and
+its twin (below), the real gateway (``spendbus gateway run``: virtual key, enforcer check
 against a real budget followed from Kafka, tap, publish to usage.raw, settle),
 and this process as the client. The proxies share one pinned CPU; the client,
 the fake providers and the Kafka broker the others (``--no-pin``: no pinning).
 
-Three paths are measured in interleaved rounds (a load spike hits all alike):
-``direct`` (client -> upstream), ``passthrough`` and ``gateway``; each round
-runs the same load on each path in turn. Per request: time to the first body
+The paths are measured in interleaved rounds (a load spike hits all alike):
+``direct`` (client -> upstream), ``passthrough``, ``twin`` and ``gateway``; each
+round runs the same load on each path in turn, while a probe measures the direct
+path's TTFB one stream at a time (``direct_probe_ttfb_*``: how slow the load side
+itself was during that path's rounds). Per request: time to the first body
 byte (TTFB) and to the last. Per round: CPU time (user + system, from /proc)
 of the proxy process over the bytes it streamed. Figures are medians over
 rounds of each round's percentile; ``added_ms`` compares a proxy's percentiles
