@@ -417,7 +417,7 @@ def _python_floor(chunks: list[bytes]) -> None:
 
 def _tap(
     fmt: str,
-    request: dict[str, object],
+    request: dict[str, object] | bytes,
     chunks: list[bytes],
     streaming: bool,
     config: EstimatorConfig,
@@ -860,8 +860,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.work:
         request, events, _ = BUILDERS[args.work](args.tokens)
+        body = json.dumps(request).encode()  # the request as a proxy has it, as in the relay
         for _ in range(args.work_responses):
-            _tap(args.work, request, events, True, EstimatorConfig())
+            _tap(args.work, body, events, True, EstimatorConfig())
         print(
             json.dumps(
                 {"format": args.work, "responses": args.work_responses, "events": len(events)}

@@ -164,14 +164,15 @@ def loads_stdlib(data: bytes | bytearray | str) -> tuple[Any, str | None]:
 def read_shaped_run(
     decode: Callable[[bytes], Any],
     payloads: list[bytes],
-    on_shaped: Callable[[list[Any]], None],
+    on_shaped: Callable[[list[Any], list[bytes]], None],
     on_other: Callable[[bytes], None],
 ) -> None:
     """:func:`read_shape` over many payloads of one kind at once, in stream order.
 
     The payloads that fit the shape go to ``on_shaped`` together (decoded by one
-    ``map`` in C, no Python per payload), so ``on_shaped`` must only add up what it
-    reads: it is called for runs of them, the others between. Those that do not fit
+    ``map`` in C, no Python per payload; with the payloads they were decoded from), so
+    ``on_shaped`` must only add up what it reads: it is called for runs of them, the
+    others between. Those that do not fit
     (or are not ASCII, where read_shape decodes strictly first, or could nest deeper
     than msgspec's limit) go to ``on_other`` one by one, in their place: a run that
     fails is halved until the payload that failed is found. The effect is
@@ -191,7 +192,7 @@ def read_shaped_run(
 def _read_run(
     decode: Callable[[bytes], Any],
     payloads: list[bytes],
-    on_shaped: Callable[[list[Any]], None],
+    on_shaped: Callable[[list[Any], list[bytes]], None],
     on_other: Callable[[bytes], None],
 ) -> None:
     try:
@@ -204,7 +205,7 @@ def _read_run(
         _read_run(decode, payloads[:half], on_shaped, on_other)
         _read_run(decode, payloads[half:], on_shaped, on_other)
         return
-    on_shaped(shaped)
+    on_shaped(shaped, payloads)
 
 
 class RecentPayloads:
@@ -290,7 +291,7 @@ class Handler(ABC):
         self,
         run: list[bytes],
         decoder: Any,
-        shaped: Callable[[list[Any]], None],
+        shaped: Callable[[list[Any], list[bytes]], None],
         other: Callable[[bytes], None],
     ) -> None:
         """A run of the format's common delta event: read by one map of its shape

@@ -137,7 +137,7 @@ class BedrockHandler(Handler):
     def _deltas(self, run: list[bytes]) -> None:
         self.read_delta_run(run, _read_text_delta, self._text_deltas, self._other_delta)
 
-    def _text_deltas(self, events: list[BedrockTextDelta]) -> None:
+    def _text_deltas(self, events: list[BedrockTextDelta], payloads: list[bytes]) -> None:
         self.delta_events += len(events)
         self.text_chars += sum(map(len, filter(None, map(_delta_text, events))))
 

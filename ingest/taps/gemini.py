@@ -40,7 +40,7 @@ from .base import (
 )
 from .estimate import EstimatorConfig
 from .request import RequestInfo
-from .shapes import GeminiChunk
+from .shapes import GeminiChunk, GeminiChunkTail
 from .usage import InvalidUsage, Usage, sub, tok
 
 _PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
@@ -51,6 +51,8 @@ _BODY_PATHS = frozenset(
 
 
 _read_chunk = shape_decoder(GeminiChunk)
+#: bytes only: the payload already fit ``GeminiChunk`` (valid JSON and UTF-8)
+_read_tail = msgspec.json.Decoder(GeminiChunkTail).decode
 _NULL: Final = b"null"
 
 
@@ -88,7 +90,7 @@ class GeminiHandler(Handler):
         if self.parse_deltas:
             chunk = read_shape(_read_chunk, data)
             if chunk is not None:
-                self._shaped(chunk)
+                self._shaped_chunks([chunk], [data])
                 return
             obj = self.parse(data)
             if isinstance(obj, dict):
@@ -114,31 +116,34 @@ class GeminiHandler(Handler):
     def _other_chunk(self, data: bytes) -> None:
         self.on_event(b"", data)
 
-    def _shaped_chunks(self, chunks: list[Any]) -> None:
-        """``_shaped`` of each chunk (a ``GeminiChunk``) in turn: the counts add up; the
+    def _shaped_chunks(self, chunks: list[Any], payloads: list[bytes]) -> None:
+        """``_chunk`` of each chunk (a ``GeminiChunk``) in turn: the counts add up; the
         model and the usage are what the last chunk that carries them says."""
         events = 0
         text = 0
         reasoning = 0
         finished = False
+        # Typed locals: mypyc checks the type once and then reads lists and strings
+        # natively; the shapes guarantee the types.
         for chunk in chunks:
-            candidates = chunk.candidates
+            candidates: list[Any] | None = chunk.candidates
             if not candidates:
                 continue
             events += 1
             for candidate in candidates:
-                if candidate.finishReason:
+                finish_reason: str | None = candidate.finishReason
+                if finish_reason:
                     finished = True
                 content = candidate.content
                 if content is None:
                     continue
-                parts = content.parts
+                parts: list[Any] | None = content.parts
                 if parts is None:
                     continue
                 for part in parts:
-                    part_text = part.text
+                    part_text: str | None = part.text
                     if part_text is not None:
-                        chars: int = len(part_text)
+                        chars = len(part_text)
                         text += chars
                         if part.thought is True:
                             reasoning += chars
@@ -147,19 +152,19 @@ class GeminiHandler(Handler):
         self.reasoning_chars += reasoning
         if finished:
             self._finished = True
-        i = len(chunks) - 1
-        while i >= 0:
-            version = chunks[i].modelVersion
-            if isinstance(version, str) and version:
+        # From the last chunk back, until both are found (every chunk usually carries both)
+        model_found = usage_found = False
+        i = len(payloads) - 1
+        while i >= 0 and not (model_found and usage_found):
+            tail = _read_tail(payloads[i])
+            version = tail.modelVersion
+            if not model_found and isinstance(version, str) and version:
                 self.set_model(version)
-                break
-            i -= 1
-        i = len(chunks) - 1
-        while i >= 0:
-            raw = chunks[i].usageMetadata
-            if raw and bytes(raw) != _NULL:
+                model_found = True
+            raw = tail.usageMetadata
+            if not usage_found and raw and bytes(raw) != _NULL:
                 self._read_usage(raw)
-                break
+                usage_found = True
             i -= 1
 
     def _read_usage(self, raw: msgspec.Raw) -> None:
@@ -187,10 +192,6 @@ class GeminiHandler(Handler):
                     self._parts(parts)
         if obj.get("usageMetadata") is not None:
             self._usage = obj["usageMetadata"]
-
-    def _shaped(self, chunk: Any) -> None:
-        """``_chunk`` of a chunk read as ``GeminiChunk``: the same effects, from its fields."""
-        self._shaped_chunks([chunk])
 
     def _parts(self, parts: list[Any]) -> None:
         for part in parts:

@@ -130,7 +130,7 @@ class OpenAIChatHandler(Handler):
             run = datas[start:] if start else datas
             read_shaped_run(_read_chunk, run, self._common_chunks, self._other_chunk)
 
-    def _common_chunks(self, chunks: list[Any]) -> None:
+    def _common_chunks(self, chunks: list[Any], payloads: list[bytes]) -> None:
         """What ``on_event`` does for each chunk read as ``ChatChunk``, added up."""
         text = 0
         reasoning = 0

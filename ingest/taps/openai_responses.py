@@ -122,7 +122,7 @@ class OpenAIResponsesHandler(Handler):
     def _text_deltas(self, run: list[bytes]) -> None:
         self.read_delta_run(run, _read_text_delta, self._shaped_deltas, self._other_delta)
 
-    def _shaped_deltas(self, events: list[ResponsesTextDelta]) -> None:
+    def _shaped_deltas(self, events: list[ResponsesTextDelta], payloads: list[bytes]) -> None:
         self.delta_events += len(events)
         self.text_chars += sum(map(len, map(_delta_of, events)))
 

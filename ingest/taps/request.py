@@ -23,7 +23,7 @@ WALK_BUDGET = 200_000
 _compact_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RequestInfo:
     """The parts of a request an estimate needs.
 
@@ -33,14 +33,34 @@ class RequestInfo:
     none), each as a short phrase for analysts.
     """
 
-    size: int | None = None
-    readable: bool = True
-    model: str | None = None
-    stream: bool | None = None
-    max_output_tokens: int | None = None
-    reasoning: bool = False
-    thinking_budget: int | None = None
-    server_state: tuple[str, ...] = ()
+    size: int | None
+    readable: bool
+    model: str | None
+    stream: bool | None
+    max_output_tokens: int | None
+    reasoning: bool
+    thinking_budget: int | None
+    server_state: tuple[str, ...]
+
+    def __init__(  # one a response: compiled, not dataclass's (see usage.Usage)
+        self,
+        size: int | None = None,
+        readable: bool = True,
+        model: str | None = None,
+        stream: bool | None = None,
+        max_output_tokens: int | None = None,
+        reasoning: bool = False,
+        thinking_budget: int | None = None,
+        server_state: tuple[str, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "readable", readable)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "stream", stream)
+        object.__setattr__(self, "max_output_tokens", max_output_tokens)
+        object.__setattr__(self, "reasoning", reasoning)
+        object.__setattr__(self, "thinking_budget", thinking_budget)
+        object.__setattr__(self, "server_state", server_state)
 
 
 def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | None) -> RequestInfo:

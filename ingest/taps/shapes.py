@@ -74,13 +74,20 @@ class GeminiCandidate(msgspec.Struct, gc=False):
 
 
 class GeminiChunk(msgspec.Struct, gc=False):
-    """Gemini's common chunk: text parts and a usageMetadata, no error. The usage is kept
-    as its raw JSON (checked, not built): only the last one counts, built once."""
+    """Gemini's common chunk: text parts, no error. Its usageMetadata and modelVersion
+    are skipped here (each chunk carries them, only the last ones count):
+    ``GeminiChunkTail`` reads them from the last chunks of a run."""
 
     candidates: list[GeminiCandidate] | None = None
+    error: None = None
+
+
+class GeminiChunkTail(msgspec.Struct, gc=False):
+    """The usage (as its raw JSON: checked, not built) and model of a chunk that fit
+    ``GeminiChunk``."""
+
     usageMetadata: msgspec.Raw = msgspec.Raw()
     modelVersion: Any = None
-    error: None = None
 
 
 class BedrockText(msgspec.Struct, gc=False):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
 import ingest.taps
 from ingest.taps import FORMATS, EstimatorConfig, TapResult, open_tap
+from ingest.taps.estimate import Observed
+from ingest.taps.request import RequestInfo
+from ingest.taps.usage import Usage
 
 
 def test_public_names() -> None:
@@ -56,6 +60,50 @@ def test_result_is_frozen_and_validated() -> None:
         TapResult("m", cache_write_tokens=1, cache_write_1h_tokens=2)
     assert "estimate_reason" not in result.as_dict()
     assert result.total_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [
+        (Usage, {"input_tokens": 3, "output_tokens": 2, "reasoning_tokens": 1}),
+        (TapResult, {"model": "m", "output_tokens": 2, "usage_source": "reported"}),
+        (RequestInfo, {"size": 10, "max_output_tokens": 5, "server_state": ("a file by id",)}),
+        (Observed, {"streaming": True, "text_chars": 7}),
+    ],
+)
+def test_value_classes_keep_their_dataclass_behaviour(cls: Any, kwargs: dict[str, Any]) -> None:
+    """They write their own compiled ``__init__`` (usage.py): still frozen dataclasses with
+    defaults, equality, hashing, ``repr`` and ``replace``."""
+    value = cls(**kwargs)
+    for name, given in kwargs.items():
+        assert getattr(value, name) == given
+    assert value == cls(**kwargs) and hash(value) == hash(cls(**kwargs))
+    assert repr(value).startswith(cls.__name__ + "(")
+    first = dataclasses.fields(cls)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, first, getattr(value, first))
+    changed = dataclasses.replace(value, **{first: getattr(value, first)})
+    assert changed == value and changed is not value
+    assert cls(**{**kwargs}) != dataclasses.replace(value, **_other(cls))
+
+
+def _other(cls: Any) -> dict[str, Any]:
+    others: dict[Any, dict[str, Any]] = {
+        Usage: {"input_tokens": 4},
+        TapResult: {"model": "n"},
+        RequestInfo: {"size": 11},
+        Observed: {"text_chars": 8},
+    }
+    return others[cls]
+
+
+def test_usage_names_the_first_invalid_count() -> None:
+    with pytest.raises(ValueError, match="cache_read_tokens must be an int >= 0"):
+        Usage(input_tokens=1, cache_read_tokens=-1, output_tokens=-1)
+    with pytest.raises((TypeError, ValueError)):  # TypeError at the compiled signature
+        Usage(output_tokens="3")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reasoning_tokens exceeds output_tokens"):
+        Usage(output_tokens=1, reasoning_tokens=2)
 
 
 def test_finish_is_idempotent_and_feed_after_finish_is_ignored() -> None:
