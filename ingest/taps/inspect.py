@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from typing import Any, BinaryIO
 
 from .estimate import EstimatorConfig
+from .formats import open_tap
 from .usage import TapResult
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -41,8 +42,6 @@ def inspect_response(
     body is recognised by its magic bytes. ``request`` is the request body
     (bytes or a dict) or a path to it.
     """
-    from . import open_tap  # the package root wires the handlers
-
     with ExitStack() as stack:
         if isinstance(request, str | os.PathLike):
             request = stack.enter_context(open(request, "rb")).read()

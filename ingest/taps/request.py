@@ -81,9 +81,20 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
         return RequestInfo(size=size, readable=False)
     reader = _READERS.get(fmt)
     fields: dict[str, Any] = reader(obj) if reader is not None else {}
-    found: list[str] = list(fields.pop("server_state", ()))
+    found: list[str] = list(fields.get("server_state", ()))
     found.extend(references(obj, WALK_BUDGET))
-    return RequestInfo(size=size, server_state=tuple(dict.fromkeys(found)), **fields)
+    # by position, not **fields: a compiled call instead of parsing keywords (~6k
+    # instructions); test_taps_request holds the readers' keys to RequestInfo's fields
+    return RequestInfo(
+        size,
+        True,
+        fields.get("model"),
+        fields.get("stream"),
+        fields.get("max_output_tokens"),
+        fields.get("reasoning", False),
+        fields.get("thinking_budget"),
+        tuple(dict.fromkeys(found)),
+    )
 
 
 def _pos_int(value: Any) -> int | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from ingest.taps import EstimatorConfig, open_tap, read_request
+from ingest.taps import FORMATS, EstimatorConfig, open_tap, read_request
 from ingest.taps.estimate import Observed, estimate_usage
-from ingest.taps.request import RequestInfo
+from ingest.taps.request import _READERS, RequestInfo
 from ingest.taps.usage import Usage
 
 CFG = EstimatorConfig()
@@ -263,6 +264,14 @@ def test_request_limits_and_reasoning() -> None:
     assert read_request("openai-chat", b"[1]").readable is False
     raw = json.dumps({"model": "m"}).encode()
     assert read_request("openai-chat", raw).size == len(raw)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_request_reader_names_only_request_info_fields(fmt: str) -> None:
+    """read_request takes the readers' fields by name with ``get``: a key that is not
+    a field would be dropped without a word."""
+    fields = {field.name for field in dataclasses.fields(RequestInfo)}
+    assert set(_READERS[fmt]({})) <= fields
 
 
 def test_estimate_through_a_tap_applies_the_server_state_floor() -> None:
