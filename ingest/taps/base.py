@@ -75,7 +75,7 @@ def describe_error(obj: Any) -> str | None:
     if isinstance(err, dict):
         kind = err.get("type") or err.get("status") or err.get("code")
         message = err.get("message")
-        parts = [str(p) for p in (kind, message) if isinstance(p, str | int) and p != ""]
+        parts = [str(p) for p in (kind, message) if isinstance(p, (str, int)) and p != ""]
         return clip(": ".join(parts)) if parts else "error"
     if obj.get("type") == "error" or "message" in obj or "Message" in obj:
         message = obj.get("message", obj.get("Message"))
@@ -178,11 +178,11 @@ def read_shaped_run(
     fails is halved until the payload that failed is found. The effect is
     :func:`read_shape` on each payload in turn (test_taps_fastpaths holds them equal).
     """
-    if (
-        max(map(len, payloads)) > SHALLOW_SIZE
-        or not all(map(bytes.isascii, payloads))
-        or not SHORTCUTS.enabled
-    ):
+    longest = 0
+    for payload in payloads:  # a native loop; one isascii over them all below
+        if len(payload) > longest:
+            longest = len(payload)
+    if longest > SHALLOW_SIZE or not SHORTCUTS.enabled or not b"".join(payloads).isascii():
         for payload in payloads:
             on_other(payload)
         return

@@ -296,6 +296,6 @@ class JsonBody:
         if not body.strip():
             return None, "unreadable: empty JSON body"
         value, problem = loads(body)
-        if problem is None and not isinstance(value, dict | list):
+        if problem is None and not isinstance(value, (dict, list)):
             return None, "unreadable: the body is not a JSON object or array"
         return value, problem

@@ -1,7 +1,8 @@
 """What in a request refers to content the provider fetches or keeps (request.py).
 
 Compiled with mypyc (pyproject.toml, ``taps``): it walks every container of the request,
-once per response.
+once per response. ``isinstance(x, (dict, list))``, not ``dict | list``: mypyc compiles the
+tuple to two type checks, the union is built and checked generically on every call.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ def references(obj: Any, budget: int) -> list[str]:
             break
         if isinstance(node, list):
             for item in node:
-                if isinstance(item, dict | list):
+                if isinstance(item, (dict, list)):
                     stack.append(item)
             continue
         items: dict[Any, Any] = node  # keys of a dict a proxy built may be anything
         for key, value in items.items():
-            if isinstance(value, dict | list):
+            if isinstance(value, (dict, list)):
                 stack.append(value)
             if key in _ID_KEYS and value:
                 found[_ID_KEYS[key]] = None
