@@ -16,8 +16,8 @@ MAX_TOKENS = 10_000_000_000
 
 # The classes below are frozen dataclasses with an ``__init__`` of their own: the one
 # dataclass writes runs interpreted under mypyc (~1.6 us a call, frozen fields set one
-# by one through ``object.__setattr__``), this one compiled (~40 ns). One of each is made
-# per response.
+# by one through ``object.__setattr__``), this one is compiled (~0.3 us even when called
+# from interpreted code). One of each is made per response.
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -40,7 +40,8 @@ class Usage:
         output_tokens: int = 0,
         reasoning_tokens: int = 0,
     ) -> None:
-        _check_counts(
+        _set_counts(
+            self,
             input_tokens,
             cache_read_tokens,
             cache_write_tokens,
@@ -48,12 +49,6 @@ class Usage:
             output_tokens,
             reasoning_tokens,
         )
-        object.__setattr__(self, "input_tokens", input_tokens)
-        object.__setattr__(self, "cache_read_tokens", cache_read_tokens)
-        object.__setattr__(self, "cache_write_tokens", cache_write_tokens)
-        object.__setattr__(self, "cache_write_1h_tokens", cache_write_1h_tokens)
-        object.__setattr__(self, "output_tokens", output_tokens)
-        object.__setattr__(self, "reasoning_tokens", reasoning_tokens)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -91,7 +86,8 @@ class TapResult:
         estimate_reason: str | None = None,
         upstream_error: str | None = None,
     ) -> None:
-        _check_counts(
+        _set_counts(
+            self,
             input_tokens,
             cache_read_tokens,
             cache_write_tokens,
@@ -104,12 +100,6 @@ class TapResult:
         if (usage_source == "estimated") != (estimate_reason is not None):
             raise ValueError("estimate_reason is set exactly when usage_source is 'estimated'")
         object.__setattr__(self, "model", model)
-        object.__setattr__(self, "input_tokens", input_tokens)
-        object.__setattr__(self, "cache_read_tokens", cache_read_tokens)
-        object.__setattr__(self, "cache_write_tokens", cache_write_tokens)
-        object.__setattr__(self, "cache_write_1h_tokens", cache_write_1h_tokens)
-        object.__setattr__(self, "output_tokens", output_tokens)
-        object.__setattr__(self, "reasoning_tokens", reasoning_tokens)
         object.__setattr__(self, "usage_source", usage_source)
         object.__setattr__(self, "estimate_reason", estimate_reason)
         object.__setattr__(self, "upstream_error", upstream_error)
@@ -166,7 +156,8 @@ class TapResult:
         )
 
 
-def _check_counts(
+def _set_counts(
+    obj: Usage | TapResult,
     input_tokens: object,
     cache_read_tokens: object,
     cache_write_tokens: object,
@@ -174,6 +165,7 @@ def _check_counts(
     output_tokens: object,
     reasoning_tokens: object,
 ) -> None:
+    """Check the six counts (the first wrong one is named), then set them on ``obj``."""
     _count("input_tokens", input_tokens)
     _count("cache_read_tokens", cache_read_tokens)
     cache_writes = _count("cache_write_tokens", cache_write_tokens)
@@ -183,6 +175,12 @@ def _check_counts(
         raise ValueError("reasoning_tokens exceeds output_tokens")
     if cache_writes_1h > cache_writes:
         raise ValueError("cache_write_1h_tokens exceeds cache_write_tokens")
+    object.__setattr__(obj, "input_tokens", input_tokens)
+    object.__setattr__(obj, "cache_read_tokens", cache_read_tokens)
+    object.__setattr__(obj, "cache_write_tokens", cache_write_tokens)
+    object.__setattr__(obj, "cache_write_1h_tokens", cache_write_1h_tokens)
+    object.__setattr__(obj, "output_tokens", output_tokens)
+    object.__setattr__(obj, "reasoning_tokens", reasoning_tokens)
 
 
 def _count(name: str, value: object) -> int:
