@@ -56,35 +56,17 @@ class EstimatorConfig:
             )
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True)
 class Observed:
     """What a tap saw of a response whose usage is missing."""
 
     streaming: bool
-    delta_events: int
-    text_chars: int
-    reasoning_chars: int
-    body_bytes: int
-    output_unknown: bool
-    partial: Usage | None
-
-    def __init__(  # compiled, not dataclass's (see usage.Usage)
-        self,
-        streaming: bool,
-        delta_events: int = 0,
-        text_chars: int = 0,
-        reasoning_chars: int = 0,
-        body_bytes: int = 0,
-        output_unknown: bool = False,
-        partial: Usage | None = None,
-    ) -> None:
-        object.__setattr__(self, "streaming", streaming)
-        object.__setattr__(self, "delta_events", delta_events)
-        object.__setattr__(self, "text_chars", text_chars)
-        object.__setattr__(self, "reasoning_chars", reasoning_chars)
-        object.__setattr__(self, "body_bytes", body_bytes)
-        object.__setattr__(self, "output_unknown", output_unknown)
-        object.__setattr__(self, "partial", partial)
+    delta_events: int = 0
+    text_chars: int = 0
+    reasoning_chars: int = 0
+    body_bytes: int = 0
+    output_unknown: bool = False
+    partial: Usage | None = None
 
 
 def _per_token(chars: int, config: EstimatorConfig) -> int:

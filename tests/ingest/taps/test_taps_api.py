@@ -9,7 +9,6 @@ import pytest
 
 import ingest.taps
 from ingest.taps import FORMATS, EstimatorConfig, TapResult, open_tap
-from ingest.taps.estimate import Observed
 from ingest.taps.request import RequestInfo
 from ingest.taps.usage import Usage
 
@@ -68,7 +67,6 @@ def test_result_is_frozen_and_validated() -> None:
         (Usage, {"input_tokens": 3, "output_tokens": 2, "reasoning_tokens": 1}),
         (TapResult, {"model": "m", "output_tokens": 2, "usage_source": "reported"}),
         (RequestInfo, {"size": 10, "max_output_tokens": 5, "server_state": ("a file by id",)}),
-        (Observed, {"streaming": True, "text_chars": 7}),
     ],
 )
 def test_value_classes_keep_their_dataclass_behaviour(cls: Any, kwargs: dict[str, Any]) -> None:
@@ -92,7 +90,6 @@ def _other(cls: Any) -> dict[str, Any]:
         Usage: {"input_tokens": 4},
         TapResult: {"model": "n"},
         RequestInfo: {"size": 11},
-        Observed: {"text_chars": 8},
     }
     return others[cls]
 
