@@ -171,10 +171,11 @@ def _set_counts(
     cache_writes = _count("cache_write_tokens", cache_write_tokens)
     cache_writes_1h = _count("cache_write_1h_tokens", cache_write_1h_tokens)
     output = _count("output_tokens", output_tokens)
-    if _count("reasoning_tokens", reasoning_tokens) > output:
-        raise ValueError("reasoning_tokens exceeds output_tokens")
+    reasoning = _count("reasoning_tokens", reasoning_tokens)
     if cache_writes_1h > cache_writes:
         raise ValueError("cache_write_1h_tokens exceeds cache_write_tokens")
+    if reasoning > output:
+        raise ValueError("reasoning_tokens exceeds output_tokens")
     object.__setattr__(obj, "input_tokens", input_tokens)
     object.__setattr__(obj, "cache_read_tokens", cache_read_tokens)
     object.__setattr__(obj, "cache_write_tokens", cache_write_tokens)
