@@ -1,4 +1,4 @@
-"""Connecting to ClickHouse and applying the analyst schema (``infra/clickhouse/*.sql``).
+"""Connecting to ClickHouse and applying the analyst schema (``aggregator/sink/ddl/*.sql``).
 
 The one setting is a DSN:
 
@@ -28,8 +28,8 @@ from clickhouse_connect.driver.client import Client
 from aggregator.sink.errors import DataPathInUse, SinkRejected, translate
 from schemas.errors import ConfigError
 
-#: the DDL shipped with the repository (the package is installed editable)
-DDL_DIR: Final = Path(__file__).resolve().parents[2] / "infra" / "clickhouse"
+#: the DDL, package data of this module (a wheel carries it; infra/clickhouse/README.md explains it)
+DDL_DIR: Final = Path(__file__).resolve().parent / "ddl"
 HTTP_SCHEMES: Final = ("http", "https")
 
 
@@ -137,7 +137,7 @@ def _redact(dsn: str) -> str:
 
 
 def ddl_files(ddl_dir: Path | str | None = None) -> list[Path]:
-    """The numbered ``NNN_*.sql`` files of ``ddl_dir`` (default: the repository's), in order."""
+    """The numbered ``NNN_*.sql`` files of ``ddl_dir`` (default: the shipped ones), in order."""
     folder = Path(ddl_dir) if ddl_dir is not None else DDL_DIR
     files = sorted(p for p in folder.glob("*.sql") if p.name[:3].isdigit())
     if not files:

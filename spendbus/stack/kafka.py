@@ -1,6 +1,6 @@
 """A real single-node Apache Kafka broker (KRaft, broker + controller in one JVM), without Docker.
 
-The broker comes from Maven Central (`infra/kafka/pom.xml`, fetched once into a cache folder by
+The broker comes from Maven Central (`spendbus/stack/broker/pom.xml`, fetched once into a cache folder by
 :func:`ensure_broker_jars`) and runs as a plain ``java -cp '<libs>/*' kafka.Kafka`` subprocess
 managed by :class:`LocalKafka`. Everything binds to 127.0.0.1.
 
@@ -10,7 +10,7 @@ Layout of a broker's ``data_dir``::
     state.json          ports, cluster id, version: lets another process re-attach / restart
     broker.pid          pid of the running JVM (removed by stop())
     broker.log          the JVM's stdout/stderr (appended across restarts)
-    logs/server.log     log4j2 output, WARN by default (infra/kafka/log4j2.yaml)
+    logs/server.log     log4j2 output, WARN by default (spendbus/stack/broker/log4j2.yaml)
     tmp/                the JVM's java.io.tmpdir (native libraries unpacked by compressors)
     kraft/              log.dirs: topic partitions and the __cluster_metadata log
 
@@ -56,8 +56,9 @@ __all__ = [
     "kafka_version",
 ]
 
-#: Where pom.xml and log4j2.yaml live: <repo>/infra/kafka (this file is <repo>/spendbus/stack/).
-DEFAULT_INFRA_DIR = Path(__file__).resolve().parents[2] / "infra" / "kafka"
+#: Where pom.xml and log4j2.yaml live: package data beside this module, so an installed
+#: wheel fetches and starts the broker as a checkout does.
+DEFAULT_INFRA_DIR = Path(__file__).resolve().parent / "broker"
 
 #: Written into the libs folder once every jar has been copied; holds the pom's hash and the jar
 #: count, so an interrupted fetch, a deleted jar or an edited pom all trigger a new fetch.

@@ -69,7 +69,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def client(engine: str) -> Iterator[Any]:
-    """A client on a fresh database holding the DDL of infra/clickhouse."""
+    """A client on a fresh database holding the shipped DDL (aggregator/sink/ddl)."""
     admin = open_client(engine)
     name = f"t{next(_db_numbers)}"
     admin.command(f"CREATE DATABASE {name}")
