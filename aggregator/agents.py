@@ -106,7 +106,11 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     topics = config.topics  # per generation (docs/replay.md)
     reference = Reference()
     follower = ReferenceFollower(config.bootstrap, topics, reference)
-    processor = BatchProcessor(reference, source_topic=topics.usage_raw)
+    processor = BatchProcessor(
+        reference,
+        source_topic=topics.usage_raw,
+        max_future_skew_seconds=config.max_future_skew_seconds,
+    )
     metrics = Metrics()
     app.spendbus_metrics = metrics  # type: ignore[attr-defined]
 

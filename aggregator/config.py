@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.errors import ConfigError
+from schemas.periods import MAX_FUTURE_SKEW_SECONDS
 from schemas.topics import Topics, check_generation
 
 
@@ -41,6 +42,9 @@ class AggregatorConfig(BaseModel):
     #: new event ids held in memory before a checkpoint writes them to the local RocksDB;
     #: reaching it checkpoints early (the in-memory part of the dedupe is bounded by it)
     max_pending_event_ids: int = Field(default=100_000, ge=1000)
+    #: an event whose occurred_at is further ahead than this of when it reached Kafka is
+    #: dead-lettered (reason future_event) instead of counted (aggregator/README.md)
+    max_future_skew_seconds: float = Field(default=MAX_FUTURE_SKEW_SECONDS, ge=0, le=86_400)
     sink_batch_size: int = Field(default=10_000, ge=1)
     sink_batch_seconds: float = Field(default=1.0, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)

@@ -37,7 +37,7 @@ from schemas.codec import (
     PRICED_USAGE,
 )
 from schemas.errors import ContractError
-from schemas.periods import to_micros
+from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
 from schemas.usage import billed_tokens, validate_usage_event
 
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
@@ -59,6 +59,10 @@ class SourceRecord(Protocol):
     def key(self) -> bytes | None: ...
     @property
     def value(self) -> bytes | None: ...
+    @property
+    def timestamp(self) -> int | None:
+        """Kafka's record timestamp in milliseconds (None or negative: none)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,7 @@ class RawRecord:
     offset: int
     key: bytes | None
     value: bytes | None
+    timestamp: int | None = None
 
 
 @dataclass
@@ -187,10 +192,12 @@ class BatchProcessor:
         *,
         source_topic: str,
         stage: str = "aggregator",
+        max_future_skew_seconds: float = MAX_FUTURE_SKEW_SECONDS,
     ) -> None:
         self.reference = reference
         self.source_topic = source_topic
         self.stage = stage
+        self.max_future_skew_us = int(max_future_skew_seconds * 1_000_000)
         self._budgets_version = -1
         self._applicable = ApplicableCache()
 
@@ -212,6 +219,8 @@ class BatchProcessor:
     ) -> BatchOutput:
         out = BatchOutput(now=now or datetime.now(UTC))
         now = out.now
+        now_us = to_micros(now)
+        max_skew_us = self.max_future_skew_us
         self._refresh_budgets()
         lookup = self._applicable.lookup
         price_event = self.reference.prices.price_event
@@ -233,6 +242,19 @@ class BatchProcessor:
                 validate_usage_event(event)
             except ContractError as exc:
                 out.dead_letters.append((record.key, self._dead_letter(record, exc, now)))
+                dead_letters += 1
+                continue
+            # event time is trusted up to a bounded skew ahead of when the record reached
+            # Kafka (the earlier of its timestamp and this worker's clock, so a replay
+            # decides as the live fold did): an event from the future is never counted
+            received_us = now_us
+            stamp = record.timestamp
+            if stamp is not None and 0 <= stamp * 1000 < received_us:
+                received_us = stamp * 1000
+            if occurred_us > received_us + max_skew_us:
+                out.dead_letters.append(
+                    (record.key, self._future(record, occurred_us, received_us, now))
+                )
                 dead_letters += 1
                 continue
             position = f"{partition}:{offset}"
@@ -321,6 +343,17 @@ class BatchProcessor:
         for key in [k for k, c in verdict_changes.items() if not c.state.period]:
             del verdict_changes[key]
         return out
+
+    def _future(
+        self, record: SourceRecord, occurred_us: int, received_us: int, now: datetime
+    ) -> bytes:
+        ahead = (occurred_us - received_us) / 1_000_000
+        detail = (
+            f"occurred_at {from_micros(occurred_us).isoformat()} is {ahead:,.0f} s ahead of "
+            f"{from_micros(received_us).isoformat()}, when the record reached Kafka; at most "
+            f"{self.max_future_skew_us / 1_000_000:g} s are allowed (max_future_skew_seconds)"
+        )
+        return self._dead_letter(record, ContractError(detail, reason=FUTURE_EVENT), now)
 
     def _dead_letter(self, record: SourceRecord, exc: ContractError, now: datetime) -> bytes:
         return DEAD_LETTER.encode(

@@ -213,7 +213,9 @@ def _fold(
     on_counter: CounterListener | None = None,
 ) -> None:
     records = [
-        RawRecord(m.partition, m.offset, m.key, m.value) for m in messages if bounds.keeps(m.value)
+        RawRecord(m.partition, m.offset, m.key, m.value, m.timestamp)
+        for m in messages
+        if bounds.keeps(m.value)
     ]
     counters, seen = state.counters, state.seen
 

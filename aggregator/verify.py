@@ -99,7 +99,7 @@ async def recompute(
     report = VerifyReport()
 
     def fold(messages: list[Any]) -> None:
-        records = [RawRecord(m.partition, m.offset, m.key, m.value) for m in messages]
+        records = [RawRecord(m.partition, m.offset, m.key, m.value, m.timestamp) for m in messages]
         out = processor.process(
             records, lambda _, key: counters.get(key), lambda _, key: seen.get(key)
         )

@@ -1075,6 +1075,7 @@ class Checker:
         one-value scopes (the property test against ``applicable`` covers every path).
         """
         verdicts = self.state.verdicts
+        ahead = self.state.ahead
         holds_held = self.holds.held
         # holds are looked up only when some are outstanding; what was found is handed to
         # reserve (no second lookup of the same (counter, period))
@@ -1150,6 +1151,12 @@ class Checker:
             while True:
                 verdict = verdicts.get(cid)
                 if verdict is not None and verdict.period == period:
+                    sn = verdict.spent_nanos
+                    st = verdict.spent_tokens
+                    sr = verdict.spent_requests
+                elif ahead and (promoted := self.state.promote(cid, period)) is not None:
+                    # a verdict received before our clock reached its period: current now
+                    verdict = promoted
                     sn = verdict.spent_nanos
                     st = verdict.spent_tokens
                     sr = verdict.spent_requests

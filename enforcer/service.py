@@ -45,7 +45,7 @@ class Enforcer:
         self.config = config if config is not None else EnforcerConfig()
         self.clock = clock
         self.topics = Topics(self.config.topic_prefix)
-        self.state = EnforcerState()
+        self.state = EnforcerState(clock)
         self.holds = Holds(self.config.hold_timeout_us)
         self.metrics = EnforcerMetrics(registry)
         self.metrics.bind(self.state, self.holds, clock)

@@ -6,10 +6,14 @@ beginning (or directly by tests). Rules applied here, once:
 * ``budget.policies`` key = budget id; a null value deletes the budget.
 * ``pricing`` key = price version; a null value removes the version.
 * ``budget.verdicts`` key = counter key (no period in it). A verdict whose
-  ``seq`` is lower than the one held is ignored (a re-delivered or reordered
-  older state). A verdict of an *older period* than the one held is ignored
-  too, whatever its seq: a late event landing in yesterday's counter must not
-  replace today's view. A null value deletes the counter.
+  ``seq`` is lower than the one held for the same period is ignored (a
+  re-delivered or reordered older state). Periods are judged by this
+  enforcer's clock: the verdict held for the period current *now* is the one
+  enforced, and a verdict of any other period never replaces it. One of a
+  later period (the aggregator's clock or an event a little ahead of ours) is
+  kept aside in ``ahead`` and takes over when our clock reaches its period; one
+  of an earlier period (a late event, a lagging partition) is ignored. Without
+  a known budget the newer period wins. A null value deletes the counter.
 
 Whether a held verdict's spend counts for the current period is decided at
 check time (:mod:`enforcer.check`), because periods roll over with the clock,
@@ -19,6 +23,7 @@ not with messages.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +31,12 @@ from typing import Any
 from schemas.budgets import Budget
 from schemas.errors import ContractError
 from schemas.ids import decompose
-from schemas.periods import to_micros
+from schemas.periods import Window, from_micros, period_end, period_key, to_micros
 from schemas.pricing import PriceBook, PriceTable
 
 Record = Mapping[str, Any]
+#: a time after every period's end (µs)
+_NEVER = 1 << 62
 
 
 #: a counter's identity in memory: ``decompose(counter_key)`` = (budget id, *scope values).
@@ -105,7 +112,9 @@ VerdictListener = Callable[[CounterId, str, int, int], object]
 class EnforcerState:
     """Budgets, price book and one verdict per counter. Single-threaded (one event loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        #: seconds since the epoch: which period is current (the enforcer's, injectable)
+        self.clock = clock
         self.budgets: dict[str, Budget] = {}
         #: bumped on every policy change; the checker rebuilds its index when it moves
         self.policy_version = 0
@@ -113,6 +122,10 @@ class EnforcerState:
         self.price_version = 0
         #: counter id (decomposed counter key) -> its last verdict
         self.verdicts: dict[CounterId, CounterVerdict] = {}
+        #: counter id -> a verdict of a period our clock has not reached yet (see above)
+        self.ahead: dict[CounterId, CounterVerdict] = {}
+        #: window -> (current period key, valid from µs, valid until µs)
+        self._current: dict[Window, tuple[str, int, int]] = {}
         self.verdicts_applied = 0
         self.verdicts_ignored = 0
         #: emitted_at of the newest verdict applied (for the verdict-lag metric)
@@ -159,18 +172,75 @@ class EnforcerState:
             parts[1] = sys.intern(parts[1])
         cid = tuple(parts)
         if record is None:
+            self.ahead.pop(cid, None)
             return self.verdicts.pop(cid, None) is not None
         verdict = CounterVerdict.from_record(record, cid)
         held = self.verdicts.get(cid)
-        if held is not None and (
-            verdict.seq < held.seq or period_is_older(verdict.period, held.period)
-        ):
+        if held is not None and verdict.period != held.period:
+            current = self._current_period(verdict.budget_id)
+            if current is None or (verdict.period != current and held.period != current):
+                # neither is enforced now: the newer period wins (it is the nearer one)
+                if period_is_older(verdict.period, held.period):
+                    self.verdicts_ignored += 1
+                    return False
+            elif verdict.period == current:
+                if period_is_older(current, held.period):  # the held one was ahead of us
+                    self._keep_ahead(cid, held)
+            else:  # the held verdict is the current period's: nothing else replaces it
+                if not period_is_older(current, verdict.period) or not self._keep_ahead(
+                    cid, verdict
+                ):
+                    self.verdicts_ignored += 1
+                    return False
+                self._applied(cid, verdict)
+                return True
+        elif held is not None and verdict.seq < held.seq:
             self.verdicts_ignored += 1
             return False
         self.verdicts[cid] = verdict
+        self._applied(cid, verdict)
+        return True
+
+    def promote(self, cid: CounterId, period: str) -> CounterVerdict | None:
+        """The verdict kept ahead for ``cid`` once ``period`` (current now) is its period:
+        it becomes the enforced one. Called by the check when the held verdict is of
+        another period and ``ahead`` is not empty."""
+        verdict = self.ahead.get(cid)
+        if verdict is None or verdict.period != period:
+            return None
+        del self.ahead[cid]
+        self.verdicts[cid] = verdict
+        return verdict
+
+    def _keep_ahead(self, cid: CounterId, verdict: CounterVerdict) -> bool:
+        """Keep ``verdict`` for its later period unless a newer one is kept already."""
+        kept = self.ahead.get(cid)
+        if kept is not None and (
+            period_is_older(verdict.period, kept.period)
+            or (verdict.period == kept.period and verdict.seq < kept.seq)
+        ):
+            return False
+        self.ahead[cid] = verdict
+        return True
+
+    def _current_period(self, budget_id: str) -> str | None:
+        """The period of ``budget_id`` current by this enforcer's clock (None: unknown)."""
+        budget = self.budgets.get(budget_id)
+        if budget is None:
+            return None
+        now_us = int(self.clock() * 1_000_000)
+        cached = self._current.get(budget.window)
+        if cached is not None and cached[1] <= now_us < cached[2]:
+            return cached[0]
+        now = from_micros(now_us)
+        end = period_end(budget.window, now)
+        key = sys.intern(period_key(budget.window, now))
+        self._current[budget.window] = (key, now_us, _NEVER if end is None else to_micros(end))
+        return key
+
+    def _applied(self, cid: CounterId, verdict: CounterVerdict) -> None:
         self.verdicts_applied += 1
         if self.last_emitted_at_us is None or verdict.emitted_at_us > self.last_emitted_at_us:
             self.last_emitted_at_us = verdict.emitted_at_us
         for listener in self._listeners:
             listener(cid, verdict.period, verdict.as_of_us, verdict.seq)
-        return True

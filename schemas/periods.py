@@ -26,6 +26,14 @@ from typing import Final
 from schemas.errors import ContractError
 
 ROLLING_BUCKETS: Final = 48
+#: how far an event's ``occurred_at`` may be ahead of the time it reached Kafka (the
+#: earlier of its record timestamp and the folding worker's clock) before the aggregator
+#: dead-letters it (reason ``future_event``) instead of counting it: clocks of gateways
+#: and workers drift by seconds, not minutes, and an event from the future must never
+#: move a counter into a period that has not begun (aggregator/README.md, "Event time")
+MAX_FUTURE_SKEW_SECONDS: Final = 300
+#: the dead-letter reason of an event beyond that bound
+FUTURE_EVENT: Final = "future_event"
 _UNIT_SECONDS: Final = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _ROLLING = re.compile(r"^rolling:(\d+)([mhdw])$")
 WINDOWS: Final = ("day", "week", "month", "total")
