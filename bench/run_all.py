@@ -20,6 +20,7 @@ BENCHES = {
     "taps": ["--repeats", "11"],
     "publisher": ["--events", "100000", "--runs", "3"],
     "sink": ["--runs", "3"],
+    "insert_formats": [],
     "enforcer": [],
     "pipeline": ["--events", "50000", "--seconds", "10"],
     "gateway": [],
@@ -57,6 +58,12 @@ HEADLINES = [
         )
     ),
     ("sink", "rows_per_s_median", "ClickHouse sink rows/s"),
+    ("insert_formats", "candidates.avro.vs_rows", "Avro bodies read by the engine / Python rows"),
+    (
+        "insert_formats",
+        "candidates.engine_raw.rows_per_s_median",
+        "engine INSERT ... SELECT rows/s",
+    ),
     ("enforcer", "check.p99_us", "enforcer check() p99 µs"),
     ("enforcer", "sidecar.checks_per_s", "sidecar checks/s"),
     (
