@@ -105,7 +105,9 @@ class ClickHouseWriter:
 def install(app: faust.App, config: AggregatorConfig) -> None:
     topics = config.topics  # per generation (docs/replay.md)
     reference = Reference()
-    follower = ReferenceFollower(config.bootstrap, topics, reference)
+    follower = ReferenceFollower(
+        config.bootstrap, topics, reference, security=config.kafka_security
+    )
     processor = BatchProcessor(
         reference,
         source_topic=topics.usage_raw,

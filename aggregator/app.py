@@ -11,8 +11,25 @@ from __future__ import annotations
 import logging
 
 import faust
+from faust.auth import Credentials, SASLCredentials, SSLCredentials
 
 from aggregator.config import AggregatorConfig
+from schemas.kafka import KafkaSecurity
+
+
+def faust_credentials(security: KafkaSecurity) -> Credentials | None:
+    """The Faust form of the security settings (None = PLAINTEXT, Faust's default)."""
+    if security.uses_sasl:
+        assert security.sasl_password is not None  # KafkaSecurity checks it
+        return SASLCredentials(
+            username=security.sasl_username,
+            password=security.sasl_password.get_secret_value(),
+            mechanism=security.sasl_mechanism,
+            # None over SASL_PLAINTEXT; with a context Faust speaks SASL_SSL
+            ssl_context=security.ssl_context(),
+        )
+    context = security.ssl_context()
+    return None if context is None else SSLCredentials(context)
 
 
 def create_app(config: AggregatorConfig) -> faust.App:
@@ -25,6 +42,9 @@ def create_app(config: AggregatorConfig) -> faust.App:
         # the sink agents' group: the counting stage owns config.app_id's group on usage.raw
         config.sink_app_id,
         broker=f"kafka://{config.bootstrap}",
+        # Faust's own consumer, producer and topic declarations; the counting stage and the
+        # followers take config.kafka_security directly
+        broker_credentials=faust_credentials(config.kafka_security),
         store=config.store,
         datadir=str(config.data_dir),
         autodiscover=False,
@@ -57,5 +77,5 @@ def create_app(config: AggregatorConfig) -> faust.App:
     if config.generation:  # a replay generation stages its alerts (docs/replay.md)
         from aggregator.generations import install_alert_relay
 
-        install_alert_relay(app, config.bootstrap, config.topics)
+        install_alert_relay(app, config.bootstrap, config.topics, security=config.kafka_security)
     return app

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.errors import ConfigError
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
 from schemas.topics import Topics, check_generation
 
@@ -15,6 +16,9 @@ class AggregatorConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap: str = Field(description="Kafka bootstrap servers, host:port[,host:port]")
+    #: how every Kafka client of the worker connects (the Faust app, the counting stage,
+    #: the reference followers, the alert relay); PLAINTEXT unless the settings say otherwise
+    kafka_security: KafkaSecurity = PLAINTEXT
     clickhouse_dsn: str | None = Field(
         default=None,
         description="chdb:///abs/path (embedded) or http(s)://host:8123; None = no sink",

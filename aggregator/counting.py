@@ -333,6 +333,7 @@ class CountingStage:
             fetch_max_bytes=16 * 1024 * 1024,
             session_timeout_ms=int(self.config.session_timeout_s * 1000),
             heartbeat_interval_ms=int(self.config.session_timeout_s * 250),
+            **self.config.kafka_security.client_kwargs(),
         )
         await self._consumer.start()
         self._task = asyncio.create_task(self._run(), name="counting-stage")
@@ -366,6 +367,7 @@ class CountingStage:
             linger_ms=0,
             max_batch_size=RECORD_BATCH_BYTES,
             max_request_size=4 * RECORD_BATCH_BYTES,
+            **self.config.kafka_security.client_kwargs(),
         )
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -417,7 +419,9 @@ class CountingStage:
             new = wanted - self.owned
             # a partition kept across the rebalance had no other writer: its state is current
             await self.store.reopen(wanted & self.owned)
-            await self.store.recover(self.config.bootstrap, new)
+            await self.store.recover(
+                self.config.bootstrap, new, security=self.config.kafka_security
+            )
             self.owned = wanted
             if gone or new:
                 self.verdicts.forget()
@@ -672,7 +676,9 @@ class CountingStage:
 async def ensure_changelogs(config: AggregatorConfig, topics: Topics) -> None:
     """Create the counting stage's two changelog topics, co-partitioned with usage.raw, if
     missing (the stage at start, and a replay seeding a generation from a snapshot)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.bootstrap)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=config.bootstrap, **config.kafka_security.client_kwargs()
+    )
     await admin.start()
     try:
         source = await admin.describe_topics([topics.usage_raw])

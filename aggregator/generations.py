@@ -37,7 +37,7 @@ from schemas.budgets import Budget, applicable
 from schemas.codec import ALERT, VERDICT
 from schemas.errors import ConfigError, ContractError
 from schemas.generations import GenerationSwitch
-from schemas.kafka import topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from schemas.topics import CONTROL_KEY, Topics, check_generation
 
 log = logging.getLogger(__name__)
@@ -80,23 +80,31 @@ def prepare_store(dsn: str, generation: str) -> str:
 # --- the control topic ----------------------------------------------------------------------
 
 
-async def read_switch(bootstrap: str, topics: Topics) -> GenerationSwitch | None:
+async def read_switch(
+    bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
+) -> GenerationSwitch | None:
     """The control topic's live value; None when no switch was ever made (default generation)."""
     try:
-        values = await read_topic(bootstrap, topics.generations)
+        values = await read_topic(bootstrap, topics.generations, security=security)
     except ConfigError:  # a stack created before generations existed
         return None
     raw = values.get(CONTROL_KEY)
     return None if raw is None else GenerationSwitch.decode(raw)
 
 
-async def current_generation(bootstrap: str, topics: Topics) -> str:
-    switch = await read_switch(bootstrap, topics)
+async def current_generation(
+    bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
+) -> str:
+    switch = await read_switch(bootstrap, topics, security=security)
     return "" if switch is None else switch.generation
 
 
-async def publish_switch(bootstrap: str, topics: Topics, switch: GenerationSwitch) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+async def publish_switch(
+    bootstrap: str, topics: Topics, switch: GenerationSwitch, *, security: KafkaSecurity = PLAINTEXT
+) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **security.client_kwargs()
+    )
     await producer.start()
     try:
         await (await producer.send(topics.generations, key=CONTROL_KEY, value=switch.encode()))
@@ -128,10 +136,12 @@ class GroupProgress:
         return all(self.partitions.get(p, (0, 0))[0] >= o for p, o in offsets.items())
 
 
-async def group_progress(bootstrap: str, topics: Topics) -> GroupProgress:
+async def group_progress(
+    bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
+) -> GroupProgress:
     """Committed offsets of the generation's consumer group on usage.raw, against the ends."""
-    partitions = await topic_partitions(bootstrap, topics.usage_raw)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await admin.start()
     try:
         for attempt in range(60):
@@ -144,7 +154,9 @@ async def group_progress(bootstrap: str, topics: Topics) -> GroupProgress:
                 await asyncio.sleep(0.5)
     finally:
         await admin.close()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **security.client_kwargs()
+    )
     await consumer.start()
     try:
         ends = await consumer.end_offsets(partitions)
@@ -161,9 +173,11 @@ async def group_progress(bootstrap: str, topics: Topics) -> GroupProgress:
     )
 
 
-async def group_members(bootstrap: str, group_id: str) -> int:
+async def group_members(
+    bootstrap: str, group_id: str, *, security: KafkaSecurity = PLAINTEXT
+) -> int:
     """How many consumers the group has now (0 for an empty or unknown group)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await admin.start()
     try:
         responses = await admin.describe_consumer_groups([group_id])
@@ -193,10 +207,18 @@ class AlertRelay:
     already forwarded.
     """
 
-    def __init__(self, bootstrap: str, topics: Topics, poll_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        poll_seconds: float = 1.0,
+        *,
+        security: KafkaSecurity = PLAINTEXT,
+    ) -> None:
         if not topics.generation:
             raise ConfigError("the default generation writes the shared alert topic itself")
         self.bootstrap = bootstrap
+        self.security = security
         self.topics = topics
         self.poll_seconds = poll_seconds
         self.forwarded = 0
@@ -205,7 +227,7 @@ class AlertRelay:
 
     async def run(self) -> None:
         while True:
-            switch = await read_switch(self.bootstrap, self.topics)
+            switch = await read_switch(self.bootstrap, self.topics, security=self.security)
             if (
                 switch is not None
                 and switch.generation == self.topics.generation
@@ -215,7 +237,11 @@ class AlertRelay:
             await asyncio.sleep(self.poll_seconds)
         sent = {
             ALERT.decode(v)["alert_id"]
-            for v in (await topic_values(self.bootstrap, self.topics.shared_alerts))
+            for v in (
+                await topic_values(
+                    self.bootstrap, self.topics.shared_alerts, security=self.security
+                )
+            )
             if v is not None
         }
         self.active.set()
@@ -228,9 +254,13 @@ class AlertRelay:
             group_id=f"{self.topics.aggregator_app_id}-alert-relay",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            **self.security.client_kwargs(),
         )
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            **self.security.client_kwargs(),
         )
         await consumer.start()
         await producer.start()
@@ -261,10 +291,14 @@ class AlertRelay:
             await producer.stop()
 
 
-async def topic_values(bootstrap: str, topic: str) -> list[bytes | None]:
+async def topic_values(
+    bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
+) -> list[bytes | None]:
     """Every value of a (delete-policy) topic up to its end now."""
-    partitions = await topic_partitions(bootstrap, topic)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    partitions = await topic_partitions(bootstrap, topic, security=security)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **security.client_kwargs()
+    )
     await consumer.start()
     out: list[bytes | None] = []
     try:
@@ -282,10 +316,14 @@ async def topic_values(bootstrap: str, topic: str) -> list[bytes | None]:
     return out
 
 
-async def alert_ids(bootstrap: str, topic: str) -> list[str]:
+async def alert_ids(
+    bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
+) -> list[str]:
     """The alert ids a topic carries, in order (repeats included: tests count them)."""
     return [
-        ALERT.decode(v)["alert_id"] for v in await topic_values(bootstrap, topic) if v is not None
+        ALERT.decode(v)["alert_id"]
+        for v in await topic_values(bootstrap, topic, security=security)
+        if v is not None
     ]
 
 
@@ -303,10 +341,12 @@ class Difference:
     found: Any
 
 
-async def verdict_views(bootstrap: str, topic: str) -> dict[str, tuple[CounterView, int]]:
+async def verdict_views(
+    bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, tuple[CounterView, int]]:
     """Each counter's live verdict as ((period, nanos, tokens, requests), seq)."""
     out: dict[str, tuple[CounterView, int]] = {}
-    for key, value in (await read_topic(bootstrap, topic)).items():
+    for key, value in (await read_topic(bootstrap, topic, security=security)).items():
         if value is None:
             out.pop(key.decode(), None)
             continue
@@ -409,9 +449,11 @@ def counters_from_rows(
     return {key: (_view(s), s.seq) for key, s in states.items() if s.period}
 
 
-def install_alert_relay(app: Any, bootstrap: str, topics: Topics) -> AlertRelay:
+def install_alert_relay(
+    app: Any, bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
+) -> AlertRelay:
     """Run an :class:`AlertRelay` as a task of a replay generation's Faust app."""
-    relay = AlertRelay(bootstrap, topics)
+    relay = AlertRelay(bootstrap, topics, security=security)
 
     @app.task  # type: ignore[untyped-decorator]
     async def relay_alerts() -> None:

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from schemas.budgets import Budget
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ContractError
-from schemas.kafka import topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from schemas.pricing import PriceBook, PriceTable
 from schemas.topics import Topics
 
@@ -68,8 +68,16 @@ class Reference:
 class ReferenceFollower:
     """Reads budget.policies and pricing from the beginning, then follows them."""
 
-    def __init__(self, bootstrap: str, topics: Topics, reference: Reference) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        reference: Reference,
+        *,
+        security: KafkaSecurity = PLAINTEXT,
+    ) -> None:
         self.bootstrap = bootstrap
+        self.security = security
         self.topics = topics
         self.reference = reference
         self.ready = asyncio.Event()
@@ -78,12 +86,15 @@ class ReferenceFollower:
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            **self.security.client_kwargs(),
         )
         await consumer.start()
         self._consumer = consumer
         partitions = await topic_partitions(
-            self.bootstrap, self.topics.budget_policies, self.topics.pricing
+            self.bootstrap, self.topics.budget_policies, self.topics.pricing, security=self.security
         )
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)

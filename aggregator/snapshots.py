@@ -52,7 +52,7 @@ from aggregator.state import encode_counter
 from schemas.codec import PRICED_USAGE, USAGE_EVENT
 from schemas.errors import ConfigError, ContractError
 from schemas.ids import decompose
-from schemas.kafka import topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -110,10 +110,12 @@ class Bounds:
         )
 
 
-async def load_reference(bootstrap: str, topics: Topics, timeout_s: float = 60.0) -> Reference:
+async def load_reference(
+    bootstrap: str, topics: Topics, timeout_s: float = 60.0, *, security: KafkaSecurity = PLAINTEXT
+) -> Reference:
     """Budgets and price versions as they are now (read whole from their compacted topics)."""
     reference = Reference()
-    follower = ReferenceFollower(bootstrap, topics, reference)
+    follower = ReferenceFollower(bootstrap, topics, reference, security=security)
     await follower.start()
     try:
         await asyncio.wait_for(follower.ready.wait(), timeout=timeout_s)
@@ -122,10 +124,14 @@ async def load_reference(bootstrap: str, topics: Topics, timeout_s: float = 60.0
     return reference
 
 
-async def ledger_ends(bootstrap: str, topics: Topics) -> dict[int, int]:
+async def ledger_ends(
+    bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[int, int]:
     """The end offset of every usage.raw partition now."""
-    partitions = await topic_partitions(bootstrap, topics.usage_raw)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **security.client_kwargs()
+    )
     await consumer.start()
     try:
         ends = await consumer.end_offsets(partitions)
@@ -144,6 +150,7 @@ async def fold_ledger(
     bounds: Bounds | None = None,
     progress: Progress | None = None,
     on_counter: CounterListener | None = None,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> FoldState:
     """Fold usage.raw from ``start``'s fences (or 0) to ``until`` (default: the ends now).
 
@@ -152,12 +159,13 @@ async def fold_ledger(
     state = start if start is not None else FoldState()
     bounds = bounds if bounds is not None else Bounds()
     processor = BatchProcessor(reference, source_topic=topics.usage_raw, stage="replay")
-    partitions = await topic_partitions(bootstrap, topics.usage_raw)
+    partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         group_id=None,
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:
@@ -316,14 +324,17 @@ def snapshot_from_records(values: dict[bytes, bytes | None]) -> tuple[str, FoldS
     return None
 
 
-async def read_topic(bootstrap: str, topic: str) -> dict[bytes, bytes | None]:
+async def read_topic(
+    bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[bytes, bytes | None]:
     """Every key's last value (None = tombstone) up to the end offsets seen at start."""
-    partitions = await topic_partitions(bootstrap, topic)
+    partitions = await topic_partitions(bootstrap, topic, security=security)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         group_id=None,
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:
@@ -344,20 +355,32 @@ async def read_topic(bootstrap: str, topic: str) -> dict[bytes, bytes | None]:
         await consumer.stop()
 
 
-async def latest_snapshot(bootstrap: str, topics: Topics) -> tuple[str, FoldState] | None:
-    return snapshot_from_records(await read_topic(bootstrap, topics.counter_snapshots))
+async def latest_snapshot(
+    bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
+) -> tuple[str, FoldState] | None:
+    return snapshot_from_records(
+        await read_topic(bootstrap, topics.counter_snapshots, security=security)
+    )
 
 
-async def write_snapshot(bootstrap: str, topics: Topics, state: FoldState, *, keep: int = 2) -> str:
+async def write_snapshot(
+    bootstrap: str,
+    topics: Topics,
+    state: FoldState,
+    *,
+    keep: int = 2,
+    security: KafkaSecurity = PLAINTEXT,
+) -> str:
     """Publish ``state`` as a new snapshot (manifest last), then tombstone all but the
     newest ``keep`` complete snapshots. Returns the snapshot id."""
     snapshot_id = new_snapshot_id()
-    existing = await read_topic(bootstrap, topics.counter_snapshots)
+    existing = await read_topic(bootstrap, topics.counter_snapshots, security=security)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
         enable_idempotence=True,
         max_request_size=4 * 1024 * 1024,
+        **security.client_kwargs(),
     )
     await producer.start()
     try:
@@ -416,9 +439,11 @@ class SeedResult:
     fences: dict[int, int]
 
 
-async def committed_offsets(bootstrap: str, group: str) -> dict[TopicPartition, int]:
+async def committed_offsets(
+    bootstrap: str, group: str, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[TopicPartition, int]:
     """The group's committed offsets (none for a group that never committed)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
     await admin.start()
     try:
         for attempt in range(60):
@@ -455,14 +480,15 @@ async def seed_generation(
     """
     topics = config.topics
     bootstrap = config.bootstrap
+    security = config.kafka_security
     group = config.counting_group
     # Step 1
-    if await committed_offsets(bootstrap, group):
+    if await committed_offsets(bootstrap, group, security=security):
         raise ConfigError(
             f"consumer group {group} has committed offsets already: its generation was "
             "started before and cannot be seeded from a snapshot (replay into a new name)"
         )
-    partitions = await topic_partitions(bootstrap, topics.usage_raw)
+    partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
     numbers = {tp.partition for tp in partitions}
     foreign = sorted(set(state.fences) - numbers)
     if foreign:
@@ -470,7 +496,7 @@ async def seed_generation(
             f"the snapshot has partitions {foreign} that {topics.usage_raw} does not have "
             f"({len(numbers)} partitions): it was taken of another ledger"
         )
-    ends = await ledger_ends(bootstrap, topics)
+    ends = await ledger_ends(bootstrap, topics, security=security)
     for partition, fence in state.fences.items():
         if fence > ends[partition]:
             raise ConfigError(
@@ -486,6 +512,7 @@ async def seed_generation(
         enable_idempotence=True,
         linger_ms=20,
         max_request_size=4 * 1024 * 1024,
+        **security.client_kwargs(),
     )
     await producer.start()
     verdicts = without_budget = 0
@@ -531,7 +558,10 @@ async def seed_generation(
     # Step 4
     fences = {tp.partition: state.fences.get(tp.partition, 0) for tp in partitions}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:

@@ -40,6 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
 from aggregator.fold import CounterState
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +398,9 @@ class CountingStore:
         store.offsets = {"counters": 0, "seen": 0}
 
     # --- recovery --------------------------------------------------------------------
-    async def recover(self, bootstrap: str, partitions: set[int]) -> RecoveryStats:
+    async def recover(
+        self, bootstrap: str, partitions: set[int], *, security: KafkaSecurity = PLAINTEXT
+    ) -> RecoveryStats:
         """Open each partition's store and bring it to the changelogs' current end."""
         stats = RecoveryStats(partitions=len(partitions))
         if not partitions:
@@ -421,6 +424,7 @@ class CountingStore:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=8 * 1024 * 1024,
+            **security.client_kwargs(),
         )
         await consumer.start()
         try:

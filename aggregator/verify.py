@@ -21,7 +21,7 @@ from aggregator.process import BatchProcessor, BatchStats, RawRecord
 from aggregator.reference import Reference, ReferenceFollower
 from schemas.codec import VERDICT
 from schemas.errors import ContractError
-from schemas.kafka import topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -53,11 +53,16 @@ async def _read_to_end(
     topic_list: list[str],
     batch: Callable[[list[Any]], None],
     progress: Progress | None,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> int:
     """Read ``topic_list`` from the beginning to the end offsets seen at start, in batches."""
-    partitions = await topic_partitions(bootstrap, *topic_list)
+    partitions = await topic_partitions(bootstrap, *topic_list, security=security)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:
@@ -83,11 +88,15 @@ async def _read_to_end(
 
 
 async def recompute(
-    bootstrap: str, topics: Topics, progress: Progress | None = None
+    bootstrap: str,
+    topics: Topics,
+    progress: Progress | None = None,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> tuple[dict[str, CounterState], VerifyReport, Reference]:
     """Fold all of usage.raw in memory: the counters as a fresh generation would hold them."""
     reference = Reference()
-    follower = ReferenceFollower(bootstrap, topics, reference)
+    follower = ReferenceFollower(bootstrap, topics, reference, security=security)
     await follower.start()
     try:
         await asyncio.wait_for(follower.ready.wait(), timeout=60)
@@ -110,15 +119,23 @@ async def recompute(
         for name in ("events", "charged", "duplicates", "dead_letters", "unpriced", "cost_nanos"):
             setattr(report.stats, name, getattr(report.stats, name) + getattr(out.stats, name))
 
-    report.records = await _read_to_end(bootstrap, [topics.usage_raw], fold, progress)
+    report.records = await _read_to_end(
+        bootstrap, [topics.usage_raw], fold, progress, security=security
+    )
     states = {key: CounterState.from_json(value) for key, value in counters.items()}
     report.counters = len(states)
     return states, report, reference
 
 
-async def verify(bootstrap: str, topics: Topics, progress: Progress | None = None) -> VerifyReport:
+async def verify(
+    bootstrap: str,
+    topics: Topics,
+    progress: Progress | None = None,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+) -> VerifyReport:
     """Recompute, then compare each counter's newest period with its live verdict."""
-    states, report, _ = await recompute(bootstrap, topics, progress)
+    states, report, _ = await recompute(bootstrap, topics, progress, security=security)
     live: dict[str, dict[str, Any]] = {}
 
     def keep(messages: list[Any]) -> None:
@@ -133,7 +150,7 @@ async def verify(bootstrap: str, topics: Topics, progress: Progress | None = Non
             except ContractError:
                 continue
 
-    await _read_to_end(bootstrap, [topics.budget_verdicts], keep, None)
+    await _read_to_end(bootstrap, [topics.budget_verdicts], keep, None, security=security)
     for key, state in sorted(states.items()):
         verdict = live.get(key)
         if verdict is None:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from schemas.errors import ConfigError
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 
 #: hosts on which the sidecar may run without a bearer token
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -23,6 +24,8 @@ class EnforcerConfig(BaseModel):
 
     #: Kafka bootstrap servers (``host:port[,host:port]``)
     bootstrap: str = "127.0.0.1:9092"
+    #: how the follower and the refusal producer connect (PLAINTEXT unless set)
+    kafka_security: KafkaSecurity = PLAINTEXT
     #: prefix of every topic name (``schemas.topics.Topics(prefix)``)
     topic_prefix: str = ""
     #: what a check does while verdicts are stale or not yet loaded: ``open`` allows,

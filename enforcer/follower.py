@@ -96,6 +96,7 @@ class VerdictLoader:
             group_id=None,
             enable_auto_commit=False,
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            **self.config.kafka_security.client_kwargs(),
         )
         await consumer.start()
         self._consumer = consumer
@@ -196,6 +197,7 @@ class Follower:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=4 * 1024 * 1024,
+            **self.config.kafka_security.client_kwargs(),
         )
         await consumer.start()
         try:

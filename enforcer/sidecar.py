@@ -74,6 +74,7 @@ class RefusalPublisher:
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
+            **config.kafka_security.client_kwargs(),
         )
         self._pending: set[asyncio.Future[Any]] = set()
 

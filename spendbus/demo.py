@@ -46,6 +46,7 @@ from ingest.gateway import Gateway, GatewayServer, parse_config
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.usage import new_usage_event
@@ -428,6 +429,7 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
                 bootstrap,
                 demo_settings.topics.pricing,
                 [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+                security=settings.kafka_security,
             )
         )
         asyncio.run(
@@ -435,6 +437,7 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
                 bootstrap,
                 demo_settings.topics.budget_policies,
                 [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in budgets],
+                security=settings.kafka_security,
             )
         )
         console.print(f"applied {len(tables)} price version(s) and {len(budgets)} budgets")
@@ -442,7 +445,16 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
             worker.env["KAFKA_BOOTSTRAP"] = bootstrap
             worker.start()
         ledger = asyncio.run(
-            _drive(worker, bootstrap, prefix, home, PriceBook(tables), events, seed)
+            _drive(
+                worker,
+                bootstrap,
+                prefix,
+                home,
+                PriceBook(tables),
+                events,
+                seed,
+                security=settings.kafka_security,
+            )
         )
         return _check_and_report(worker, ledger)
     finally:
@@ -467,11 +479,26 @@ def _verdict_spend(enforcer: Enforcer) -> dict[tuple[str, str], int]:
 
 
 async def _drive(
-    worker: Any, bootstrap: str, prefix: str, home: Path, prices: PriceBook, events: int, seed: int
+    worker: Any,
+    bootstrap: str,
+    prefix: str,
+    home: Path,
+    prices: PriceBook,
+    events: int,
+    seed: int,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> Ledger:
-    config = EnforcerConfig(bootstrap=bootstrap, topic_prefix=prefix, gateway_id="demo-gateway")
+    config = EnforcerConfig(
+        bootstrap=bootstrap, kafka_security=security, topic_prefix=prefix, gateway_id="demo-gateway"
+    )
     publisher = UsagePublisher(
-        PublisherConfig(bootstrap=bootstrap, topic_prefix=prefix, spool_dir=home / "spool")
+        PublisherConfig(
+            bootstrap=bootstrap,
+            kafka_security=security,
+            topic_prefix=prefix,
+            spool_dir=home / "spool",
+        )
     )
     ledger = Ledger()
     async with Enforcer(config) as enforcer:

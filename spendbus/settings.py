@@ -12,12 +12,25 @@ SPENDBUS_PARTITIONS        partitions of the data topics, set at creation   4
 SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
 SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
 SPENDBUS_CACHE_DIR         where the Kafka broker jars are cached           ~/.cache/spendbus
+KAFKA_SECURITY_PROTOCOL    PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL       PLAINTEXT
+KAFKA_SASL_MECHANISM       PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512            PLAIN
+KAFKA_SASL_USERNAME        the SASL user (required with SASL_*)             (none)
+KAFKA_SASL_PASSWORD        its password (prefer the _FILE form)             (none)
+KAFKA_SASL_PASSWORD_FILE   a file holding the password (one line)           (none)
+KAFKA_SSL_CAFILE           PEM CA(s) that signed the brokers' certificates  the system CAs
+KAFKA_SSL_CERTFILE         mutual TLS: the client's certificate chain       (none)
+KAFKA_SSL_KEYFILE          mutual TLS: the client's private key             (none)
 SPENDBUS_CONFIG            a YAML file with any of the keys below           (none)
 =========================  ===============================================  ==========================
 
 A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
-``web_port``, ``web_host``, ``cache_dir``); environment variables win over the file.
+``web_port``, ``web_host``, ``cache_dir``, ``kafka_security_protocol``, ``kafka_sasl_mechanism``,
+``kafka_sasl_username``, ``kafka_sasl_password``, ``kafka_sasl_password_file``,
+``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``); environment variables
+win over the file. Every Kafka client of every command and stage connects with the
+``KAFKA_*`` security settings (``Settings.kafka_security``); the password is held as a
+secret and never printed. A password in both forms is refused: one source of truth.
 """
 
 from __future__ import annotations
@@ -27,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from schemas.errors import ConfigError
+from schemas.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
 from schemas.topics import Topics
 
 
@@ -44,6 +58,46 @@ class Settings(BaseModel):
     web_port: int = Field(default=6066, ge=1, le=65535)
     web_host: str = "127.0.0.1"
     cache_dir: Path = Path.home() / ".cache" / "spendbus"
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism = "PLAIN"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_sasl_password_file: Path | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+
+    @property
+    def kafka_security(self) -> KafkaSecurity:
+        """How every Kafka client connects; ConfigError naming the setting when unusable."""
+        password = self.kafka_sasl_password
+        if self.kafka_sasl_password_file is not None:
+            if password is not None:
+                raise ConfigError(
+                    "KAFKA_SASL_PASSWORD and KAFKA_SASL_PASSWORD_FILE are both set: keep one"
+                )
+            try:
+                text = self.kafka_sasl_password_file.read_text().rstrip("\r\n")
+            except OSError as exc:
+                raise ConfigError(
+                    f"KAFKA_SASL_PASSWORD_FILE={self.kafka_sasl_password_file}: "
+                    f"cannot read it ({exc.strerror})"
+                ) from None
+            password = SecretStr(text)
+        try:
+            return KafkaSecurity(
+                security_protocol=self.kafka_security_protocol,
+                sasl_mechanism=self.kafka_sasl_mechanism,
+                sasl_username=self.kafka_sasl_username,
+                sasl_password=password,
+                ssl_cafile=self.kafka_ssl_cafile,
+                ssl_certfile=self.kafka_ssl_certfile,
+                ssl_keyfile=self.kafka_ssl_keyfile,
+            )
+        except ValueError as exc:  # pydantic's ValidationError: the validator's message
+            errors = getattr(exc, "errors", None)
+            message = errors()[0]["msg"].removeprefix("Value error, ") if errors else str(exc)
+            raise ConfigError(f"Kafka security settings: {message}") from None
 
     @property
     def topics(self) -> Topics:
@@ -63,6 +117,14 @@ _ENV = {
     "SPENDBUS_WEB_PORT": "web_port",
     "SPENDBUS_WEB_HOST": "web_host",
     "SPENDBUS_CACHE_DIR": "cache_dir",
+    "KAFKA_SECURITY_PROTOCOL": "kafka_security_protocol",
+    "KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",
+    "KAFKA_SASL_USERNAME": "kafka_sasl_username",
+    "KAFKA_SASL_PASSWORD": "kafka_sasl_password",
+    "KAFKA_SASL_PASSWORD_FILE": "kafka_sasl_password_file",
+    "KAFKA_SSL_CAFILE": "kafka_ssl_cafile",
+    "KAFKA_SSL_CERTFILE": "kafka_ssl_certfile",
+    "KAFKA_SSL_KEYFILE": "kafka_ssl_keyfile",
 }
 
 
@@ -85,4 +147,15 @@ def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Se
     try:
         return Settings.model_validate(values)
     except Exception as exc:
-        raise ConfigError(f"invalid settings: {exc}") from None
+        # pydantic echoes the input of a failing field: never a password
+        raise ConfigError(f"invalid settings: {_without_input(exc)}") from None
+
+
+def _without_input(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    return "; ".join(
+        f"{'.'.join(str(p) for p in error['loc']) or '<settings>'}: {error['msg']}"
+        for error in errors()
+    )

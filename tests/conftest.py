@@ -161,3 +161,19 @@ def pipeline(
         yield p
     finally:
         p.worker.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A broker of its own with a SASL_SSL listener (SCRAM users, a CA made for the session,
+    deny-by-default ACLs): see kafka_security_kit. Started only for the tests that ask."""
+    from kafka_security_kit import start_secured_kafka
+
+    from spendbus.stack.kafka import ensure_broker_jars
+
+    ensure_broker_jars()
+    secured = start_secured_kafka(tmp_path_factory.mktemp("kafka-sasl-ssl"))
+    try:
+        yield secured
+    finally:
+        secured.broker.stop()

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from schemas.codec import GATEWAY_KEY
 from schemas.errors import DecodeError, SpendbusError
-from schemas.kafka import topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 
 from .config import GatewayConfig, Principal, VirtualKey
 from .identity import KeyStore
@@ -99,8 +99,10 @@ class KeysTopicFollower:
         *,
         client_id: str = "spendbus-gateway-keys",
         registry: CollectorRegistry | None = None,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.bootstrap = bootstrap
+        self.security = security
         self.topic = topic
         self.store = store
         self.client_id = client_id
@@ -131,12 +133,13 @@ class KeysTopicFollower:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        partitions = await topic_partitions(self.bootstrap, self.topic)
+        partitions = await topic_partitions(self.bootstrap, self.topic, security=self.security)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             client_id=self.client_id,
             group_id=None,  # every gateway reads the whole topic; no offsets to commit
             enable_auto_commit=False,
+            **self.security.client_kwargs(),
         )
         await consumer.start()
         try:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.topics import Topics
 
 KiB = 1024
@@ -41,6 +42,8 @@ class PublisherConfig(BaseModel):
 
     #: Kafka bootstrap servers, ``host:port[,host:port...]``
     bootstrap: str = Field(min_length=1)
+    #: how the sender's producer connects (PLAINTEXT unless set)
+    kafka_security: KafkaSecurity = PLAINTEXT
     #: prefix of every topic name (see :class:`schemas.topics.Topics`)
     topic_prefix: str = ""
     #: the spool directory; one publisher (one process) per directory

@@ -169,6 +169,7 @@ class Sender:
             linger_ms=0,  # the sender lingers itself; batches are closed when submitted
             request_timeout_ms=config.send_timeout_ms,
             retry_backoff_ms=config.retry_backoff_ms,
+            **config.kafka_security.client_kwargs(),
         )
         try:
             await producer.start()

@@ -17,6 +17,7 @@ from rich.table import Table
 from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, PriceTable, load_price_file
 from spendbus.settings import Settings, load_settings
@@ -46,18 +47,29 @@ def budgets_apply(file: Path) -> None:
     settings = load_settings()
     now = datetime.now(UTC)
     bootstrap = bootstrap_or_fail(settings)
-    for warning in _unpriced_usd_budgets(bootstrap, settings.topics.pricing, parsed, now):
+    for warning in _unpriced_usd_budgets(
+        bootstrap, settings.topics.pricing, parsed, now, security=settings.kafka_security
+    ):
         console.print(f"[yellow]warning:[/yellow] {file}: {warning}", highlight=False)
     records = [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in parsed]
-    asyncio.run(publish(bootstrap, settings.topics.budget_policies, records))
+    asyncio.run(
+        publish(
+            bootstrap, settings.topics.budget_policies, records, security=settings.kafka_security
+        )
+    )
     click.echo(f"applied {len(parsed)} budgets from {file}")
 
 
 def _unpriced_usd_budgets(
-    bootstrap: str, pricing_topic: str, budgets: list[Budget], now: datetime
+    bootstrap: str,
+    pricing_topic: str,
+    budgets: list[Budget],
+    now: datetime,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> list[str]:
     """A USD limit over a model without a price never fills up: say so (it is not an error)."""
-    tables = asyncio.run(read_compacted(bootstrap, pricing_topic))
+    tables = asyncio.run(read_compacted(bootstrap, pricing_topic, security=security))
     book = PriceBook([PriceTable.from_record(PRICE_TABLE.decode(v)) for v in tables.values() if v])
     warnings = []
     for budget in budgets:
@@ -78,7 +90,11 @@ def budgets_list(as_json: bool) -> None:
     """The live budgets."""
     settings = load_settings()
     values = asyncio.run(
-        read_compacted(bootstrap_or_fail(settings), settings.topics.budget_policies)
+        read_compacted(
+            bootstrap_or_fail(settings),
+            settings.topics.budget_policies,
+            security=settings.kafka_security,
+        )
     )
     live = [Budget.from_record(BUDGET_POLICY.decode(v)) for v in values.values() if v is not None]
     live.sort(key=lambda b: b.budget_id)
@@ -109,6 +125,7 @@ def budgets_delete(budget_id: str) -> None:
             bootstrap_or_fail(settings),
             settings.topics.budget_policies,
             [(budget_id.encode(), None)],
+            security=settings.kafka_security,
         )
     )
     click.echo(f"deleted budget {budget_id}")
@@ -139,7 +156,14 @@ def prices_apply_command() -> click.Command:
         tables = load_price_file(file)
         settings = load_settings()
         records = [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables]
-        asyncio.run(publish(bootstrap_or_fail(settings), settings.topics.pricing, records))
+        asyncio.run(
+            publish(
+                bootstrap_or_fail(settings),
+                settings.topics.pricing,
+                records,
+                security=settings.kafka_security,
+            )
+        )
         click.echo(
             f"applied {len(tables)} price version(s) from {file}: {', '.join(t.version for t in tables)}"
         )
@@ -167,7 +191,9 @@ def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: 
 
     settings = load_settings()
     config = EnforcerConfig(
-        bootstrap=bootstrap_or_fail(settings), topic_prefix=settings.topic_prefix
+        bootstrap=bootstrap_or_fail(settings),
+        kafka_security=settings.kafka_security,
+        topic_prefix=settings.topic_prefix,
     )
     fields: dict[str, Any] = {k: v for k, v in ids.items() if v}
 
@@ -214,7 +240,9 @@ def _current_store(settings: Settings) -> str:
     try:
         bootstrap = bootstrap_or_fail(settings)
         generation = asyncio.run(
-            asyncio.wait_for(current_generation(bootstrap, settings.topics), 10)
+            asyncio.wait_for(
+                current_generation(bootstrap, settings.topics, security=settings.kafka_security), 10
+            )
         )
     except (ConfigError, TimeoutError, OSError, KafkaError) as exc:
         click.echo(
@@ -273,7 +301,9 @@ def verify(as_json: bool) -> None:
     bootstrap = bootstrap_or_fail(settings)
     # the live verdicts are those of the generation the enforcers follow (after a cutover: the new one)
     topics = settings.topics.of_generation(
-        asyncio.run(current_generation(bootstrap, settings.topics))
+        asyncio.run(
+            current_generation(bootstrap, settings.topics, security=settings.kafka_security)
+        )
     )
     with Progress(
         TextColumn("[bold]reading usage.raw"),

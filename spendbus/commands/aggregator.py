@@ -47,10 +47,13 @@ def run(
     settings = load_settings()
     bootstrap = bootstrap_or_fail(settings)
     if generation is None:
-        generation = asyncio.run(current_generation(bootstrap, settings.topics))
+        generation = asyncio.run(
+            current_generation(bootstrap, settings.topics, security=settings.kafka_security)
+        )
     topics = settings.topics.of_generation(generation)
     config = AggregatorConfig(
         bootstrap=bootstrap,
+        kafka_security=settings.kafka_security,
         clickhouse_dsn=None if no_sink else generation_dsn(settings.dsn, generation),
         topic_prefix=settings.topic_prefix,
         generation=generation,

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from schemas.codec import DEAD_LETTER
 from schemas.errors import ContractError
-from schemas.kafka import topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish
 from spendbus.stack.local import bootstrap_or_fail
@@ -26,13 +26,18 @@ from spendbus.stack.local import bootstrap_or_fail
 console = Console()
 
 
-async def read_letters(bootstrap: str, topic: str) -> list[tuple[int, int, dict[str, Any]]]:
+async def read_letters(
+    bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
+) -> list[tuple[int, int, dict[str, Any]]]:
     """Every dead letter as (partition, offset, DeadLetter record), up to the current end."""
     from aiokafka import AIOKafkaConsumer
 
-    partitions = await topic_partitions(bootstrap, topic)
+    partitions = await topic_partitions(bootstrap, topic, security=security)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        **security.client_kwargs(),
     )
     await consumer.start()
     letters: list[tuple[int, int, dict[str, Any]]] = []
@@ -72,7 +77,11 @@ def _letters() -> tuple[str, str, list[tuple[int, int, dict[str, Any]]]]:
     settings = load_settings()
     bootstrap = bootstrap_or_fail(settings)
     topics = settings.topics
-    return bootstrap, topics.usage_raw, asyncio.run(read_letters(bootstrap, topics.usage_dlq))
+    return (
+        bootstrap,
+        topics.usage_raw,
+        asyncio.run(read_letters(bootstrap, topics.usage_dlq, security=settings.kafka_security)),
+    )
 
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:
@@ -153,5 +162,5 @@ def dlq_requeue(reason: str | None, positions: tuple[str, ...], dry_run: bool) -
         )
         return
     # aiokafka needs a key or a value: a letter without a key goes back with an empty key
-    asyncio.run(publish(bootstrap, usage_raw, records))
+    asyncio.run(publish(bootstrap, usage_raw, records, security=load_settings().kafka_security))
     click.echo(f"requeued {len(records)} dead letters to {usage_raw}")

@@ -24,6 +24,7 @@ def _config(**values: Any) -> Any:
     return load_config(
         "spendbus enforcer",
         bootstrap=bootstrap_or_fail(settings),
+        kafka_security=settings.kafka_security,
         topic_prefix=settings.topic_prefix,
         **values,
     )

@@ -66,17 +66,20 @@ def compose_configs(gateway_config: Any, source: str) -> tuple[Any, Any]:
     from enforcer import EnforcerConfig
     from ingest.publisher import PublisherConfig
     from spendbus.settings import load_settings
-    from spendbus.stack.local import bootstrap_or_fail
+    from spendbus.stack.local import bootstrap_or_fail, check_kafka
 
     kafka = _validated(KafkaSection, gateway_config.kafka, source, "kafka")
     settings = load_settings()
     bootstrap = kafka.bootstrap or bootstrap_or_fail(settings)
+    if kafka.bootstrap:
+        check_kafka(kafka.bootstrap, settings.kafka_security)
     prefix = kafka.topic_prefix if kafka.topic_prefix is not None else settings.topic_prefix
     enforcer_values = {
         "gateway_id": gateway_config.gateway_id,
         "client_id": f"{gateway_config.gateway_id}-enforcer",
         **gateway_config.enforcer,
         "bootstrap": bootstrap,
+        "kafka_security": settings.kafka_security,
         "topic_prefix": prefix,
     }
     publisher_values = {
@@ -85,6 +88,7 @@ def compose_configs(gateway_config: Any, source: str) -> tuple[Any, Any]:
         "linger_ms": GATEWAY_LINGER_MS,
         **gateway_config.publisher,
         "bootstrap": bootstrap,
+        "kafka_security": settings.kafka_security,
         "topic_prefix": prefix,
     }
     return (
@@ -134,6 +138,7 @@ async def serve(
                     gateway.keys,
                     gateway_config,
                     client_id=f"{gateway_config.gateway_id}-keys",
+                    security=enforcer_config.kafka_security,
                     registry=gateway.metrics.registry,
                 )
                 await follower.start()

@@ -59,6 +59,7 @@ def _publisher_config(
     try:
         return PublisherConfig(
             bootstrap=resolved,
+            kafka_security=settings.kafka_security,
             topic_prefix=settings.topic_prefix,
             spool_dir=spool.resolve(),
             **{k: v for k, v in extra.items() if v is not None},

@@ -21,6 +21,7 @@ from rich.table import Column, Table
 
 from schemas.codec import GATEWAY_KEY
 from schemas.errors import ConfigError, DecodeError, SpendbusError
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish, read_compacted
 from spendbus.stack.local import bootstrap_or_fail
@@ -31,9 +32,11 @@ SHOWN_PREFIX = 12
 MIN_PREFIX = 8
 
 
-def _live_keys(bootstrap: str, topic: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def _live_keys(
+    bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(digest -> decoded record of every live key, digest -> problem of each undecodable one)."""
-    values = asyncio.run(read_compacted(bootstrap, topic))
+    values = asyncio.run(read_compacted(bootstrap, topic, security=security))
     live: dict[str, dict[str, Any]] = {}
     problems: dict[str, str] = {}
     for raw_key, value in values.items():
@@ -92,7 +95,7 @@ def keys_apply(file: Path, gateway_config: Path | None) -> None:
         settings = load_settings()
         bootstrap = bootstrap_or_fail(settings)
         topic = settings.topics.gateway_keys
-        live, _ = _live_keys(bootstrap, topic)
+        live, _ = _live_keys(bootstrap, topic, security=settings.kafka_security)
         for i, vk in enumerate(entries):
             holder = next(
                 (d for d, r in live.items() if r["name"] == vk.name and d != vk.digest), None
@@ -106,7 +109,7 @@ def keys_apply(file: Path, gateway_config: Path | None) -> None:
         raise _fail(exc) from None
     now = datetime.now(UTC)
     records = [(vk.digest.encode(), GATEWAY_KEY.encode(key_record(vk, now))) for vk in entries]
-    asyncio.run(publish(bootstrap, topic, records))
+    asyncio.run(publish(bootstrap, topic, records, security=settings.kafka_security))
     click.echo(f"applied {len(entries)} keys from {file}")
 
 
@@ -116,7 +119,11 @@ def keys_list(as_json: bool) -> None:
     """The live keys: hash prefix and principal (a key itself is never stored, so never shown)."""
     settings = load_settings()
     try:
-        live, problems = _live_keys(bootstrap_or_fail(settings), settings.topics.gateway_keys)
+        live, problems = _live_keys(
+            bootstrap_or_fail(settings),
+            settings.topics.gateway_keys,
+            security=settings.kafka_security,
+        )
     except SpendbusError as exc:
         raise _fail(exc) from None
     rows = sorted(live.items(), key=lambda item: item[1]["name"])
@@ -156,12 +163,14 @@ def keys_revoke(key_or_hash: str) -> None:
     try:
         bootstrap = bootstrap_or_fail(settings)
         topic = settings.topics.gateway_keys
-        live, unreadable = _live_keys(bootstrap, topic)
+        live, unreadable = _live_keys(bootstrap, topic, security=settings.kafka_security)
     except SpendbusError as exc:
         raise _fail(exc) from None
     # an unreadable record is revocable too (that is how an operator removes it)
     digest = _resolve(key_or_hash, set(live) | set(unreadable), key_digest(key_or_hash))
-    asyncio.run(publish(bootstrap, topic, [(digest.encode(), None)]))
+    asyncio.run(
+        publish(bootstrap, topic, [(digest.encode(), None)], security=settings.kafka_security)
+    )
     name = live[digest]["name"] if digest in live else "unreadable record"
     click.echo(f"revoked key {digest[:SHOWN_PREFIX]} ({name})")
 

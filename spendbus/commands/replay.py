@@ -74,6 +74,7 @@ from aggregator.snapshots import (
 )
 from schemas.codec import PRICED_USAGE
 from schemas.errors import ConfigError, ContractError, SpendbusError
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
 from schemas.topics import Topics, check_generation
 from spendbus.stack.kafka import free_port
@@ -151,6 +152,8 @@ class StackPlace:
     dsn: str | None  # the base ClickHouse DSN; None = no sink
     home: Path
     partitions: int = 4
+    #: how the replay's own clients connect (its worker reads the same settings)
+    security: KafkaSecurity = PLAINTEXT
 
 
 class GenerationReplay:
@@ -205,15 +208,19 @@ class GenerationReplay:
         """Start the generation's worker, or attach to it when an earlier `spendbus replay`
         left it running (a stopped one resumes from its committed offsets)."""
         place = self.place
-        switch = asyncio.run(read_switch(place.bootstrap, place.topics))
+        switch = asyncio.run(read_switch(place.bootstrap, place.topics, security=place.security))
         self.previous = "" if switch is None else switch.generation
         if self.previous == self.generation:
             raise ConfigError(f"generation {self.generation!r} is the current one already")
         if switch is not None and switch.previous == self.generation:
             raise ConfigError(f"generation {self.generation!r} was retired; pick a new name")
         snapshot = self._latest_snapshot() if self.from_snapshot else None
-        asyncio.run(ensure_topics(place.bootstrap, self.topics, place.partitions))
-        self.start_committed = asyncio.run(group_progress(place.bootstrap, self.topics)).committed
+        asyncio.run(
+            ensure_topics(place.bootstrap, self.topics, place.partitions, security=place.security)
+        )
+        self.start_committed = asyncio.run(
+            group_progress(place.bootstrap, self.topics, security=place.security)
+        ).committed
         self.started_at = time.monotonic()
         port_file = self.worker.run_dir / f"{self.worker.name}.port"
         if self.worker.pid() is not None and port_file.exists():
@@ -236,7 +243,7 @@ class GenerationReplay:
     def _latest_snapshot(self) -> tuple[str, FoldState]:
         """The newest complete snapshot; a clear error when there is none."""
         topic = self.place.topics.counter_snapshots
-        values = asyncio.run(read_topic(self.place.bootstrap, topic))
+        values = asyncio.run(read_topic(self.place.bootstrap, topic, security=self.place.security))
         found = snapshot_from_records(values)
         if found is None:
             incomplete = incomplete_snapshots(values)
@@ -256,16 +263,21 @@ class GenerationReplay:
         place = self.place
         config = AggregatorConfig(
             bootstrap=place.bootstrap,
+            kafka_security=place.security,
             topic_prefix=place.topics.prefix,
             generation=self.generation,
             app_id=self.topics.aggregator_app_id,
             partitions=place.partitions,
         )
-        reference = asyncio.run(load_reference(place.bootstrap, place.topics))
+        reference = asyncio.run(
+            load_reference(place.bootstrap, place.topics, security=place.security)
+        )
         # the fold in report() starts from the snapshot and changes what it is given
         self.seeded = asyncio.run(seed_generation(config, copy.deepcopy(snapshot[1]), reference))
         self.snapshot = snapshot
-        self.start_committed = asyncio.run(group_progress(place.bootstrap, self.topics)).committed
+        self.start_committed = asyncio.run(
+            group_progress(place.bootstrap, self.topics, security=place.security)
+        ).committed
 
     # --- 2. watch until caught up -----------------------------------------------------------
     def wait_caught_up(
@@ -282,11 +294,13 @@ class GenerationReplay:
         goal = (
             target
             if target is not None
-            else asyncio.run(ledger_ends(place.bootstrap, place.topics))
+            else asyncio.run(ledger_ends(place.bootstrap, place.topics, security=place.security))
         )
         deadline = time.monotonic() + timeout
         while True:
-            state = asyncio.run(group_progress(place.bootstrap, self.topics))
+            state = asyncio.run(
+                group_progress(place.bootstrap, self.topics, security=place.security)
+            )
             if progress is not None:
                 progress(state.committed, max(state.end, 1), state.lag)
             if state.past(goal):
@@ -308,24 +322,35 @@ class GenerationReplay:
         """
         place = self.place
         report = ReplayReport(self.generation, self.previous)
-        ends = asyncio.run(ledger_ends(place.bootstrap, place.topics))
+        ends = asyncio.run(ledger_ends(place.bootstrap, place.topics, security=place.security))
         reached = self.wait_caught_up(target=ends)
         report.seconds = time.monotonic() - self.started_at
         done = reached.committed - self.start_committed
         report.events_per_second = done / report.seconds if report.seconds else 0.0
-        reference = asyncio.run(load_reference(place.bootstrap, place.topics))
+        reference = asyncio.run(
+            load_reference(place.bootstrap, place.topics, security=place.security)
+        )
         # a seeded generation is checked against a fold from the same snapshot (equal to a
         # fold from 0: tests/replay/test_snapshots.py), which needs no ledger below the fences
         start = None if self.snapshot is None else copy.deepcopy(self.snapshot[1])
         fold = asyncio.run(
-            fold_ledger(place.bootstrap, place.topics, reference, start=start, until=ends)
+            fold_ledger(
+                place.bootstrap,
+                place.topics,
+                reference,
+                start=start,
+                until=ends,
+                security=place.security,
+            )
         )
         _fill_totals(report, fold)
         if self.snapshot is not None and self.seeded is not None:
             report.from_snapshot = self.snapshot[0]
             report.seeded = asdict(self.seeded)
         previous_topics = place.topics.of_generation(self.previous)
-        before = asyncio.run(_priced_org_spend(place.bootstrap, previous_topics, ends))
+        before = asyncio.run(
+            _priced_org_spend(place.bootstrap, previous_topics, ends, security=place.security)
+        )
         after = fold.org_spend()
         report.org_changes = [
             OrgChange(org, before.get(org, 0), after.get(org, 0))
@@ -365,11 +390,22 @@ class GenerationReplay:
 
         deadline = time.monotonic() + settle_seconds
         while True:
-            found = asyncio.run(verdict_views(place.bootstrap, self.topics.budget_verdicts))
-            old = asyncio.run(verdict_views(place.bootstrap, previous_topics.budget_verdicts))
+            found = asyncio.run(
+                verdict_views(place.bootstrap, self.topics.budget_verdicts, security=place.security)
+            )
+            old = asyncio.run(
+                verdict_views(
+                    place.bootstrap, previous_topics.budget_verdicts, security=place.security
+                )
+            )
             fold = asyncio.run(
                 fold_ledger(
-                    place.bootstrap, place.topics, reference, start=fold, on_counter=remember
+                    place.bootstrap,
+                    place.topics,
+                    reference,
+                    start=fold,
+                    on_counter=remember,
+                    security=place.security,
                 )
             )
             vs_ledger = compare_with_history(history, found)
@@ -493,7 +529,9 @@ class GenerationReplay:
         """
         place = self.place
         old = asyncio.run(
-            group_progress(place.bootstrap, place.topics.of_generation(self.previous))
+            group_progress(
+                place.bootstrap, place.topics.of_generation(self.previous), security=place.security
+            )
         )
         # Step 1
         self.wait_caught_up(target={p: c for p, (c, _) in old.partitions.items()}, timeout=timeout)
@@ -503,6 +541,7 @@ class GenerationReplay:
                 place.bootstrap,
                 place.topics,
                 switch_to(self.generation, self.previous, retired=False),
+                security=place.security,
             )
         )
         # Step 3
@@ -516,6 +555,7 @@ class GenerationReplay:
                 place.bootstrap,
                 place.topics,
                 switch_to(self.generation, self.previous, retired=True),
+                security=place.security,
             )
         )
         # Step 5
@@ -527,7 +567,7 @@ class GenerationReplay:
         group = self.place.topics.of_generation(self.previous).aggregator_app_id
         deadline = time.monotonic() + timeout
         warned = False
-        while asyncio.run(group_members(self.place.bootstrap, group)):
+        while asyncio.run(group_members(self.place.bootstrap, group, security=self.place.security)):
             if not warned:
                 console.print(
                     f"waiting for the workers of the old generation (group {group}) to stop",
@@ -586,11 +626,13 @@ def _fill_totals(report: ReplayReport, fold: FoldState) -> None:
     report.counters_sha256 = hashlib.sha256(fold.canonical()).hexdigest()
 
 
-async def _priced_org_spend(bootstrap: str, topics: Topics, ends: dict[int, int]) -> dict[str, int]:
+async def _priced_org_spend(
+    bootstrap: str, topics: Topics, ends: dict[int, int], *, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, int]:
     """Spend per org as a generation priced it (its usage.priced, one record per ledger
     position up to ``ends``; a re-sent record is counted once)."""
     seen: dict[tuple[int, int], tuple[str, int]] = {}
-    for value in await topic_values(bootstrap, topics.usage_priced):
+    for value in await topic_values(bootstrap, topics.usage_priced, security=security):
         if value is None:
             continue
         try:
@@ -620,16 +662,16 @@ async def fold_dry_run(
     current generation's verdicts (only when unbounded: a slice's counters are partial)."""
     started = time.monotonic()
     bounds = bounds if bounds is not None else Bounds()
-    generation = await current_generation(place.bootstrap, place.topics)
+    generation = await current_generation(place.bootstrap, place.topics, security=place.security)
     current = place.topics.of_generation(generation)
-    reference = await load_reference(place.bootstrap, place.topics)
+    reference = await load_reference(place.bootstrap, place.topics, security=place.security)
     start = None
     if from_snapshot:
-        found = await latest_snapshot(place.bootstrap, place.topics)
+        found = await latest_snapshot(place.bootstrap, place.topics, security=place.security)
         if found is None:
             raise ConfigError(f"no complete snapshot on {place.topics.counter_snapshots}")
         start = found[1]
-    ends = await ledger_ends(place.bootstrap, place.topics)
+    ends = await ledger_ends(place.bootstrap, place.topics, security=place.security)
     fold = await fold_ledger(
         place.bootstrap,
         place.topics,
@@ -638,6 +680,7 @@ async def fold_dry_run(
         until=ends,
         bounds=bounds,
         progress=progress,
+        security=place.security,
     )
     report = ReplayReport("(dry run)", generation)
     _fill_totals(report, fold)
@@ -645,10 +688,11 @@ async def fold_dry_run(
     report.events_per_second = report.records / report.seconds if report.seconds else 0.0
     if bounds == Bounds():
         differences, pending = compare_at_cut(
-            fold_views(fold), await verdict_views(place.bootstrap, current.budget_verdicts)
+            fold_views(fold),
+            await verdict_views(place.bootstrap, current.budget_verdicts, security=place.security),
         )
         report.vs_previous = differences + pending
-        before = await _priced_org_spend(place.bootstrap, current, ends)
+        before = await _priced_org_spend(place.bootstrap, current, ends, security=place.security)
         after = fold.org_spend()
         report.org_changes = [
             OrgChange(org, before.get(org, 0), after.get(org, 0))
@@ -668,6 +712,7 @@ def _place() -> tuple[StackPlace, Any]:
     settings = load_settings()
     place = StackPlace(
         bootstrap=bootstrap_or_fail(settings),
+        security=settings.kafka_security,
         topics=settings.topics,
         dsn=settings.dsn,
         home=settings.home.resolve(),
@@ -822,7 +867,7 @@ def replay(
 
 
 async def _next_generation(place: StackPlace) -> str:
-    current = await current_generation(place.bootstrap, place.topics)
+    current = await current_generation(place.bootstrap, place.topics, security=place.security)
     number = int(current[1:]) + 1 if current.startswith("g") and current[1:].isdigit() else 2
     return f"g{number}"
 
@@ -881,16 +926,19 @@ def snapshot(as_json: bool) -> None:
     place, _ = _place()
 
     async def make(progress: Callable[[int, int], None]) -> tuple[str, FoldState]:
-        reference = await load_reference(place.bootstrap, place.topics)
-        found = await latest_snapshot(place.bootstrap, place.topics)
+        reference = await load_reference(place.bootstrap, place.topics, security=place.security)
+        found = await latest_snapshot(place.bootstrap, place.topics, security=place.security)
         fold = await fold_ledger(
             place.bootstrap,
             place.topics,
             reference,
             start=None if found is None else found[1],
             progress=progress,
+            security=place.security,
         )
-        return await write_snapshot(place.bootstrap, place.topics, fold), fold
+        return await write_snapshot(
+            place.bootstrap, place.topics, fold, security=place.security
+        ), fold
 
     with progress_bar(as_json) as bar:
         meter = Meter(bar, bar.add_task("folding usage.raw", total=None, rate=0.0, lag=0))

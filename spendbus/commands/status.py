@@ -10,6 +10,7 @@ through the worker's ``/sql`` page, as ``spendbus sql`` does.
 
     kafka            bootstrap, managed, running   (as before: where Kafka is, and
                                                     whether `spendbus up` runs it)
+                     security (protocol, mechanism, user, CA; never the password)
                      reachable (bool), error (str|null), cluster_id, controller_id,
                      brokers: [{node_id, host, port}]
     topics           [{name, exists, partitions, records}]   records = end - start
@@ -54,6 +55,8 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.codec import VERDICT
+from schemas.errors import ConfigError
+from schemas.kafka import PLAINTEXT, KafkaSecurity, preflight
 from schemas.topics import Topics
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.local import local_broker, worker_process
@@ -90,10 +93,19 @@ class Probe:
 # ------------------------------------------------------------------------------------------
 
 
-async def kafka_report(bootstrap: str, topics: Topics, timeout: float) -> dict[str, Any]:
-    """Everything status reads from Kafka; raises KafkaUnreachable after ``timeout`` seconds."""
+async def kafka_report(
+    bootstrap: str, topics: Topics, timeout: float, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, Any]:
+    """Everything status reads from Kafka; raises KafkaUnreachable after ``timeout`` seconds
+    (or at once, with the setting to look at, when the cluster refuses the security settings)."""
     try:
-        return await asyncio.wait_for(_kafka_report(bootstrap, topics, timeout), timeout)
+        await preflight(bootstrap, security, timeout_s=timeout)
+    except ConfigError as exc:
+        raise KafkaUnreachable(str(exc)) from None
+    try:
+        return await asyncio.wait_for(
+            _kafka_report(bootstrap, topics, timeout, security=security), timeout
+        )
     except TimeoutError:
         raise KafkaUnreachable(f"no answer from {bootstrap} within {timeout:g}s") from None
     except KafkaUnreachable:
@@ -106,17 +118,22 @@ async def kafka_report(bootstrap: str, topics: Topics, timeout: float) -> dict[s
         raise
 
 
-async def _kafka_report(bootstrap: str, topics: Topics, timeout: float) -> dict[str, Any]:
+async def _kafka_report(
+    bootstrap: str, topics: Topics, timeout: float, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, Any]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
     request_ms = max(1000, int(timeout * 1000))
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_ms)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=request_ms, **security.client_kwargs()
+    )
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,
         request_timeout_ms=request_ms,
+        **security.client_kwargs(),
     )
     try:
         await admin.start()
@@ -424,7 +441,11 @@ def collect(probe: Probe) -> dict[str, Any]:
         kafka_failed = "no Kafka: set KAFKA_BOOTSTRAP, or run `spendbus up`"
     else:
         try:
-            seen = asyncio.run(kafka_report(bootstrap, settings.topics, probe.timeout))
+            seen = asyncio.run(
+                kafka_report(
+                    bootstrap, settings.topics, probe.timeout, security=settings.kafka_security
+                )
+            )
         except KafkaUnreachable as exc:
             kafka_failed = f"Kafka unreachable: {exc}"
         else:
@@ -451,6 +472,7 @@ def _stack(settings: Settings) -> dict[str, Any]:
     return {
         "kafka": {
             "bootstrap": bootstrap,
+            "security": settings.kafka_security.describe(),
             "managed": managed,
             "running": running,
             "reachable": False,

@@ -6,19 +6,22 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from schemas.kafka import topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 
 
 async def read_compacted(
-    bootstrap: str, topic: str, timeout_s: float = 30.0
+    bootstrap: str, topic: str, timeout_s: float = 30.0, *, security: KafkaSecurity = PLAINTEXT
 ) -> dict[bytes, bytes | None]:
     """Every key's last value (None = tombstone) up to the end offsets seen at start."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:
-        partitions = await topic_partitions(bootstrap, topic)
+        partitions = await topic_partitions(bootstrap, topic, security=security)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
@@ -40,10 +43,16 @@ async def read_compacted(
 
 
 async def publish(
-    bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes | None]]
+    bootstrap: str,
+    topic: str,
+    records: Sequence[tuple[bytes, bytes | None]],
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> None:
     """Publish keyed records and wait until the broker acknowledged all of them."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **security.client_kwargs()
+    )
     await producer.start()
     try:
         futures = [await producer.send(topic, key=key, value=value) for key, value in records]

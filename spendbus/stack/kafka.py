@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -50,6 +51,7 @@ __all__ = [
     "BrokerFetchError",
     "BrokerStartError",
     "LocalKafka",
+    "SaslSslListener",
     "broker_ready",
     "ensure_broker_jars",
     "free_port",
@@ -462,6 +464,49 @@ def _promote_class_archive(partial: Path, final: Path, java: str, libs: Path) ->
 
 
 # --------------------------------------------------------------------------------------------
+# A secured listener
+# --------------------------------------------------------------------------------------------
+
+#: the broker's own SCRAM user (inter-broker listener) and PLAIN user (controller listener)
+BROKER_USER = "broker"
+SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+_STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+@dataclass(frozen=True)
+class SaslSslListener:
+    """A SASL_SSL listener (SCRAM-SHA-512 and -256) beside the PLAINTEXT one, with Kafka's
+    StandardAuthorizer denying whatever no ACL allows.
+
+    ``users`` (name -> password) get SCRAM credentials for both mechanisms when the storage is
+    formatted (``kafka-storage format --add-scram``), so they exist before the first client
+    connects; the set is fixed from then on. ``super_users`` bypass the ACLs (an operator's
+    admin); the broker's own user is always one. ``keystore`` is a PEM file holding the
+    broker's private key (unencrypted PKCS#8) and certificate chain, ``truststore`` a PEM file
+    with the CA: Kafka 4.x reads PEM stores directly.
+
+    The PLAINTEXT listener stays for the readiness probe (ApiVersions and the broker list,
+    which need no ACL); its principal, ``User:ANONYMOUS``, is not a super user, so the ACLs
+    refuse it everything else. The controller listener authenticates the broker with PLAIN.
+    """
+
+    keystore: Path
+    truststore: Path
+    users: Mapping[str, str]
+    super_users: Sequence[str] = ("admin",)
+
+    def __repr__(self) -> str:  # never the passwords
+        return f"SaslSslListener(users={sorted(self.users)}, super_users={list(self.super_users)})"
+
+
+def _jaas(module: str, user: str, password: str, **extra: str) -> str:
+    options = " ".join(
+        f'{k}="{v}"' for k, v in {"username": user, "password": password, **extra}.items()
+    )
+    return f"org.apache.kafka.common.security.{module} required {options};"
+
+
+# --------------------------------------------------------------------------------------------
 # The broker
 # --------------------------------------------------------------------------------------------
 
@@ -500,6 +545,10 @@ class LocalKafka:
     class_archive: bool = True
     #: Extra/overriding server.properties entries, e.g. {"message.timestamp.after.max.ms": ...}.
     extra_config: Mapping[str, str] = field(default_factory=dict)
+    #: A SASL_SSL listener with SCRAM users and deny-by-default ACLs (None: PLAINTEXT only).
+    sasl_ssl: SaslSslListener | None = None
+    #: its port; 0 = pick one on first start (kept in state.json like the others)
+    sasl_ssl_port: int = 0
 
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _atexit_registered: bool = field(default=False, init=False, repr=False)
@@ -518,6 +567,9 @@ class LocalKafka:
             self.port = stored_port
         if self.controller_port == 0 or (running and stored_cport):
             self.controller_port = stored_cport
+        stored_sport = int(state.get("sasl_ssl_port", 0))
+        if self.sasl_ssl_port == 0 or (running and stored_sport):
+            self.sasl_ssl_port = stored_sport
 
     # ---- paths -----------------------------------------------------------------------------
 
@@ -554,6 +606,13 @@ class LocalKafka:
         if self.port == 0:
             raise BrokerStartError(f"broker of {self.data_dir} has no port yet: start() it first")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        """``127.0.0.1:<port>`` of the SASL_SSL listener (``sasl_ssl`` must be set)."""
+        if self.sasl_ssl is None or self.sasl_ssl_port == 0:
+            raise BrokerStartError(f"broker of {self.data_dir} has no SASL_SSL listener (yet)")
+        return f"127.0.0.1:{self.sasl_ssl_port}"
 
     @property
     def pid(self) -> int | None:
@@ -657,6 +716,7 @@ class LocalKafka:
     def _write_state(self, **changes: Any) -> None:
         state = self._read_state() | changes
         tmp = self.state_path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)  # it may hold the broker's own password (sasl_ssl)
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
         tmp.replace(self.state_path)
 
@@ -714,7 +774,56 @@ class LocalKafka:
             "background.threads": "4",
             "num.recovery.threads.per.data.dir": "1",
         }
+        if self.sasl_ssl is not None:
+            props.update(self._sasl_ssl_properties(self.sasl_ssl))
         props.update({k: str(v) for k, v in self.extra_config.items()})
+        return props
+
+    def _broker_secret(self) -> str:
+        """The broker's own password: made once, kept in state.json (the format used it)."""
+        secret = self._read_state().get("broker_secret")
+        if not secret:
+            secret = secrets.token_urlsafe(24)
+            self._write_state(broker_secret=secret)
+        return str(secret)
+
+    def _sasl_ssl_properties(self, listener: SaslSslListener) -> dict[str, str]:
+        port, sport, cport = self.port, self.sasl_ssl_port, self.controller_port
+        secret = self._broker_secret()
+        scram = _jaas("scram.ScramLoginModule", BROKER_USER, secret)
+        props = {
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sport},"
+                f"CONTROLLER://127.0.0.1:{cport}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sport}",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT"
+            ),
+            # the broker's own connections authenticate too: SCRAM between brokers, PLAIN to
+            # the controller (SCRAM credentials live in the metadata the controller serves)
+            "inter.broker.listener.name": "SASL_SSL",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config": _jaas(
+                "plain.PlainLoginModule", BROKER_USER, secret, **{f"user_{BROKER_USER}": secret}
+            ),
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
+            **{
+                f"listener.name.sasl_ssl.{m.lower()}.sasl.jaas.config": scram
+                for m in SCRAM_MECHANISMS
+            },
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(listener.keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(listener.truststore),
+            "authorizer.class.name": _STANDARD_AUTHORIZER,
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": ";".join(
+                f"User:{u}" for u in dict.fromkeys([BROKER_USER, *listener.super_users])
+            ),
+        }
         return props
 
     def _write_properties(self) -> None:
@@ -722,6 +831,9 @@ class LocalKafka:
             "# Written by spendbus.stack.kafka.LocalKafka on every start; edits are overwritten.",
             *(f"{k}={v}" for k, v in self._server_properties().items()),
         ]
+        # JAAS entries carry the broker's own password (sasl_ssl): owner-only
+        self.properties_path.touch(mode=0o600)
+        self.properties_path.chmod(0o600)
         self.properties_path.write_text("\n".join(lines) + "\n")
 
     def _java(self) -> str:
@@ -776,6 +888,7 @@ class LocalKafka:
             cluster_id,
             "--config",
             str(self.properties_path),
+            *self._scram_format_args(),
         ]
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False
@@ -786,12 +899,34 @@ class LocalKafka:
                 f"(exit {proc.returncode}):\n{(proc.stdout + proc.stderr).strip()}"
             )
 
+    def _scram_format_args(self) -> list[str]:
+        """``--add-scram`` for the broker's user and every listener user, both mechanisms.
+
+        The StorageTool takes credentials only as arguments: this short-lived local JVM, on a
+        test's own broker, is the one place spendbus passes a password in argv.
+        """
+        if self.sasl_ssl is None:
+            return []
+        users = {BROKER_USER: self._broker_secret(), **self.sasl_ssl.users}
+        return [
+            arg
+            for name, password in users.items()
+            for mechanism in SCRAM_MECHANISMS
+            for arg in ("--add-scram", f"{mechanism}=[name={name},password={password}]")
+        ]
+
     def _launch(self) -> None:
         libs = ensure_broker_jars(self.cache_dir, infra_dir=self.infra_dir)
-        if self.port == 0 or self.controller_port == 0:
-            picked = iter(_free_ports(2))
+        if (
+            self.port == 0
+            or self.controller_port == 0
+            or (self.sasl_ssl and not self.sasl_ssl_port)
+        ):
+            picked = iter(_free_ports(3))
             self.port = self.port or next(picked)
             self.controller_port = self.controller_port or next(picked)
+            if self.sasl_ssl is not None:
+                self.sasl_ssl_port = self.sasl_ssl_port or next(picked)
         if self.port == self.controller_port:
             raise BrokerStartError(f"port and controller_port are both {self.port}")
         (self.data_dir / "logs").mkdir(exist_ok=True)
@@ -803,6 +938,7 @@ class LocalKafka:
         self._write_state(
             port=self.port,
             controller_port=self.controller_port,
+            sasl_ssl_port=self.sasl_ssl_port,
             kafka_version=kafka_version(self.infra_dir),
             bootstrap=f"127.0.0.1:{self.port}",
             # What a stop() in another process needs to settle a recorded class archive.

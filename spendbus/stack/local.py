@@ -5,10 +5,12 @@ the topics, and one aggregator worker owning the embedded ClickHouse store.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.errors import ConfigError
+from schemas.kafka import KafkaSecurity, preflight
 from spendbus.settings import Settings
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
 from spendbus.stack.topics import ensure_topics
@@ -26,10 +28,33 @@ def local_broker(settings: Settings) -> LocalKafka:
     )
 
 
+def check_kafka(bootstrap: str, security: KafkaSecurity) -> None:
+    """The preflight (schemas.kafka.preflight): a ConfigError naming the setting and the
+    broker within seconds when the cluster refuses these security settings."""
+    if security.security_protocol == "PLAINTEXT":
+        return  # not probed: nothing changes for a plaintext cluster
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(preflight(bootstrap, security))
+        return
+    # called from async code (an embedding, a test): the probe runs on a loop of its own
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, preflight(bootstrap, security)).result()
+
+
 def bootstrap_or_fail(settings: Settings) -> str:
-    """KAFKA_BOOTSTRAP, else the local broker that `spendbus up` started."""
+    """KAFKA_BOOTSTRAP (checked with the security settings), else the local broker that
+    `spendbus up` started (plaintext on loopback: no security settings apply to it)."""
+    security = settings.kafka_security  # a ConfigError naming the setting if inconsistent
     if settings.kafka_bootstrap:
+        check_kafka(settings.kafka_bootstrap, security)
         return settings.kafka_bootstrap
+    if security.security_protocol != "PLAINTEXT":
+        raise ConfigError(
+            f"KAFKA_SECURITY_PROTOCOL={security.security_protocol} needs KAFKA_BOOTSTRAP: "
+            "the local broker of `spendbus up` speaks PLAINTEXT on loopback"
+        )
     broker = local_broker(settings)
     if broker.is_running():
         return broker.bootstrap
@@ -60,14 +85,19 @@ class LocalStack:
     def up(self, with_worker: bool = True) -> str:
         """Start what is not running yet; returns the bootstrap address."""
         settings = self.settings
-        if settings.kafka_bootstrap:
-            bootstrap = settings.kafka_bootstrap
+        if settings.kafka_bootstrap or settings.kafka_security.security_protocol != "PLAINTEXT":
+            # the preflight, or the error that secured Kafka needs KAFKA_BOOTSTRAP
+            bootstrap = bootstrap_or_fail(settings)
         else:
             ensure_broker_jars(settings.cache_dir)
             broker = local_broker(settings)
             broker.start()
             bootstrap = broker.bootstrap
-        asyncio.run(ensure_topics(bootstrap, settings.topics, settings.partitions))
+        asyncio.run(
+            ensure_topics(
+                bootstrap, settings.topics, settings.partitions, security=settings.kafka_security
+            )
+        )
         if with_worker:
             worker_process(settings, {"KAFKA_BOOTSTRAP": bootstrap}).start()
         return bootstrap

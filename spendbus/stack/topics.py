@@ -7,12 +7,17 @@ import asyncio
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.topics import Topics
 
 
-async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> list[str]:
+async def ensure_topics(
+    bootstrap: str, topics: Topics, partitions: int, *, security: KafkaSecurity = PLAINTEXT
+) -> list[str]:
     """Create the missing topics; returns the names created. Existing ones are left as they are."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=30_000, **security.client_kwargs()
+    )
     await admin.start()
     try:
         existing = set(await admin.list_topics())
