@@ -11,11 +11,16 @@
   (``aggregator/sink``), retrying while ClickHouse is away; only a batch
   that was inserted is acked. Counters and verdicts never wait for it.
 * ``verdict-sink`` does the same for budget.verdicts into ``budget_state``.
+
+Pages: ``/sql`` (bearer token always; the query vetted and run read-only by
+``aggregator/sink/guard.py``), ``/stats`` and ``/metrics`` (open on loopback, the token
+off it). Tokens are compared in constant time; none is ever logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -25,6 +30,7 @@ import faust
 import mode
 from faust.types import StreamT
 
+from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from aggregator.config import AggregatorConfig
 from aggregator.counting import CountingStage
 from aggregator.metrics import Metrics
@@ -36,9 +42,11 @@ from aggregator.sink import (
     SinkUnavailable,
     apply_schema,
     open_client,
-    run_query,
 )
+from aggregator.sink.errors import QueryRefused
+from aggregator.sink.guard import QueryGuard
 from schemas.codec import PRICED_USAGE, VERDICT
+from schemas.net import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +59,15 @@ class ClickHouseWriter:
     the counting stage, verdicts and alerts do not depend on it.
     """
 
-    def __init__(self, dsn: str, metrics: Metrics) -> None:
+    def __init__(
+        self, dsn: str, metrics: Metrics, access: ClickHouseAccess = DEFAULT_ACCESS
+    ) -> None:
         self.dsn = dsn
         self.metrics = metrics
+        self.access = access
         self.sink: ClickHouseSink | None = None
+        # analyst queries: a second client on the same store, opened with readonly=1
+        self.guard: QueryGuard | None = None
         self._opening = asyncio.Lock()
         # one call into the client at a time: the embedded engine is one session per process
         self._using = asyncio.Lock()
@@ -71,7 +84,7 @@ class ClickHouseWriter:
             return self.sink
 
     def _open(self) -> ClickHouseSink:
-        client = open_client(self.dsn)
+        client = open_client(self.dsn, access=self.access)
         apply_schema(client)
         return ClickHouseSink(client)
 
@@ -96,10 +109,40 @@ class ClickHouseWriter:
                 self.metrics.sink_skipped.inc(len(records) - inserted)
             return
 
-    async def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        sink = await self.open()
+    async def query(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Vet ``sql`` and run it read-only (QueryRefused when the guard refuses it)."""
+        await self.open()  # the schema first: the guard's client only reads
         async with self._using:
-            return await asyncio.to_thread(run_query, sink.client, sql)
+            if self.guard is None:
+                client = await asyncio.to_thread(
+                    open_client, self.dsn, access=self.access, readonly=1
+                )
+                self.guard = QueryGuard(client)
+            return await asyncio.to_thread(self.guard.run, sql)
+
+
+def bearer_check(token: str | None) -> Any:
+    """``allowed(request) -> bool``: does the request carry ``Authorization: Bearer <token>``?
+
+    Constant-time; with no token nothing is allowed.
+    """
+    expected = f"Bearer {token}".encode() if token else None
+
+    def allowed(request: Any) -> bool:
+        if expected is None:
+            return False
+        given = request.headers.get("Authorization", "").encode()
+        return hmac.compare_digest(given, expected)
+
+    return allowed
+
+
+def _unauthorized(web: Any, detail: str, status: int = 401) -> Any:
+    return web.json(
+        {"error": detail, "refused": "unauthorized"},
+        status=status,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def install(app: faust.App, config: AggregatorConfig) -> None:
@@ -153,8 +196,14 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
             asyncio.get_running_loop().call_later(10, os._exit, 70)
             await app.crash(exc)
 
+    token = config.web_token.get_secret_value() if config.web_token is not None else None
+    authorized = bearer_check(token)
+    # on loopback only this machine can reach /stats and /metrics; elsewhere every page
+    # needs the token (Prometheus sends it: authorization.credentials_file)
+    pages_open = is_loopback(config.web_host)
+
     if config.clickhouse_dsn:
-        writer = ClickHouseWriter(config.clickhouse_dsn, metrics)
+        writer = ClickHouseWriter(config.clickhouse_dsn, metrics, config.clickhouse_access)
 
         @app.agent(usage_priced, name="sink")
         async def write_clickhouse(stream: StreamT) -> None:
@@ -181,13 +230,36 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
 
         @app.page("/sql")
         class SqlView(faust.web.View):
-            """Analyst queries while the worker owns the embedded store (one process per path)."""
+            """Analyst queries, read-only, while the worker owns the store (bearer token).
+
+            401 without the token, 400 for a body that is not ``{"sql": "..."}`` or SQL the
+            engine cannot parse or run, 403 for a query the guard or the engine's read-only
+            mode refuses (``refused`` names why), 503 while ClickHouse is away.
+            """
 
             async def post(self, request: faust.web.Request) -> faust.web.Response:
-                body = await request.json()
+                if token is None:
+                    return _unauthorized(
+                        self, "this worker has no web token: /sql is off", status=403
+                    )
+                if not authorized(request):
+                    return _unauthorized(self, "a valid bearer token is required")
+                try:
+                    body = json.loads(await request.read())
+                except ValueError:
+                    return self.json(
+                        {"error": 'the body must be JSON: {"sql": "SELECT ..."}'}, status=400
+                    )
+                if not isinstance(body, dict) or not isinstance(body.get("sql"), str):
+                    return self.json({"error": 'expected {"sql": "SELECT ..."}'}, status=400)
                 try:
                     columns, rows = await writer.query(body["sql"])
-                except Exception as exc:  # the analyst's SQL error goes back to the analyst
+                except QueryRefused as exc:
+                    status = 400 if exc.reason in ("bad_request", "empty") else 403
+                    return self.json({"error": str(exc), "refused": exc.reason}, status=status)
+                except SinkUnavailable as exc:
+                    return self.json({"error": str(exc)}, status=503)
+                except SinkError as exc:  # the analyst's SQL error goes back to the analyst
                     return self.json({"error": str(exc)}, status=400)
                 return self.json(
                     {"columns": columns, "rows": json.loads(json.dumps(rows, default=str))}
@@ -195,6 +267,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
 
     @app.page("/stats")
     async def stats(web: Any, request: Any) -> Any:
+        if not pages_open and not authorized(request):
+            return _unauthorized(web, "a valid bearer token is required off loopback")
         return web.json(
             {
                 **metrics.snapshot(),
@@ -208,6 +282,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
 
     @app.page("/metrics")
     async def prometheus(web: Any, request: Any) -> Any:
+        if not pages_open and not authorized(request):
+            return _unauthorized(web, "a valid bearer token is required off loopback")
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
 
     app.spendbus_counting = stage  # type: ignore[attr-defined]

@@ -63,8 +63,17 @@ def create_app(config: AggregatorConfig) -> faust.App:
         producer_acks=-1,
         producer_linger_ms=5,
         web_enabled=True,
+        # web_host only names the URL; Faust listens on web_bind (its default is 0.0.0.0)
+        web_bind=config.web_host,
         web_host=config.web_host,
         web_port=config.web_port,
+        # Faust's own pages (/router, /table, /graph, /stats/, /performance) are not ours
+        # to guard: off; the worker serves /sql, /stats and /metrics (agents.py)
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
+        web_metrics_enabled=False,
         web_in_thread=False,
         table_standby_replicas=0,
         stream_buffer_maxsize=8192,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from schemas.errors import ConfigError
 from schemas.kafka import PLAINTEXT, KafkaSecurity
+from schemas.net import is_loopback
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
 from schemas.topics import Topics, check_generation
 
@@ -33,8 +35,15 @@ class AggregatorConfig(BaseModel):
     #: rocksdb:// for durable local table state (recovered from changelogs), memory:// for tests
     store: str = "rocksdb://"
     partitions: int = Field(default=4, ge=1)
+    #: the address the web server binds (Faust's web_bind); off loopback every page
+    #: needs the token
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=6066, ge=0, le=65535)
+    #: the bearer token of the web pages: /sql always needs it (no token: /sql answers
+    #: 403), /stats and /metrics need it when web_host is not loopback
+    web_token: SecretStr | None = None
+    #: TLS options and password of an https:// ClickHouse server (clickhouse_dsn)
+    clickhouse_access: ClickHouseAccess = DEFAULT_ACCESS
     #: most usage.raw records the counting stage reads and folds as one batch (getmany)
     batch_size: int = Field(default=5000, ge=1)
     #: a counter whose spend moved (state unchanged) sends its Verdict at most this often;
@@ -61,6 +70,17 @@ class AggregatorConfig(BaseModel):
             return check_generation(value)
         except ConfigError as exc:  # pydantic reports ValueErrors with the field's name
             raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> AggregatorConfig:
+        if self.web_token is None and not is_loopback(self.web_host):
+            raise ValueError(
+                f"the worker's web server would listen on {self.web_host!r} without a token: "
+                "set SPENDBUS_WEB_TOKEN_FILE (or SPENDBUS_WEB_TOKEN), or bind 127.0.0.1"
+            )
+        if self.web_token is not None and not self.web_token.get_secret_value():
+            raise ValueError("web_token must not be empty")
+        return self
 
     @property
     def counting_group(self) -> str:

@@ -11,6 +11,14 @@ SPENDBUS_TOPIC_PREFIX      prefix of every topic name                       (non
 SPENDBUS_PARTITIONS        partitions of the data topics, set at creation   4
 SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
 SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
+SPENDBUS_WEB_TOKEN_FILE    a file holding the worker's web bearer token     $SPENDBUS_HOME/web.token
+SPENDBUS_WEB_TOKEN         the token itself (prefer the _FILE form)         (none)
+CLICKHOUSE_CA_FILE         https:// DSN: PEM CA(s) of the server's cert     the system CAs
+CLICKHOUSE_VERIFY          https:// DSN: verify the server's certificate    true
+CLICKHOUSE_CLIENT_CERT     https:// DSN, mutual TLS: the client's cert      (none)
+CLICKHOUSE_CLIENT_KEY      https:// DSN, mutual TLS: the client's key       (none)
+CLICKHOUSE_PASSWORD        the ClickHouse user's password (not in the DSN)  (none)
+CLICKHOUSE_PASSWORD_FILE   a file holding that password (one line)          (none)
 SPENDBUS_CACHE_DIR         where the Kafka broker jars are cached           ~/.cache/spendbus
 KAFKA_SECURITY_PROTOCOL    PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL       PLAINTEXT
 KAFKA_SASL_MECHANISM       PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512            PLAIN
@@ -31,6 +39,12 @@ A config file uses the lower-case names without the prefix (``home``,
 win over the file. Every Kafka client of every command and stage connects with the
 ``KAFKA_*`` security settings (``Settings.kafka_security``); the password is held as a
 secret and never printed. A password in both forms is refused: one source of truth.
+
+The worker's web token and an https:// ClickHouse server take ``web_token``,
+``web_token_file``, ``clickhouse_ca_file``, ``clickhouse_verify``,
+``clickhouse_client_cert``, ``clickhouse_client_key``, ``clickhouse_password`` and
+``clickhouse_password_file`` in the file too (``Settings.clickhouse_access``; the
+token: ``spendbus.stack.web_token``). Secrets are ``SecretStr``: never printed.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from aggregator.clickhouse_access import ClickHouseAccess
 from schemas.errors import ConfigError
 from schemas.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
 from schemas.topics import Topics
@@ -66,6 +81,42 @@ class Settings(BaseModel):
     kafka_ssl_cafile: Path | None = None
     kafka_ssl_certfile: Path | None = None
     kafka_ssl_keyfile: Path | None = None
+    #: the worker's web token (spendbus/stack/web_token.py): /sql always needs it, every
+    #: page does when the worker binds anything but loopback
+    web_token: SecretStr | None = None
+    web_token_file: Path | None = None
+    clickhouse_ca_file: Path | None = None
+    clickhouse_verify: bool = True
+    clickhouse_client_cert: Path | None = None
+    clickhouse_client_key: Path | None = None
+    clickhouse_password: SecretStr | None = None
+    clickhouse_password_file: Path | None = None
+
+    @property
+    def clickhouse_access(self) -> ClickHouseAccess:
+        """The TLS options and password of an https:// ClickHouse server; ConfigError
+        naming the setting when unusable (a password in two places, an unreadable file)."""
+        password = self.clickhouse_password
+        if self.clickhouse_password_file is not None:
+            if password is not None:
+                raise ConfigError(
+                    "CLICKHOUSE_PASSWORD and CLICKHOUSE_PASSWORD_FILE are both set: keep one"
+                )
+            password = SecretStr(
+                _read_secret(self.clickhouse_password_file, "CLICKHOUSE_PASSWORD_FILE")
+            )
+        try:
+            return ClickHouseAccess(
+                ca_file=self.clickhouse_ca_file,
+                verify=self.clickhouse_verify,
+                client_cert=self.clickhouse_client_cert,
+                client_key=self.clickhouse_client_key,
+                password=password,
+            )
+        except ValueError as exc:  # pydantic's ValidationError: the validator's message
+            errors = getattr(exc, "errors", None)
+            message = errors()[0]["msg"].removeprefix("Value error, ") if errors else str(exc)
+            raise ConfigError(f"ClickHouse settings: {message}") from None
 
     @property
     def kafka_security(self) -> KafkaSecurity:
@@ -125,7 +176,26 @@ _ENV = {
     "KAFKA_SSL_CAFILE": "kafka_ssl_cafile",
     "KAFKA_SSL_CERTFILE": "kafka_ssl_certfile",
     "KAFKA_SSL_KEYFILE": "kafka_ssl_keyfile",
+    "SPENDBUS_WEB_TOKEN": "web_token",
+    "SPENDBUS_WEB_TOKEN_FILE": "web_token_file",
+    "CLICKHOUSE_CA_FILE": "clickhouse_ca_file",
+    "CLICKHOUSE_VERIFY": "clickhouse_verify",
+    "CLICKHOUSE_CLIENT_CERT": "clickhouse_client_cert",
+    "CLICKHOUSE_CLIENT_KEY": "clickhouse_client_key",
+    "CLICKHOUSE_PASSWORD": "clickhouse_password",
+    "CLICKHOUSE_PASSWORD_FILE": "clickhouse_password_file",
 }
+
+
+def _read_secret(path: Path, setting: str) -> str:
+    """A secret kept in a file (its first line); ConfigError naming the setting, never the text."""
+    try:
+        text = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{setting}={path}: cannot read it ({exc.strerror})") from None
+    if not text or not text[0].strip():
+        raise ConfigError(f"{setting}={path}: the file is empty")
+    return text[0].strip()
 
 
 def load_settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:

@@ -7,9 +7,13 @@
         │   │                        do not commit its Kafka offsets meanwhile
         │   └── DataPathInUse        retriable: the embedded engine's data path is
         │                            locked by another process (named by pid)
-        └── SinkRejected             not retriable: ClickHouse refused the statement
-                                     (missing table, type mismatch, bad DDL, closed
-                                     client); stop the worker, never skip the batch
+        ├── SinkRejected             not retriable: ClickHouse refused the statement
+        │                            (missing table, type mismatch, bad DDL, closed
+        │                            client, a wrong password, a server certificate
+        │                            that does not verify); stop the worker, never
+        │                            skip the batch
+        └── QueryRefused             an analyst query the read-only guard refuses
+                                     (aggregator/sink/guard.py); nothing ran
 
 A failed batch must never be skipped: its events would be missing from
 ClickHouse for good. A non-retriable error stops the worker loudly instead.
@@ -79,10 +83,31 @@ class SinkRejected(SinkError):
     retriable = False
 
 
+class QueryRefused(SinkError):
+    """The read-only guard refused an analyst query before it ran (or the engine's
+    read-only mode did); ``reason`` names the class of refusal for scripts."""
+
+    retriable = False
+
+    def __init__(self, detail: str, *, reason: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+#: what the TLS layer says when the server's certificate does not verify
+_CERTIFICATE_FAILURES: Final = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed")
+
+
 def translate(exc: BaseException, doing: str) -> SinkError:
     """The sink error for a clickhouse-connect/chdb exception raised while ``doing``."""
     if isinstance(exc, SinkError):
         return exc
+    if any(marker in str(exc) for marker in _CERTIFICATE_FAILURES):
+        # not retriable: the same CA gives the same answer until the settings change
+        return SinkRejected(
+            f"{doing}: the server's TLS certificate did not verify against "
+            f"CLICKHOUSE_CA_FILE (or the system CAs when unset): {exc}"
+        )
     if isinstance(exc, OperationalError):
         return SinkUnavailable(f"{doing}: ClickHouse unreachable: {exc}")
     code = getattr(exc, "code", None)

@@ -8,7 +8,9 @@ The one setting is a DSN:
   one process every client on that path shares the one engine, so opening the
   same DSN twice works; a different path fails until every client of the first
   one is closed.
-- ``http(s)://user:pass@host:8123/db``: a ClickHouse server.
+- ``http(s)://user:pass@host:8123/db``: a ClickHouse server. Over ``https://`` the
+  :class:`~aggregator.clickhouse_access.ClickHouseAccess` passed as ``access`` gives the CA,
+  verification, a client certificate and the password (kept out of the DSN, never shown).
 
 Results come back with time-zone-aware datetimes (``tz_mode="aware"``).
 """
@@ -25,6 +27,7 @@ from urllib.parse import urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
+from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from aggregator.sink.errors import DataPathInUse, SinkRejected, translate
 from schemas.errors import ConfigError
 
@@ -58,14 +61,22 @@ def chdb_path(dsn: str) -> str | None:
     return os.path.realpath(parsed.path)
 
 
-def open_client(dsn: str, *, database: str | None = None, **settings: Any) -> Client:
+def open_client(
+    dsn: str,
+    *,
+    database: str | None = None,
+    access: ClickHouseAccess | None = None,
+    **settings: Any,
+) -> Client:
     """A clickhouse-connect client for ``dsn``; ``settings`` are ClickHouse session settings.
 
     ``database`` (which must exist) overrides the DSN's; chdb's default is ``default``.
+    ``access`` holds the TLS options and the password of a server (ignored by chdb).
 
-    Raises ConfigError for a malformed DSN, SinkUnavailable (retriable) when the
-    server cannot be reached or the data path is held by another process
-    (DataPathInUse), SinkRejected otherwise.
+    Raises ConfigError for a malformed DSN or unusable access options (naming the
+    setting), SinkUnavailable (retriable) when the server cannot be reached or the data
+    path is held by another process (DataPathInUse), SinkRejected otherwise (a wrong
+    password, a certificate that does not verify). No message carries the password.
     """
     path = chdb_path(dsn)
     if path is not None:
@@ -80,9 +91,42 @@ def open_client(dsn: str, *, database: str | None = None, **settings: Any) -> Cl
             database=database,
             tz_mode="aware",
             settings=settings or None,
+            **_server_options(dsn, access or DEFAULT_ACCESS),
         )
     except Exception as exc:
         raise translate(exc, f"connecting to {_redact(dsn)}") from exc
+
+
+def _server_options(dsn: str, access: ClickHouseAccess) -> dict[str, Any]:
+    """get_client's TLS and password arguments for ``dsn``; ConfigError when they do not fit."""
+    parsed = urlparse(dsn)
+    options: dict[str, Any] = {}
+    if access.password is not None:
+        if parsed.password:
+            raise ConfigError(
+                f"CLICKHOUSE_DSN {_redact(dsn)!r} has a password and so has "
+                "CLICKHOUSE_PASSWORD / CLICKHOUSE_PASSWORD_FILE: keep one"
+            )
+        options["password"] = access.password.get_secret_value()
+    if parsed.scheme != "https":
+        if access.uses_tls_options:
+            raise ConfigError(
+                f"CLICKHOUSE_DSN {_redact(dsn)!r} is plain http://: the CA file, client "
+                "certificate and verify settings need an https:// DSN"
+            )
+        return options
+    options["verify"] = access.verify
+    for setting, path, option in (
+        ("CLICKHOUSE_CA_FILE", access.ca_file, "ca_cert"),
+        ("CLICKHOUSE_CLIENT_CERT", access.client_cert, "client_cert"),
+        ("CLICKHOUSE_CLIENT_KEY", access.client_key, "client_cert_key"),
+    ):
+        if path is None:
+            continue
+        if not os.access(path, os.R_OK) or not Path(path).is_file():
+            raise ConfigError(f"{setting}={path}: no readable file there")
+        options[option] = str(path)
+    return options
 
 
 def _open_chdb(path: str, database: str | None, settings: dict[str, Any]) -> Client:

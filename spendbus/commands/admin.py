@@ -258,7 +258,11 @@ def _current_store(settings: Settings) -> str:
 @click.argument("query")
 @click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
 def sql(query: str, as_json: bool) -> None:
-    """Run an analyst QUERY on ClickHouse (through the running worker when it owns the store)."""
+    """Run an analyst QUERY on ClickHouse (through the running worker when it owns the store).
+
+    Through the worker the query runs read-only and sends the web token; a server DSN
+    is asked directly with its own credentials (CLICKHOUSE_* TLS settings apply).
+    """
     settings = load_settings()
     worker = worker_process(settings)
     if worker.pid() is not None and settings.dsn.startswith("chdb://"):
@@ -268,7 +272,8 @@ def sql(query: str, as_json: bool) -> None:
         from aggregator.sink.query import run_query
         from aggregator.sink.store import open_client
 
-        columns, rows = run_query(open_client(_current_store(settings)), query)
+        client = open_client(_current_store(settings), access=settings.clickhouse_access)
+        columns, rows = run_query(client, query)
     if as_json:
         click.echo(
             json.dumps([dict(zip(columns, r, strict=True)) for r in rows], default=str, indent=2)

@@ -43,8 +43,12 @@ def run(
     from aggregator.config import AggregatorConfig
     from aggregator.generations import current_generation, generation_dsn
     from spendbus.stack.local import bootstrap_or_fail
+    from spendbus.stack.web_token import worker_token
 
     settings = load_settings()
+    # before Kafka: a worker that may not serve its pages fails at once, not after a connect
+    web_token = worker_token(settings)
+    clickhouse_access = settings.clickhouse_access
     bootstrap = bootstrap_or_fail(settings)
     if generation is None:
         generation = asyncio.run(
@@ -64,6 +68,8 @@ def run(
         partitions=settings.partitions,
         web_port=settings.web_port,
         web_host=settings.web_host,
+        web_token=web_token,
+        clickhouse_access=clickhouse_access,
         log_level=log_level.upper(),
     )
     logging.basicConfig(

@@ -54,12 +54,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from aggregator.clickhouse_access import ClickHouseAccess
 from schemas.codec import VERDICT
 from schemas.errors import ConfigError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, preflight
 from schemas.topics import Topics
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.local import local_broker, worker_process
+from spendbus.stack.web_token import client_token
 
 console = Console()
 err_console = Console(stderr=True)
@@ -291,12 +293,13 @@ def _later(newest: dict[str, Any] | None, message: Any) -> dict[str, Any] | None
 # ------------------------------------------------------------------------------------------
 
 
-def _http_json(url: str, body: Any, timeout: float) -> Any:
+def _http_json(url: str, body: Any, timeout: float, token: str | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
+    auth = {} if token is None else {"authorization": f"Bearer {token}"}
     request = urllib.request.Request(
         url,
         data=data,
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **auth},
         method="GET" if body is None else "POST",
     )
     try:
@@ -309,10 +312,10 @@ def _http_json(url: str, body: Any, timeout: float) -> Any:
         raise HttpError(exc.code, detail) from None
 
 
-def worker_report(url: str, timeout: float) -> dict[str, Any]:
+def worker_report(url: str, timeout: float, token: str | None = None) -> dict[str, Any]:
     """One worker's /stats page: does it answer, does it serve (own partitions, reference read)."""
     try:
-        stats = _http_json(f"{url}/stats", None, timeout)
+        stats = _http_json(f"{url}/stats", None, timeout, token)
     except Exception as exc:
         return {"url": url, "answering": False, "serving": None, "error": _reason(exc)}
     return {
@@ -326,7 +329,13 @@ def worker_report(url: str, timeout: float) -> dict[str, Any]:
 
 
 def clickhouse_report(
-    dsn: str, worker_url: str | None, timeout: float, worker_pid: int | None = None
+    dsn: str,
+    worker_url: str | None,
+    timeout: float,
+    worker_pid: int | None = None,
+    *,
+    token: str | None = None,
+    access: ClickHouseAccess | None = None,
 ) -> dict[str, Any]:
     """Can ClickHouse answer a query? Through the worker's /sql when it owns the embedded store."""
     report: dict[str, Any] = {"dsn": redact(dsn), "reachable": None, "usage_events": None}
@@ -334,7 +343,7 @@ def clickhouse_report(
     if dsn.startswith("chdb://") and worker_url is not None:
         report["via"] = "worker"
         try:
-            rows = _http_json(f"{worker_url}/sql", {"sql": query}, timeout)["rows"]
+            rows = _http_json(f"{worker_url}/sql", {"sql": query}, timeout, token)["rows"]
         except HttpError as exc:
             if exc.code != 404:  # the store answered; the query failed (a missing table)
                 report.update(reachable=True, error=str(exc))
@@ -359,7 +368,7 @@ def clickhouse_report(
         report.update(reachable=False, error=f"no embedded store at {path} yet")
         return report
     try:
-        count = _bounded(lambda: _count_direct(dsn, query), timeout)
+        count = _bounded(lambda: _count_direct(dsn, query, access), timeout)
     except Exception as exc:
         report.update(reachable=False, error=_reason(exc))
         return report
@@ -367,10 +376,10 @@ def clickhouse_report(
     return report
 
 
-def _count_direct(dsn: str, query: str) -> int:
+def _count_direct(dsn: str, query: str, access: ClickHouseAccess | None) -> int:
     from aggregator.sink import open_client, run_query
 
-    _, rows = run_query(open_client(dsn), query)
+    _, rows = run_query(open_client(dsn, access=access), query)
     return int(rows[0][0])
 
 
@@ -414,12 +423,22 @@ def redact(dsn: str) -> str:
 # ------------------------------------------------------------------------------------------
 
 
+def _web_token(settings: Settings) -> str | None:
+    """The workers' web token (/sql needs it; every page off loopback); None when unusable."""
+    try:
+        token = client_token(settings)
+    except ConfigError:  # the pages then answer 401, which the report shows
+        return None
+    return None if token is None else token.get_secret_value()
+
+
 def collect(probe: Probe) -> dict[str, Any]:
     """The whole report (see the module docstring for its keys)."""
     settings = probe.settings
     report = _stack(settings)
 
-    workers = [worker_report(url, probe.timeout) for url in probe.workers]
+    token = _web_token(settings)
+    workers = [worker_report(url, probe.timeout, token) for url in probe.workers]
     local = workers[0] if workers else None
     if local is not None:
         report["worker"].update(url=local["url"], answering=local["answering"])
@@ -431,9 +450,22 @@ def collect(probe: Probe) -> dict[str, Any]:
     report["workers"] = [{k: v for k, v in w.items() if k != "stats"} for w in workers]
 
     answering = next((w["url"] for w in workers if w["answering"]), None)
-    report["clickhouse"] = clickhouse_report(
-        settings.dsn, answering, probe.timeout, report["worker"]["pid"]
-    )
+    try:
+        access: ClickHouseAccess | None = settings.clickhouse_access
+    except ConfigError as exc:  # unusable CLICKHOUSE_* settings: say so, ask nothing
+        access = None
+        report["clickhouse"].update(
+            reachable=False, via="direct", usage_events=None, error=str(exc)
+        )
+    if access is not None:
+        report["clickhouse"] = clickhouse_report(
+            settings.dsn,
+            answering,
+            probe.timeout,
+            report["worker"]["pid"],
+            token=token,
+            access=access,
+        )
 
     kafka_failed: str | None = None
     bootstrap = report["kafka"]["bootstrap"]

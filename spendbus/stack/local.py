@@ -14,6 +14,7 @@ from schemas.kafka import KafkaSecurity, preflight
 from spendbus.settings import Settings
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
 from spendbus.stack.topics import ensure_topics
+from spendbus.stack.web_token import default_token_file, worker_token
 from spendbus.stack.worker import WorkerProcess
 
 
@@ -72,9 +73,14 @@ def worker_process(settings: Settings, env: dict[str, str] | None = None) -> Wor
             "SPENDBUS_TOPIC_PREFIX": settings.topic_prefix,
             "SPENDBUS_PARTITIONS": str(settings.partitions),
             "SPENDBUS_WEB_PORT": str(settings.web_port),
+            "SPENDBUS_WEB_HOST": settings.web_host,
             **(env or {}),
         },
         web_port=settings.web_port,
+        web_host=settings.web_host,
+        # read when a request is made: a broken token setting must not break `down`
+        token=settings.web_token,
+        token_file=settings.web_token_file or default_token_file(settings),
     )
 
 
@@ -99,6 +105,7 @@ class LocalStack:
             )
         )
         if with_worker:
+            worker_token(settings)  # $SPENDBUS_HOME/web.token unless configured (web_token.py)
             worker_process(settings, {"KAFKA_BOOTSTRAP": bootstrap}).start()
         return bootstrap
 

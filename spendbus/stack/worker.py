@@ -1,7 +1,9 @@
 """The aggregator worker as a child process: start, wait until serving, stop, talk to its web port.
 
 The worker owns the embedded ClickHouse path (one process per path), so
-analyst queries while it runs go through its ``/sql`` page.
+analyst queries while it runs go through its ``/sql`` page. Every request carries the
+web token (``spendbus/stack/web_token.py``) when there is one: ``/sql`` needs it always,
+every page when the worker binds anything but loopback.
 """
 
 from __future__ import annotations
@@ -15,11 +17,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from schemas.errors import SpendbusError
+
+#: the token file in SPENDBUS_HOME (spendbus/stack/web_token.py creates it)
+DEFAULT_TOKEN_FILE = "web.token"
+#: addresses that mean "every interface": the worker is then asked on loopback
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
 class WorkerError(SpendbusError):
@@ -36,6 +45,37 @@ class WorkerProcess:
     name: str = "aggregator"
     #: extra arguments of `spendbus aggregator run` (e.g. --no-sink)
     args: tuple[str, ...] = ()
+    #: the address the worker binds (SPENDBUS_WEB_HOST); requests go there
+    web_host: str = "127.0.0.1"
+    #: the web token, or the file holding it (read at each request: the worker may create
+    #: it after this object exists); never on the command line
+    token: SecretStr | None = field(default=None, repr=False)
+    token_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.token is None and self.token_file is None:
+            # the token the child serves with: its configured file, else its home's
+            configured = self.env.get("SPENDBUS_WEB_TOKEN_FILE")
+            home = self.env.get("SPENDBUS_HOME")
+            if configured:
+                self.token_file = Path(configured)
+            elif home:
+                self.token_file = Path(home) / DEFAULT_TOKEN_FILE
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.web_host in WILDCARD_HOSTS else self.web_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.web_port}"
+
+    def _authorization(self) -> dict[str, str]:
+        token = self.token
+        if token is None and self.token_file is not None:
+            try:
+                first = self.token_file.read_text().splitlines()[:1]
+            except OSError:
+                first = []
+            token = SecretStr(first[0].strip()) if first and first[0].strip() else None
+        return {} if token is None else {"authorization": f"Bearer {token.get_secret_value()}"}
 
     @property
     def pid_file(self) -> Path:
@@ -128,9 +168,9 @@ class WorkerProcess:
     def _request(self, path: str, body: Any, timeout: float) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.web_port}{path}",
+            f"{self.base_url}{path}",
             data=data,
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", **self._authorization()},
             method="GET" if body is None else "POST",
         )
         try:
@@ -140,6 +180,9 @@ class WorkerProcess:
             detail = exc.read().decode(errors="replace")
             with contextlib.suppress(ValueError):
                 detail = json.loads(detail).get("error", detail)
+            if exc.code == 401:
+                source = "SPENDBUS_WEB_TOKEN" if self.token is not None else self.token_file
+                detail += f" (the token sent came from {source or 'nowhere: none is set'})"
             raise WorkerError(f"{path}: {detail}") from None
 
 

@@ -1,0 +1,421 @@
+"""The read-only guard of analyst queries (the worker's ``/sql`` page).
+
+Two layers, both the engine's own:
+
+1. **Its parser.** The request must be one statement (``split_statements``: chdb runs
+   every statement of a multi-statement string). ``EXPLAIN AST <statement>`` parses it
+   on the same engine without running it, and the tree is checked against allowlists:
+   the statement is a query (``SELECT``, ``WITH ... SELECT``, ``UNION``/``EXCEPT`` of
+   them, ``DESCRIBE``, ``SHOW TABLES``) made of known kinds of node only; no
+   ``INTO OUTFILE``, ``FORMAT`` or ``SETTINGS``;
+   every table function is one that makes rows from nothing (``numbers``, ``values``,
+   ...); every other function, anywhere in the tree (subqueries, CTEs, JOINs,
+   ``IN (...)``), is one whose engine category computes on values (arithmetic, strings,
+   dates, aggregates, ...) or one of a few reviewed extras. Everything else is refused,
+   including what this list has never heard of: ``file()``, ``url()``, ``remote()``,
+   ``s3()``, ``executable()``, ``input()``, dictionaries, introspection, the AI functions.
+2. **Its read-only mode.** The statement runs on a client opened with ``readonly=1``
+   (a session setting: a query cannot lift it; ``SETTINGS`` in the query are refused
+   by the engine), which refuses writes, DDL and every table function that is not
+   read-only, should the first layer ever let one through.
+
+The tree is read from EXPLAIN AST's text: one node a line, indented by depth, with its
+declared child count. A quoted alias may hold a line break and so print lines of its
+own; the declared counts are checked, and a name that is not a plain identifier is
+refused, so a tree that does not read back exactly is refused rather than guessed.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from clickhouse_connect.driver.client import Client
+
+from aggregator.sink.errors import QueryRefused, SinkError, translate
+from aggregator.sink.query import run_query
+from aggregator.sink.store import split_statements
+
+#: the statements /sql runs (EXPLAIN AST's name of each)
+STATEMENTS: Final = frozenset({"SelectWithUnionQuery", "DescribeQuery", "ShowTables"})
+
+#: the nodes a query may hold (EXPLAIN AST's names); anything else is refused, e.g.
+#: ``* APPLY(f)`` (ColumnsApplyTransformer names its function where no Function node shows it)
+NODE_KINDS: Final = frozenset(
+    {
+        *STATEMENTS,
+        "SelectIntersectExceptQuery",
+        "SelectQuery",
+        "ExpressionList",
+        "Identifier",
+        "TableIdentifier",
+        "Literal",
+        "Function",
+        "Asterisk",
+        "QualifiedAsterisk",
+        "ColumnsRegexpMatcher",
+        "ColumnsListMatcher",
+        "QualifiedColumnsRegexpMatcher",
+        "QualifiedColumnsListMatcher",
+        "ColumnsTransformerList",
+        "ColumnsExceptTransformer",
+        "TablesInSelectQuery",
+        "TablesInSelectQueryElement",
+        "TableExpression",
+        "TableJoin",
+        "ArrayJoin",
+        "Subquery",
+        "WithElement",
+        "OrderByElement",
+        "InterpolateElement",
+        "WindowDefinition",
+        "WindowListElement",
+        "SampleRatio",
+    }
+)
+
+#: table functions that make rows out of their arguments alone (``view`` wraps a
+#: subquery, which is checked like any other)
+TABLE_FUNCTIONS: Final = frozenset(
+    {
+        "numbers",
+        "numbers_mt",
+        "zeros",
+        "zeros_mt",
+        "values",
+        "generate_series",
+        "generateSeries",
+        "primes",
+        "null",
+        "view",
+    }
+)
+
+#: the engine's function categories (system.functions.categories) that compute on the
+#: values they are given; 'Other', 'Internal', 'Introspection', 'Dictionary', 'AI',
+#: 'Machine Learning', uncategorised names... are not among them
+FUNCTION_CATEGORIES: Final = frozenset(
+    {
+        "Aggregate Functions",
+        "Arithmetic",
+        "Arrays",
+        "Bit",
+        "Bitmap",
+        "Comparison",
+        "Conditional",
+        "Dates and Times",
+        "Distance",
+        "Encoding",
+        "Financial",
+        "Geo",
+        "Geo Polygon",
+        "Hash",
+        "IP Address",
+        "JSON",
+        "Logical",
+        "Map",
+        "Mathematical",
+        "Null",
+        "Random Number",
+        "Rounding",
+        "String",
+        "String Replacement",
+        "String Search",
+        "String Splitting",
+        "Time Window",
+        "Tuple",
+        "Type Conversion",
+        "URL",
+        "UUID",
+    }
+)
+
+#: reviewed names outside those categories: syntax the parser writes as functions
+#: (lambda, EXISTS, GROUPING, CASE x WHEN, ::, count(DISTINCT)) and value-only helpers
+EXTRA_FUNCTIONS: Final = frozenset(
+    {
+        "lambda",
+        "exists",
+        "grouping",
+        "caseWithExpression",
+        "_CAST",
+        "countDistinct",
+        "materialize",
+        "identity",
+        "ignore",
+        "toTypeName",
+        "toColumnTypeName",
+        "transform",
+        "bar",
+        "finalizeAggregation",
+        "runningDifference",
+        "runningDifferenceStartingWithFirstValue",
+        "neighbor",
+        "formatReadableSize",
+        "formatReadableDecimalSize",
+        "formatReadableQuantity",
+        "formatReadableTimeDelta",
+        "parseReadableSize",
+        "parseReadableSizeOrNull",
+        "parseReadableSizeOrZero",
+        "parseTimeDelta",
+        "currentDatabase",
+        "version",
+    }
+)
+
+#: the output format clickhouse-connect appends to every query it sends
+CLIENT_FORMAT: Final = "Native"
+
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LINE: Final = re.compile(r"(?P<indent> *)(?P<kind>[A-Za-z][A-Za-z ]*?)(?: (?P<rest>.*?))?")
+_CHILDREN: Final = re.compile(r" ?\(children (\d+)\)$")
+_ALIAS: Final = re.compile(r" \(alias [^)]*\)$")
+#: ClickHouse's READONLY error code: the engine's read-only mode refused the statement
+READONLY_CODE: Final = 164
+
+
+@dataclass
+class Node:
+    """One node of an EXPLAIN AST tree."""
+
+    kind: str
+    name: str
+    declared: int
+    children: list[Node] = field(default_factory=list)
+
+
+def parse_tree(lines: list[str]) -> Node:
+    """The tree of EXPLAIN AST's text lines; QueryRefused when it does not read back exactly."""
+    stack: list[tuple[int, Node]] = []
+    root: Node | None = None
+    for line in lines:
+        text = line.rstrip("\n")
+        declared = 0
+        counted = _CHILDREN.search(text)
+        if counted:
+            declared = int(counted.group(1))
+            text = text[: counted.start()]
+        text = _ALIAS.sub("", text)
+        match = _LINE.fullmatch(text)
+        if match is None:
+            raise _unreadable()
+        depth = len(match.group("indent"))
+        node = Node(match.group("kind").strip(), (match.group("rest") or "").strip(), declared)
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        if not stack:
+            if root is not None or depth != 0:
+                raise _unreadable()
+            root = node
+        elif depth != stack[-1][0] + 1:
+            raise _unreadable()
+        else:
+            stack[-1][1].children.append(node)
+        stack.append((depth, node))
+    if root is None:
+        raise _unreadable()
+    _check_counts(root)
+    return root
+
+
+def _check_counts(node: Node) -> None:
+    if len(node.children) != node.declared:
+        raise _unreadable()
+    for child in node.children:
+        _check_counts(child)
+
+
+def _unreadable() -> QueryRefused:
+    return QueryRefused(
+        "the query's syntax tree does not read back exactly (a quoted name with a line "
+        "break?): refused",
+        reason="unreadable",
+    )
+
+
+class FunctionCatalog:
+    """Which function names the guard allows, from the engine's own system.functions."""
+
+    def __init__(
+        self,
+        functions: list[tuple[str, str, str, int, int]],
+        combinators: list[str],
+    ) -> None:
+        # name -> (alias_to, categories, is_aggregate); case-insensitive names also lower()
+        self._exact: dict[str, tuple[str, frozenset[str], bool]] = {}
+        self._folded: dict[str, tuple[str, frozenset[str], bool]] = {}
+        for name, alias_to, categories, case_insensitive, is_aggregate in functions:
+            entry = (
+                alias_to,
+                frozenset(c.strip() for c in categories.split(",") if c.strip()),
+                bool(is_aggregate),
+            )
+            self._exact[name] = entry
+            if case_insensitive:
+                self._folded[name.lower()] = entry
+        # longest first: "SimpleState" before "State"
+        self._combinators = sorted(combinators, key=len, reverse=True)
+
+    @classmethod
+    def load(cls, client: Client) -> FunctionCatalog:
+        try:
+            functions = client.query(
+                "SELECT name, alias_to, categories, case_insensitive, is_aggregate "
+                "FROM system.functions"
+            ).result_rows
+            combinators = client.query(
+                "SELECT name FROM system.aggregate_function_combinators"
+            ).result_rows
+        except Exception as exc:  # a server without categories cannot be vetted
+            raise translate(exc, "reading the engine's function catalog for /sql") from exc
+        return cls([tuple(row) for row in functions], [row[0] for row in combinators])  # type: ignore[misc]
+
+    def _entry(self, name: str) -> tuple[str, frozenset[str], bool] | None:
+        return self._exact.get(name) or self._folded.get(name.lower())
+
+    def _resolved(self, name: str) -> tuple[str, frozenset[str], bool] | None:
+        entry = self._entry(name)
+        for _ in range(4):  # alias -> its function (aliases name functions, not aliases)
+            if entry is None or not entry[0]:
+                return entry
+            entry = self._entry(entry[0])
+        return None
+
+    def allows(self, name: str) -> bool:
+        if name in EXTRA_FUNCTIONS:
+            return True
+        entry = self._resolved(name)
+        if entry is not None:
+            return bool(entry[1]) and entry[1] <= FUNCTION_CATEGORIES
+        return self._combined_aggregate(name)
+
+    def _combined_aggregate(self, name: str) -> bool:
+        """``sumIf``, ``uniqExactState``, ``sumArrayIf``...: an allowed aggregate + combinators."""
+        for suffix in self._combinators:
+            if len(name) > len(suffix) and name.endswith(suffix):
+                base = name[: -len(suffix)]
+                entry = self._resolved(base)
+                if entry is not None:
+                    if entry[2] and entry[1] <= FUNCTION_CATEGORIES and entry[1]:
+                        return True
+                elif self._combined_aggregate(base):
+                    return True
+        return False
+
+
+class QueryGuard:
+    """Vets and runs analyst queries on a client opened with ``readonly=1``."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._catalog: FunctionCatalog | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def catalog(self) -> FunctionCatalog:
+        with self._lock:
+            if self._catalog is None:
+                self._catalog = FunctionCatalog.load(self.client)
+            return self._catalog
+
+    def vet(self, sql: Any) -> str:
+        """The one statement of ``sql`` once the parser's tree passes; QueryRefused if not.
+
+        Raises SinkRejected for a statement the engine cannot parse (the analyst's error).
+        """
+        if not isinstance(sql, str):
+            raise QueryRefused('"sql" must be a string', reason="bad_request")
+        statements = split_statements(sql)
+        if not statements:
+            raise QueryRefused("no statement in the request", reason="empty")
+        if len(statements) > 1:
+            raise QueryRefused(
+                f"{len(statements)} statements in one request: send one query at a time",
+                reason="multiple_statements",
+            )
+        statement = statements[0]
+        try:
+            lines = [row[0] for row in self.client.query(f"EXPLAIN AST {statement}").result_rows]
+        except Exception as exc:
+            raise _refused_by_engine(exc, "parsing the query") from exc
+        tree = parse_tree(lines)
+        _check_statement(tree, statement)
+        _check_nodes(tree, None, self.catalog)
+        return statement
+
+    def run(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Vet ``sql`` and run it read-only: (column names, rows)."""
+        statement = self.vet(sql)
+        try:
+            return run_query(self.client, statement)
+        except SinkError as exc:
+            raise _refused_by_engine(exc.__cause__ or exc, "running the query") from exc
+
+
+def _refused_by_engine(exc: BaseException, doing: str) -> SinkError:
+    """QueryRefused when the engine's read-only mode refused, else the usual sink error."""
+    if getattr(exc, "code", None) == READONLY_CODE:
+        return QueryRefused(
+            f"refused by the engine's read-only mode ({_first_line(exc)}): /sql runs "
+            "plain queries without SETTINGS",
+            reason="read_only",
+        )
+    return translate(exc, doing)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _check_statement(tree: Node, statement: str) -> None:
+    if tree.kind not in STATEMENTS:
+        keyword = statement.split(None, 1)[0].upper() if statement.split() else tree.kind
+        raise QueryRefused(
+            f"{keyword} statements are refused: /sql runs SELECT (WITH ..., UNION ...), "
+            "DESCRIBE and SHOW TABLES only, read-only",
+            reason="statement",
+        )
+    if tree.kind != "SelectWithUnionQuery":
+        return
+    # the query's own clauses hang from the top node: its body first, then, when
+    # present, INTO OUTFILE (a literal), SETTINGS and FORMAT (an identifier)
+    for child in tree.children[1:]:
+        if child.kind == "Literal":
+            raise QueryRefused("INTO OUTFILE is refused: /sql returns rows", reason="into_outfile")
+        if child.kind == "Identifier" and child.name != CLIENT_FORMAT:
+            raise QueryRefused(
+                f"FORMAT {child.name} is refused: /sql returns JSON", reason="format"
+            )
+
+
+def _check_nodes(node: Node, parent: Node | None, catalog: FunctionCatalog) -> None:
+    if node.kind == "Set":
+        raise QueryRefused("SETTINGS clauses are refused in /sql", reason="settings")
+    if node.kind not in NODE_KINDS:
+        raise QueryRefused(
+            f"the query holds a {node.kind} node, which /sql does not allow",
+            reason="syntax",
+        )
+    if node.kind == "Function":
+        name = node.name
+        if _NAME.fullmatch(name) is None:
+            raise _unreadable()
+        if parent is not None and parent.kind == "TableExpression":
+            if name not in TABLE_FUNCTIONS:
+                raise QueryRefused(
+                    f"table function {name}() is refused: /sql reads the store's tables "
+                    f"only (allowed: {', '.join(sorted(TABLE_FUNCTIONS))})",
+                    reason="table_function",
+                )
+        elif not catalog.allows(name):
+            raise QueryRefused(
+                f"function {name}() is refused: /sql allows functions that compute on "
+                "values (no files, hosts, processes, dictionaries or server internals)",
+                reason="function",
+            )
+    for child in node.children:
+        _check_nodes(child, node, catalog)
