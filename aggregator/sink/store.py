@@ -82,6 +82,7 @@ def open_client(
     if path is not None:
         return _open_chdb(path, database, settings)
     parsed = urlparse(dsn)
+    options = _server_options(dsn, access or DEFAULT_ACCESS)  # ConfigError as it is
     try:
         # the DSN's scheme is not used by clickhouse-connect 1.12 to pick TLS
         # (only the port or interface is), so pass it as the interface
@@ -91,7 +92,7 @@ def open_client(
             database=database,
             tz_mode="aware",
             settings=settings or None,
-            **_server_options(dsn, access or DEFAULT_ACCESS),
+            **options,
         )
     except Exception as exc:
         raise translate(exc, f"connecting to {_redact(dsn)}") from exc
