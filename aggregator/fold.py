@@ -27,10 +27,13 @@ from schemas.periods import (
 )
 from schemas.usage import billed_tokens
 
-#: how many periods a counter keeps (newest first); older late events open a fresh entry
+#: how many periods a counter keeps in memory (newest first); a late event older than
+#: those counts in a fresh entry that is dropped at once. The exact history of every
+#: period is ClickHouse's (each priced event carries its counts: budget_history)
 KEPT_PERIODS: Final = 4
 OK, ALERT, EXCEEDED = "ok", "alert", "exceeded"
-_COUNTED_OUTCOMES: Final = frozenset({"allowed", "failed_open"})
+#: the outcomes that count as a request in every budget (others only with count_denied)
+COUNTED_OUTCOMES: Final = frozenset({"allowed", "failed_open"})
 
 
 @dataclass(slots=True)
@@ -95,7 +98,7 @@ class Change(NamedTuple):
 
 
 def counts_request(budget: Budget, outcome: str) -> bool:
-    return outcome in _COUNTED_OUTCOMES or budget.count_denied
+    return outcome in COUNTED_OUTCOMES or budget.count_denied
 
 
 def apply(
@@ -107,11 +110,12 @@ def apply(
     offset: int,
     occurred_us: int | None = None,
     tokens: int | None = None,
+    period: str | None = None,
 ) -> Change | None:
     """Add ``event`` to ``state`` in place; None when the fence says it was applied already.
 
-    ``occurred_us`` and ``tokens`` may be passed when the caller already computed them
-    for the event (they are the same for every counter the event counts in).
+    ``occurred_us``, ``tokens`` and ``period`` (:func:`period_of`) may be passed when the
+    caller already computed them for the event.
     """
     fence = state.fence
     if fence.get(partition, -1) >= offset:
@@ -120,13 +124,7 @@ def apply(
     if occurred_us is None:
         occurred_us = to_micros(event["occurred_at"])
     window = budget.window
-    # every calendar period starts on a UTC hour: the key is cached per window and hour
-    cache_key = (window.kind, window.rolling_us, occurred_us // _HOUR_US)
-    key = _PERIOD_KEYS.get(cache_key)
-    if key is None:
-        if len(_PERIOD_KEYS) > 100_000:
-            _PERIOD_KEYS.clear()
-        key = _PERIOD_KEYS[cache_key] = period_key(window, event["occurred_at"])
+    key = period if period is not None else period_of(window, occurred_us, event["occurred_at"])
     periods = state.periods
     totals = periods.get(key)
     if totals is None:
@@ -136,7 +134,7 @@ def apply(
                 del periods[old]
     if tokens is None:
         tokens = billed_tokens(event)
-    requests = 1 if event["outcome"] in _COUNTED_OUTCOMES or budget.count_denied else 0
+    requests = 1 if event["outcome"] in COUNTED_OUTCOMES or budget.count_denied else 0
     if window.kind == "rolling":
         _add_rolling(totals, window, occurred_us, cost_nanos, tokens, requests)
     else:
@@ -159,6 +157,18 @@ def apply(
     crossed = tuple(t for t in budget.alert_at if t not in totals.alerted and ratio >= t)
     totals.alerted.extend(crossed)
     return _change(Change, (key, current, crossed))
+
+
+def period_of(window: Window, occurred_us: int, occurred_at: datetime) -> str:
+    """``period_key(window, occurred_at)``, cached: every calendar period starts on a UTC
+    hour, so the key is cached per window and hour."""
+    cache_key = (window.kind, window.rolling_us, occurred_us // _HOUR_US)
+    key = _PERIOD_KEYS.get(cache_key)
+    if key is None:
+        if len(_PERIOD_KEYS) > 100_000:
+            _PERIOD_KEYS.clear()
+        key = _PERIOD_KEYS[cache_key] = period_key(window, occurred_at)
+    return key
 
 
 def _add_rolling(

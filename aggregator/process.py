@@ -20,14 +20,22 @@ The dedupe entry is written in the same batch as the counters it protects.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from aggregator.decode import read_usage_event
-from aggregator.fold import CounterState, alert_record, apply, unpriced_alert
-from aggregator.priced import PricedWriter
+from aggregator.fold import (
+    COUNTED_OUTCOMES,
+    CounterState,
+    alert_record,
+    apply,
+    period_of,
+    unpriced_alert,
+)
+from aggregator.priced import CountCache, CountEntry, PricedWriter, counts_bytes
 from aggregator.reference import Reference
 from aggregator.verdict_codec import encode_verdict
 from schemas.budgets import Budget, applicable
@@ -44,8 +52,10 @@ from schemas.usage import billed_tokens, validate_usage_event
 #: Counter readers may return a CounterState (a live object, updated in place) or its JSON.
 StateReader = Callable[[int, str], Any]
 
-#: the (budget, counter key, scope values) an event counts in
-Applicable = list[tuple[Budget, str, tuple[str, ...]]]
+#: an hour in µs: every calendar period starts on a UTC hour
+_HOUR_US = 3_600_000_000
+#: the (budget, counter key, scope values, rolling bucket width in µs or 0) an event counts in
+Applicable = list[tuple[Budget, str, tuple[str, ...], int]]
 
 
 class SourceRecord(Protocol):
@@ -130,6 +140,16 @@ class BatchOutput:
         return {key: c.encode(key, self.now) for key, c in self.verdict_changes.items()}
 
 
+class EventCounts:
+    """What every event of one applicable set, time grain and request flag counts in: the
+    period of each counter (in ``Applicable`` order) and the PricedUsage ``counts``."""
+
+    def __init__(self, periods: list[str], entries: list[CountEntry]) -> None:
+        self.periods = periods
+        self.entries = entries
+        self.data = counts_bytes(entries)
+
+
 class ApplicableCache:
     """``schemas.budgets.applicable`` memoised on the attributes the budgets read.
 
@@ -146,10 +166,19 @@ class ApplicableCache:
         self._tags: tuple[str, ...] = ()
         self._groups = False
         self._cache: dict[tuple[Any, ...], Applicable] = {}
+        #: (id of an Applicable of ``_cache``, occurred µs // grain, counted) -> its counts;
+        #: cleared with ``_cache``, so an id always names a live list
+        self.counts: dict[tuple[int, int, bool], EventCounts] = {}
+        #: the time within which every period key and rolling bucket stays the same
+        self.grain_us = _HOUR_US
 
     def reset(self, budgets: Sequence[Budget]) -> None:
         self._budgets = budgets
         self._cache.clear()
+        self.counts.clear()
+        self.grain_us = math.gcd(
+            _HOUR_US, *[b.window.bucket_us for b in budgets if b.window.kind == "rolling"]
+        )
         read: set[str] = {"org_id"}
         for budget in budgets:
             read.update(budget.match)
@@ -171,7 +200,11 @@ class ApplicableCache:
         if found is None:
             if len(self._cache) >= self.limit:
                 self._cache.clear()
-            found = self._cache[signature] = applicable(self._budgets, event)
+                self.counts.clear()
+            found = self._cache[signature] = [
+                (b, key, values, b.window.bucket_us if b.window.kind == "rolling" else 0)
+                for b, key, values in applicable(self._budgets, event)
+            ]
         return found
 
 
@@ -200,6 +233,7 @@ class BatchProcessor:
         self.max_future_skew_us = int(max_future_skew_seconds * 1_000_000)
         self._budgets_version = -1
         self._applicable = ApplicableCache()
+        self._counts = CountCache()
 
     def forget(self) -> None:
         """Partitions moved. Nothing of a partition's state is cached here (readers own it)."""
@@ -208,6 +242,7 @@ class BatchProcessor:
         if self._budgets_version != self.reference.version:
             budgets = sorted(self.reference.budgets.values(), key=lambda b: b.budget_id)
             self._applicable.reset(budgets)
+            self._counts.reset()
             self._budgets_version = self.reference.version
 
     def process(
@@ -231,6 +266,8 @@ class BatchProcessor:
         verdict_changes = out.verdict_changes
         priced_out = out.priced
         write_priced = PricedWriter(now).write
+        event_counts = self._applicable.counts
+        grain_us = self._applicable.grain_us
         events = duplicates = redelivered = dead_letters = unpriced = charged = 0
         cost_nanos = 0
         for record in records:
@@ -286,7 +323,23 @@ class BatchProcessor:
             charged += 1
             cost_nanos += cost
             tokens = billed_tokens(event)
-            for budget, key, scope_values in lookup(event):
+            counted = event["outcome"] in COUNTED_OUTCOMES
+            found = lookup(event)
+            # every counter the event counts in travels with its priced record, so the
+            # sink stores the exact budget history once per event (infra/clickhouse);
+            # the periods and those bytes are the same for a whole grain of time
+            where = (id(found), occurred_us // grain_us, counted)
+            counts = event_counts.get(where)
+            if counts is None:
+                counts = self._event_counts(found, occurred_us, event["occurred_at"], counted)
+                if len(event_counts) >= 100_000:
+                    event_counts.clear()
+                event_counts[where] = counts
+            periods = counts.periods
+            n = 0
+            for budget, key, scope_values, _ in found:
+                period = periods[n]
+                n += 1
                 state = states.get(key)
                 if state is None:
                     raw = counters(partition, key)
@@ -298,7 +351,9 @@ class BatchProcessor:
                         state = CounterState.from_json(raw)
                     states[key] = state
                     out.counter_states[(partition, key)] = state
-                change = apply(state, budget, event, cost, partition, offset, occurred_us, tokens)
+                change = apply(
+                    state, budget, event, cost, partition, offset, occurred_us, tokens, period
+                )
                 # a fenced (re-delivered) record still re-sends the verdict: the crash
                 # that caused the re-delivery may have come before the verdict left
                 if change is None:
@@ -321,6 +376,8 @@ class BatchProcessor:
                 price.unpriced,
                 partition,
                 offset,
+                counts.entries,
+                counts.data,
             )
             if priced is None:
                 priced = PRICED_USAGE.encode(
@@ -333,6 +390,7 @@ class BatchProcessor:
                         "source_partition": partition,
                         "source_offset": offset,
                         "priced_at": now,
+                        "counts": [c.record for c in counts.entries],
                     }
                 )
             priced_out.append((partition, event["org_id"].encode(), priced))
@@ -354,6 +412,26 @@ class BatchProcessor:
             f"{self.max_future_skew_us / 1_000_000:g} s are allowed (max_future_skew_seconds)"
         )
         return self._dead_letter(record, ContractError(detail, reason=FUTURE_EVENT), now)
+
+    def _event_counts(
+        self, found: Applicable, occurred_us: int, occurred_at: datetime, counted: bool
+    ) -> EventCounts:
+        periods: list[str] = []
+        entries: list[CountEntry] = []
+        for budget, key, scope_values, width in found:
+            period = period_of(budget.window, occurred_us, occurred_at)
+            periods.append(period)
+            entries.append(
+                self._counts.get(
+                    budget,
+                    key,
+                    scope_values,
+                    period,
+                    occurred_us // width if width else 0,
+                    1 if counted or budget.count_denied else 0,
+                )
+            )
+        return EventCounts(periods, entries)
 
     def _dead_letter(self, record: SourceRecord, exc: ContractError, now: datetime) -> bytes:
         return DEAD_LETTER.encode(

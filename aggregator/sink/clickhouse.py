@@ -97,6 +97,28 @@ USAGE_COLUMNS: Final = (
     ("source_partition", "Int32"),
     ("source_offset", "Int64"),
     ("priced_at", "DateTime64(6, 'UTC')"),
+    # the counters the event counts in (PricedUsage.counts, ddl/005_budget_history.sql)
+    (
+        "counts",
+        "Array(Tuple(counter_key String, budget_id String, scope_values Array(String), "
+        "window String, period String, bucket Int64, requests UInt8, "
+        "limit_nanos Nullable(Int64), limit_tokens Nullable(Int64), "
+        "limit_requests Nullable(Int64), alert_at Array(Float64)))",
+    ),
+)
+#: the fields of one ``counts`` item, in the column's tuple order
+COUNT_FIELDS: Final = (
+    "counter_key",
+    "budget_id",
+    "scope_values",
+    "window",
+    "period",
+    "bucket",
+    "requests",
+    "limit_nanos",
+    "limit_tokens",
+    "limit_requests",
+    "alert_at",
 )
 USAGE_COLUMN_NAMES: Final = tuple(name for name, _ in USAGE_COLUMNS)
 USAGE_COLUMN_TYPES: Final = tuple(kind for _, kind in USAGE_COLUMNS)
@@ -161,7 +183,10 @@ _EVENT_HEAD: Final = itemgetter(*USAGE_COLUMN_NAMES[: USAGE_COLUMN_NAMES.index("
 _EVENT_TAIL: Final = itemgetter(
     *USAGE_COLUMN_NAMES[USAGE_COLUMN_NAMES.index("tags") : USAGE_COLUMN_NAMES.index("cost_nanos")]
 )
-_PRICING: Final = itemgetter(*USAGE_COLUMN_NAMES[USAGE_COLUMN_NAMES.index("cost_nanos") :])
+_PRICING: Final = itemgetter(
+    *USAGE_COLUMN_NAMES[USAGE_COLUMN_NAMES.index("cost_nanos") : USAGE_COLUMN_NAMES.index("counts")]
+)
+_COUNT: Final = itemgetter(*COUNT_FIELDS)
 
 
 def rows_from_priced(records: Iterable[Record]) -> list[Row]:
@@ -188,6 +213,7 @@ def rows_from_priced(records: Iterable[Record]) -> list[Row]:
                 None if session is None else _SESSION(session),
                 *_EVENT_TAIL(ev),
                 *_PRICING(rec),
+                [_COUNT(count) for count in rec.get("counts") or ()],
             )
         )
     return rows

@@ -67,6 +67,21 @@ FIXTURES = {
         "source_partition": 3,
         "source_offset": 42,
         "priced_at": NOW,
+        "counts": [
+            {
+                "counter_key": "12:acme-monthly,4:acme,",
+                "budget_id": "acme-monthly",
+                "scope_values": ["acme"],
+                "window": "month",
+                "period": "m:2026-11",
+                "bucket": 0,
+                "requests": 1,
+                "limit_nanos": 500_000_000_000,
+                "limit_tokens": None,
+                "limit_requests": None,
+                "alert_at": [0.8, 1.0],
+            }
+        ],
     },
     "BudgetPolicy": {
         "budget_id": "acme-monthly",

@@ -1,0 +1,290 @@
+"""Budget history and alerts in ClickHouse, exact however events arrive (issue 17).
+
+The fold (BatchProcessor) and the sink (ClickHouseSink) on the real embedded engine; no
+broker: the property below folds random arrival orders, duplicates, re-deliveries and
+future-dated events and compares ``budget_history`` and ``alerts`` with a brute-force
+recomputation (tests/budget_oracle.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from budget_oracle import (
+    alert_ids,
+    comparable,
+    counted_events,
+    history,
+    stored_alerts,
+    stored_history,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggregator.priced import CountEntry, PricedWriter
+from aggregator.process import BatchProcessor, RawRecord
+from aggregator.reference import Reference
+from aggregator.sink import ClickHouseSink, apply_schema, open_client
+from schemas.budgets import budgets_from_yaml
+from schemas.codec import PRICED_USAGE, USAGE_EVENT, priced_usage_from_raw
+from schemas.periods import MAX_FUTURE_SKEW_SECONDS
+from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.usage import new_usage_event
+
+README = Path(__file__).resolve().parents[2] / "infra" / "clickhouse" / "README.md"
+PRICES = price_table_from_yaml(
+    yaml.safe_load(
+        """
+version: "h-1"
+effective_from: "2026-01-01T00:00:00Z"
+models:
+  - {match: claude-sonnet-4, input_per_mtok: "3.00", output_per_mtok: "15.00"}
+  - {match: gpt-4o-mini, input_per_mtok: "0.15", output_per_mtok: "0.60"}
+"""
+    ),
+    source="test",
+)
+BUDGETS = budgets_from_yaml(
+    yaml.safe_load(
+        """
+- {id: org-day, scope: org, window: day, limit_tokens: 40000, alert_at: [0.5, 1.0]}
+- {id: secret-week, scope: secret, window: week, limit_usd: "0.2", alert_at: [0.25, 0.5, 0.75, 1.0]}
+- {id: org-month, scope: org, window: month, limit_usd: "0.5", alert_at: [0.8, 1.0]}
+- {id: org-total, scope: org, window: total, limit_requests: 30, alert_at: [0.5], count_denied: true}
+- {id: org-rolling, scope: org, window: "rolling:2h", limit_usd: "0.05", alert_at: [0.5, 1.0]}
+"""
+    )
+)
+T0 = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)
+#: the worker's clock: after every honest event (three weeks after T0)
+NOW = T0 + timedelta(days=21)
+SKEW = timedelta(seconds=MAX_FUTURE_SKEW_SECONDS)
+_databases = itertools.count()
+
+
+def price_book() -> PriceBook:
+    return PriceBook(PRICES if isinstance(PRICES, list) else [PRICES])
+
+
+def reference() -> Reference:
+    ref = Reference()
+    ref.prices = price_book()
+    ref.budgets = {b.budget_id: b for b in BUDGETS}
+    return ref
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    dsn = f"chdb://{tmp_path_factory.mktemp('history')}/data"
+    admin = open_client(dsn)
+    yield dsn
+    admin.close()
+
+
+def fresh_database(engine: str) -> Any:
+    admin = open_client(engine)
+    name = f"h{next(_databases)}"
+    admin.command(f"CREATE DATABASE {name}")
+    admin.close()
+    client = open_client(engine, database=name)
+    apply_schema(client)
+    return client
+
+
+class Worker:
+    """The fold's two tables per partition and a sink, as the counting stage and the sink
+    agents keep them (values written back after each batch)."""
+
+    def __init__(self, client: Any) -> None:
+        self.counters: dict[tuple[int, str], Any] = {}
+        self.seen: dict[tuple[int, str], Any] = {}
+        self.processor = BatchProcessor(reference(), source_topic="usage.raw")
+        self.sink = ClickHouseSink(client)
+
+    def fold(self, batch: list[RawRecord]) -> Any:
+        out = self.processor.process(
+            batch,
+            lambda p, k: self.counters.get((p, k)),
+            lambda p, k: self.seen.get((p, k)),
+            now=NOW,
+        )
+        self.counters.update(out.counter_writes)
+        self.seen.update(out.seen_writes)
+        self.sink.write([PRICED_USAGE.decode(value) for _, _, value in out.priced])
+        return out
+
+
+def usage(i: int, org: str, secret: str, minutes: int, model: str, **over: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = dict(
+        event_id=f"ev-{i}",
+        provider="anthropic",
+        api="anthropic-messages",
+        model=model,
+        secret_id=secret,
+        org_id=org,
+        gateway_id="gw",
+        input_tokens=1000 + 37 * i,
+        output_tokens=100 + 11 * i,
+        occurred_at=T0 + timedelta(minutes=minutes),
+    )
+    fields.update(over)
+    return new_usage_event(**fields)
+
+
+EVENT = st.tuples(
+    st.integers(0, 60),  # event id: a repeat is a duplicate publish of the same payload
+    st.sampled_from(["acme", "globex"]),
+    st.sampled_from(["sk-a", "sk-b"]),
+    st.integers(0, 60 * 24 * 20),  # minutes after T0: days, weeks, a month boundary
+    st.sampled_from(["claude-sonnet-4-5", "gpt-4o-mini", "mystery-model-1"]),
+    st.sampled_from(["allowed", "allowed", "allowed", "refused"]),
+    st.booleans() | st.just(False),  # from the future (weighted towards honest events)
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(EVENT, min_size=1, max_size=70), st.integers(1, 9), st.data())
+def test_history_and_alerts_equal_a_brute_force_recomputation(
+    engine: str, raw: list[Any], batch_size: int, data: st.DataObject
+) -> None:
+    payloads: dict[int, dict[str, Any]] = {}
+    for i, org, secret, minutes, model, outcome, future in raw:
+        if i in payloads:
+            continue  # the same id always carries the same payload
+        when = (
+            {"occurred_at": NOW + SKEW + timedelta(minutes=minutes + 1)}
+            if future
+            else {"minutes": minutes}
+        )
+        fields = (
+            {"outcome": outcome, "input_tokens": 0, "output_tokens": 0}
+            if outcome != "allowed"
+            else {}
+        )
+        if outcome != "allowed":
+            fields.update(decision="budget_exceeded", status_code=402)
+        minutes_arg = when.pop("minutes", 0)
+        payloads[i] = usage(i, org, secret, minutes_arg, model, **when, **fields)
+    publishes = [payloads[i] for i, *_ in raw]
+    order = data.draw(st.permutations(range(len(publishes))))
+    published = [publishes[n] for n in order]
+    # usage.raw is keyed by org: one partition per org, offsets in publish order
+    offsets = {"acme": 0, "globex": 0}
+    records = []
+    for e in published:
+        partition = 0 if e["org_id"] == "acme" else 1
+        records.append(RawRecord(partition, offsets[e["org_id"]], b"", USAGE_EVENT.encode(e)))
+        offsets[e["org_id"]] += 1
+    client = fresh_database(engine)
+    try:
+        worker = Worker(client)
+        for start in range(0, len(records), batch_size):
+            chunk = records[start : start + batch_size]
+            worker.fold(chunk)
+            if data.draw(st.booleans()):  # a crash before the commit: delivered again
+                if data.draw(st.booleans()):
+                    worker.processor = BatchProcessor(reference(), source_topic="usage.raw")
+                worker.fold(chunk)
+        counted = counted_events([(e, NOW) for e in published], SKEW)
+        expected = history(counted, BUDGETS, price_book())
+        assert comparable(stored_history(client)) == comparable(expected)
+        alerts = stored_alerts(client)
+        assert len(alerts) == len(set(alerts))  # each alert once
+        assert set(alerts) == alert_ids(expected, counted, price_book())
+    finally:
+        client.close()
+
+
+def test_late_events_beyond_the_periods_in_memory_are_exact(engine: str) -> None:
+    """A daily budget folded newest day first: the fold keeps 4 periods, ClickHouse all."""
+    client = fresh_database(engine)
+    try:
+        worker = Worker(client)
+        events = [
+            usage(i, "acme", "sk-a", 60 * 24 * (19 - i), "claude-sonnet-4-5") for i in range(20)
+        ]
+        worker.fold([RawRecord(0, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(events)])
+        stored = stored_history(client)
+        days = {period for key, period in stored if period.startswith("d:")}
+        assert len(days) == 20
+        assert comparable(stored) == comparable(history(events, BUDGETS, price_book()))
+    finally:
+        client.close()
+
+
+def test_the_documented_query_reads_budget_x_scope_y_november(engine: str) -> None:
+    """The analyst's query of infra/clickhouse/README.md, as written there."""
+    text = README.read_text()
+    block = re.search(r"### Budget X, scope Y, November.*?```sql\n(.*?)```", text, re.S)
+    assert block is not None, "the README lost its budget-history query"
+    client = fresh_database(engine)
+    try:
+        worker = Worker(client)
+        events = [
+            usage(i, "acme", "sk-a", 60 * 24 * d, "claude-sonnet-4-5")
+            for i, d in enumerate([1, 3, 9, 10, 12])  # Nov 21 ... Dec 2
+        ]
+        worker.fold([RawRecord(0, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(events)])
+        result = client.query(
+            block.group(1),
+            parameters={"budget": "org-month", "scope": ["acme"], "period": "m:2026-11"},
+        )
+        assert result.column_names[:4] == (
+            "spent_nanos",
+            "spent_usd",
+            "spent_tokens",
+            "spent_requests",
+        )
+        (row,) = result.result_rows
+        november = [e for e in events if e["occurred_at"].month == 11]
+        expected = history(november, BUDGETS, price_book())[("9:org-month,4:acme,", "m:2026-11")]
+        assert row[0] == expected.spent_nanos and row[2] == expected.spent_tokens
+        assert row[3] == len(november) and row[4] == expected.state
+    finally:
+        client.close()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(BUDGETS),
+            st.text(min_size=1, max_size=12),
+            st.lists(st.text(max_size=8), max_size=3),
+            st.integers(-(2**40), 2**40),
+            st.integers(0, 1),
+        ),
+        max_size=5,
+    ),
+    st.integers(0, 2**62),
+)
+def test_priced_bytes_with_counts_equal_the_codec(entries: list[Any], offset: int) -> None:
+    raw = USAGE_EVENT.encode(usage(1, "acme", "sk-a", 0, "claude-sonnet-4-5"))
+    counts = [
+        CountEntry(budget, key, tuple(values), "m:2026-11", bucket, requests)
+        for budget, key, values, bucket, requests in entries
+    ]
+    mine = PricedWriter(T0).write(raw, 5, "h-1", "claude-sonnet-4", False, 2, offset, counts)
+    tail = {
+        "cost_nanos": 5,
+        "price_version": "h-1",
+        "price_match": "claude-sonnet-4",
+        "unpriced": False,
+        "source_partition": 2,
+        "source_offset": offset,
+        "priced_at": T0,
+        "counts": [c.record for c in counts],
+    }
+    assert mine == priced_usage_from_raw(raw, tail)
+    assert PRICED_USAGE.decode(mine)["counts"] == [c.record for c in counts]  # type: ignore[arg-type]

@@ -1,0 +1,184 @@
+"""The budget history and alerts a ledger must give, by brute force (issue 17).
+
+Written apart from the fold on purpose: no counter state, no fences, no eviction, no
+arrival order. It takes the distinct events that count (each event id once, none from
+the future) and sums them per (counter, period) from the budgets' definitions; rolling
+windows by bucket, their spend the newest 48 buckets, a threshold crossed when any 48
+consecutive buckets reached it. Only which counters an event belongs to comes from the
+contract (``schemas.budgets.applicable``), as both the fold and the enforcer use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from schemas.budgets import Budget, applicable
+from schemas.periods import ROLLING_BUCKETS, period_key, to_micros
+from schemas.pricing import PriceBook
+
+COUNTED = ("allowed", "failed_open")
+
+
+@dataclass
+class Row:
+    """What ``budget_history`` must hold for one (counter, period)."""
+
+    budget_id: str
+    scope_values: tuple[str, ...]
+    spent_nanos: int = 0
+    spent_tokens: int = 0
+    spent_requests: int = 0
+    events: int = 0
+    state: str = "ok"
+    thresholds: tuple[float, ...] = ()
+    #: rolling windows: bucket -> [nanos, tokens, requests]
+    buckets: dict[int, list[int]] = field(default_factory=dict)
+
+
+def counted_events(
+    events: Iterable[tuple[Mapping[str, Any], datetime]], max_skew: timedelta
+) -> list[Mapping[str, Any]]:
+    """(event, when it reached Kafka) in publish order -> the events that count: the first
+    publish of each id, unless it is more than ``max_skew`` ahead of when it reached Kafka."""
+    taken: dict[str, Mapping[str, Any]] = {}
+    for event, received in events:
+        if event["event_id"] in taken:
+            continue  # a duplicate publish of a counted event
+        if event["occurred_at"] > received + max_skew:
+            continue  # dead-lettered; its id stays free
+        taken[event["event_id"]] = event
+    return list(taken.values())
+
+
+def _ratio(budget: Budget, nanos: int, tokens: int, requests: int) -> float:
+    ratios = [0.0]
+    if budget.limit_nanos:
+        ratios.append(nanos / budget.limit_nanos)
+    if budget.limit_tokens:
+        ratios.append(tokens / budget.limit_tokens)
+    if budget.limit_requests:
+        ratios.append(requests / budget.limit_requests)
+    return max(ratios)
+
+
+def history(
+    events: Iterable[Mapping[str, Any]], budgets: Sequence[Budget], prices: PriceBook
+) -> dict[tuple[str, str], Row]:
+    """(counter key, period) -> its Row, from the events that count."""
+    rows: dict[tuple[str, str], Row] = {}
+    by_id = {b.budget_id: b for b in budgets}
+    for event in events:
+        cost = prices.price_event(event).cost_nanos
+        tokens = (
+            event["input_tokens"]
+            + event["cache_read_tokens"]
+            + event["cache_write_tokens"]
+            + event["output_tokens"]
+        )
+        for budget, key, values in applicable(budgets, event):
+            requests = 1 if event["outcome"] in COUNTED or budget.count_denied else 0
+            period = period_key(budget.window, event["occurred_at"])
+            row = rows.setdefault((key, period), Row(budget.budget_id, tuple(values)))
+            row.events += 1
+            if budget.window.kind == "rolling":
+                bucket = to_micros(event["occurred_at"]) // (budget.window.rolling_us // 48)
+                sums = row.buckets.setdefault(bucket, [0, 0, 0])
+                sums[0] += cost
+                sums[1] += tokens
+                sums[2] += requests
+            else:
+                row.spent_nanos += cost
+                row.spent_tokens += tokens
+                row.spent_requests += requests
+    for row in rows.values():
+        budget = by_id[row.budget_id]
+        peak = 0.0
+        if row.buckets:
+            for end in row.buckets:
+                window = [row.buckets.get(b, [0, 0, 0]) for b in range(end - 47, end + 1)]
+                sums = [sum(w[i] for w in window) for i in range(3)]
+                peak = max(peak, _ratio(budget, *sums))
+            newest = max(row.buckets)
+            live = [row.buckets.get(b, [0, 0, 0]) for b in range(newest - 47, newest + 1)]
+            assert len(live) == ROLLING_BUCKETS
+            row.spent_nanos, row.spent_tokens, row.spent_requests = (
+                sum(w[i] for w in live) for i in range(3)
+            )
+        ratio = _ratio(budget, row.spent_nanos, row.spent_tokens, row.spent_requests)
+        peak = max(peak, ratio)
+        if ratio >= 1:
+            row.state = "exceeded"
+        elif budget.alert_at and ratio >= min(budget.alert_at):
+            row.state = "alert"
+        row.thresholds = tuple(t for t in budget.alert_at if peak >= t)
+    return rows
+
+
+def alert_ids(
+    rows: Mapping[tuple[str, str], Row], events: Iterable[Mapping[str, Any]], prices: PriceBook
+) -> set[str]:
+    """Every alert the ledger must raise, once: thresholds crossed and unpriced models."""
+    ids = {f"{key}|{period}|{t}" for (key, period), row in rows.items() for t in row.thresholds}
+    ids |= {f"unpriced|{e['model']}" for e in events if prices.price_event(e).unpriced}
+    return ids
+
+
+# --- what ClickHouse holds -------------------------------------------------------------
+
+HISTORY_SQL = """
+SELECT counter_key, period, budget_id, scope_values, spent_nanos, spent_tokens,
+       spent_requests, events, state, thresholds_crossed
+FROM budget_history
+"""
+
+
+def stored_history(client: Any) -> dict[tuple[str, str], Row]:
+    stored: dict[tuple[str, str], Row] = {}
+    for (
+        key,
+        period,
+        budget_id,
+        values,
+        nanos,
+        tokens,
+        requests,
+        events,
+        state,
+        crossed,
+    ) in client.query(HISTORY_SQL).result_rows:
+        assert (key, period) not in stored, f"two history rows for {key} {period}"
+        stored[(key, period)] = Row(
+            budget_id,
+            tuple(values),
+            int(nanos),
+            int(tokens),
+            int(requests),
+            int(events),
+            state,
+            tuple(crossed),
+        )
+    return stored
+
+
+def stored_alerts(client: Any) -> list[str]:
+    """alert_id of every row of the ``alerts`` view (a list: a repeat must show)."""
+    return [row[0] for row in client.query("SELECT alert_id FROM alerts").result_rows]
+
+
+def comparable(rows: Mapping[tuple[str, str], Row]) -> dict[tuple[str, str], tuple[Any, ...]]:
+    return {
+        where: (
+            r.budget_id,
+            r.scope_values,
+            r.spent_nanos,
+            r.spent_tokens,
+            r.spent_requests,
+            r.events,
+            r.state,
+            r.thresholds,
+        )
+        for where, r in rows.items()
+    }
