@@ -5,8 +5,14 @@ from __future__ import annotations
 import sys
 
 import click
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 
-from schemas.errors import SpendbusError
+from schemas.errors import ConfigError, SpendbusError
 from spendbus.commands.admin import budgets, fail, prices_apply_command, sql, usage, verify
 from spendbus.commands.aggregator import aggregator
 from spendbus.commands.stack import demo, down, up
@@ -25,6 +31,7 @@ for command in (up, down, status, demo, sql, usage, verify, budgets, aggregator)
 
 def _register_optional() -> None:
     """Commands of the other rooms, each in its own module."""
+    from spendbus.commands.acls import acls
     from spendbus.commands.dlq import dlq
     from spendbus.commands.enforcer import check, enforcer
     from spendbus.commands.fake_upstream import fake_upstream
@@ -48,9 +55,18 @@ def _register_optional() -> None:
     cli.add_command(keys)
     cli.add_command(replay)
     cli.add_command(snapshot)
+    cli.add_command(acls)
 
 
 _register_optional()
+
+#: authorization errors a command may meet on a cluster with ACLs
+_KAFKA_REFUSALS = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 
 
 def main() -> None:
@@ -65,3 +81,12 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except SpendbusError as exc:
         fail(exc)
+    except _KAFKA_REFUSALS as exc:
+        # the cluster's ACLs said no: name what was refused and where the grants are
+        fail(
+            ConfigError(
+                f"Kafka refused this principal: not authorized ({type(exc).__name__}: {exc}); "
+                "the ACLs each role needs: `spendbus acls --role ROLE --principal User:NAME` "
+                "(docs/security.md)"
+            )
+        )

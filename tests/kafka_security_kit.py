@@ -13,7 +13,7 @@ from schemas.kafka import KafkaSecurity
 from spendbus.stack.kafka import LocalKafka, SaslSslListener
 
 #: the users the broker knows: one super user (the operator's admin) and one per role
-USERS = ("admin", "gw", "worker", "sidecar")
+USERS = ("admin", "gw", "worker", "sidecar", "ops")
 
 
 def _openssl(*args: str) -> None:

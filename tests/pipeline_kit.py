@@ -13,6 +13,7 @@ import yaml
 
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
@@ -42,10 +43,22 @@ def price_book() -> PriceBook:
 class Pipeline:
     """A running aggregator worker plus helpers to feed and read it."""
 
-    def __init__(self, bootstrap: str, topics: Topics, home: Path, dsn: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        home: Path,
+        dsn: str,
+        *,
+        security: KafkaSecurity = PLAINTEXT,
+        worker_env: dict[str, str] | None = None,
+    ) -> None:
+        """``security``: how this kit's own clients connect (reference data, the enforcer);
+        ``worker_env``: more settings of the worker process (e.g. its Kafka security)."""
         self.bootstrap = bootstrap
         self.topics = topics
         self.dsn = dsn
+        self.security = security
         self.worker = WorkerProcess(
             run_dir=home / "run",
             env={
@@ -55,6 +68,7 @@ class Pipeline:
                 "SPENDBUS_HOME": str(home),
                 "SPENDBUS_PARTITIONS": "4",
                 "SPENDBUS_WEB_PORT": str(free_port()),
+                **(worker_env or {}),
             },
             web_port=0,
         )
@@ -70,6 +84,7 @@ class Pipeline:
                 self.bootstrap,
                 self.topics.pricing,
                 [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+                security=self.security,
             )
         )
         asyncio.run(
@@ -80,6 +95,7 @@ class Pipeline:
                     (b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now)))
                     for b in budgets_from_yaml(yaml.safe_load(BUDGETS_YAML))
                 ],
+                security=self.security,
             )
         )
 
@@ -110,7 +126,11 @@ class Pipeline:
         from enforcer import Enforcer, EnforcerConfig
 
         async def follow() -> dict[tuple[str, str], int]:
-            config = EnforcerConfig(bootstrap=self.bootstrap, topic_prefix=self.topics.prefix)
+            config = EnforcerConfig(
+                bootstrap=self.bootstrap,
+                topic_prefix=self.topics.prefix,
+                kafka_security=self.security,
+            )
             async with Enforcer(config) as enforcer:
                 await enforcer.wait_ready(60)
 

@@ -197,10 +197,12 @@ async def _groups(
 ) -> list[dict[str, Any]]:
     """Groups that subscribe to or committed offsets on ``ours``: members and lag per topic."""
     listed = sorted({g[0] for g in await admin.list_consumer_groups()})
-    members = await asyncio.gather(*(_members(admin, g) for g in listed))
-    offsets = await asyncio.gather(*(admin.list_consumer_group_offsets(g) for g in listed))
+    views = await asyncio.gather(*(_group_if_allowed(admin, g) for g in listed))
     groups = []
-    for group, described, committed in zip(listed, members, offsets, strict=True):
+    for group, view in zip(listed, views, strict=True):
+        if view is None:
+            continue
+        described, committed = view
         mine = {tp: meta.offset for tp, meta in committed.items() if tp.topic in ours}
         subscribed = described.pop("subscribed") & ours
         if not mine and not subscribed:
@@ -224,6 +226,17 @@ async def _groups(
             }
         )
     return groups
+
+
+async def _group_if_allowed(admin: Any, group: str) -> tuple[dict[str, Any], Any] | None:
+    """(members, committed offsets) of a group; None for a group this principal may not
+    describe (another stack's, on a shared cluster with ACLs: not ours to report)."""
+    from aiokafka.errors import GroupAuthorizationFailedError
+
+    try:
+        return await _members(admin, group), await admin.list_consumer_group_offsets(group)
+    except GroupAuthorizationFailedError:
+        return None
 
 
 async def _members(admin: Any, group: str) -> dict[str, Any]:
