@@ -19,7 +19,7 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
-from schemas.pricing import PriceBook, PriceTable, load_price_file
+from schemas.pricing import PriceBook, PriceTable, default_price_file, load_price_file
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.compacted import publish, read_compacted
 from spendbus.stack.local import bootstrap_or_fail, worker_process
@@ -150,9 +150,13 @@ def _limits(nanos: int | None, tokens: int | None, requests: int | None) -> str:
 
 def prices_apply_command() -> click.Command:
     @click.command("apply")
-    @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-    def prices_apply(file: Path) -> None:
-        """Validate FILE and publish each price version onto the compacted pricing topic."""
+    @click.argument(
+        "file", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+    )
+    def prices_apply(file: Path | None) -> None:
+        """Validate FILE (default: the prices shipped with spendbus) and publish each price
+        version onto the compacted pricing topic."""
+        file = file or default_price_file()
         tables = load_price_file(file)
         settings = load_settings()
         records = [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables]

@@ -86,7 +86,9 @@ def test_the_local_stack_from_the_command_line(
         status = json.loads(spendbus(env, "status", "--json").stdout)
         assert status["worker"]["pid"] and status["worker"]["stats"]["serving"]
         (tmp_path / "budgets.yaml").write_text(BUDGETS)
-        spendbus(env, "prices", "apply", str(default_price_file()))
+        # no file: the prices shipped with the package (a wheel's user has no checkout)
+        applied = spendbus(env, "prices", "apply").stdout
+        assert str(default_price_file()) in applied and "price version(s)" in applied
         spendbus(env, "budgets", "apply", str(tmp_path / "budgets.yaml"))
         listed = json.loads(spendbus(env, "budgets", "list", "--json").stdout)
         assert [b["budget_id"] for b in listed] == ["acme-monthly"]
