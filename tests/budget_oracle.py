@@ -136,19 +136,13 @@ FROM budget_history
 
 
 def stored_history(client: Any) -> dict[tuple[str, str], Row]:
+    return history_of_rows(client.query(HISTORY_SQL).result_rows)
+
+
+def history_of_rows(rows: Iterable[Sequence[Any]]) -> dict[tuple[str, str], Row]:
+    """:data:`HISTORY_SQL`'s rows (from a client or a worker's /sql page) as Rows."""
     stored: dict[tuple[str, str], Row] = {}
-    for (
-        key,
-        period,
-        budget_id,
-        values,
-        nanos,
-        tokens,
-        requests,
-        events,
-        state,
-        crossed,
-    ) in client.query(HISTORY_SQL).result_rows:
+    for key, period, budget_id, values, nanos, tokens, requests, events, state, crossed in rows:
         assert (key, period) not in stored, f"two history rows for {key} {period}"
         stored[(key, period)] = Row(
             budget_id,
@@ -158,7 +152,7 @@ def stored_history(client: Any) -> dict[tuple[str, str], Row]:
             int(requests),
             int(events),
             state,
-            tuple(crossed),
+            tuple(float(t) for t in crossed),
         )
     return stored
 
