@@ -74,6 +74,9 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from schemas.kafka import PLAINTEXT, KafkaSecurity
+from spendbus.settings import load_settings
+
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
 VIRTUAL_KEY = "vk-bench-0123456789abcdef"
@@ -282,22 +285,24 @@ def pct(values: list[float], p: float) -> float:
     return values[index]
 
 
-async def count_events(bootstrap: str, topic: str) -> int:
+async def count_events(bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT) -> int:
     from aiokafka import AIOKafkaConsumer
 
     from schemas.kafka import topic_partitions
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, **security.client_kwargs()
+    )
     await consumer.start()
     try:
-        partitions = await topic_partitions(bootstrap, topic)
+        partitions = await topic_partitions(bootstrap, topic, security=security)
         ends = await consumer.end_offsets(partitions)
         return sum(ends.values())
     finally:
         await consumer.stop()
 
 
-async def setup_topics(bootstrap: str) -> Any:
+async def setup_topics(bootstrap: str, *, security: KafkaSecurity = PLAINTEXT) -> Any:
     import uuid
     from datetime import UTC, datetime
 
@@ -309,12 +314,13 @@ async def setup_topics(bootstrap: str) -> Any:
     from spendbus.stack.topics import ensure_topics
 
     topics = Topics(prefix=f"bench-gw-{uuid.uuid4().hex[:6]}.")
-    await ensure_topics(bootstrap, topics, partitions=4)
+    await ensure_topics(bootstrap, topics, partitions=4, security=security)
     tables = load_price_file(default_price_file())
     await publish(
         bootstrap,
         topics.pricing,
         [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+        security=security,
     )
     # real budgets on the request's path: an org budget and a per-job ceiling
     budgets = budgets_from_yaml(
@@ -328,16 +334,22 @@ async def setup_topics(bootstrap: str) -> Any:
         bootstrap,
         topics.budget_policies,
         [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in budgets],
+        security=security,
     )
     return topics
 
 
 async def measure(
-    args: argparse.Namespace, bootstrap: str, work: Path, broker_pid: int | None = None
+    args: argparse.Namespace,
+    bootstrap: str,
+    work: Path,
+    broker_pid: int | None = None,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
     from spendbus.stack.kafka import free_port
 
-    topics = await setup_topics(bootstrap)
+    topics = await setup_topics(bootstrap, security=security)
     up_port, pass_port, twin_port, gw_port = free_port(), free_port(), free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{up_port}"
     config = {
@@ -448,7 +460,7 @@ async def measure(
                 for path, url in urls.items():
                     bursts[path].append(await wave(url, args.concurrency, args.concurrency))
         await asyncio.sleep(1.0)  # the gateway's publisher sends its last events
-        events = await count_events(bootstrap, topics.usage_raw)
+        events = await count_events(bootstrap, topics.usage_raw, security=security)
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
@@ -704,6 +716,8 @@ def main() -> None:
 
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+    # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
+    security = load_settings().kafka_security if bootstrap else PLAINTEXT
     if not bootstrap:
         from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
 
@@ -714,7 +728,9 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-gateway-") as work:
             broker_pid = broker.pid if broker is not None else None
-            result = asyncio.run(measure(args, bootstrap, Path(work), broker_pid))
+            result = asyncio.run(
+                measure(args, bootstrap, Path(work), broker_pid, security=security)
+            )
     finally:
         if broker is not None:
             broker.stop()

@@ -81,9 +81,11 @@ from ingest.publisher import PublisherConfig, UsagePublisher  # noqa: E402
 from schemas.budgets import Budget, budgets_from_yaml  # noqa: E402
 from schemas.codec import VERDICT  # noqa: E402
 from schemas.ids import counter_key, decompose  # noqa: E402
+from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.pricing import PriceBook, default_price_file, load_price_file  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import TOKEN_FIELDS  # noqa: E402
+from spendbus.settings import load_settings  # noqa: E402
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars, free_port  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 
@@ -204,6 +206,7 @@ class Env:
     prices: PriceBook
     home: Path
     run_id: str
+    security: KafkaSecurity = PLAINTEXT
 
 
 def budget_for(kind: str, run_id: str, cap_usd: Decimal) -> Budget:
@@ -273,6 +276,7 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
             publisher = UsagePublisher(
                 PublisherConfig(
                     bootstrap=env.bootstrap,
+                    kafka_security=env.security,
                     topic_prefix=env.topics.prefix,
                     spool_dir=env.home / kind / f"spool{replica}",
                     client_id=f"ovs-{kind}-r{replica}",
@@ -285,6 +289,7 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
                 enforcer = Enforcer(
                     EnforcerConfig(
                         bootstrap=env.bootstrap,
+                        kafka_security=env.security,
                         topic_prefix=env.topics.prefix,
                         gateway_id=f"ovs-{kind}-r{replica}",
                         client_id=f"ovs-enforcer-r{replica}",
@@ -341,7 +346,9 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
             await publisher.stop()
         for enforcer in enforcers:
             await enforcer.stop()
-    verdict = await final_verdict(env.bootstrap, env.topics, key, ledger.nanos, timeout=30)
+    verdict = await final_verdict(
+        env.bootstrap, env.topics, key, ledger.nanos, timeout=30, security=env.security
+    )
     upstream = await asyncio.to_thread(_upstream_stats, env.upstream_url, "GET")
     enforcer_replicas = {"ours": opts.replicas, "ours_unshared": 1}.get(kind)
     return summarise(
@@ -522,11 +529,19 @@ async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
 
 
 async def final_verdict(
-    bootstrap: str, topics: Topics, key: str, expect: int, timeout: float
+    bootstrap: str,
+    topics: Topics,
+    key: str,
+    expect: int,
+    timeout: float,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Any] | None:
     """The counter's newest verdict once it reaches ``expect`` (the worker caught up), else
     the newest seen within ``timeout``."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **security.client_kwargs()
+    )
     await consumer.start()
     newest: dict[str, Any] | None = None
     try:
@@ -758,7 +773,9 @@ def start_upstream(opts: Options, run_dir: Path) -> tuple[subprocess.Popen[bytes
     raise RuntimeError("the fake upstream did not answer in 60 s")
 
 
-def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
+def run(
+    opts: Options, bootstrap: str, home: Path, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, Any]:
     """Both phases on ``bootstrap``; the result (without writing anything)."""
     run_id = uuid.uuid4().hex[:8]
     topics = Topics(f"benchovs{run_id}.")
@@ -766,14 +783,14 @@ def run(opts: Options, bootstrap: str, home: Path) -> dict[str, Any]:
     kinds = ["ours", "baseline"] + (["ours_unshared"] if opts.unshared_comparison else [])
     budgets = [budget_for(kind, run_id, opts.cap_usd) for kind in kinds]
     with console.status("topics, prices, budgets, aggregator worker, fake upstream..."):
-        asyncio.run(ensure_topics(bootstrap, topics, 4))
-        asyncio.run(apply_reference(bootstrap, topics, budgets))
+        asyncio.run(ensure_topics(bootstrap, topics, 4, security=security))
+        asyncio.run(apply_reference(bootstrap, topics, budgets, security=security))
         worker = aggregator_worker(bootstrap, topics, home / "worker")
         worker.start(timeout=180)
     upstream: subprocess.Popen[bytes] | None = None
     try:
         upstream, url = start_upstream(opts, home / "upstream")
-        env = Env(bootstrap, topics, url, prices, home, run_id)
+        env = Env(bootstrap, topics, url, prices, home, run_id, security)
         phases = {}
         for kind in kinds:
             with console.status(
@@ -885,13 +902,15 @@ def main() -> None:
         home = Path(tmp)
         broker = None
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
+        security = load_settings().kafka_security if bootstrap else PLAINTEXT
         if not bootstrap:
             ensure_broker_jars()
             with console.status("starting a local Kafka broker..."):
                 broker = LocalKafka(data_dir=home / "kafka").start()
             bootstrap = broker.bootstrap
         try:
-            result = run(opts, bootstrap, home)
+            result = run(opts, bootstrap, home, security=security)
         finally:
             if broker is not None:
                 broker.stop()

@@ -39,17 +39,29 @@ from aiokafka.partitioner import DefaultPartitioner  # noqa: E402
 
 from bench.benchkit import apply_reference, events, pct, worker  # noqa: E402
 from schemas.codec import USAGE_EVENT, VERDICT  # noqa: E402
+from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import new_usage_event  # noqa: E402
+from spendbus.settings import load_settings  # noqa: E402
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 from spendbus.stack.worker import WorkerProcess  # noqa: E402
 
 
-async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+async def produce(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[bytes, bytes]],
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+) -> None:
     """Write ``records`` in whole record batches, each to the partition its key picks."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=512 * 1024
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=512 * 1024,
+        **security.client_kwargs(),
     )
     await producer.start()
     try:
@@ -72,13 +84,16 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]
         await producer.stop()
 
 
-async def raw_consume_rate(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+async def raw_consume_rate(
+    bootstrap: str, topic: str, n: int, *, security: KafkaSecurity = PLAINTEXT
+) -> tuple[float, float]:
     """Events/s of a bare aiokafka consumer, and events per second of its CPU time."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
         group_id=f"bench-{uuid.uuid4().hex[:6]}",
         auto_offset_reset="earliest",
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:
@@ -92,7 +107,14 @@ async def raw_consume_rate(bootstrap: str, topic: str, n: int) -> tuple[float, f
         await consumer.stop()
 
 
-async def raw_relay_rate(bootstrap: str, topic: str, out_topics: list[str], n: int) -> float:
+async def raw_relay_rate(
+    bootstrap: str,
+    topic: str,
+    out_topics: list[str],
+    n: int,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+) -> float:
     """Events/s of a bare aiokafka consume that writes each record on, unchanged, once to
     each of ``out_topics`` (same partition), in record batches as the counting stage
     writes: the part of the aggregator's work that is Kafka's clients alone. The stage
@@ -103,9 +125,14 @@ async def raw_relay_rate(bootstrap: str, topic: str, out_topics: list[str], n: i
         bootstrap_servers=bootstrap,
         group_id=f"bench-{uuid.uuid4().hex[:6]}",
         auto_offset_reset="earliest",
+        **security.client_kwargs(),
     )
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=512 * 1024
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=512 * 1024,
+        **security.client_kwargs(),
     )
     await asyncio.gather(consumer.start(), producer.start())
     try:
@@ -153,7 +180,9 @@ def watch(running: list[WorkerProcess], n: int, samples: list[tuple[float, int, 
     raise TimeoutError(f"the workers folded {samples[-1][1] if samples else 0} of {n} events")
 
 
-def start_workers(bootstrap: str, topics: Topics, home: Path, count: int) -> list[WorkerProcess]:
+def start_workers(
+    bootstrap: str, topics: Topics, home: Path, count: int, *, security: KafkaSecurity = PLAINTEXT
+) -> list[WorkerProcess]:
     """``count`` workers of one group, started together, each serving with its share."""
     workers = [worker(bootstrap, topics, home / f"w{i}") for i in range(count)]
     with ThreadPoolExecutor(count) as pool:
@@ -172,27 +201,37 @@ def stop_workers(workers: list[WorkerProcess]) -> None:
         list(pool.map(lambda w: w.stop(), workers))
 
 
-def throughput(bootstrap: str, n: int, home: Path, workers: int) -> dict[str, Any]:
+def throughput(
+    bootstrap: str, n: int, home: Path, workers: int, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, Any]:
     topics = Topics(f"bench{uuid.uuid4().hex[:6]}.")
-    asyncio.run(ensure_topics(bootstrap, topics, 4))
-    asyncio.run(apply_reference(bootstrap, topics))
+    asyncio.run(ensure_topics(bootstrap, topics, 4, security=security))
+    asyncio.run(apply_reference(bootstrap, topics, security=security))
     records = events(n)
     # the raw rate is measured on a twin topic holding the same records, in the same run
     twin = Topics(f"benchraw{uuid.uuid4().hex[:6]}.")
-    asyncio.run(ensure_topics(bootstrap, twin, 4))
-    asyncio.run(produce(bootstrap, twin.usage_raw, records))
-    raw, raw_per_cpu = asyncio.run(raw_consume_rate(bootstrap, twin.usage_raw, n))
-    relay = asyncio.run(
-        raw_relay_rate(bootstrap, twin.usage_raw, [twin.usage_priced, twin.budget_verdicts], n)
+    asyncio.run(ensure_topics(bootstrap, twin, 4, security=security))
+    asyncio.run(produce(bootstrap, twin.usage_raw, records, security=security))
+    raw, raw_per_cpu = asyncio.run(
+        raw_consume_rate(bootstrap, twin.usage_raw, n, security=security)
     )
-    running = start_workers(bootstrap, topics, home, workers)
+    relay = asyncio.run(
+        raw_relay_rate(
+            bootstrap,
+            twin.usage_raw,
+            [twin.usage_priced, twin.budget_verdicts],
+            n,
+            security=security,
+        )
+    )
+    running = start_workers(bootstrap, topics, home, workers, security=security)
     try:
         # (wall clock, events done, CPU seconds of all workers), sampled from before the
         # records are written: a worker that keeps pace with the producer is measured too
         samples: list[tuple[float, int, float]] = []
         with ThreadPoolExecutor(1) as pool:
             watching = pool.submit(watch, running, n, samples)
-            asyncio.run(produce(bootstrap, topics.usage_raw, records))
+            asyncio.run(produce(bootstrap, topics.usage_raw, records, security=security))
             watching.result()
         marks = {
             mark: next(sample for sample in samples if sample[1] >= mark * n) for mark in (0.1, 0.9)
@@ -227,10 +266,19 @@ def throughput(bootstrap: str, n: int, home: Path, workers: int) -> dict[str, An
 
 
 async def timed_consume(
-    bootstrap: str, topic: str, stop: asyncio.Event, decode: Any
+    bootstrap: str,
+    topic: str,
+    stop: asyncio.Event,
+    decode: Any,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> list[float]:
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", group_id=None
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="latest",
+        group_id=None,
+        **security.client_kwargs(),
     )
     await consumer.start()
     latencies: list[float] = []
@@ -244,8 +292,18 @@ async def timed_consume(
     return latencies
 
 
-async def paced(bootstrap: str, topic: str, rate: int, seconds: float, make: Any) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+async def paced(
+    bootstrap: str,
+    topic: str,
+    rate: int,
+    seconds: float,
+    make: Any,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=0, **security.client_kwargs()
+    )
     await producer.start()
     try:
         interval = 1.0 / rate
@@ -267,11 +325,19 @@ async def paced(bootstrap: str, topic: str, rate: int, seconds: float, make: Any
 WARMUP_SECONDS = 3.0
 
 
-def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int) -> dict[str, Any]:
+def latency(
+    bootstrap: str,
+    rate: int,
+    seconds: float,
+    home: Path,
+    workers: int,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+) -> dict[str, Any]:
     topics = Topics(f"benchlat{uuid.uuid4().hex[:6]}.")
-    asyncio.run(ensure_topics(bootstrap, topics, 4))
-    asyncio.run(apply_reference(bootstrap, topics))
-    running = start_workers(bootstrap, topics, home, workers)
+    asyncio.run(ensure_topics(bootstrap, topics, 4, security=security))
+    asyncio.run(apply_reference(bootstrap, topics, security=security))
+    running = start_workers(bootstrap, topics, home, workers, security=security)
 
     def usage(i: int) -> tuple[bytes, bytes]:
         org = f"org-{i % 50}"
@@ -293,9 +359,11 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
 
     async def measure(topic_out: str, topic_in: str, make: Any, decode: Any) -> list[float]:
         stop = asyncio.Event()
-        reader = asyncio.create_task(timed_consume(bootstrap, topic_out, stop, decode))
+        reader = asyncio.create_task(
+            timed_consume(bootstrap, topic_out, stop, decode, security=security)
+        )
         await asyncio.sleep(1.0)  # the reader is positioned at the end before anything is sent
-        await paced(bootstrap, topic_in, rate, seconds, make)
+        await paced(bootstrap, topic_in, rate, seconds, make, security=security)
         await asyncio.sleep(1.5)  # the last verdicts (a held one is due within 100 ms)
         stop.set()
         return await reader
@@ -304,7 +372,9 @@ def latency(bootstrap: str, rate: int, seconds: float, home: Path, workers: int)
         # steady state: the same load, untimed, first (the broker's JIT, the workers' caches
         # and every counter's first verdict are behind it; with --only latency the broker
         # has just started)
-        asyncio.run(paced(bootstrap, topics.usage_raw, rate, WARMUP_SECONDS, usage))
+        asyncio.run(
+            paced(bootstrap, topics.usage_raw, rate, WARMUP_SECONDS, usage, security=security)
+        )
         verdict_lat = asyncio.run(
             measure(
                 topics.budget_verdicts,
@@ -355,6 +425,8 @@ def main() -> None:
         home = Path(tmp)
         broker = None
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
+        security = load_settings().kafka_security if bootstrap else PLAINTEXT
         if not bootstrap:
             ensure_broker_jars()
             broker = LocalKafka(data_dir=home / "kafka").start()
@@ -365,11 +437,16 @@ def main() -> None:
                 run: dict[str, Any] = {"workers": count}
                 if args.only != "latency":
                     run["throughput"] = throughput(
-                        bootstrap, args.events, home / f"t{count}", count
+                        bootstrap, args.events, home / f"t{count}", count, security=security
                     )
                 if args.only != "throughput":
                     run["latency"] = latency(
-                        bootstrap, args.rate, args.seconds, home / f"l{count}", count
+                        bootstrap,
+                        args.rate,
+                        args.seconds,
+                        home / f"l{count}",
+                        count,
+                        security=security,
                     )
                 run["load_avg_1m"] = round(os.getloadavg()[0], 2)
                 runs.append(run)

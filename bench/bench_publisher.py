@@ -43,8 +43,10 @@ from fastavro import schemaless_writer
 
 from ingest.publisher import PreparedEvent, PublisherConfig, UsagePublisher, prepare
 from schemas.codec import USAGE_EVENT
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.topics import Topics
 from schemas.usage import new_usage_event, validate_usage_event
+from spendbus.settings import load_settings
 from spendbus.stack.topics import ensure_topics
 
 BATCH = 1000
@@ -73,9 +75,9 @@ def make_events(n: int) -> list[Event]:
     ]
 
 
-async def _fresh_topics(bootstrap: str) -> Topics:
+async def _fresh_topics(bootstrap: str, *, security: KafkaSecurity = PLAINTEXT) -> Topics:
     topics = Topics(prefix=f"bench{uuid.uuid4().hex[:8]}.")
-    await ensure_topics(bootstrap, topics, partitions=4)
+    await ensure_topics(bootstrap, topics, partitions=4, security=security)
     return topics
 
 
@@ -91,12 +93,18 @@ def _since(start: Timing) -> Timing:
 
 
 async def _with_publisher(
-    bootstrap: str, body: Callable[[UsagePublisher], Awaitable[None]]
+    bootstrap: str,
+    body: Callable[[UsagePublisher], Awaitable[None]],
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> Timing:
-    topics = await _fresh_topics(bootstrap)
+    topics = await _fresh_topics(bootstrap, security=security)
     with tempfile.TemporaryDirectory() as spool:
         config = PublisherConfig(
-            bootstrap=bootstrap, topic_prefix=topics.prefix, spool_dir=Path(spool)
+            bootstrap=bootstrap,
+            kafka_security=security,
+            topic_prefix=topics.prefix,
+            spool_dir=Path(spool),
         )
         async with UsagePublisher(config) as publisher:
             await publisher.publish(make_events(1)[0])  # connect, learn partitions, get a PID
@@ -107,33 +115,41 @@ async def _with_publisher(
             return _since(started)
 
 
-async def run_publish_many(bootstrap: str, events: list[Event]) -> Timing:
+async def run_publish_many(
+    bootstrap: str, events: list[Event], *, security: KafkaSecurity = PLAINTEXT
+) -> Timing:
     async def body(publisher: UsagePublisher) -> None:
         for i in range(0, len(events), BATCH):
             await publisher.publish_many(events[i : i + BATCH])
 
-    return await _with_publisher(bootstrap, body)
+    return await _with_publisher(bootstrap, body, security=security)
 
 
-async def run_publish(bootstrap: str, events: list[Event]) -> Timing:
+async def run_publish(
+    bootstrap: str, events: list[Event], *, security: KafkaSecurity = PLAINTEXT
+) -> Timing:
     async def body(publisher: UsagePublisher) -> None:
         for event in events:
             await publisher.publish(event)
 
-    return await _with_publisher(bootstrap, body)
+    return await _with_publisher(bootstrap, body, security=security)
 
 
-async def run_prepared(bootstrap: str, prepared: list[PreparedEvent]) -> Timing:
+async def run_prepared(
+    bootstrap: str, prepared: list[PreparedEvent], *, security: KafkaSecurity = PLAINTEXT
+) -> Timing:
     async def body(publisher: UsagePublisher) -> None:
         for i in range(0, len(prepared), BATCH):
             await publisher.publish_prepared(prepared[i : i + BATCH])
 
-    return await _with_publisher(bootstrap, body)
+    return await _with_publisher(bootstrap, body, security=security)
 
 
-async def run_direct(bootstrap: str, prepared: list[PreparedEvent]) -> Timing:
+async def run_direct(
+    bootstrap: str, prepared: list[PreparedEvent], *, security: KafkaSecurity = PLAINTEXT
+) -> Timing:
     """The sender's batching without the spool: what Kafka alone costs from Python."""
-    topics = await _fresh_topics(bootstrap)
+    topics = await _fresh_topics(bootstrap, security=security)
     defaults = PublisherConfig(bootstrap=bootstrap, spool_dir=Path("."))
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
@@ -142,6 +158,7 @@ async def run_direct(bootstrap: str, prepared: list[PreparedEvent]) -> Timing:
         compression_type=defaults.compression,
         max_batch_size=defaults.max_batch_bytes,
         linger_ms=0,
+        **security.client_kwargs(),
     )
     await producer.start()
     try:
@@ -214,6 +231,8 @@ def main() -> None:
 
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+    # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
+    security = load_settings().kafka_security if bootstrap else PLAINTEXT
     if not bootstrap:
         from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
 
@@ -225,10 +244,10 @@ def main() -> None:
         events = make_events(args.events)
         prepared = [prepare(e) for e in events]
         paths: dict[str, Callable[[], Coroutine[Any, Any, Timing]]] = {
-            "publish_many": lambda: run_publish_many(bootstrap, events),
-            "publish": lambda: run_publish(bootstrap, events),
-            "publish_prepared": lambda: run_prepared(bootstrap, prepared),
-            "direct_no_spool": lambda: run_direct(bootstrap, prepared),
+            "publish_many": lambda: run_publish_many(bootstrap, events, security=security),
+            "publish": lambda: run_publish(bootstrap, events, security=security),
+            "publish_prepared": lambda: run_prepared(bootstrap, prepared, security=security),
+            "direct_no_spool": lambda: run_direct(bootstrap, prepared, security=security),
         }
         runs: dict[str, list[float]] = {name: [] for name in paths}
         cpu_runs: dict[str, list[float]] = {name: [] for name in paths}

@@ -42,18 +42,25 @@ from rich.console import Console  # noqa: E402
 from aggregator.generations import group_progress  # noqa: E402
 from aggregator.snapshots import fold_ledger, load_reference  # noqa: E402
 from bench.benchkit import apply_reference, events  # noqa: E402
-from schemas.kafka import topic_partitions  # noqa: E402
+from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from spendbus.commands.replay import GenerationReplay, Meter, StackPlace, progress_bar  # noqa: E402
+from spendbus.settings import load_settings  # noqa: E402
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 
 
-async def setup(bootstrap: str, topics: Topics, n: int) -> None:
-    await ensure_topics(bootstrap, topics, 4)
-    await apply_reference(bootstrap, topics)
+async def setup(
+    bootstrap: str, topics: Topics, n: int, *, security: KafkaSecurity = PLAINTEXT
+) -> None:
+    await ensure_topics(bootstrap, topics, 4, security=security)
+    await apply_reference(bootstrap, topics, security=security)
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=512 * 1024
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=512 * 1024,
+        **security.client_kwargs(),
     )
     await producer.start()
     try:
@@ -64,12 +71,15 @@ async def setup(bootstrap: str, topics: Topics, n: int) -> None:
         await producer.stop()
 
 
-async def raw_consume(bootstrap: str, topics: Topics) -> float:
-    partitions = await topic_partitions(bootstrap, topics.usage_raw)
+async def raw_consume(
+    bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
+) -> float:
+    partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        **security.client_kwargs(),
     )
     await consumer.start()
     try:
@@ -91,11 +101,15 @@ def _screen() -> Console:
     return Console(file=io.StringIO(), force_terminal=True, width=140)
 
 
-def fold_rate(bootstrap: str, topics: Topics, display: bool) -> float:
+def fold_rate(
+    bootstrap: str, topics: Topics, display: bool, *, security: KafkaSecurity = PLAINTEXT
+) -> float:
     async def run(progress: Any) -> tuple[int, float]:
-        reference = await load_reference(bootstrap, topics)
+        reference = await load_reference(bootstrap, topics, security=security)
         started = time.perf_counter()
-        state = await fold_ledger(bootstrap, topics, reference, progress=progress)
+        state = await fold_ledger(
+            bootstrap, topics, reference, progress=progress, security=security
+        )
         return state.stats.events, time.perf_counter() - started
 
     with progress_bar(disable=not display, on=_screen()) as bar:
@@ -114,7 +128,9 @@ def generation_rate(place: StackPlace, name: str, display: bool) -> dict[str, An
 
     def sample() -> None:
         while not done.is_set():
-            progress = asyncio.run(group_progress(place.bootstrap, replay.topics))
+            progress = asyncio.run(
+                group_progress(place.bootstrap, replay.topics, security=place.security)
+            )
             samples.append((time.perf_counter(), progress.committed))
             time.sleep(0.05)
 
@@ -166,22 +182,29 @@ def main() -> None:
         home = Path(tmp)
         broker = None
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
+        security = load_settings().kafka_security if bootstrap else PLAINTEXT
         if not bootstrap:
             ensure_broker_jars()
             broker = LocalKafka(data_dir=home / "kafka").start()
             bootstrap = broker.bootstrap
         try:
             topics = Topics(f"benchreplay{uuid.uuid4().hex[:6]}.")
-            asyncio.run(setup(bootstrap, topics, args.events))
+            asyncio.run(setup(bootstrap, topics, args.events, security=security))
             big = Topics(f"benchreplayw{uuid.uuid4().hex[:6]}.")
-            asyncio.run(setup(bootstrap, big, args.worker_events))
-            raw = [asyncio.run(raw_consume(bootstrap, topics)) for _ in range(args.repeats)]
+            asyncio.run(setup(bootstrap, big, args.worker_events, security=security))
+            raw = [
+                asyncio.run(raw_consume(bootstrap, topics, security=security))
+                for _ in range(args.repeats)
+            ]
             fold_on: list[float] = []
             fold_off: list[float] = []
             for _ in range(args.repeats):  # alternated, so drifting load hits both alike
-                fold_on.append(fold_rate(bootstrap, topics, display=True))
-                fold_off.append(fold_rate(bootstrap, topics, display=False))
-            place = StackPlace(bootstrap=bootstrap, topics=big, dsn=None, home=home)
+                fold_on.append(fold_rate(bootstrap, topics, display=True, security=security))
+                fold_off.append(fold_rate(bootstrap, topics, display=False, security=security))
+            place = StackPlace(
+                bootstrap=bootstrap, topics=big, dsn=None, home=home, security=security
+            )
             worker_runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
             for n in range(args.worker_repeats):  # alternated: off, on, off, on ...
                 for display in (False, True):

@@ -12,6 +12,7 @@ from typing import Any
 
 from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import default_price_file, load_price_file
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
@@ -53,7 +54,11 @@ def events(n: int, orgs: int = 50) -> list[tuple[bytes, bytes]]:
 
 
 async def apply_reference(
-    bootstrap: str, topics: Topics, budgets: Iterable[Budget] | None = None
+    bootstrap: str,
+    topics: Topics,
+    budgets: Iterable[Budget] | None = None,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> None:
     """The shipped prices and ``budgets`` (default: :data:`BUDGETS`) on their topics."""
     now = datetime.now(UTC)
@@ -62,18 +67,21 @@ async def apply_reference(
         bootstrap,
         topics.pricing,
         [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+        security=security,
     )
     chosen = budgets_from_yaml(BUDGETS) if budgets is None else budgets
     await publish(
         bootstrap,
         topics.budget_policies,
         [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in chosen],
+        security=security,
     )
 
 
 def worker(bootstrap: str, topics: Topics, home: Path) -> WorkerProcess:
     """An aggregator worker (not started) without a ClickHouse sink: pricing, counters and
-    verdicts alone, which is what the enforcers follow."""
+    verdicts alone, which is what the enforcers follow. Its Kafka security settings come
+    from the environment it inherits (KAFKA_*), never its arguments."""
     port = free_port()
     return WorkerProcess(
         run_dir=home / "run",
