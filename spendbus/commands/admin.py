@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -294,10 +295,29 @@ def fail(exc: SpendbusError) -> None:
     sys.exit(2)
 
 
+def _history_query(settings: Any) -> Callable[[str], list[Any]] | None:
+    """Runs a query on the current generation's store: through the running worker when it
+    owns the embedded engine, else directly; None when neither answers (verify then
+    compares the live verdicts only, and says so)."""
+    worker = worker_process(settings)
+    if worker.pid() is not None and settings.dsn.startswith("chdb://"):
+        return lambda query: list(worker.post("/sql", {"sql": query})["rows"])
+    from aggregator.sink.errors import SinkError
+    from aggregator.sink.query import run_query
+    from aggregator.sink.store import open_client
+
+    try:
+        client = open_client(_current_store(settings), access=settings.clickhouse_access)
+    except SinkError:
+        return None
+    return lambda query: list(run_query(client, query)[1])
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
 def verify(as_json: bool) -> None:
-    """Recompute every counter from usage.raw and compare with the live verdicts (read-only).
+    """Recompute every counter from usage.raw and compare with the live verdicts and with
+    every period of ClickHouse's budget_history (read-only).
 
     Exit status 0 when they agree, 1 with the list of differences otherwise.
     """
@@ -314,6 +334,7 @@ def verify(as_json: bool) -> None:
             current_generation(bootstrap, settings.topics, security=settings.kafka_security)
         )
     )
+    history_query = _history_query(settings)
     with Progress(
         TextColumn("[bold]reading usage.raw"),
         BarColumn(),
@@ -328,6 +349,8 @@ def verify(as_json: bool) -> None:
                 bootstrap,
                 topics,
                 lambda done, total: bar.update(task, completed=done, total=total),
+                security=settings.kafka_security,
+                history_query=history_query,
             )
         )
     summary = {
@@ -337,6 +360,8 @@ def verify(as_json: bool) -> None:
         "dead_letters": report.stats.dead_letters,
         "cost_nanos": report.stats.cost_nanos,
         "counters": report.counters,
+        "verdicts_compared": report.verdicts_compared,
+        "periods_compared": report.periods_compared,
         "differences": [d.__dict__ for d in report.differences],
     }
     if as_json:
@@ -346,11 +371,22 @@ def verify(as_json: bool) -> None:
             f"{report.records:,} records, {report.stats.charged:,} charged "
             f"({format_usd(report.stats.cost_nanos)}), {report.counters:,} counters recomputed"
         )
+        periods = (
+            "budget_history not compared (ClickHouse did not answer)"
+            if report.periods_compared is None
+            else f"{report.periods_compared:,} (counter, period) pairs compared with budget_history"
+        )
+        console.print(
+            f"{report.verdicts_compared:,} newest periods compared with their live verdicts, "
+            f"{periods}"
+        )
         if report.ok:
-            console.print("[green]every counter equals its live verdict[/green]")
+            console.print("[green]every compared period equals the recomputation[/green]")
         else:
-            table = Table("counter", "field", "recomputed", "live", title="differences")
+            table = Table("counter", "period", "field", "recomputed", "stored", title="differences")
             for d in report.differences:
-                table.add_row(d.counter_key, d.field, str(d.recomputed), str(d.live))
+                table.add_row(
+                    d.counter_key, d.period or "(verdict)", d.field, str(d.recomputed), str(d.live)
+                )
             console.print(table)
     sys.exit(0 if report.ok else 1)

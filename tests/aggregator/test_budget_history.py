@@ -32,6 +32,7 @@ from aggregator.priced import CountEntry, PricedWriter
 from aggregator.process import BatchProcessor, RawRecord
 from aggregator.reference import Reference
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
+from aggregator.verify import VerifyReport, compare_history
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import PRICED_USAGE, USAGE_EVENT, priced_usage_from_raw
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
@@ -288,3 +289,27 @@ def test_priced_bytes_with_counts_equal_the_codec(entries: list[Any], offset: in
     }
     assert mine == priced_usage_from_raw(raw, tail)
     assert PRICED_USAGE.decode(mine)["counts"] == [c.record for c in counts]  # type: ignore[arg-type]
+
+
+def test_verify_compares_every_period_with_budget_history() -> None:
+    report = VerifyReport(
+        history={
+            ("k1", "m:2026-11"): (10, 20, 1, 1),
+            ("k1", "m:2026-10"): (5, 5, 1, 1),
+            ("k2", "t"): (7, 7, 2, 2),
+        }
+    )
+    rows = [
+        ["k1", "m:2026-11", 10, 20, 1, 1],
+        ["k1", "m:2026-10", 4, 5, 1, 1],  # ClickHouse is short in October
+        ["k3", "d:2026-11-02", 1, 1, 1, 1],  # a period the ledger does not have
+    ]
+    compare_history(report, rows)
+    assert report.periods_compared == 3
+    assert [
+        (d.counter_key, d.period, d.field, d.recomputed, d.live) for d in report.differences
+    ] == [
+        ("k1", "m:2026-10", "spent_nanos", 5, 4),
+        ("k2", "t", "history", "present", "missing"),
+        ("k3", "d:2026-11-02", "history", "missing", "present"),
+    ]

@@ -4,6 +4,10 @@ verdict that disagrees is reported."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,11 +30,37 @@ def test_recomputed_counters_equal_the_live_verdicts(pipeline: Pipeline, tmp_pat
     pipeline.stats_until(lambda stats: stats.get("events", 0) >= len(events) + 10)
     time.sleep(1.0)  # the last batch's verdicts
 
-    report = asyncio.run(verify(pipeline.bootstrap, pipeline.topics))
+    pipeline.sql_until(
+        "SELECT count() FROM usage_events", lambda rows: int(rows[0][0]) >= len(events)
+    )
+    report = asyncio.run(verify(pipeline.bootstrap, pipeline.topics, history_query=pipeline.sql))
     assert report.records == len(events) + 10
     assert report.stats.charged == len(events) and report.stats.duplicates == 10
     assert report.stats.cost_nanos == sum(pipeline.prices.price_event(e).cost_nanos for e in events)
     assert report.ok, report.differences[:5]
+    # every counter's newest period against its verdict, every period against ClickHouse
+    assert report.verdicts_compared == report.counters > 0
+    counters = {(e["org_id"], e["secret_id"]) for e in events} | {(e["org_id"],) for e in events}
+    assert report.periods_compared == len(report.history) >= len(counters)
+    # the command says how many it compared (its store: the running worker's /sql page)
+    done = subprocess.run(
+        [sys.executable, "-m", "spendbus", "verify", "--json"],
+        env={
+            **os.environ,
+            "KAFKA_BOOTSTRAP": pipeline.bootstrap,
+            "SPENDBUS_TOPIC_PREFIX": pipeline.topics.prefix,
+            "SPENDBUS_HOME": str(tmp_path),
+            "CLICKHOUSE_DSN": pipeline.dsn,
+            "SPENDBUS_WEB_PORT": str(pipeline.worker.web_port),
+        },
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["verdicts_compared"] == report.verdicts_compared
+    assert summary["periods_compared"] == report.periods_compared
 
     # a verdict that lies (a newer seq, the wrong spend) is found
     key = counter_key("per-secret", (events[0]["org_id"], events[0]["secret_id"]))
