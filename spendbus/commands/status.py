@@ -52,6 +52,7 @@ from urllib.parse import urlparse
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from aggregator.clickhouse_access import ClickHouseAccess
@@ -620,7 +621,8 @@ def render(report: dict[str, Any]) -> None:
     console.print(
         f"[bold]Kafka[/bold] {kafka['bootstrap'] or '-'}  "
         + (f"brokers: {brokers}" if kafka["reachable"] else "[red]unreachable[/red]")
-        + ("  (local, spendbus up)" if kafka["managed"] else ""),
+        + ("  (local, spendbus up)" if kafka["managed"] else "")
+        + (f"  ({escape(kafka['security'])})" if kafka["security"] != "PLAINTEXT" else ""),
         highlight=False,
     )
 

@@ -258,6 +258,9 @@ def test_status_shows_the_security_but_never_the_password(
     assert report["kafka"]["security"].startswith("SASL_SSL, SCRAM-SHA-512 as 'admin'")
     assert {t["name"] for t in report["topics"] if t["exists"]} >= {secured_topics.usage_raw}
     assert_no_password(secured_kafka, done.stdout, done.stderr)
+    shown = spendbus({**env, "COLUMNS": "300"}, "status")
+    assert "SASL_SSL, SCRAM-SHA-512 as 'admin'" in shown.stdout, shown.stdout + shown.stderr
+    assert_no_password(secured_kafka, shown.stdout, shown.stderr)
 
 
 def test_the_operator_role_runs_the_cli_without_being_a_super_user(
