@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from aggregator.clickhouse_access import ClickHouseAccess
 from aggregator.fold import CounterState, apply
 from aggregator.snapshots import FoldState, read_topic
 from schemas.budgets import Budget, applicable
@@ -62,14 +63,17 @@ def generation_dsn(dsn: str, generation: str) -> str:
     raise ConfigError(f"CLICKHOUSE_DSN {parts.scheme}://...: cannot derive a generation's store")
 
 
-def prepare_store(dsn: str, generation: str) -> str:
-    """Create the generation's database on a server (the embedded engine makes its own path)."""
+def prepare_store(dsn: str, generation: str, access: ClickHouseAccess | None = None) -> str:
+    """Create the generation's database on a server (the embedded engine makes its own path).
+
+    ``access``: an https:// server's CA file, verification and password.
+    """
     target = generation_dsn(dsn, generation)
     parts = urlsplit(target)
     if parts.scheme in ("http", "https"):
         from aggregator.sink import open_client
 
-        client = open_client(urlunsplit(parts._replace(path="/default")))
+        client = open_client(urlunsplit(parts._replace(path="/default")), access=access)
         try:
             client.command(f"CREATE DATABASE IF NOT EXISTS `{parts.path.strip('/')}`")
         finally:

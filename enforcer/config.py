@@ -12,9 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from schemas.errors import ConfigError
 from schemas.kafka import PLAINTEXT, KafkaSecurity
-
-#: hosts on which the sidecar may run without a bearer token
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+from schemas.net import LOOPBACK_HOSTS  # hosts the sidecar may bind without a token
 
 
 class EnforcerConfig(BaseModel):

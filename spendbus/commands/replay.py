@@ -37,6 +37,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from aggregator.config import AggregatorConfig
 from aggregator.fold import CounterState
 from aggregator.generations import (
@@ -154,6 +155,8 @@ class StackPlace:
     partitions: int = 4
     #: how the replay's own clients connect (its worker reads the same settings)
     security: KafkaSecurity = PLAINTEXT
+    #: an https:// ClickHouse server's CA file, verification and password (the same)
+    clickhouse_access: ClickHouseAccess = DEFAULT_ACCESS
 
 
 class GenerationReplay:
@@ -234,7 +237,7 @@ class GenerationReplay:
             self.attached = True
             return
         if place.dsn:
-            prepare_store(place.dsn, self.generation)
+            prepare_store(place.dsn, self.generation, place.clickhouse_access)
         if snapshot is not None:
             self._seed(snapshot)
         self.worker.start(timeout=180)
@@ -715,6 +718,7 @@ def _place() -> tuple[StackPlace, Any]:
         security=settings.kafka_security,
         topics=settings.topics,
         dsn=settings.dsn,
+        clickhouse_access=settings.clickhouse_access,
         home=settings.home.resolve(),
         partitions=settings.partitions,
     )
