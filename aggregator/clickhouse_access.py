@@ -9,6 +9,7 @@ The password is a ``SecretStr``: its repr, the config's repr and every error sho
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
 
@@ -45,3 +46,11 @@ class ClickHouseAccess(BaseModel):
 
 #: the default: the system CAs, verification on, the DSN's own credentials
 DEFAULT_ACCESS = ClickHouseAccess()
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password, if it carries one, shown as ``***``: what may be printed."""
+    parsed = urlparse(dsn)
+    if parsed.password:
+        return dsn.replace(f":{parsed.password}@", ":***@", 1)
+    return dsn

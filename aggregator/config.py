@@ -23,6 +23,7 @@ class AggregatorConfig(BaseModel):
     kafka_security: KafkaSecurity = PLAINTEXT
     clickhouse_dsn: str | None = Field(
         default=None,
+        repr=False,  # a DSN may carry a password
         description="chdb:///abs/path (embedded) or http(s)://host:8123; None = no sink",
     )
     topic_prefix: str = ""

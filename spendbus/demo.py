@@ -41,6 +41,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from aggregator.clickhouse_access import redact_dsn
 from enforcer import Enforcer, EnforcerConfig
 from ingest.gateway import Gateway, GatewayServer, parse_config
 from ingest.publisher import PublisherConfig, UsagePublisher
@@ -414,7 +415,8 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
         ):
             bootstrap = stack.up(with_worker=False)
         console.print(
-            f"kafka [bold]{bootstrap}[/bold], clickhouse [bold]{demo_settings.dsn}[/bold]"
+            f"kafka [bold]{bootstrap}[/bold], "
+            f"clickhouse [bold]{redact_dsn(demo_settings.dsn)}[/bold]"
         )
         tables = load_price_file(default_price_file())
         budgets_file = Path(str(resources.files("spendbus") / "demo_data" / "budgets.yaml"))

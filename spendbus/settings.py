@@ -67,7 +67,8 @@ class Settings(BaseModel):
 
     home: Path = Path(".spendbus")
     kafka_bootstrap: str | None = None
-    clickhouse_dsn: str | None = None
+    #: kept out of repr: a DSN may carry a password (prefer CLICKHOUSE_PASSWORD_FILE)
+    clickhouse_dsn: str | None = Field(default=None, repr=False)
     topic_prefix: str = ""
     partitions: int = Field(default=4, ge=1, le=256)
     web_port: int = Field(default=6066, ge=1, le=65535)

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
-from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
+from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
 from aggregator.sink.errors import DataPathInUse, SinkRejected, translate
 from schemas.errors import ConfigError
 
@@ -174,11 +174,7 @@ def _status_lock_holder(path: str) -> str | None:
         os.close(fd)
 
 
-def _redact(dsn: str) -> str:
-    parsed = urlparse(dsn)
-    if parsed.password:
-        return dsn.replace(f":{parsed.password}@", ":***@", 1)
-    return dsn
+_redact = redact_dsn
 
 
 def ddl_files(ddl_dir: Path | str | None = None) -> list[Path]:

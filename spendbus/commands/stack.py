@@ -7,6 +7,7 @@ import sys
 import click
 from rich.console import Console
 
+from aggregator.clickhouse_access import redact_dsn
 from spendbus.settings import load_settings
 from spendbus.stack.local import LocalStack
 
@@ -20,7 +21,8 @@ def up(no_worker: bool) -> None:
     settings = load_settings()
     with console.status("starting the local stack (the first run fetches the Kafka broker)..."):
         bootstrap = LocalStack(settings).up(with_worker=not no_worker)
-    console.print(f"kafka: [bold]{bootstrap}[/bold]  clickhouse: [bold]{settings.dsn}[/bold]")
+    dsn = redact_dsn(settings.dsn)
+    console.print(f"kafka: [bold]{bootstrap}[/bold]  clickhouse: [bold]{dsn}[/bold]")
     if not no_worker:
         console.print(f"aggregator worker: http://127.0.0.1:{settings.web_port}/stats")
 

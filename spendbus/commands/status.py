@@ -55,7 +55,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aggregator.clickhouse_access import ClickHouseAccess
+from aggregator.clickhouse_access import ClickHouseAccess, redact_dsn
 from schemas.codec import VERDICT
 from schemas.errors import ConfigError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, preflight
@@ -425,11 +425,8 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def redact(dsn: str) -> str:
-    parsed = urlparse(dsn)
-    if parsed.password:
-        return dsn.replace(f":{parsed.password}@", ":***@", 1)
-    return dsn
+#: the DSN with its password shown as *** (the one helper: aggregator/clickhouse_access.py)
+redact = redact_dsn
 
 
 # ------------------------------------------------------------------------------------------

@@ -127,6 +127,22 @@ def test_the_local_stack_from_the_command_line(
 
         expected = [("acme-monthly", 20 * 4_500_000)]
         assert poll(budget_usage, lambda usage: usage == expected, 90, 0.5) == expected
+
+        # `up` made the worker's web token (private); `sql` sends it, and the worker's
+        # /sql refuses what is not a plain query, naming why
+        token_file = tmp_path / "home" / "web.token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        refused = spendbus(env, "sql", "DROP TABLE usage_events", check=False)
+        assert refused.returncode != 0
+        assert "DROP statements are refused" in refused.stdout + refused.stderr
+        assert token not in refused.stdout + refused.stderr
+        assert stored() == (20, 20 * 4_500_000)
+        token_file.write_text("not-the-token\n")  # what a stale or foreign token gets
+        unauthorized = spendbus(env, "sql", "SELECT 1", check=False)
+        assert unauthorized.returncode != 0
+        assert "bearer token" in unauthorized.stdout + unauthorized.stderr
+        token_file.write_text(token + "\n")
     finally:
         spendbus(env, "down")
     # nothing runs now: sql opens the embedded store itself

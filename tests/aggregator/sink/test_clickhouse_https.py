@@ -275,3 +275,16 @@ def test_access_options_that_do_not_fit_the_dsn_are_refused(tmp_path: Path) -> N
         )
     with pytest.raises(ValueError, match="CLICKHOUSE_CLIENT_CERT"):
         ClickHouseAccess(client_key=ca_file)
+
+
+def test_a_password_in_the_dsn_stays_out_of_reprs_and_printed_dsns() -> None:
+    from aggregator.clickhouse_access import redact_dsn
+    from aggregator.config import AggregatorConfig
+
+    dsn = f"https://{USER}:{PASSWORD}@clickhouse.internal:8443/default"
+    settings = load_settings({"CLICKHOUSE_DSN": dsn})
+    config = AggregatorConfig(bootstrap="127.0.0.1:9092", clickhouse_dsn=dsn)
+    for shown in (repr(settings), str(settings), repr(config), str(config), redact_dsn(dsn)):
+        assert PASSWORD not in shown
+    assert redact_dsn(dsn) == f"https://{USER}:***@clickhouse.internal:8443/default"
+    assert settings.dsn == dsn and config.clickhouse_dsn == dsn  # still there to be used
