@@ -44,7 +44,7 @@ from aggregator.sink import (
     open_client,
 )
 from aggregator.sink.errors import QueryRefused
-from aggregator.sink.guard import QueryGuard
+from aggregator.sink.guard import READ_ONLY_SESSION, QueryGuard
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.net import is_loopback
 
@@ -66,7 +66,7 @@ class ClickHouseWriter:
         self.metrics = metrics
         self.access = access
         self.sink: ClickHouseSink | None = None
-        # analyst queries: a second client on the same store, opened with readonly=1
+        # analyst queries: a second client on the same store, readonly=1 and bounded
         self.guard: QueryGuard | None = None
         self._opening = asyncio.Lock()
         # one call into the client at a time: the embedded engine is one session per process
@@ -115,7 +115,7 @@ class ClickHouseWriter:
         async with self._using:
             if self.guard is None:
                 client = await asyncio.to_thread(
-                    open_client, self.dsn, access=self.access, readonly=1
+                    open_client, self.dsn, access=self.access, **READ_ONLY_SESSION
                 )
                 self.guard = QueryGuard(client)
             return await asyncio.to_thread(self.guard.run, sql)
@@ -255,7 +255,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 try:
                     columns, rows = await writer.query(body["sql"])
                 except QueryRefused as exc:
-                    status = 400 if exc.reason in ("bad_request", "empty") else 403
+                    status = 400 if exc.reason in ("bad_request", "empty", "limit") else 403
                     return self.json({"error": str(exc), "refused": exc.reason}, status=status)
                 except SinkUnavailable as exc:
                     return self.json({"error": str(exc)}, status=503)

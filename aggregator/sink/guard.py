@@ -15,6 +15,7 @@ Two layers, both the engine's own:
    including what this list has never heard of: ``file()``, ``url()``, ``remote()``,
    ``s3()``, ``executable()``, ``input()``, dictionaries, introspection, the AI functions.
 2. **Its read-only mode.** The statement runs on a client opened with ``readonly=1``
+   (after ``max_execution_time`` and ``max_result_rows``: :data:`READ_ONLY_SESSION`)
    (a session setting: a query cannot lift it; ``SETTINGS`` in the query are refused
    by the engine), which refuses writes, DDL and every table function that is not
    read-only, should the first layer ever let one through.
@@ -175,6 +176,17 @@ _CHILDREN: Final = re.compile(r" ?\(children (\d+)\)$")
 _ALIAS: Final = re.compile(r" \(alias [^)]*\)$")
 #: ClickHouse's READONLY error code: the engine's read-only mode refused the statement
 READONLY_CODE: Final = 164
+#: TIMEOUT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES: a query past the session's limits
+LIMIT_CODES: Final = frozenset({159, 396})
+
+#: the session settings of the guard's client: bounded queries (one analyst must not hold
+#: the store, which the sink shares, for hours, nor the worker's memory with a huge
+#: answer), then readonly=1, LAST: once it is set, no setting can change
+READ_ONLY_SESSION: Final[dict[str, Any]] = {
+    "max_execution_time": 30,
+    "max_result_rows": 100_000,
+    "readonly": 1,
+}
 
 
 @dataclass
@@ -356,8 +368,17 @@ class QueryGuard:
 
 
 def _refused_by_engine(exc: BaseException, doing: str) -> SinkError:
-    """QueryRefused when the engine's read-only mode refused, else the usual sink error."""
-    if getattr(exc, "code", None) == READONLY_CODE:
+    """QueryRefused when the engine's read-only mode or its limits refused, else the usual
+    sink error."""
+    code = getattr(exc, "code", None)
+    if code in LIMIT_CODES:
+        limits = ", ".join(f"{k}={v}" for k, v in READ_ONLY_SESSION.items() if k != "readonly")
+        return QueryRefused(
+            f"the query went past /sql's limits ({limits}): {_first_line(exc)}; "
+            "aggregate in the query, or ask the store directly",
+            reason="limit",
+        )
+    if code == READONLY_CODE:
         return QueryRefused(
             f"refused by the engine's read-only mode ({_first_line(exc)}): /sql runs "
             "plain queries without SETTINGS",

@@ -237,6 +237,10 @@ def test_every_refusal_leaves_the_store_as_it_was(pipeline: Pipeline, tmp_path: 
     for raw in (b"not json", b'{"sql": 5}', b'["SELECT 1"]', b'{"sql": ""}', b'{"sql": " ; "}'):
         status, body = request(port, "/sql", raw, token)
         assert status == 400, (raw, body)
+    # an answer past the session's limits (READ_ONLY_SESSION): 400, named
+    status, body = sql(pipeline, "SELECT number FROM numbers(200000)", token)
+    assert status == 400 and body["refused"] == "limit", body
+    assert "max_result_rows" in body["error"]
     # the analyst's own mistake: 400 with the engine's reason
     status, body = sql(pipeline, "SELECT no_such_column FROM usage_events", token)
     assert status == 400 and "no_such_column" in body["error"]
