@@ -11,6 +11,8 @@
   (``aggregator/sink``), retrying while ClickHouse is away; only a batch
   that was inserted is acked. Counters and verdicts never wait for it.
 * ``verdict-sink`` does the same for budget.verdicts into ``budget_state``.
+* ``publish_alerts`` sends each alert of ClickHouse's ``alerts`` view once to the shared
+  alert topic (``aggregator/alerts.py``); a worker without a store sends the fold's alerts.
 
 Pages: ``/sql`` (bearer token always; the query vetted and run read-only by
 ``aggregator/sink/guard.py``), ``/stats`` and ``/metrics`` (open on loopback, the token
@@ -24,12 +26,15 @@ import hmac
 import json
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import faust
 import mode
+from aiokafka.errors import KafkaError
 from faust.types import StreamT
 
+from aggregator.alerts import AlertPublisher, generation_is_current
 from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from aggregator.config import AggregatorConfig
 from aggregator.counting import CountingStage
@@ -108,6 +113,14 @@ class ClickHouseWriter:
                 self.metrics.sink_rows.inc(inserted)
                 self.metrics.sink_skipped.inc(len(records) - inserted)
             return
+
+    async def read(self, sql: str) -> list[Sequence[Any]]:
+        """Rows of ``sql``, the worker's own query (the alert publisher's), on the sink's
+        client: never an analyst's text (those go through :meth:`query`)."""
+        sink = await self.open()
+        async with self._using:
+            result = await asyncio.to_thread(sink.client.query, sql)
+        return list(result.result_rows)
 
     async def query(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Vet ``sql`` and run it read-only (QueryRefused when the guard refuses it)."""
@@ -220,6 +233,27 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 config.sink_batch_size, within=config.sink_batch_seconds
             ):
                 await writer.write_until_done([VERDICT.decode(v) for v in values], verdicts=True)
+
+        # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts.py)
+        publisher = AlertPublisher(
+            config.bootstrap,
+            topics,
+            writer.read,
+            security=config.kafka_security,
+            is_current=lambda: generation_is_current(
+                config.bootstrap, topics, security=config.kafka_security
+            ),
+        )
+
+        @app.task
+        async def publish_alerts() -> None:
+            await writer.open()
+            while True:
+                try:
+                    await publisher.run()
+                except (SinkError, KafkaError) as exc:  # ClickHouse or Kafka away: again
+                    log.warning("alert publisher: %s; starting again in 5s", exc)
+                    await asyncio.sleep(5)
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def forget_revoked(sender: Any, revoked: set[Any], **kwargs: Any) -> None:

@@ -83,7 +83,9 @@ def create_app(config: AggregatorConfig) -> faust.App:
     from aggregator.agents import install
 
     install(app, config)
-    if config.generation:  # a replay generation stages its alerts (docs/replay.md)
+    # a replay generation without a store stages the fold's alerts (docs/replay.md); with
+    # one, the alert publisher (aggregator/alerts.py) writes the shared topic itself
+    if config.generation and not config.clickhouse_dsn:
         from aggregator.generations import install_alert_relay
 
         install_alert_relay(app, config.bootstrap, config.topics, security=config.kafka_security)

@@ -511,7 +511,9 @@ class CountingStage:
         offer = self.verdicts.offer
         send_now = [(k, c) for k, c in out.verdict_changes.items() if offer(k, c, now)]
         self._add_verdicts(send_now)
-        for counter, alert in out.alerts:
+        # with a ClickHouse store the alerts go out from its exact record (aggregator/alerts.py);
+        # without one the fold's own (newest periods only, at least once) are all there is
+        for counter, alert in out.alerts if self.config.clickhouse_dsn is None else ():
             add(
                 self.topics.budget_alerts,
                 self._partition_of(self.topics.budget_alerts, counter),

@@ -29,6 +29,7 @@ from aggregator.reference import Reference, ReferenceFollower
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import ContractError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from schemas.periods import ROLLING_BUCKETS
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -41,7 +42,6 @@ HISTORY_QUERY: Final = (
     "SELECT counter_key, period, spent_nanos, spent_tokens, spent_requests, events "
     "FROM budget_history"
 )
-_ROLLING_BUCKETS: Final = 48
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def _period_totals(slot: dict[int, list[int]]) -> tuple[int, int, int, int]:
     """A period's totals from its buckets: all of them for a calendar period (one bucket),
     the newest 48 for a rolling window (what the counter holds); events: all."""
     newest = max(slot)
-    live = [sums for bucket, sums in slot.items() if bucket > newest - _ROLLING_BUCKETS]
+    live = [sums for bucket, sums in slot.items() if bucket > newest - ROLLING_BUCKETS]
     return (
         sum(s[0] for s in live),
         sum(s[1] for s in live),

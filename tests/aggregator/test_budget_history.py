@@ -8,8 +8,10 @@ recomputation (tests/budget_oracle.py).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,14 +30,15 @@ from budget_oracle import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggregator.alerts import alerts_found
 from aggregator.priced import CountEntry, PricedWriter
 from aggregator.process import BatchProcessor, RawRecord
 from aggregator.reference import Reference
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
 from aggregator.verify import VerifyReport, compare_history
-from schemas.budgets import budgets_from_yaml
-from schemas.codec import PRICED_USAGE, USAGE_EVENT, priced_usage_from_raw
-from schemas.periods import MAX_FUTURE_SKEW_SECONDS
+from schemas.budgets import applicable, budgets_from_yaml
+from schemas.codec import ALERT, PRICED_USAGE, USAGE_EVENT, priced_usage_from_raw
+from schemas.periods import MAX_FUTURE_SKEW_SECONDS, period_key
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.usage import new_usage_event
 
@@ -313,3 +316,53 @@ def test_verify_compares_every_period_with_budget_history() -> None:
         ("k2", "t", "history", "present", "missing"),
         ("k3", "d:2026-11-02", "history", "missing", "present"),
     ]
+
+
+def test_the_alert_publisher_finds_each_alert_of_what_changed(engine: str) -> None:
+    """alerts_found on the real engine: everything at first, then only the (counter,
+    period)s and models that received events since the previous poll, late ones included."""
+    client = fresh_database(engine)
+
+    async def read(sql: str) -> Any:
+        return client.query(sql).result_rows
+
+    try:
+        worker = Worker(client)
+        # November: acme's org-month crosses 0.8 and 1.0 ($0.5 at ~$0.02 an event)
+        november = [usage(i, "acme", "sk-a", 60 * i, "claude-sonnet-4-5") for i in range(40)]
+        worker.fold([RawRecord(0, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(november)])
+        first = asyncio.run(alerts_found(read, None))
+        ids = [alert["alert_id"] for _, alert in first]
+        assert len(ids) == len(set(ids))
+        assert set(ids) == alert_ids(
+            history(november, BUDGETS, price_book()), november, price_book()
+        )
+        (since,) = client.query("SELECT toUnixTimestamp64Milli(now64(3))").result_rows[0]
+        time.sleep(0.01)
+        # later: globex spends in December, and one unpriced event of acme arrives late
+        late = [
+            usage(100 + i, "globex", "sk-b", 60 * 24 * 12 + i, "claude-sonnet-4-5")
+            for i in range(40)
+        ] + [usage(200, "acme", "sk-a", 5, "mystery-model-1")]
+        worker.fold([RawRecord(1, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(late)])
+        recent = {alert["alert_id"] for _, alert in asyncio.run(alerts_found(read, since))}
+        both = november + late
+        everything = {alert["alert_id"] for _, alert in asyncio.run(alerts_found(read, None))}
+        assert everything == alert_ids(history(both, BUDGETS, price_book()), both, price_book())
+        # exactly the alerts of the (counter, period)s the late events touched: acme's
+        # November ones again (the publisher drops ids it sent), globex's December ones
+        touched = {
+            (key, period_key(budget.window, e["occurred_at"]))
+            for e in late
+            for budget, key, _ in applicable(BUDGETS, e)
+        }
+        assert recent == {
+            i
+            for i in everything
+            if i.startswith("unpriced|") or tuple(i.rsplit("|", 2)[:2]) in touched
+        }
+        assert "unpriced|mystery-model-1" in recent and recent < everything
+        messages = [ALERT.decode(ALERT.encode(alert)) for _, alert in first]  # valid Alerts
+        assert {m["kind"] for m in messages} == {"threshold"}
+    finally:
+        client.close()

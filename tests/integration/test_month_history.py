@@ -25,6 +25,7 @@ from budget_oracle import (
 )
 from pipeline_kit import PRICES_YAML, Pipeline, poll
 
+from aggregator.generations import alert_ids as topic_alert_ids
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
@@ -157,6 +158,16 @@ def assert_exact(pipeline: Pipeline, counted: list[Any], rows: Any, alerts: set[
     listed = [r[0] for r in pipeline.sql("SELECT alert_id FROM alerts")]
     assert len(listed) == len(set(listed)), "an alert listed twice"
     assert set(listed) == alerts
+    # and the shared alert topic, what pagers read: each alert sent once
+    poll(
+        lambda: asyncio.run(topic_alert_ids(pipeline.bootstrap, pipeline.topics.shared_alerts)),
+        lambda ids: set(ids) >= alerts,
+        timeout=90,
+    )
+    time.sleep(2)  # a repeat would come with the next polls
+    sent = asyncio.run(topic_alert_ids(pipeline.bootstrap, pipeline.topics.shared_alerts))
+    assert len(sent) == len(set(sent)), "an alert sent twice"
+    assert set(sent) == alerts
 
 
 def test_the_month_ledger_is_exact_and_stays_exact_after_a_replay_with_cutover(
