@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from aggregator.clickhouse_access import ClickHouseAccess
 from aggregator.sink.errors import SinkRejected
@@ -182,7 +183,7 @@ PAST_AUTHENTICATION = "Unknown identifier: readonly"
 
 
 def test_the_ca_file_and_the_password_get_through_tls(tls_server: TlsServer) -> None:
-    access = ClickHouseAccess(ca_file=tls_server.ca_file, password=PASSWORD)
+    access = ClickHouseAccess(ca_file=tls_server.ca_file, password=SecretStr(PASSWORD))
     message = _connect_error(tls_server.dsn(), access)
     assert PAST_AUTHENTICATION in message
     # the password may also sit in the DSN (then it is redacted in every message)
@@ -194,26 +195,28 @@ def test_the_ca_file_and_the_password_get_through_tls(tls_server: TlsServer) -> 
 
 def test_a_certificate_from_another_ca_fails_the_handshake(tls_server: TlsServer) -> None:
     for access in (
-        ClickHouseAccess(ca_file=tls_server.other_ca_file, password=PASSWORD),
-        ClickHouseAccess(password=PASSWORD),  # the system CAs do not know the test CA
+        ClickHouseAccess(ca_file=tls_server.other_ca_file, password=SecretStr(PASSWORD)),
+        ClickHouseAccess(password=SecretStr(PASSWORD)),  # the system CAs do not know the test CA
     ):
         message = _connect_error(tls_server.dsn(), access)
         assert "did not verify" in message and "CLICKHOUSE_CA_FILE" in message
         assert PAST_AUTHENTICATION not in message
     # verification off (a test server only): the handshake passes without the CA
-    message = _connect_error(tls_server.dsn(), ClickHouseAccess(verify=False, password=PASSWORD))
+    message = _connect_error(
+        tls_server.dsn(), ClickHouseAccess(verify=False, password=SecretStr(PASSWORD))
+    )
     assert PAST_AUTHENTICATION in message
 
 
 def test_the_host_name_is_verified(tls_server: TlsServer) -> None:
     # the certificate names localhost only: the same server asked as 127.0.0.1 is refused
-    access = ClickHouseAccess(ca_file=tls_server.ca_file, password=PASSWORD)
+    access = ClickHouseAccess(ca_file=tls_server.ca_file, password=SecretStr(PASSWORD))
     message = _connect_error(tls_server.dsn(host="127.0.0.1"), access)
     assert "did not verify" in message
 
 
 def test_a_wrong_password_is_refused_and_shown_nowhere(tls_server: TlsServer) -> None:
-    access = ClickHouseAccess(ca_file=tls_server.ca_file, password="not-" + PASSWORD)
+    access = ClickHouseAccess(ca_file=tls_server.ca_file, password=SecretStr("not-" + PASSWORD))
     message = _connect_error(tls_server.dsn(), access)
     assert "Wrong password" in message
     assert "not-" + PASSWORD not in message
@@ -224,7 +227,7 @@ def test_status_reports_an_https_server_without_its_password(tls_server: TlsServ
         tls_server.dsn(),
         None,
         timeout=30,
-        access=ClickHouseAccess(ca_file=tls_server.other_ca_file, password=PASSWORD),
+        access=ClickHouseAccess(ca_file=tls_server.other_ca_file, password=SecretStr(PASSWORD)),
     )
     assert report["reachable"] is False and "did not verify" in report["error"]
     assert PASSWORD not in repr(report)
@@ -265,7 +268,7 @@ def test_access_options_that_do_not_fit_the_dsn_are_refused(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="keep one") as raised:
         open_client(
             f"https://spendbus:{PASSWORD}@127.0.0.1:9/default",
-            access=ClickHouseAccess(password="other"),
+            access=ClickHouseAccess(password=SecretStr("other")),
         )
     assert PASSWORD not in str(raised.value)
     with pytest.raises(ConfigError, match="CLICKHOUSE_CA_FILE"):
