@@ -359,6 +359,13 @@ def clickhouse_report(
         try:
             rows = _http_json(f"{worker_url}/sql", {"sql": query}, timeout, token)["rows"]
         except HttpError as exc:
+            if exc.code == 401:  # the token sent is not the worker's: the store is not asked
+                report.update(
+                    reachable=None,
+                    error=f"the worker's /sql refused the web token ({exc}); "
+                    "SPENDBUS_WEB_TOKEN_FILE names the worker's token file",
+                )
+                return report
             if exc.code != 404:  # the store answered; the query failed (a missing table)
                 report.update(reachable=True, error=str(exc))
                 return report
@@ -561,6 +568,8 @@ def problems(report: dict[str, Any], topics: Topics) -> list[str]:
     clickhouse = report["clickhouse"]
     if clickhouse["reachable"] is False:
         found.append(f"ClickHouse unreachable: {clickhouse['error']}")
+    elif clickhouse["reachable"] is None and clickhouse.get("error"):
+        found.append(f"ClickHouse not checked: {clickhouse['error']}")
     return found
 
 

@@ -142,6 +142,10 @@ def test_the_local_stack_from_the_command_line(
         unauthorized = spendbus(env, "sql", "SELECT 1", check=False)
         assert unauthorized.returncode != 0
         assert "bearer token" in unauthorized.stdout + unauthorized.stderr
+        report = json.loads(spendbus(env, "status", "--json").stdout)
+        assert report["clickhouse"]["reachable"] is None
+        assert "refused the web token" in report["clickhouse"]["error"]
+        assert any("ClickHouse not checked" in p for p in report["problems"])
         token_file.write_text(token + "\n")
     finally:
         spendbus(env, "down")
