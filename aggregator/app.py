@@ -8,13 +8,16 @@ the ClickHouse sink opens its store when its agent starts.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import faust
 from faust.auth import Credentials, SASLCredentials, SSLCredentials
 
 from aggregator.config import AggregatorConfig
 from schemas.kafka import KafkaSecurity
+from schemas.replication import ReplicationPlan, resolve_plan
 
 
 def faust_credentials(security: KafkaSecurity) -> Credentials | None:
@@ -30,6 +33,15 @@ def faust_credentials(security: KafkaSecurity) -> Credentials | None:
         )
     context = security.ssl_context()
     return None if context is None else SSLCredentials(context)
+
+
+def replication_plan(config: AggregatorConfig) -> ReplicationPlan:
+    """The replication of the topics Faust declares (its assignor's topic, the sink
+    agents' sources when missing), asked of the cluster on a loop of its own: the app is
+    built before Faust's loop runs."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        coro = resolve_plan(config.bootstrap, config.replication, security=config.kafka_security)
+        return pool.submit(asyncio.run, coro).result()
 
 
 def create_app(config: AggregatorConfig) -> faust.App:
@@ -53,7 +65,7 @@ def create_app(config: AggregatorConfig) -> faust.App:
         # exactly_once is avoided on purpose (DESIGN.md, lessons from the field).
         processing_guarantee="at_least_once",
         topic_partitions=config.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replication_plan(config).replication_factor,
         topic_allow_declare=True,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,

@@ -11,6 +11,7 @@ from schemas.errors import ConfigError
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.net import is_loopback
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
+from schemas.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.topics import Topics, check_generation
 
 
@@ -27,6 +28,9 @@ class AggregatorConfig(BaseModel):
         description="chdb:///abs/path (embedded) or http(s)://host:8123; None = no sink",
     )
     topic_prefix: str = ""
+    #: replicas of every topic the worker creates (its changelogs, Faust's own topics):
+    #: followed from the cluster unless the settings say otherwise (schemas/replication.py)
+    replication: ReplicationPolicy = FOLLOW_CLUSTER
     #: the generation this worker builds ('' = the default one; docs/replay.md): picks the
     #: derived topics (usage.priced, budget.verdicts, alert staging) through ``topics``
     generation: str = ""

@@ -68,6 +68,7 @@ from aggregator.process import BatchProcessor
 from aggregator.state import CountingStore, SealedState
 from aggregator.verdicts import VerdictCoalescer
 from schemas.periods import to_micros
+from schemas.replication import plan_for
 from schemas.topics import COMPACTED_CONFIG, Topics
 
 log = logging.getLogger(__name__)
@@ -364,6 +365,8 @@ class CountingStage:
         return AIOKafkaProducer(
             bootstrap_servers=self.config.bootstrap,
             acks="all",
+            # a retry after a leader moved (a broker lost) must not write a batch twice
+            enable_idempotence=True,
             linger_ms=0,
             max_batch_size=RECORD_BATCH_BYTES,
             max_request_size=4 * RECORD_BATCH_BYTES,
@@ -686,12 +689,19 @@ async def ensure_changelogs(config: AggregatorConfig, topics: Topics) -> None:
         source = await admin.describe_topics([topics.usage_raw])
         partitions = len(source[0]["partitions"]) or config.partitions
         existing = set(await admin.list_topics())
-        wanted = [
-            NewTopic(name, partitions, 1, topic_configs=dict(COMPACTED_CONFIG))
-            for name in (config.counter_changelog, config.seen_changelog)
-            if name not in existing
-        ]
-        if wanted:
+        names = [n for n in (config.counter_changelog, config.seen_changelog) if n not in existing]
+        if names:
+            # the counters' state: as many replicas as the cluster allows (schemas/replication.py)
+            plan = await plan_for(admin, config.replication, f"changelogs {', '.join(names)}")
+            wanted = [
+                NewTopic(
+                    name,
+                    partitions,
+                    plan.replication_factor,
+                    topic_configs={**COMPACTED_CONFIG, **plan.topic_config},
+                )
+                for name in names
+            ]
             response = await admin.create_topics(wanted)
             for name, code, *_ in response.topic_errors:
                 if code not in (0, TopicAlreadyExistsError.errno):

@@ -41,6 +41,7 @@ def _register_optional() -> None:
     from spendbus.commands.pricing import price, prices
     from spendbus.commands.replay import replay, snapshot
     from spendbus.commands.tap import tap
+    from spendbus.commands.topics import topics
 
     prices.add_command(prices_apply_command())
     cli.add_command(price)
@@ -56,6 +57,7 @@ def _register_optional() -> None:
     cli.add_command(replay)
     cli.add_command(snapshot)
     cli.add_command(acls)
+    cli.add_command(topics)
 
 
 _register_optional()

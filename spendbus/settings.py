@@ -28,6 +28,9 @@ KAFKA_SASL_PASSWORD_FILE   a file holding the password (one line)           (non
 KAFKA_SSL_CAFILE           PEM CA(s) that signed the brokers' certificates  the system CAs
 KAFKA_SSL_CERTFILE         mutual TLS: the client's certificate chain       (none)
 KAFKA_SSL_KEYFILE          mutual TLS: the client's private key             (none)
+SPENDBUS_REPLICATION_FACTOR  replicas of each new topic                     min(3, brokers)
+SPENDBUS_MIN_INSYNC_REPLICAS min.insync.replicas of each new topic          RF - 1 from RF 3, else 1
+SPENDBUS_ALLOW_UNDER_REPLICATION  allow fewer replicas than the cluster has false
 SPENDBUS_CONFIG            a YAML file with any of the keys below           (none)
 =========================  ===============================================  ==========================
 
@@ -35,7 +38,8 @@ A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
 ``web_port``, ``web_host``, ``cache_dir``, ``kafka_security_protocol``, ``kafka_sasl_mechanism``,
 ``kafka_sasl_username``, ``kafka_sasl_password``, ``kafka_sasl_password_file``,
-``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``); environment variables
+``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``, ``replication_factor``,
+``min_insync_replicas``, ``allow_under_replication``); environment variables
 win over the file. Every Kafka client of every command and stage connects with the
 ``KAFKA_*`` security settings (``Settings.kafka_security``); the password is held as a
 secret and never printed. A password in both forms is refused: one source of truth.
@@ -59,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from aggregator.clickhouse_access import ClickHouseAccess
 from schemas.errors import ConfigError
 from schemas.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
+from schemas.replication import ReplicationPolicy
 from schemas.topics import Topics
 
 
@@ -92,6 +97,19 @@ class Settings(BaseModel):
     clickhouse_client_key: Path | None = None
     clickhouse_password: SecretStr | None = None
     clickhouse_password_file: Path | None = None
+    #: replication of every topic spendbus creates (schemas/replication.py): None follows
+    #: the cluster, min(3, brokers) and RF - 1 in sync from three replicas on
+    replication_factor: int | None = Field(default=None, ge=1)
+    min_insync_replicas: int | None = Field(default=None, ge=1)
+    allow_under_replication: bool = False
+
+    @property
+    def replication(self) -> ReplicationPolicy:
+        return ReplicationPolicy(
+            replication_factor=self.replication_factor,
+            min_insync_replicas=self.min_insync_replicas,
+            allow_under_replication=self.allow_under_replication,
+        )
 
     @property
     def clickhouse_access(self) -> ClickHouseAccess:
@@ -185,6 +203,9 @@ _ENV = {
     "CLICKHOUSE_CLIENT_KEY": "clickhouse_client_key",
     "CLICKHOUSE_PASSWORD": "clickhouse_password",
     "CLICKHOUSE_PASSWORD_FILE": "clickhouse_password_file",
+    "SPENDBUS_REPLICATION_FACTOR": "replication_factor",
+    "SPENDBUS_MIN_INSYNC_REPLICAS": "min_insync_replicas",
+    "SPENDBUS_ALLOW_UNDER_REPLICATION": "allow_under_replication",
 }
 
 

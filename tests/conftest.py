@@ -103,6 +103,23 @@ def local_broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-u
 
 
 @pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Three local KRaft nodes (each a broker and a controller voter, spendbus/stack/cluster.py)
+    for the tests that ask: fault tests kill, stop and restart its nodes; each such test
+    leaves every node running again (``cluster.start()``) for the next."""
+    from spendbus.stack.cluster import LocalCluster
+    from spendbus.stack.kafka import ensure_broker_jars
+
+    ensure_broker_jars()
+    cluster = LocalCluster(tmp_path_factory.mktemp("kafka-cluster"), brokers=3)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def clickhouse_server_dsn() -> Iterator[str | None]:
     """A ClickHouse server DSN when one is configured or Docker can start one; else None (use chdb)."""
     if os.environ.get("CLICKHOUSE_DSN"):

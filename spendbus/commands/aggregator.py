@@ -66,6 +66,7 @@ def run(
         data_dir=settings.home / (f"aggregator-{generation}" if generation else "aggregator"),
         store=store,
         partitions=settings.partitions,
+        replication=settings.replication,
         web_port=settings.web_port,
         web_host=settings.web_host,
         web_token=web_token,

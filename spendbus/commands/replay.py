@@ -77,6 +77,7 @@ from schemas.codec import PRICED_USAGE
 from schemas.errors import ConfigError, ContractError, SpendbusError
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
+from schemas.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.topics import Topics, check_generation
 from spendbus.stack.kafka import free_port
 from spendbus.stack.topics import ensure_topics
@@ -157,6 +158,8 @@ class StackPlace:
     security: KafkaSecurity = PLAINTEXT
     #: an https:// ClickHouse server's CA file, verification and password (the same)
     clickhouse_access: ClickHouseAccess = DEFAULT_ACCESS
+    #: the replication of the generation's new topics (schemas/replication.py)
+    replication: ReplicationPolicy = FOLLOW_CLUSTER
 
 
 class GenerationReplay:
@@ -219,7 +222,13 @@ class GenerationReplay:
             raise ConfigError(f"generation {self.generation!r} was retired; pick a new name")
         snapshot = self._latest_snapshot() if self.from_snapshot else None
         asyncio.run(
-            ensure_topics(place.bootstrap, self.topics, place.partitions, security=place.security)
+            ensure_topics(
+                place.bootstrap,
+                self.topics,
+                place.partitions,
+                security=place.security,
+                replication=place.replication,
+            )
         )
         self.start_committed = asyncio.run(
             group_progress(place.bootstrap, self.topics, security=place.security)
@@ -271,6 +280,7 @@ class GenerationReplay:
             generation=self.generation,
             app_id=self.topics.aggregator_app_id,
             partitions=place.partitions,
+            replication=place.replication,
         )
         reference = asyncio.run(
             load_reference(place.bootstrap, place.topics, security=place.security)
@@ -721,6 +731,7 @@ def _place() -> tuple[StackPlace, Any]:
         clickhouse_access=settings.clickhouse_access,
         home=settings.home.resolve(),
         partitions=settings.partitions,
+        replication=settings.replication,
     )
     return place, settings
 

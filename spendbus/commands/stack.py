@@ -16,11 +16,18 @@ console = Console()
 
 @click.command()
 @click.option("--no-worker", is_flag=True, help="Start Kafka and the topics only.")
-def up(no_worker: bool) -> None:
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=None,
+    help="Brokers of the local Kafka (KRaft, loopback), each also a controller voter; "
+    "topics get min(3, N) replicas. Default: 1, or the size started before.",
+)
+def up(no_worker: bool, brokers: int | None) -> None:
     """Start the local stack: Kafka (unless KAFKA_BOOTSTRAP is set), topics, an aggregator worker."""
     settings = load_settings()
     with console.status("starting the local stack (the first run fetches the Kafka broker)..."):
-        bootstrap = LocalStack(settings).up(with_worker=not no_worker)
+        bootstrap = LocalStack(settings).up(with_worker=not no_worker, brokers=brokers)
     dsn = redact_dsn(settings.dsn)
     console.print(f"kafka: [bold]{bootstrap}[/bold]  clickhouse: [bold]{dsn}[/bold]")
     if not no_worker:

@@ -29,6 +29,11 @@ through the worker's ``/sql`` page, as ``spendbus sql`` does.
     dlq              topic, letters
     clickhouse       dsn (password hidden), reachable (bool|null), via
                      ("worker" | "direct"), usage_events (int|null), error
+    replication      replication_factor, min_insync_replicas, brokers (the plan for this
+                     cluster: schemas/replication.py), error (str|null),
+                     under_replicated: [{topic, replicas, min_insync_replicas,
+                     wanted_replicas, wanted_min_insync}]  (contract topics and the
+                     counters' changelogs below the plan; `spendbus topics fix-replication`)
     problems         [str]: what a person should look at; empty when all is well
 
 Exit status: 0 when Kafka answered (whatever the problems), 2 when it could not
@@ -59,9 +64,11 @@ from aggregator.clickhouse_access import ClickHouseAccess, redact_dsn
 from schemas.codec import VERDICT
 from schemas.errors import ConfigError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, preflight
+from schemas.replication import FOLLOW_CLUSTER, ReplicationPolicy, ReplicationProblem
 from schemas.topics import Topics
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.local import local_broker, worker_process
+from spendbus.stack.topics import FIX_COMMAND, replication_report
 from spendbus.stack.web_token import client_token
 
 console = Console()
@@ -97,7 +104,12 @@ class Probe:
 
 
 async def kafka_report(
-    bootstrap: str, topics: Topics, timeout: float, *, security: KafkaSecurity = PLAINTEXT
+    bootstrap: str,
+    topics: Topics,
+    timeout: float,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+    replication: ReplicationPolicy = FOLLOW_CLUSTER,
 ) -> dict[str, Any]:
     """Everything status reads from Kafka; raises KafkaUnreachable after ``timeout`` seconds
     (or at once, with the setting to look at, when the cluster refuses the security settings)."""
@@ -107,7 +119,8 @@ async def kafka_report(
         raise KafkaUnreachable(str(exc)) from None
     try:
         return await asyncio.wait_for(
-            _kafka_report(bootstrap, topics, timeout, security=security), timeout
+            _kafka_report(bootstrap, topics, timeout, security=security, replication=replication),
+            timeout,
         )
     except TimeoutError:
         raise KafkaUnreachable(f"no answer from {bootstrap} within {timeout:g}s") from None
@@ -122,7 +135,12 @@ async def kafka_report(
 
 
 async def _kafka_report(
-    bootstrap: str, topics: Topics, timeout: float, *, security: KafkaSecurity = PLAINTEXT
+    bootstrap: str,
+    topics: Topics,
+    timeout: float,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+    replication: ReplicationPolicy = FOLLOW_CLUSTER,
 ) -> dict[str, Any]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
@@ -142,6 +160,12 @@ async def _kafka_report(
         await admin.start()
         cluster = await admin.describe_cluster()
         names = [spec.name for spec in topics.specs()]
+        # the counters' changelogs of every generation: their state, replicated like the ledger
+        changelogs = sorted(
+            n
+            for n in await admin.list_topics()
+            if n.startswith(f"{topics.prefix}spendbus-aggregator") and n.endswith("-changelog")
+        )
         described = {t["topic"]: t for t in await admin.describe_topics(names)}
         partitions = [
             TopicPartition(name, p["partition"])
@@ -173,6 +197,7 @@ async def _kafka_report(
         )
     by_name = {row["name"]: row for row in topic_rows}
     return {
+        "replication": await _replication(bootstrap, names + changelogs, security, replication),
         "cluster_id": cluster.get("cluster_id"),
         "controller_id": cluster.get("controller_id"),
         "brokers": sorted(
@@ -289,6 +314,24 @@ async def _newest_verdict(
         "newest_emitted_at": emitted.isoformat(),
         "newest_as_of": as_of.isoformat(),
         "age_seconds": round(max(0.0, (datetime.now(UTC) - emitted).total_seconds()), 3),
+    }
+
+
+async def _replication(
+    bootstrap: str, names: list[str], security: KafkaSecurity, policy: ReplicationPolicy
+) -> dict[str, Any]:
+    try:
+        plan, under = await replication_report(
+            bootstrap, names, security=security, replication=policy
+        )
+    except ConfigError as exc:  # the settings ask what this cluster cannot hold
+        return {"error": str(exc), "under_replicated": []}
+    return {
+        "replication_factor": plan.replication_factor,
+        "min_insync_replicas": plan.min_insync_replicas,
+        "brokers": plan.brokers,
+        "error": None,
+        "under_replicated": [p.model_dump() for p in under],
     }
 
 
@@ -493,7 +536,11 @@ def collect(probe: Probe) -> dict[str, Any]:
         try:
             seen = asyncio.run(
                 kafka_report(
-                    bootstrap, settings.topics, probe.timeout, security=settings.kafka_security
+                    bootstrap,
+                    settings.topics,
+                    probe.timeout,
+                    security=settings.kafka_security,
+                    replication=settings.replication,
                 )
             )
         except KafkaUnreachable as exc:
@@ -505,11 +552,11 @@ def collect(probe: Probe) -> dict[str, Any]:
                 controller_id=seen["controller_id"],
                 brokers=seen["brokers"],
             )
-            for key in ("topics", "consumer_groups", "verdicts", "dlq"):
+            for key in ("topics", "consumer_groups", "verdicts", "dlq", "replication"):
                 report[key] = seen[key]
     if kafka_failed is not None:
         report["kafka"]["error"] = kafka_failed
-        report.update(topics=[], consumer_groups=[], verdicts=None, dlq=None)
+        report.update(topics=[], consumer_groups=[], verdicts=None, dlq=None, replication=None)
     report["problems"] = problems(report, settings.topics)
     return report
 
@@ -542,6 +589,11 @@ def problems(report: dict[str, Any], topics: Topics) -> list[str]:
     for topic in report["topics"]:
         if not topic["exists"]:
             found.append(f"topic {topic['name']} is missing (spendbus up creates the topics)")
+    replication = report.get("replication") or {}
+    if replication.get("error"):
+        found.append(f"replication settings: {replication['error']}")
+    for under in replication.get("under_replicated", []):
+        found.append(f"topic {ReplicationProblem(**under)} (fix: {FIX_COMMAND})")
     workers = report["workers"]
     if workers and not any(w["answering"] for w in workers):
         found.append("no aggregator worker answers on " + ", ".join(w["url"] for w in workers))

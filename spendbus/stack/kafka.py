@@ -263,8 +263,9 @@ def _request(sock: socket.socket, api_key: int, version: int, corr: int, body: b
     return data[4:]  # response header v0 is only the correlation id
 
 
-def broker_ready(host: str, port: int, timeout: float = 2.0) -> bool:
-    """True when the broker at host:port answers ApiVersions and lists at least one broker.
+def broker_ready(host: str, port: int, timeout: float = 2.0, brokers: int = 1) -> bool:
+    """True when the broker at host:port answers ApiVersions and lists at least ``brokers``
+    brokers (a node of a :class:`~spendbus.stack.cluster.LocalCluster` waits for all of them).
 
     A KRaft broker opens its listener before it has registered with the controller and been
     unfenced; Metadata lists only unfenced brokers, so a non-empty broker list means topics can
@@ -290,7 +291,7 @@ def broker_ready(host: str, port: int, timeout: float = 2.0) -> bool:
             # topics = [] (brokers only), allow_auto_topic_creation = false
             body = _request(sock, _API_METADATA, _METADATA_VERSION, 2, struct.pack(">ib", 0, 0))
             _throttle_ms, n_brokers = struct.unpack_from(">ii", body, 0)
-            return bool(n_brokers > 0)
+            return bool(n_brokers >= max(1, brokers))
     except (OSError, ConnectionError, struct.error):
         return False
 
@@ -549,6 +550,17 @@ class LocalKafka:
     sasl_ssl: SaslSslListener | None = None
     #: its port; 0 = pick one on first start (kept in state.json like the others)
     sasl_ssl_port: int = 0
+    #: this node's id in a cluster of several (spendbus/stack/cluster.py); 1 alone
+    node_id: int = 1
+    #: the controller quorum, node id -> controller port (every node of a LocalCluster is a
+    #: voter); None: this node alone
+    quorum: Mapping[int, int] | None = None
+    #: the cluster id every node is formatted with (None: one made at the first start)
+    cluster_id: str | None = None
+    #: replicas of the internal topics (offsets, transactions) and the default of new topics;
+    #: ``min_insync_replicas`` theirs. A cluster of N sets min(3, N) and RF - 1 from 3 on.
+    replication: int = 1
+    min_insync_replicas: int = 1
 
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _atexit_registered: bool = field(default=False, init=False, repr=False)
@@ -634,9 +646,9 @@ class LocalKafka:
     def is_running(self) -> bool:
         return self.pid is not None
 
-    def ready(self, timeout: float = 2.0) -> bool:
-        """True when the broker answers metadata with itself registered (see broker_ready)."""
-        return self.port != 0 and broker_ready("127.0.0.1", self.port, timeout)
+    def ready(self, timeout: float = 2.0, brokers: int = 1) -> bool:
+        """True when the broker answers metadata with ``brokers`` registered (see broker_ready)."""
+        return self.port != 0 and broker_ready("127.0.0.1", self.port, timeout, brokers)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -722,15 +734,18 @@ class LocalKafka:
 
     def _server_properties(self) -> dict[str, str]:
         port, cport = self.port, self.controller_port
+        quorum = self.quorum or {self.node_id: cport}
+        voters = ",".join(f"{node}@127.0.0.1:{p}" for node, p in sorted(quorum.items()))
+        rf, min_isr = str(self.replication), str(self.min_insync_replicas)
         props = {
-            # KRaft combined mode: one JVM is both the only controller and the only broker.
+            # KRaft combined mode: each JVM is a controller (a voter) and a broker.
             "process.roles": "broker,controller",
-            "node.id": "1",
-            # Static quorum of one voter (ourselves). Chosen over the dynamic quorum
+            "node.id": str(self.node_id),
+            # Static quorum: ourselves, or every node of a LocalCluster. Chosen over the dynamic quorum
             # (controller.quorum.bootstrap.servers + format --standalone) because the static
             # voter's endpoint is read from this file at each start instead of being frozen into
             # the metadata log at format time, so nothing else depends on the controller port.
-            "controller.quorum.voters": f"1@127.0.0.1:{cport}",
+            "controller.quorum.voters": voters,
             "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
             "controller.listener.names": "CONTROLLER",
@@ -741,14 +756,15 @@ class LocalKafka:
             # name must fail instead of silently creating a new topic.
             "auto.create.topics.enable": "false",
             "num.partitions": str(self.partitions_default),
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
-            # Internal topics default to RF 3 and would never be created on one node.
-            "offsets.topic.replication.factor": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "default.replication.factor": rf,
+            "min.insync.replicas": min_isr,
+            # Internal topics default to RF 3 and would never be created on one node; on a
+            # cluster they follow it (a lost broker must not lose the group offsets).
+            "offsets.topic.replication.factor": rf,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": min_isr,
             # Fewer partitions of internal topics (defaults 50): they are created on first use,
             # and creating 50 partitions costs seconds of a test's time.
             "offsets.topic.num.partitions": "4",
@@ -877,7 +893,7 @@ class LocalKafka:
         """Format log.dirs once (what `kafka-storage.sh format` does); skipped when formatted."""
         if (self.log_dir / "meta.properties").is_file():
             return
-        cluster_id = self._read_state().get("cluster_id") or _new_cluster_id()
+        cluster_id = self.cluster_id or self._read_state().get("cluster_id") or _new_cluster_id()
         self._write_state(cluster_id=cluster_id)
         cmd = [
             *self._jvm_args(libs, self._class_archive_opts(libs, record=False)),

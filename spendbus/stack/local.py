@@ -1,5 +1,6 @@
-"""The local stack of `spendbus up`: a Kafka broker (unless KAFKA_BOOTSTRAP names one),
-the topics, and one aggregator worker owning the embedded ClickHouse store.
+"""The local stack of `spendbus up`: a Kafka broker, or a cluster of N (`--brokers N`),
+unless KAFKA_BOOTSTRAP names one; the topics, replicated as the cluster allows; and one
+aggregator worker owning the embedded ClickHouse store.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from schemas.errors import ConfigError
 from schemas.kafka import KafkaSecurity, preflight
 from spendbus.settings import Settings
+from spendbus.stack.cluster import CLUSTER_FILE, LocalCluster
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
 from spendbus.stack.topics import ensure_topics
 from spendbus.stack.web_token import default_token_file, worker_token
@@ -22,8 +24,30 @@ def kafka_dir(settings: Settings) -> Path:
     return settings.home / "kafka"
 
 
-def local_broker(settings: Settings) -> LocalKafka:
+def cluster_dir(settings: Settings) -> Path:
+    return settings.home / "kafka-cluster"
+
+
+def local_broker(settings: Settings, brokers: int | None = None) -> LocalKafka | LocalCluster:
+    """The local Kafka of `spendbus up`: one broker in ``kafka/``, or the cluster of
+    ``--brokers N`` (N > 1) in ``kafka-cluster/``; None = whichever was started before."""
     # stop_with_parent=False: the broker of `spendbus up` outlives the command; `down` stops it
+    made = (cluster_dir(settings) / CLUSTER_FILE).is_file()
+    if brokers is None:
+        brokers = LocalCluster(cluster_dir(settings)).brokers if made else 1
+    if brokers > 1 or made:
+        cluster = LocalCluster(
+            cluster_dir(settings),
+            brokers=brokers,
+            cache_dir=settings.cache_dir,
+            stop_with_parent=False,
+        )
+        if cluster.brokers != brokers:
+            raise ConfigError(
+                f"the local cluster in {cluster_dir(settings)} has {cluster.brokers} brokers, "
+                f"not {brokers}: `spendbus down` and delete that folder to start another"
+            )
+        return cluster
     return LocalKafka(
         data_dir=kafka_dir(settings), cache_dir=settings.cache_dir, stop_with_parent=False
     )
@@ -88,20 +112,36 @@ def worker_process(settings: Settings, env: dict[str, str] | None = None) -> Wor
 class LocalStack:
     settings: Settings
 
-    def up(self, with_worker: bool = True) -> str:
-        """Start what is not running yet; returns the bootstrap address."""
+    def up(self, with_worker: bool = True, brokers: int | None = None) -> str:
+        """Start what is not running yet; returns the bootstrap address. ``brokers``: the
+        size of the local Kafka (None: as before, else one); not with KAFKA_BOOTSTRAP."""
         settings = self.settings
         if settings.kafka_bootstrap or settings.kafka_security.security_protocol != "PLAINTEXT":
+            if brokers is not None:
+                raise ConfigError(
+                    "--brokers starts a local Kafka: not with KAFKA_BOOTSTRAP or "
+                    "KAFKA_SECURITY_PROTOCOL (that cluster's size is its own)"
+                )
             # the preflight, or the error that secured Kafka needs KAFKA_BOOTSTRAP
             bootstrap = bootstrap_or_fail(settings)
         else:
             ensure_broker_jars(settings.cache_dir)
-            broker = local_broker(settings)
+            one_broker = LocalKafka(data_dir=kafka_dir(settings))
+            if brokers is not None and brokers > 1 and one_broker.is_running():
+                raise ConfigError(
+                    "a one-broker local Kafka is running: `spendbus down` first, then "
+                    f"`spendbus up --brokers {brokers}`"
+                )
+            broker = local_broker(settings, brokers)
             broker.start()
             bootstrap = broker.bootstrap
         asyncio.run(
             ensure_topics(
-                bootstrap, settings.topics, settings.partitions, security=settings.kafka_security
+                bootstrap,
+                settings.topics,
+                settings.partitions,
+                security=settings.kafka_security,
+                replication=settings.replication,
             )
         )
         if with_worker:
