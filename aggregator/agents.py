@@ -127,10 +127,9 @@ class ClickHouseWriter:
         await self.open()  # the schema first: the guard's client only reads
         async with self._using:
             if self.guard is None:
-                client = await asyncio.to_thread(
-                    open_client, self.dsn, access=self.access, **READ_ONLY_SESSION
+                self.guard = QueryGuard(
+                    lambda: open_client(self.dsn, access=self.access, **READ_ONLY_SESSION)
                 )
-                self.guard = QueryGuard(client)
             return await asyncio.to_thread(self.guard.run, sql)
 
 

@@ -28,8 +28,10 @@ refused, so a tree that does not read back exactly is refused rather than guesse
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -319,12 +321,32 @@ class FunctionCatalog:
 
 
 class QueryGuard:
-    """Vets and runs analyst queries on a client opened with ``readonly=1``."""
+    """Vets and runs analyst queries on a client ``connect()`` opens (with
+    :data:`READ_ONLY_SESSION`).
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+    A query the engine fails (a limit, a syntax error) costs the client: chdb 26.9 can
+    hand the rest of a cancelled query's rows to the next query on the same connection
+    (seen with ``SELECT * FROM system.numbers`` past ``max_result_rows``), so the next
+    query gets a fresh one. Not thread-safe: the caller serialises calls.
+    """
+
+    def __init__(self, connect: Callable[[], Client]) -> None:
+        self._connect = connect
+        self._client: Client | None = None
         self._catalog: FunctionCatalog | None = None
         self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    def _discard_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
 
     @property
     def catalog(self) -> FunctionCatalog:
@@ -352,6 +374,7 @@ class QueryGuard:
         try:
             lines = [row[0] for row in self.client.query(f"EXPLAIN AST {statement}").result_rows]
         except Exception as exc:
+            self._discard_client()
             raise _refused_by_engine(exc, "parsing the query") from exc
         tree = parse_tree(lines)
         _check_statement(tree, statement)
@@ -364,6 +387,7 @@ class QueryGuard:
         try:
             return run_query(self.client, statement)
         except SinkError as exc:
+            self._discard_client()
             raise _refused_by_engine(exc.__cause__ or exc, "running the query") from exc
 
 
