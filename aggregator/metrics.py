@@ -30,6 +30,8 @@ class Metrics:
     _recent_ages: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
     #: how long each recent checkpoint took (ms), from its cut to its local-store write
     _recent_checkpoints: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+    #: checkpoints completed since the start (a fault test kills a broker right after one)
+    checkpoints: int = 0
     #: how long the fold loop waited on each recent checkpoint (ms): the stall events see
     _recent_stalls: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
     #: verdict record batches: first verdict added -> broker acknowledgement (ms)
@@ -122,6 +124,7 @@ class Metrics:
     def record_checkpoint(self, total_ms: float) -> None:
         """One checkpoint: from its cut to its local-store write."""
         self._recent_checkpoints.append(total_ms)
+        self.checkpoints += 1
 
     def record_checkpoint_stall(self, ms: float) -> None:
         """How long the fold loop waited on a checkpoint (its cut, or all of it when waited)."""
@@ -162,6 +165,7 @@ class Metrics:
             "sink_failures": int(self.sink_failures._value.get()),
             "unpriced_models": sorted(self.unpriced_models),
             "record_age_ms": _percentiles(self._recent_ages),
+            "checkpoints": self.checkpoints,
             "checkpoint_ms": _percentiles(self._recent_checkpoints),
             "checkpoint_stall_ms": _percentiles(self._recent_stalls),
             "verdict_send_ms": _percentiles(self._recent_verdict_sends),
