@@ -42,6 +42,7 @@ def run(
     from aggregator.app import create_app
     from aggregator.config import AggregatorConfig
     from aggregator.generations import current_generation, generation_dsn
+    from aggregator.sink_owner import check_embedded_sink
     from spendbus.stack.local import bootstrap_or_fail
     from spendbus.stack.web_token import worker_token
 
@@ -73,6 +74,8 @@ def run(
         clickhouse_access=clickhouse_access,
         log_level=log_level.upper(),
     )
+    # an embedded store takes one sinking worker: refuse to split usage.priced (sink_owner.py)
+    asyncio.run(check_embedded_sink(config))
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
