@@ -13,7 +13,10 @@ For each worker count (default 1 and 2; issue 8), on a fresh 4-partition usage.r
    beside the produce -> consume floor of a plain topic at the same rate; p50/p99 of
    each. ``--only latency`` measures just this (faster A/B runs).
 
-Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka for the run.
+Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka for the run, or with
+``--brokers N`` a local cluster of N KRaft nodes (spendbus/stack/cluster.py; topics with
+min(3, N) replicas, min.insync.replicas 2 from three): the cluster mode, where the JSON also
+gives ``scaling``, the last worker count's events per worker CPU-second over the first's.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import new_usage_event  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
+from spendbus.stack.cluster import LocalCluster  # noqa: E402
 from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 from spendbus.stack.worker import WorkerProcess  # noqa: E402
@@ -406,6 +410,30 @@ def latency(
     }
 
 
+def _scaling(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counting rate from the first worker count to the last, per worker CPU-second
+    (the cores are shared: wall-clock rates measure the share each process got)."""
+    measured = [r for r in runs if "throughput" in r]
+    if len(measured) < 2:
+        return {}
+    first, last = measured[0], measured[-1]
+    per_worker_cpu = [r["throughput"]["aggregator_events_per_cpu_s"] for r in (first, last)]
+    wall = [r["throughput"]["aggregator_events_per_s"] for r in (first, last)]
+    return {
+        "scaling": {
+            "workers": [first["workers"], last["workers"]],
+            # events per CPU-second of each worker, times the workers: what they would do
+            # on a core each
+            "events_per_worker_cpu_s": per_worker_cpu,
+            "per_cpu_scaling": round(
+                last["workers"] * per_worker_cpu[1] / (first["workers"] * per_worker_cpu[0]), 3
+            ),
+            "wall_clock_events_per_s": wall,
+            "wall_clock_scaling": round(wall[1] / wall[0], 3),
+        }
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000)
@@ -419,17 +447,26 @@ def main() -> None:
         choices=("throughput", "latency"),
         help="measure only this part (the other is left out of the JSON)",
     )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="brokers of the bench's own Kafka (> 1: a local KRaft cluster, issue 18)",
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        broker = None
+        broker: LocalKafka | LocalCluster | None = None
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
         # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
         security = load_settings().kafka_security if bootstrap else PLAINTEXT
         if not bootstrap:
             ensure_broker_jars()
-            broker = LocalKafka(data_dir=home / "kafka").start()
+            if args.brokers > 1:
+                broker = LocalCluster(home / "kafka-cluster", brokers=args.brokers).start()
+            else:
+                broker = LocalKafka(data_dir=home / "kafka").start()
             bootstrap = broker.bootstrap
         try:
             runs = []
@@ -455,6 +492,8 @@ def main() -> None:
                 # the first run (1 worker by default) also at the top, where `make bench` reads it
                 **{part: runs[0][part] for part in ("throughput", "latency") if part in runs[0]},
                 "runs": runs,
+                "brokers": args.brokers if not os.environ.get("KAFKA_BOOTSTRAP") else None,
+                **_scaling(runs),
                 "cpus": os.cpu_count(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),
             }
