@@ -13,6 +13,7 @@ file's). The test skips when the package is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import ssl
@@ -21,8 +22,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pipeline_kit import poll
 from pydantic import SecretStr
 
 from aggregator.clickhouse_access import ClickHouseAccess
@@ -32,6 +35,8 @@ from schemas.errors import ConfigError
 from spendbus.commands.status import clickhouse_report
 from spendbus.settings import load_settings
 from spendbus.stack.kafka import free_port
+from spendbus.stack.worker import WorkerError, WorkerProcess
+from spendbus.stack.worker import _alive as worker_alive
 
 pytestmark = pytest.mark.integration
 
@@ -291,3 +296,35 @@ def test_a_password_in_the_dsn_stays_out_of_reprs_and_printed_dsns() -> None:
         assert PASSWORD not in shown
     assert redact_dsn(dsn) == f"https://{USER}:***@clickhouse.internal:8443/default"
     assert settings.dsn == dsn and config.clickhouse_dsn == dsn  # still there to be used
+
+
+def test_a_worker_on_an_unverified_server_stops_saying_why_never_the_password(
+    tls_server: TlsServer, kafka_bootstrap: str, topics: Any, tmp_path: Path
+) -> None:
+    secret = tmp_path / "clickhouse-password"
+    secret.write_text(PASSWORD + "\n")
+    port = free_port()
+    worker = WorkerProcess(
+        run_dir=tmp_path / "run",
+        env={
+            "KAFKA_BOOTSTRAP": kafka_bootstrap,
+            "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+            "SPENDBUS_HOME": str(tmp_path),
+            "SPENDBUS_WEB_PORT": str(port),
+            "CLICKHOUSE_DSN": tls_server.dsn(),
+            "CLICKHOUSE_PASSWORD_FILE": str(secret),
+            "CLICKHOUSE_CA_FILE": str(tls_server.other_ca_file),
+        },
+        web_port=port,
+    )
+    try:
+        with contextlib.suppress(WorkerError):  # it may stop before it serves
+            worker.start(timeout=180)
+        pid = int(worker.pid_file.read_text())
+        # not retriable: the worker stops (it does not retry the same CA forever)
+        assert poll(lambda: worker_alive(pid), lambda alive: not alive, 120) is False
+        log = worker.log_tail(100_000)
+    finally:
+        worker.stop()
+    assert "did not verify against CLICKHOUSE_CA_FILE" in log
+    assert PASSWORD not in log
