@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -79,15 +80,23 @@ def client_token(settings: Settings) -> SecretStr | None:
 def ensure_default_token(settings: Settings) -> SecretStr:
     """``$SPENDBUS_HOME/web.token``, created (random, 0600) when missing."""
     path = default_token_file(settings)
+    if path.exists():
+        return _read(path, None)
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(TOKEN_BYTES)
+    # written whole to a private file first, then linked into place: a reader never sees
+    # a half-written token, and of two processes starting at once the first link wins
+    fd, staged = tempfile.mkstemp(prefix=".web.token.", dir=path.parent)  # mode 0600
     try:
-        # O_EXCL: two processes starting at once agree on the first one's token
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read(path, None)
-    with contextlib.closing(os.fdopen(fd, "w")) as out:
-        out.write(token + "\n")
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+        try:
+            os.link(staged, path)
+        except FileExistsError:
+            return _read(path, None)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
     return SecretStr(token)
 
 
