@@ -46,7 +46,8 @@ demo: broker
 test: broker
 	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider
 
-# The whole fault set, with more kill -9 rounds than the subset `make test` runs and
+# The whole fault set (with the 3-broker cluster's: tests/faults/test_cluster_faults.py),
+# with more kill -9 rounds than the subset `make test` runs and
 # ClickHouse away for a minute (a few seconds in `make test`).
 test-faults: broker
 	SPENDBUS_FAULT_KILLS=$${SPENDBUS_FAULT_KILLS:-5} \

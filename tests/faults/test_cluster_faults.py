@@ -319,7 +319,11 @@ def alert_ids(run: ClusterRun) -> list[str]:
             consumer.assign([TopicPartition(run.topics.shared_alerts, p) for p in partitions])
             ends = await consumer.end_offsets(list(consumer.assignment()))
             got: list[str] = []
-            while any(await consumer.position(tp) < end for tp, end in ends.items()):
+
+            async def behind() -> bool:
+                return any([await consumer.position(tp) < end for tp, end in ends.items()])
+
+            while await behind():
                 batch = await consumer.getmany(timeout_ms=2000)
                 got += [ALERT.decode(r.value)["alert_id"] for rs in batch.values() for r in rs]
             return got
