@@ -133,6 +133,29 @@ def test_the_token_file_is_private_and_sql_needs_it(pipeline: Pipeline) -> None:
     assert request(pipeline.worker.web_port, "/router/")[0] == 404
 
 
+#: more table functions that reach files, hosts, processes or other stores (in a subquery)
+OUTSIDE_TABLE_FUNCTIONS = [
+    "remoteSecure",
+    "s3Cluster",
+    "hdfs",
+    "mysql",
+    "postgresql",
+    "jdbc",
+    "odbc",
+    "azureBlobStorage",
+    "cluster",
+    "merge",
+    "sqlite",
+    "iceberg",
+    "deltaLake",
+    "mongodb",
+    "redis",
+    "python",
+    "fileCluster",
+    "urlCluster",
+    "dictionary",
+]
+
 REFUSED = [
     # (what, query, reason)
     (
@@ -198,6 +221,10 @@ REFUSED = [
         "unreadable",
     ),
     ("EXPLAIN", "EXPLAIN SELECT 1", "statement"),
+    *(
+        (f"{name}()", f"SELECT * FROM (SELECT * FROM {name}('x', 'y'))", "table_function")
+        for name in OUTSIDE_TABLE_FUNCTIONS
+    ),
 ]
 
 
