@@ -9,7 +9,7 @@ from rich.console import Console
 
 from aggregator.clickhouse_access import redact_dsn
 from spendbus.settings import load_settings
-from spendbus.stack.local import LocalStack
+from spendbus.stack.local import LocalStack, worker_process
 
 console = Console()
 
@@ -31,7 +31,7 @@ def up(no_worker: bool, brokers: int | None) -> None:
     dsn = redact_dsn(settings.dsn)
     console.print(f"kafka: [bold]{bootstrap}[/bold]  clickhouse: [bold]{dsn}[/bold]")
     if not no_worker:
-        console.print(f"aggregator worker: http://127.0.0.1:{settings.web_port}/stats")
+        console.print(f"aggregator worker: {worker_process(settings).base_url}/stats")
 
 
 @click.command()

@@ -654,7 +654,8 @@ def status(as_json: bool, workers: tuple[str, ...], timeout: float) -> None:
     Kafka cannot be reached within --timeout, else 0.
     """
     settings = load_settings()
-    urls = tuple(_url(w) for w in workers) or (f"http://127.0.0.1:{settings.web_port}",)
+    # the local worker where it listens (SPENDBUS_WEB_HOST; a wildcard bind: loopback)
+    urls = tuple(_url(w) for w in workers) or (worker_process(settings).base_url,)
     report = collect(Probe(settings, urls, timeout))
     if as_json:
         click.echo(json.dumps(report, default=str))
