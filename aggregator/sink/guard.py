@@ -14,11 +14,11 @@ Two layers, both the engine's own:
    dates, aggregates, ...) or one of a few reviewed extras. Everything else is refused,
    including what this list has never heard of: ``file()``, ``url()``, ``remote()``,
    ``s3()``, ``executable()``, ``input()``, dictionaries, introspection, the AI functions.
-2. **Its read-only mode.** The statement runs on a client opened with ``readonly=1``
-   (after ``max_execution_time`` and ``max_result_rows``: :data:`READ_ONLY_SESSION`)
-   (a session setting: a query cannot lift it; ``SETTINGS`` in the query are refused
-   by the engine), which refuses writes, DDL and every table function that is not
-   read-only, should the first layer ever let one through.
+2. **Its read-only mode.** The statement runs on a client whose session has
+   ``readonly=1`` (:data:`READ_ONLY_SESSION`, set last, after the limits): no query can
+   lift it, ``SETTINGS`` in a query are refused by the engine, and so are writes, DDL
+   and every table function that is not read-only, should the first layer ever let one
+   through.
 
 The tree is read from EXPLAIN AST's text: one node a line, indented by depth, with its
 declared child count. A quoted alias may hold a line break and so print lines of its
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -334,7 +333,6 @@ class QueryGuard:
         self._connect = connect
         self._client: Client | None = None
         self._catalog: FunctionCatalog | None = None
-        self._lock = threading.Lock()
 
     @property
     def client(self) -> Client:
@@ -350,10 +348,10 @@ class QueryGuard:
 
     @property
     def catalog(self) -> FunctionCatalog:
-        with self._lock:
-            if self._catalog is None:
-                self._catalog = FunctionCatalog.load(self.client)
-            return self._catalog
+        """The engine's function catalog, read once (the first query pays for it)."""
+        if self._catalog is None:
+            self._catalog = FunctionCatalog.load(self.client)
+        return self._catalog
 
     def vet(self, sql: Any) -> str:
         """The one statement of ``sql`` once the parser's tree passes; QueryRefused if not.
