@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from pipeline_kit import poll
 
 from schemas.replication import ReplicationPolicy
 from schemas.topics import Topics
@@ -36,7 +37,7 @@ def spendbus(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
     )
 
 
-async def replicas_of(bootstrap: str, name: str) -> list[int]:
+async def _replicas_of(bootstrap: str, name: str) -> list[int]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -44,6 +45,14 @@ async def replicas_of(bootstrap: str, name: str) -> list[int]:
         return sorted(len(p["replicas"]) for p in described["partitions"])
     finally:
         await admin.close()
+
+
+def replicas_of(bootstrap: str, name: str, partitions: int = 4) -> list[int]:
+    """Replicas of each partition, once the node asked knows them all (a new topic's
+    metadata reaches the nodes one after another)."""
+    return poll(
+        lambda: asyncio.run(_replicas_of(bootstrap, name)), lambda r: len(r) == partitions, 30
+    )
 
 
 def test_every_topic_gets_three_replicas_on_three_brokers(kafka_cluster: Any) -> None:
@@ -54,7 +63,7 @@ def test_every_topic_gets_three_replicas_on_three_brokers(kafka_cluster: Any) ->
     plan, under = asyncio.run(replication_report(kafka_cluster.bootstrap, names))
     assert (plan.brokers, plan.replication_factor, plan.min_insync_replicas) == (3, 3, 2)
     assert under == []
-    assert asyncio.run(replicas_of(kafka_cluster.bootstrap, topics.usage_raw)) == [3, 3, 3, 3]
+    assert replicas_of(kafka_cluster.bootstrap, topics.usage_raw) == [3, 3, 3, 3]
 
 
 def test_status_reports_an_under_replicated_ledger_and_fix_replication_raises_it(
@@ -65,7 +74,7 @@ def test_status_reports_an_under_replicated_ledger_and_fix_replication_raises_it
     with caplog.at_level(logging.WARNING, logger="schemas.replication"):
         asyncio.run(ensure_topics(kafka_cluster.bootstrap, topics, 4, replication=override))
     assert "with 1 replica(s) on a cluster of 3 brokers" in caplog.text
-    assert asyncio.run(replicas_of(kafka_cluster.bootstrap, topics.usage_raw)) == [1, 1, 1, 1]
+    assert replicas_of(kafka_cluster.bootstrap, topics.usage_raw) == [1, 1, 1, 1]
 
     async def write_ledger() -> None:
         producer = AIOKafkaProducer(
@@ -101,7 +110,7 @@ def test_status_reports_an_under_replicated_ledger_and_fix_replication_raises_it
     after = json.loads(spendbus(env, "status", "--json", "--timeout", "15").stdout)
     assert after["replication"]["under_replicated"] == []
     assert not [p for p in after["problems"] if FIX_COMMAND in p]
-    assert asyncio.run(replicas_of(kafka_cluster.bootstrap, topics.usage_raw)) == [3, 3, 3, 3]
+    assert replicas_of(kafka_cluster.bootstrap, topics.usage_raw) == [3, 3, 3, 3]
     again = spendbus(env, "topics", "check")
     assert again.returncode == 0 and "at the plan" in again.stdout, again.stdout + again.stderr
 
