@@ -23,6 +23,7 @@ BENCHES = {
     "insert_formats": [],
     "enforcer": [],
     "pipeline": ["--events", "50000", "--seconds", "10"],
+    "fold": ["--rounds", "5"],
     "gateway": [],
     "replay": [],
     "overshoot": [],
@@ -36,6 +37,7 @@ HEADLINES = [
     ("pipeline", "throughput.ratio_to_raw_per_cpu_s", "aggregator / raw, per CPU-second"),
     ("pipeline", "latency.verdict_latency_ms.p99", "verdict latency p99 ms"),
     ("pipeline", "latency.kafka_floor_ms.p99", "Kafka produce->consume p99 ms"),
+    ("fold", "median_cpu_us_per_event", "the fold alone, CPU µs an event"),
     ("publisher", "events_per_s.publish_prepared", "publisher events/s (prepared)"),
     ("publisher", "events_per_s.publish_many", "publisher events/s (from dicts)"),
     (
