@@ -16,6 +16,7 @@ import faust
 from faust.auth import Credentials, SASLCredentials, SSLCredentials
 
 from aggregator.config import AggregatorConfig
+from aggregator.sink_owner import sink_client_id
 from schemas.kafka import KafkaSecurity
 from schemas.replication import ReplicationPlan, resolve_plan
 
@@ -54,6 +55,9 @@ def create_app(config: AggregatorConfig) -> faust.App:
         # the sink agents' group: the counting stage owns config.app_id's group on usage.raw
         config.sink_app_id,
         broker=f"kafka://{config.bootstrap}",
+        # named after the store: its own restarted process is told apart from a second
+        # sink (aggregator/sink_owner.py)
+        broker_client_id=sink_client_id(config),
         # Faust's own consumer, producer and topic declarations; the counting stage and the
         # followers take config.kafka_security directly
         broker_credentials=faust_credentials(config.kafka_security),

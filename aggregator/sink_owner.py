@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from typing import Any, Final
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -29,8 +30,19 @@ from schemas.errors import ConfigError
 COORDINATOR_TRIES: Final = 10
 
 
+def sink_client_id(config: AggregatorConfig) -> str:
+    """The sink's Kafka client id, named after its store: a member of the sink group with
+    this id is this store's own earlier process (killed, its membership not yet expired),
+    never a second store."""
+    dsn = config.clickhouse_dsn or ""
+    path = chdb_path(dsn) if dsn else None
+    digest = hashlib.sha256((path or dsn).encode()).hexdigest()[:12]
+    return f"spendbus-sink-{digest}"
+
+
 async def sinking_members(config: AggregatorConfig) -> list[str]:
-    """``client_id@host`` of every member of the sink group subscribed to usage.priced."""
+    """``client_id@host`` of every member of the sink group subscribed to usage.priced,
+    but this store's own earlier process (:func:`sink_client_id`)."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=config.bootstrap,
         request_timeout_ms=30_000,
@@ -48,7 +60,9 @@ async def sinking_members(config: AggregatorConfig) -> list[str]:
                     with contextlib.suppress(Exception):  # not the consumer protocol
                         metadata = ConsumerProtocolMemberMetadata.decode(member["member_metadata"])
                         subscribed = list(metadata.subscription)
-                    if config.topics.usage_priced in subscribed:
+                    if config.topics.usage_priced in subscribed and member[
+                        "client_id"
+                    ] != sink_client_id(config):
                         found.append(f"{member['client_id']}@{member['client_host']}")
         return found
     finally:
