@@ -37,11 +37,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from aggregator.fold import threshold_alert_id, unpriced_alert
 from aggregator.generations import alert_ids, read_switch
 from schemas.codec import ALERT
 from schemas.kafka import PLAINTEXT, KafkaSecurity
@@ -84,7 +84,7 @@ def threshold_alert(row: Sequence[Any], threshold: float) -> dict[str, Any]:
     """The Alert of one crossed threshold of a ``budget_history`` row (:data:`_THRESHOLDS`)."""
     key, budget_id, period, _, state, nanos, tokens, requests, ln, lt, lr, as_of = row
     return {
-        "alert_id": f"{key}|{period}|{float(threshold)}",
+        "alert_id": threshold_alert_id(key, period, threshold),
         "kind": "threshold",
         "counter_key": key,
         "budget_id": budget_id,
@@ -99,26 +99,6 @@ def threshold_alert(row: Sequence[Any], threshold: float) -> dict[str, Any]:
         "limit_requests": lr,
         "model": None,
         "as_of": as_of,
-    }
-
-
-def unpriced_alert(model: str, first_seen: datetime) -> dict[str, Any]:
-    return {
-        "alert_id": f"unpriced|{model}",
-        "kind": "unpriced_model",
-        "counter_key": "",
-        "budget_id": "",
-        "period": "",
-        "threshold": 0.0,
-        "state": "ok",
-        "spent_nanos": 0,
-        "spent_tokens": 0,
-        "spent_requests": 0,
-        "limit_nanos": None,
-        "limit_tokens": None,
-        "limit_requests": None,
-        "model": model,
-        "as_of": first_seen,
     }
 
 

@@ -293,11 +293,16 @@ def verdict_fields(
     }
 
 
+def threshold_alert_id(key: str, period: str, threshold: float) -> str:
+    """The deterministic id of a threshold alert (consumers drop a repeat by it)."""
+    return f"{key}|{period}|{float(threshold)}"
+
+
 def alert_record(
     budget: Budget, key: str, period: str, threshold: float, totals: PeriodTotals
 ) -> dict[str, Any]:
     return {
-        "alert_id": f"{key}|{period}|{threshold}",
+        "alert_id": threshold_alert_id(key, period, threshold),
         "kind": "threshold",
         "counter_key": key,
         "budget_id": budget.budget_id,
@@ -315,8 +320,9 @@ def alert_record(
     }
 
 
-def unpriced_alert(model: str, event: dict[str, Any]) -> dict[str, Any]:
-    """The alert that a model without a price is being used (its events are charged 0)."""
+def unpriced_alert(model: str, first_seen: datetime) -> dict[str, Any]:
+    """The alert that a model without a price is being used (its events are charged 0),
+    as of the first event seen with it."""
     return {
         "alert_id": f"unpriced|{model}",
         "kind": "unpriced_model",
@@ -332,5 +338,5 @@ def unpriced_alert(model: str, event: dict[str, Any]) -> dict[str, Any]:
         "limit_tokens": None,
         "limit_requests": None,
         "model": model,
-        "as_of": event["occurred_at"],
+        "as_of": first_seen,
     }

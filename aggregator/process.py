@@ -317,7 +317,10 @@ class BatchProcessor:
                     seen_in_batch[marker] = position
                     seen_writes[(partition, marker)] = position
                     out.alerts.append(
-                        (f"unpriced|{model}".encode(), ALERT.encode(unpriced_alert(model, event)))
+                        (
+                            f"unpriced|{model}".encode(),
+                            ALERT.encode(unpriced_alert(model, event["occurred_at"])),
+                        )
                     )
             cost = price.cost_nanos
             charged += 1
