@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,31 @@ async def chat(url: str, key: str) -> int:
     ):
         await resp.read()
         return resp.status
+
+
+@asynccontextmanager
+async def serving(
+    config: Any, enforcer_config: Any, publisher_config: Any, ready_timeout: float
+) -> AsyncIterator[str]:
+    """`spendbus gateway run`'s serve() in this loop: the gateway's URL once it listens."""
+    stop = asyncio.Event()
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        serve(
+            config,
+            enforcer_config,
+            publisher_config,
+            config.credentials({}),
+            port=0,
+            on_started=started.set_result,
+            stop=stop,
+        )
+    )
+    try:
+        yield await asyncio.wait_for(started, ready_timeout)
+    finally:
+        stop.set()
+        await task
 
 
 async def until(predicate: Any, timeout: float = 20.0) -> None:
@@ -381,26 +408,9 @@ async def test_the_command_listens_only_once_caught_up(
         )
         config = parse_config(data, "gateway.yaml")
         enforcer_config, publisher_config = compose_configs(config, "gateway.yaml")
-        stop = asyncio.Event()
-        started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            serve(
-                config,
-                enforcer_config,
-                publisher_config,
-                config.credentials({}),
-                port=0,
-                on_started=started.set_result,
-                stop=stop,
-            )
-        )
-        try:
-            url = await asyncio.wait_for(started, 60)
+        async with serving(config, enforcer_config, publisher_config, 60) as url:
             assert await chat(url, "vk-bulk-0299-0123456789") == 200
             assert await chat(url, "vk-bulk-0000-0123456789") == 200
-        finally:
-            stop.set()
-            await task
 
 
 async def test_a_missing_topic_or_a_follower_not_started_is_named(

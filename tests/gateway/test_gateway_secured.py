@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 from gateway_kit import gateway_config
 from kafka_security_kit import SecuredKafka
-from test_gateway_keys_topic import chat, entry, write
+from test_gateway_keys_topic import chat, entry, serving, write
 
 from ingest.gateway import parse_config
 from schemas.codec import USAGE_EVENT
 from schemas.topics import Topics
 from spendbus.cli import cli
-from spendbus.commands.gateway import compose_configs, serve
+from spendbus.commands.gateway import compose_configs
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
 from spendbus.stack.topics import ensure_topics
 
@@ -57,25 +57,8 @@ def test_the_gateway_follows_keys_and_publishes_as_the_gateway_principal(
             enforcer_config, publisher_config = compose_configs(config, "gateway.yaml")
             assert enforcer_config.kafka_security.sasl_username == "gw"
             assert publisher_config.kafka_security.sasl_username == "gw"
-            stop = asyncio.Event()
-            started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            task = asyncio.create_task(
-                serve(
-                    config,
-                    enforcer_config,
-                    publisher_config,
-                    config.credentials({}),
-                    port=0,
-                    on_started=started.set_result,
-                    stop=stop,
-                )
-            )
-            try:
-                url = await asyncio.wait_for(started, 90)
+            async with serving(config, enforcer_config, publisher_config, 90) as url:
                 return await chat(url, key)
-            finally:
-                stop.set()
-                await task
 
     assert asyncio.run(run_gateway()) == 200
 
