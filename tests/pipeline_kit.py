@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from aiokafka import AIOKafkaProducer
 
 from schemas.budgets import budgets_from_yaml
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.topics import Topics
@@ -158,3 +159,18 @@ def poll(
         time.sleep(interval)
         value = read()
     return value
+
+
+async def publish_usage(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
+    """Publish events keyed by org (as the publisher does), in order, acknowledged."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, key=e["org_id"].encode(), value=USAGE_EVENT.encode(e))
+            for e in events
+        ]
+        for future in futures:
+            await future
+    finally:
+        await producer.stop()

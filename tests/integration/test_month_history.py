@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import yaml
-from aiokafka import AIOKafkaProducer
 from budget_oracle import (
     HISTORY_SQL,
     alert_ids,
@@ -23,11 +22,11 @@ from budget_oracle import (
     history,
     history_of_rows,
 )
-from pipeline_kit import PRICES_YAML, Pipeline, poll
+from pipeline_kit import PRICES_YAML, Pipeline, poll, publish_usage
 
 from aggregator.generations import alert_ids as topic_alert_ids
 from schemas.budgets import budgets_from_yaml
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
 from schemas.pricing import price_table_from_yaml
 from schemas.topics import Topics
@@ -97,21 +96,6 @@ def month_ledger(seed: int) -> list[dict[str, Any]]:
     return ledger
 
 
-async def publish_ledger(bootstrap: str, topic: str, ledger: list[dict[str, Any]]) -> None:
-    """Every event keyed by org (as the publisher does), in ledger order, acknowledged."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        sent = [
-            await producer.send(topic, key=e["org_id"].encode(), value=USAGE_EVENT.encode(e))
-            for e in ledger
-        ]
-        for future in sent:
-            await future
-    finally:
-        await producer.stop()
-
-
 def start_pipeline(
     bootstrap: str, topics: Topics, home: Path, dsn: str, ledger: list[dict[str, Any]]
 ) -> tuple[Pipeline, datetime]:
@@ -135,7 +119,7 @@ def start_pipeline(
         )
     )
     published_at = datetime.now(UTC)
-    asyncio.run(publish_ledger(bootstrap, topics.usage_raw, ledger))
+    asyncio.run(publish_usage(bootstrap, topics.usage_raw, ledger))
     return pipeline, published_at
 
 

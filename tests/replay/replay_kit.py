@@ -8,10 +8,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from pipeline_kit import Pipeline
+from pipeline_kit import publish_usage as publish  # the replay tests' name for it
 
-from schemas.codec import USAGE_EVENT
 from schemas.usage import new_usage_event
 from spendbus.commands.replay import GenerationReplay, StackPlace
 
@@ -41,21 +40,6 @@ def make_events(n: int, seed: int, start: int = 0) -> list[dict[str, Any]]:
             )
         )
     return out
-
-
-async def publish(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
-    """Publish events keyed by org (as the publisher does), in order, acknowledged."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        futures = [
-            await producer.send(topic, key=e["org_id"].encode(), value=USAGE_EVENT.encode(e))
-            for e in events
-        ]
-        for future in futures:
-            await future
-    finally:
-        await producer.stop()
 
 
 def publish_events(pipeline: Pipeline, events: list[dict[str, Any]]) -> None:
