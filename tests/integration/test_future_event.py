@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline
-from test_month_history import publish_ledger
+from pipeline_kit import Pipeline, publish_usage
 
 from aggregator.generations import topic_values
 from enforcer import Enforcer, EnforcerConfig
@@ -42,7 +41,7 @@ def spend(n: int, **over: Any) -> list[dict[str, Any]]:
 
 
 def test_one_event_from_the_future_does_not_lift_an_exhausted_budget(pipeline: Pipeline) -> None:
-    asyncio.run(publish_ledger(pipeline.bootstrap, pipeline.topics.usage_raw, spend(2)))
+    asyncio.run(publish_usage(pipeline.bootstrap, pipeline.topics.usage_raw, spend(2)))
     key = counter_key("per-secret", ("acme", "sk-1"))
 
     async def main() -> None:
@@ -62,7 +61,7 @@ def test_one_event_from_the_future_does_not_lift_an_exhausted_budget(pipeline: P
             assert await decision(BUDGET_EXCEEDED) == BUDGET_EXCEEDED  # $0.12 of $0.10
             # one event dated next March, 1 input and 1 output token
             future = spend(1, occurred_at=MARCH, input_tokens=1, output_tokens=1)
-            await publish_ledger(pipeline.bootstrap, pipeline.topics.usage_raw, future)
+            await publish_usage(pipeline.bootstrap, pipeline.topics.usage_raw, future)
             for _ in range(300):
                 letters = await topic_values(pipeline.bootstrap, pipeline.topics.usage_dlq)
                 if letters:
@@ -98,7 +97,7 @@ def test_one_event_from_the_future_does_not_lift_an_exhausted_budget(pipeline: P
             assert enforcer.state.ahead, "the forged verdict never arrived"
             assert enforcer.check(ctx, reserve=False).decision == BUDGET_EXCEEDED
             # and the current period's later verdicts still apply: more spend, still refused
-            await publish_ledger(pipeline.bootstrap, pipeline.topics.usage_raw, spend(1))
+            await publish_usage(pipeline.bootstrap, pipeline.topics.usage_raw, spend(1))
             for _ in range(300):
                 (status,) = [s for s in enforcer.usage(ctx) if s.budget_id == "per-secret"]
                 if status.spent_nanos > held["spent_nanos"]:
