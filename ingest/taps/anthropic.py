@@ -5,15 +5,27 @@ Streamed: SSE with ``event:`` lines. ``message_start`` carries
 each ``message_delta`` carries a cumulative ``usage`` (several with server
 tools): the latest value of each field wins, never a sum. ``message_stop``
 ends the message. ``error`` events may follow a 200. Only those events are
-parsed, plus ``content_block_delta`` for the estimate's text (text,
-partial_json, thinking) unless ``delta_text="payload_bytes"``.
+parsed, plus ``content_block_start`` (for a ``fallback`` block) and
+``content_block_delta`` for the estimate's text (text, partial_json, thinking)
+unless ``delta_text="payload_bytes"``.
 
 Not streamed: one JSON message with ``model`` and ``usage``.
+
+The serving model. With server-side fallback (beta
+``server-side-fallback-2026-07-01``) another model may answer: a stream's
+``message_start`` names the requested model, then a ``fallback`` content block
+(``from``, ``to``, ``trigger``; via ``content_block_start``, no deltas) marks each
+hop and ``usage.iterations`` holds a ``fallback_message`` entry for the hop that
+served. The tap relabels the call to the serving model as the SDK does: the
+``fallback_message`` iteration's ``model``, else the last block's ``to.model``.
+A non-streamed body already names the serving model in ``model``.
 
 ``input_tokens`` already excludes cache reads and writes;
 ``cache_creation_input_tokens`` is every cache write and
 ``cache_creation.ephemeral_1h_input_tokens`` its 1-hour part. Thinking tokens
-are inside ``output_tokens`` and not reported apart: ``reasoning_tokens`` is 0.
+are inside ``output_tokens`` (which stays the billed total);
+``output_tokens_details.thinking_tokens``, when the response carries it, is
+their count: ``reasoning_tokens``.
 """
 
 from __future__ import annotations
@@ -33,13 +45,14 @@ from .base import (
 from .estimate import EstimatorConfig
 from .request import RequestInfo
 from .shapes import AnthropicTextDelta
-from .usage import InvalidUsage, Usage, tok
+from .usage import InvalidUsage, Usage, sub, tok
 
-_SKIP = frozenset({b"ping", b"content_block_start", b"content_block_stop"})
+_SKIP = frozenset({b"ping", b"content_block_stop"})
 _START = frozenset({("message", "usage"), ("message", "model")})
+_BLOCK_START = frozenset({("content_block", "type"), ("content_block", "to", "model")})
 _DELTA = frozenset({("usage",)})
 _ERROR = frozenset({("error",)})
-_ANY = _START | _DELTA | _ERROR | {("type",)}
+_ANY = _START | _DELTA | _ERROR | _BLOCK_START | {("type",)}
 
 
 _read_text_delta = shape_decoder(AnthropicTextDelta)
@@ -56,13 +69,41 @@ def usage_from(raw: Any) -> Usage:
     write_5m = tok(breakdown, "ephemeral_5m_input_tokens")
     # The breakdown should add up to the total; if it adds up to more, charge more.
     cache_write = max(cache_write, write_1h + write_5m)
+    output = tok(raw, "output_tokens", required=True)
+    thinking = tok(raw.get("output_tokens_details"), "thinking_tokens")
+    sub(output, thinking, "output_tokens", "output_tokens_details.thinking_tokens")  # validates
     return Usage(
         input_tokens=tok(raw, "input_tokens", required=True),
         cache_read_tokens=tok(raw, "cache_read_input_tokens"),
         cache_write_tokens=cache_write,
         cache_write_1h_tokens=write_1h,
-        output_tokens=tok(raw, "output_tokens", required=True),
+        output_tokens=output,
+        reasoning_tokens=thinking,
     )
+
+
+def served_by_iterations(usage: Any) -> str | None:
+    """The model of the ``fallback_message`` entry of ``usage.iterations`` (the hop that
+    served a server-side fallback request), or None."""
+    iterations = usage.get("iterations") if isinstance(usage, dict) else None
+    if not isinstance(iterations, list):
+        return None
+    served = None
+    for item in iterations:
+        if isinstance(item, dict) and item.get("type") == "fallback_message":
+            model = item.get("model")
+            if isinstance(model, str) and model:
+                served = model
+    return served
+
+
+def fallback_target(block: Any) -> str | None:
+    """``to.model`` of a ``fallback`` content block, or None for any other block."""
+    if not isinstance(block, dict) or block.get("type") != "fallback":
+        return None
+    target = block.get("to")
+    model = target.get("model") if isinstance(target, dict) else None
+    return model if isinstance(model, str) and model else None
 
 
 class AnthropicHandler(Handler):
@@ -151,6 +192,8 @@ class AnthropicHandler(Handler):
                 self.set_model(message.get("model"))
                 self._merge(message.get("usage"))
             self._started = True
+        elif kind == "content_block_start":
+            self.set_model(fallback_target(obj.get("content_block")))
         elif kind == "message_delta":
             if self._merge(obj.get("usage")):
                 self._delta_usage = True
@@ -163,6 +206,7 @@ class AnthropicHandler(Handler):
         """Cumulative usage: each field's latest value replaces the previous."""
         if isinstance(usage, dict):
             self._usage.update((k, v) for k, v in usage.items() if v is not None)
+            self.set_model(served_by_iterations(usage))
             return True
         if usage is not None:
             self.problem("invalid_usage: usage is not an object")
@@ -175,6 +219,8 @@ class AnthropicHandler(Handler):
             return _DELTA
         if name == b"error":
             return _ERROR
+        if name == b"content_block_start":
+            return _BLOCK_START
         return _ANY if not name else frozenset()
 
     def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
@@ -182,7 +228,7 @@ class AnthropicHandler(Handler):
         if kind == "content_block_delta" or (not name and kind is None):
             self.delta_events += 1
             self.text_chars += size  # bytes bound the text from above
-        elif ended and kind not in ("ping", "content_block_start", "content_block_stop"):
+        elif ended and kind not in ("ping", "content_block_stop"):
             self._on(kind, obj)
 
     # -- not streamed --------------------------------------------------------

@@ -108,6 +108,96 @@ def test_anthropic_cache_breakdown_larger_than_total_charges_the_larger() -> Non
     assert (r.cache_write_tokens, r.cache_write_1h_tokens) == (150, 70)
 
 
+def test_anthropic_fallback_iteration_names_the_serving_model() -> None:
+    """Without a fallback block (the refusal came before any output of a hop that then
+    vanished from content), the fallback_message iteration still says who served."""
+    body = anthropic_stream(
+        {"input_tokens": 40, "output_tokens": 1},
+        {
+            "output_tokens": 9,
+            "iterations": [
+                {"type": "message", "model": "claude-x", "input_tokens": 40, "output_tokens": 0},
+                {
+                    "type": "fallback_message",
+                    "model": "claude-y",
+                    "input_tokens": 40,
+                    "output_tokens": 9,
+                },
+            ],
+        },
+    )
+    r = tap("anthropic-messages", body, model="hint-model")
+    assert (r.model, r.input_tokens, r.output_tokens) == ("claude-y", 40, 9)
+
+
+def test_anthropic_iterations_without_a_fallback_keep_the_model() -> None:
+    body = anthropic_stream(
+        {"input_tokens": 40, "output_tokens": 1},
+        {"output_tokens": 9, "iterations": [{"type": "message", "model": "claude-z"}]},
+    )
+    assert tap("anthropic-messages", body).model == "claude-x"
+
+
+def test_anthropic_fallback_block_relabels_the_stream() -> None:
+    start = anthropic_stream({"input_tokens": 3, "output_tokens": 1}, {"output_tokens": 5})
+    block = sse(
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {
+                    "type": "fallback",
+                    "from": {"model": "claude-x"},
+                    "to": {"model": "claude-served"},
+                    "trigger": {"type": "refusal", "category": "cyber"},
+                },
+            },
+        )
+    )
+    head, tail = start.split(b"event: message_delta", 1)
+    r = tap("anthropic-messages", head + block + b"event: message_delta" + tail)
+    assert (r.model, r.usage_source) == ("claude-served", "reported")
+
+
+def test_anthropic_other_content_blocks_never_relabel() -> None:
+    """A tool_use block whose input mentions fallback, or a block without ``to``."""
+    blocks = [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {"to": {"model": "nope"}}},
+        {"type": "fallback", "from": {"model": "claude-x"}},
+        {"type": "fallback", "to": "claude-string"},
+    ]
+    events = [
+        ("content_block_start", {"type": "content_block_start", "index": i, "content_block": b})
+        for i, b in enumerate(blocks)
+    ]
+    start = anthropic_stream({"input_tokens": 3, "output_tokens": 1}, {"output_tokens": 5})
+    head, tail = start.split(b"event: message_delta", 1)
+    r = tap("anthropic-messages", head + sse(*events) + b"event: message_delta" + tail)
+    assert (r.model, r.usage_source) == ("claude-x", "reported")
+
+
+def test_anthropic_thinking_tokens_are_reasoning_inside_output() -> None:
+    body = anthropic_stream(
+        {"input_tokens": 10, "output_tokens": 1},
+        {"output_tokens": 900, "output_tokens_details": {"thinking_tokens": 850}},
+    )
+    r = tap("anthropic-messages", body)
+    assert (r.output_tokens, r.reasoning_tokens, r.total_tokens) == (900, 850, 910)
+
+
+def test_anthropic_thinking_tokens_above_output_are_invalid() -> None:
+    body = anthropic_stream(
+        {"input_tokens": 10, "output_tokens": 1},
+        {"output_tokens": 90, "output_tokens_details": {"thinking_tokens": 850}},
+    )
+    r = tap("anthropic-messages", body)
+    assert r.usage_source == "estimated"
+    assert r.estimate_reason == (
+        "invalid_usage: output_tokens_details.thinking_tokens (850) exceeds output_tokens (90)"
+    )
+
+
 # -- OpenAI Chat ---------------------------------------------------------------
 def chat_chunk(choices: Any, usage: Any = None, **extra: Any) -> dict[str, Any]:
     return {
@@ -162,6 +252,26 @@ def test_openai_chat_cached_above_prompt_is_invalid() -> None:
     r = tap("openai-chat", sse((None, chat_chunk([], bad)), (None, "[DONE]")))
     assert r.usage_source == "estimated"
     assert r.estimate_reason == "invalid_usage: cached_tokens (600) exceeds prompt_tokens (10)"
+
+
+def test_openai_chat_the_served_model_wins_over_the_requested_one() -> None:
+    """The response's ``model`` is the snapshot that served (an alias resolves to a dated
+    one): it, not the request's model or the URL hint, is charged."""
+    served = {
+        **chat_chunk([{"index": 0, "delta": {"content": "hi"}}]),
+        "model": "gpt-4o-2024-08-06",
+    }
+    last = {**chat_chunk([], USAGE), "model": "gpt-4o-2024-08-06"}
+    r = tap("openai-chat", sse((None, served), (None, last), (None, "[DONE]")), model="gpt-4o")
+    assert (r.model, r.usage_source) == ("gpt-4o-2024-08-06", "reported")
+    body = {
+        "object": "chat.completion",
+        "model": "gpt-4o-2024-08-06",
+        "choices": [],
+        "usage": USAGE,
+    }
+    r = tap("openai-chat", json.dumps(body).encode(), streaming=False, model="gpt-4o")
+    assert r.model == "gpt-4o-2024-08-06"
 
 
 # -- OpenAI Responses ----------------------------------------------------------
@@ -245,6 +355,25 @@ def test_gemini_last_chunk_usage_is_authoritative() -> None:
 def test_gemini_zero_counts_omitted_by_proto3_json() -> None:
     r = tap("gemini", sse((None, gemini_chunk("", {"promptTokenCount": 4}, True))))
     assert (r.input_tokens, r.output_tokens, r.usage_source) == (4, 0, "reported")
+
+
+def test_responses_and_gemini_the_served_model_wins_over_the_requested_one() -> None:
+    body = sse(
+        (
+            "response.completed",
+            {
+                "type": "response.completed",
+                "response": {"model": "gpt-5-2025-08-07", "usage": RESP_USAGE},
+            },
+        ),
+    )
+    assert tap("openai-responses", body, model="gpt-5").model == "gpt-5-2025-08-07"
+    chunk = {
+        **gemini_chunk("x", {"promptTokenCount": 4}, True),
+        "modelVersion": "gemini-2.5-flash-preview-09-2025",
+    }
+    r = tap("gemini", sse((None, chunk), crlf=True), model="gemini-2.5-flash")
+    assert (r.model, r.usage_source) == ("gemini-2.5-flash-preview-09-2025", "reported")
 
 
 # -- Bedrock -------------------------------------------------------------------
