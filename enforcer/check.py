@@ -22,7 +22,11 @@ action     condition                                  outcome
 enforce    spent ≥ limit                              refused: budget.refusal
                                                       (budget_exceeded, or
                                                       job_budget_exceeded for session)
+enforce    spent + R × estimate > limit               refused: budget.refusal, reason
+                                                      request_too_large (this request's
+                                                      worst case alone does not fit)
 enforce    spent + R × (held + estimate) > limit      refused: in_flight_budget_exceeded
+                                                      (holds are what keeps it out)
 enforce    spent ≥ an alert threshold × limit         allowed, X-Spend-Budget state=alert
 warn       spent ≥ limit / ≥ an alert threshold      allowed, X-Spend-Budget state=exceeded|alert
 =========  =========================================  ==============================
@@ -371,7 +375,17 @@ EXCEEDED_I: Final = 2
 IN_FLIGHT_I: Final = 3
 FAILED_OPEN_I: Final = 4
 FAILED_CLOSED_I: Final = 5
-STATE_NAMES: Final = ("ok", "alert", "exceeded", "in_flight", "failed_open", "failed_closed")
+#: this request's worst case alone does not fit what is left (no holds needed to refuse it)
+TOO_LARGE_I: Final = 6
+STATE_NAMES: Final = (
+    "ok",
+    "alert",
+    "exceeded",
+    "in_flight",
+    "failed_open",
+    "failed_closed",
+    "too_large",
+)
 #: how a plan reads its scope values from the context (Plan.kind)
 KIND_ORG: Final = 0
 KIND_ONE: Final = 1
@@ -544,8 +558,9 @@ IN_FLIGHT: Final = "in_flight"
 class CounterStatus:
     """One applicable counter as the check saw it (read-only for callers).
 
-    ``state``: ok | alert | exceeded | in_flight (this request's estimate would
-    pass the limit) | failed_open | failed_closed (verdicts stale: not evaluated).
+    ``state``: ok | alert | exceeded | in_flight (this request's estimate and the
+    holds would pass the limit) | too_large (the estimate alone would) | failed_open |
+    failed_closed (verdicts stale: not evaluated).
     The check builds one per counter (a compiled class: its integers are stored
     unboxed, one allocation per counter).
     """
@@ -689,7 +704,8 @@ def _left(limit: int | None, used: int) -> int | None:
     return None if limit is None else max(0, limit - used)
 
 
-_REFUSING: Final = (EXCEEDED, IN_FLIGHT)
+TOO_LARGE: Final = "too_large"
+_REFUSING: Final = (EXCEEDED, IN_FLIGHT, TOO_LARGE)
 #: an allowed request without warnings: the same answer every time
 _ALLOWED_ANSWER: Final = refusals.Response(200, (), None, None)
 
@@ -710,10 +726,14 @@ class Decision:
         "_rows",
         "ctx",
         "decision",
+        "fitting_max_tokens",
         "hold_id",
         "now_us",
         "outcome",
         "reason",
+        "replicas",
+        "request_nanos",
+        "request_tokens",
     )
 
     def __init__(
@@ -741,6 +761,13 @@ class Decision:
         #: failed_* only: ``not_ready`` or ``stale``
         self.reason = reason
         self._response: refusals.Response | None = None
+        #: a refusal by what is left (too large, in flight): the request's worst case,
+        #: the replica count its share was taken with, and the largest max output tokens
+        #: that would be admitted now (None: not even 0); -1 / None when not computed
+        self.request_nanos = -1
+        self.request_tokens = -1
+        self.replicas = 1
+        self.fitting_max_tokens: int | None = None
 
     def __repr__(self) -> str:
         return f"<Decision {self.decision} status={self.status} budget={self.budget_id!r}>"
@@ -840,7 +867,8 @@ class Decision:
         return [
             r
             for r in self._rows
-            if (r.state_i == EXCEEDED_I or r.state_i == IN_FLIGHT_I) and r.plan.enforce
+            if (r.state_i == EXCEEDED_I or r.state_i == IN_FLIGHT_I or r.state_i == TOO_LARGE_I)
+            and r.plan.enforce
         ]
 
     @property
@@ -1194,7 +1222,17 @@ class Checker:
                                 or (lt is not None and st + share * (ht + est_tokens) > lt)
                                 or (lr is not None and sr + share * (hr + 1) > lr)
                             ):
-                                state = IN_FLIGHT_I
+                                # refused: because of what is in flight, or because this
+                                # request's worst case alone does not fit (then waiting for
+                                # the holds to settle cannot help)
+                                if (
+                                    (ln is not None and sn + share * est_nanos > ln)
+                                    or (lt is not None and st + share * est_tokens > lt)
+                                    or (lr is not None and sr + share > lr)
+                                ):
+                                    state = TOO_LARGE_I
+                                else:
+                                    state = IN_FLIGHT_I
                             else:
                                 to_hold.append(cp)
                                 found.append(held)
@@ -1209,7 +1247,8 @@ class Checker:
                 if reserve:
                     plan.counts[state] += 1
                 if state >= EXCEEDED_I and plan.enforce:
-                    is_hard = state == EXCEEDED_I
+                    # exhausted, or too large for what is left: retrying soon cannot help
+                    is_hard = state in (EXCEEDED_I, TOO_LARGE_I)
                     end = _NEVER if end_us is None else end_us
                     if (
                         refusal < 0
@@ -1238,7 +1277,16 @@ class Checker:
                     refusing.budget_id,
                     rows[refusal].counter_id,
                 )
-            return Decision(ctx, value, "refused", rows, refusal, now_us, config)
+            decision = Decision(ctx, value, "refused", rows, refusal, now_us, config)
+            if rows[refusal].state_i != EXCEEDED_I and est_tokens >= 0:
+                # what the request asked for, and what would fit now (the refusal says so)
+                decision.request_nanos = max(est_nanos, 0)
+                decision.request_tokens = est_tokens
+                decision.replicas = share
+                decision.fitting_max_tokens = self.fitting_max_tokens(
+                    rows, ctx.model or "", est_input, est_output, now_us
+                )
+            return decision
         hold_id = None
         if reserve and to_hold:
             hold_id = self.holds.reserve(
@@ -1250,6 +1298,62 @@ class Checker:
                 found=found if look_up_holds else None,
             )
         return Decision(ctx, ALLOWED, "allowed", rows, -1, now_us, config, hold_id)
+
+    def fitting_max_tokens(
+        self,
+        rows: list[CounterStatus],
+        model: str,
+        input_tokens: int,
+        max_output: int,
+        now_us: int,
+    ) -> int | None:
+        """The largest max output tokens (below ``max_output``) with which this request
+        would be admitted now by every enforce counter in ``rows`` (this replica's share,
+        its holds included); None when not even 0 fits. Refusal path only: a binary search
+        over the worst-case estimate (monotonic in the output tokens)."""
+        if not self._fits(rows, model, input_tokens, 0, now_us):
+            return None
+        low, high = 0, max_output  # fits(low), not fits(high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self._fits(rows, model, input_tokens, middle, now_us):
+                low = middle
+            else:
+                high = middle
+        return low
+
+    def _fits(
+        self, rows: list[CounterStatus], model: str, input_tokens: int, output: int, now_us: int
+    ) -> bool:
+        share = self._replicas
+        nanos = -1
+        for row in rows:
+            plan = row.plan
+            if not plan.holdable:
+                continue
+            if row.state_i == EXCEEDED_I:
+                return False
+            lr = plan.limit_requests
+            if lr is not None and row.spent_requests + share * (row.held_requests + 1) > lr:
+                return False
+            lt = plan.limit_tokens
+            if (
+                lt is not None
+                and row.spent_tokens + share * (row.held_tokens + input_tokens + output) > lt
+            ):
+                return False
+            ln = plan.limit_nanos
+            if ln is not None:
+                if nanos < 0:
+                    nanos = self.state.prices.worst_case_nanos(
+                        model,
+                        at=from_micros(now_us),
+                        input_tokens=input_tokens,
+                        max_output_tokens=output,
+                    )
+                if row.spent_nanos + share * (row.held_nanos + nanos) > ln:
+                    return False
+        return True
 
     def _stale(self, ctx: Context, now_us: int, reserve: bool) -> Decision:
         """Verdicts not loaded or stale: fail_mode decides requests an enforce budget covers."""

@@ -31,8 +31,9 @@ class EnforcerConfig(BaseModel):
     fail_mode: Literal["open", "closed"] = "open"
     #: how long the verdict stream may go unconfirmed before it counts as stale
     grace_s: float = Field(default=900.0, gt=0)
-    #: ``default``: spendbus's own 402/429 JSON; ``native``: the error each provider SDK knows
-    refusal_style: Literal["default", "native"] = "default"
+    #: ``default``: spendbus's own 402/429 JSON; ``native``: the error each provider SDK
+    #: knows; ``seed000``: seed 000's 402 body (error, secretId, period, limitCents, spentCents)
+    refusal_style: Literal["default", "native", "seed000"] = "default"
     #: a hold not settled (or, once settled, not covered by a verdict) is dropped after this
     hold_timeout_s: float = Field(default=600.0, gt=0)
     #: output tokens held for a request that does not say its max output tokens

@@ -32,12 +32,9 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 from urllib.parse import quote
 
+from schemas.money import format_usd
 from schemas.periods import from_micros
-from schemas.usage import (
-    FAILED_CLOSED,
-    IN_FLIGHT_BUDGET_EXCEEDED,
-    JOB_BUDGET_EXCEEDED,
-)
+from schemas.usage import BUDGET_EXCEEDED, FAILED_CLOSED, JOB_BUDGET_EXCEEDED
 
 if TYPE_CHECKING:
     from enforcer.check import CounterStatus, Decision, Plan
@@ -45,6 +42,10 @@ if TYPE_CHECKING:
 
 SPEND_HEADER: Final = "X-Spend-Budget"
 RETRY_AFTER: Final = "Retry-After"
+#: not standard, but the openai and anthropic SDKs obey it over their own retry rules
+SHOULD_RETRY: Final = "x-should-retry"
+#: the refusal's message, where a style's body has no field for it
+REFUSAL_HEADER: Final = "X-Spend-Refusal"
 #: provider names (as proxies spell them) → native refusal dialect
 NATIVE_DIALECTS: Final = {
     "anthropic": "anthropic",
@@ -139,33 +140,118 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
     style = dialect(decision.ctx.provider) if config.refusal_style == "native" else None
     if decision.decision == FAILED_CLOSED:
         return _failed_closed(decision, config, style)
+    if config.refusal_style == SEED000:
+        style = SEED000
     refusing = decision.refusing
     assert refusing is not None
     value = decision.decision
-    if value == IN_FLIGHT_BUDGET_EXCEEDED:
+    reason = _REASONS[refusing.state]
+    budget = refusing.plan.budget_id
+    if reason == IN_FLIGHT:
+        # the holds of requests in flight (or not yet in a verdict) keep this one out: they
+        # settle within seconds, so a retry soon may pass
         retry_after: int | None = config.in_flight_retry_after_s
         message = (
-            f"Budget {refusing.plan.budget_id!r}: the requests in flight could use what is "
-            "left; retry when they finish."
+            f"Budget {budget!r}: the requests in flight could use what is left; retry when "
+            "they finish." + _fit_text(decision)
         )
     else:
         retry_after = budget_retry_after(refusing, decision.now_us)
         reset = iso_us(refusing.end_us)
-        message = f"Budget {refusing.plan.budget_id!r} is exhausted" + (
-            f" until {reset}." if reset else "."
-        )
+        until = f" until {reset}." if reset else "."
+        if reason == EXHAUSTED:
+            message = f"Budget {budget!r} is exhausted{until}"
+        else:
+            message = (
+                f"Budget {budget!r}: this request's worst case "
+                f"({_request_text(decision)}) does not fit what is left "
+                f"({_left_text(decision, refusing)}).{_fit_text(decision)} "
+                f"A retry of this request is refused{until}"
+            )
     headers: list[tuple[str, str]] = [_JSON]
     if retry_after is not None:
         headers.append((RETRY_AFTER, str(retry_after)))
+    # the SDKs' own retries (openai, anthropic) obey this: retrying an exhausted budget or a
+    # request too large for what is left only waits for nothing
+    headers.append((SHOULD_RETRY, "true" if reason == IN_FLIGHT else "false"))
     if refusing.state == "exceeded":
         headers.append(spend_header(refusing))
     session = refusing.plan.scope == "session"
     if style is None:
         status = 429 if value == JOB_BUDGET_EXCEEDED or session else 402
         body = _default_body(value, refusing)
+        body["reason"] = reason
+        if reason != EXHAUSTED:
+            body.update(_left_fields(decision, refusing))
         body["message"] = message
         return Response(status, tuple(headers), body, retry_after)
+    if style == SEED000:
+        return _seed000(decision, refusing, message, headers, retry_after)
     return _native(style, 429, message, headers, retry_after, quota=True)
+
+
+#: why a budget refused, by the refusing counter's state (the body's ``reason``)
+EXHAUSTED: Final = "exhausted"
+REQUEST_TOO_LARGE: Final = "request_too_large"
+IN_FLIGHT: Final = "in_flight"
+_REASONS: Final = {
+    "exceeded": EXHAUSTED,
+    "too_large": REQUEST_TOO_LARGE,
+    "in_flight": IN_FLIGHT,
+}
+
+
+def _usd(nanos: int) -> str:
+    return format_usd(nanos, 6)
+
+
+def _request_text(decision: Decision) -> str:
+    return f"{_usd(decision.request_nanos)}, {decision.request_tokens} tokens"
+
+
+def _left_text(decision: Decision, refusing: CounterStatus) -> str:
+    """What is left under the limits the request passes, and this replica's share of it."""
+    plan, share = refusing.plan, decision.replicas
+    parts = []
+    for limit, spent, held, unit in (
+        (plan.limit_nanos, refusing.spent_nanos, refusing.held_nanos, "nanos"),
+        (plan.limit_tokens, refusing.spent_tokens, refusing.held_tokens, "tokens"),
+        (plan.limit_requests, refusing.spent_requests, refusing.held_requests, "requests"),
+    ):
+        if limit is None:
+            continue
+        left = max(0, limit - spent - held)
+        text = _usd(left) if unit == "nanos" else f"{left} {unit}"
+        if share > 1:
+            mine = max(0, (limit - spent) // share - held)
+            mine_text = _usd(mine) if unit == "nanos" else f"{mine} {unit}"
+            text += f", {mine_text} of it this replica's 1/{share} share"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _fit_text(decision: Decision) -> str:
+    fit = decision.fitting_max_tokens
+    if decision.request_tokens < 0:
+        return ""
+    if fit is None:
+        return " Not even the input fits with max_tokens 0."
+    return f" The largest max_tokens that fits now is {fit}."
+
+
+def _left_fields(decision: Decision, refusing: CounterStatus) -> dict[str, Any]:
+    remaining = refusing.remaining()
+    return {
+        "remaining_nanos": remaining["nanos"],
+        "remaining_tokens": remaining["tokens"],
+        "remaining_requests": remaining["requests"],
+        "held_tokens": refusing.held_tokens,
+        "held_requests": refusing.held_requests,
+        "request_nanos": decision.request_nanos,
+        "request_tokens": decision.request_tokens,
+        "replicas": decision.replicas,
+        "max_tokens_that_fits": decision.fitting_max_tokens,
+    }
 
 
 def _default_body(value: str, refusing: CounterStatus) -> dict[str, Any]:
@@ -184,6 +270,36 @@ def _default_body(value: str, refusing: CounterStatus) -> dict[str, Any]:
         "spent_requests": refusing.spent_requests,
         "held_nanos": refusing.held_nanos,
     }
+
+
+#: the refusal style of seed 000's gateway: its 402 body, field for field
+SEED000: Final = "seed000"
+_NANOS_PER_CENT: Final = 10_000_000
+
+
+def _seed000(
+    decision: Decision,
+    refusing: CounterStatus,
+    message: str,
+    headers: list[tuple[str, str]],
+    retry_after: int | None,
+) -> Response:
+    """Seed 000's 402 ``{"error":"budget_exceeded","secretId","period","limitCents",
+    "spentCents"}``, whichever budget rule refused (its clients know one refusal); the
+    limit in whole cents rounded down, the spend rounded up, so an exhausted budget reads
+    spentCents >= limitCents; null for a budget without a USD limit. The message stays in
+    an ``X-Spend-Refusal`` header (the body has no room for it)."""
+    limit = refusing.plan.limit_nanos
+    spent = refusing.spent_nanos
+    body = {
+        "error": BUDGET_EXCEEDED,
+        "secretId": decision.ctx.secret_id,
+        "period": refusing.period,
+        "limitCents": None if limit is None else limit // _NANOS_PER_CENT,
+        "spentCents": None if limit is None else -(-spent // _NANOS_PER_CENT),
+    }
+    headers = [*headers, (REFUSAL_HEADER, header_text(message))]
+    return Response(402, tuple(headers), body, retry_after)
 
 
 def _failed_closed(decision: Decision, config: EnforcerConfig, style: str | None) -> Response:

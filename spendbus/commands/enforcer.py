@@ -46,7 +46,7 @@ def enforcer() -> None:
 )
 @click.option("--fail-mode", type=click.Choice(["open", "closed"]), default=None)
 @click.option("--grace", type=float, default=None, help="Seconds of verdict staleness allowed.")
-@click.option("--refusal-style", type=click.Choice(["default", "native"]), default=None)
+@click.option("--refusal-style", type=click.Choice(["default", "native", "seed000"]), default=None)
 @click.option("--hold-timeout", type=float, default=None, help="Seconds a hold may live.")
 @click.option(
     "--default-max-output-tokens", type=int, default=None, help="Held when a request has none."
@@ -125,7 +125,7 @@ def serve(
 @click.option("--request-bytes", type=int, help="Request size, when no token estimate.")
 @click.option("--max-output-tokens", type=int)
 @click.option("--fail-mode", type=click.Choice(["open", "closed"]), default=None)
-@click.option("--refusal-style", type=click.Choice(["default", "native"]), default=None)
+@click.option("--refusal-style", type=click.Choice(["default", "native", "seed000"]), default=None)
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to load.")
 def check(
     groups: tuple[str, ...],

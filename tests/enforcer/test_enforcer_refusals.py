@@ -43,11 +43,13 @@ def test_default_body_and_headers() -> None:
         "limit_requests": None,
         "spent_requests": 0,
         "held_nanos": 0,
+        "reason": "exhausted",
         "message": f"Budget 'org-monthly' is exhausted until {RESET}.",
     }
     assert d.headers == (
         ("Content-Type", "application/json"),
         ("Retry-After", TWELVE_HOURS),
+        ("x-should-retry", "false"),
         ("X-Spend-Budget", f"org-monthly; scope=org; used=100%; state=exceeded; reset={RESET}"),
     )
 
@@ -144,13 +146,129 @@ def test_failed_closed_is_503_retry_after_30_in_every_style(provider, check) -> 
         assert ("x-amzn-ErrorType", "ServiceUnavailableException") in d.headers
 
 
-def test_in_flight_refusal() -> None:
-    b = budget("tight", limit_nanos=1000)
+def test_in_flight_refusal_only_when_holds_keep_the_request_out() -> None:
+    # $3/$15 per Mtok: 1000 in + 1000 out = $0.018 worst case; $0.030 left
+    b = budget("tight", limit_nanos=30_000_000)
     e, _ = loaded_enforcer([b], [verdict(b, ["acme"])], in_flight_retry_after_s=3)
+    first = e.check(ctx())
+    assert first.allowed  # holds $0.018: $0.012 left, the same request no longer fits
     d = e.check(ctx())
+    assert d.decision == "in_flight_budget_exceeded"
     assert d.status == 402 and d.retry_after == 3
-    assert d.body is not None and d.body["error"] == "in_flight_budget_exceeded"
+    assert ("x-should-retry", "true") in d.headers  # a retry soon may pass
+    assert d.body is not None and d.body["reason"] == "in_flight"
+    assert d.body["held_nanos"] == 18_000_000 and d.body["held_requests"] == 1
+    assert d.body["remaining_nanos"] == 12_000_000
+    assert d.body["request_nanos"] == 18_000_000 and d.body["request_tokens"] == 2000
+    # 1000 input = $0.003; what is left after the hold buys 9000 / 15 = 600 output tokens
+    assert d.body["max_tokens_that_fits"] == 600
+    assert "retry when they finish" in d.body["message"] and "600" in d.body["message"]
     assert not any(name == "X-Spend-Budget" for name, _ in d.headers)
+    e.release(first.hold_id)
+    assert e.check(ctx()).allowed  # the hold gone, the same request passes
+
+
+def test_a_request_too_large_for_what_is_left_is_not_called_in_flight() -> None:
+    """Nothing in flight, 95.7 % spent: the worst case does not fit the $0.0129 left."""
+    b = budget("tight", limit_nanos=300_000_000)
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"], spent_nanos=287_100_000)])
+    d = e.check(ctx())
+    assert len(e.holds) == 0 and d.decision == "budget_exceeded"
+    assert d.status == 402 and d.retry_after == int(TWELVE_HOURS)  # the period's reset
+    assert ("x-should-retry", "false") in d.headers
+    body = d.body
+    assert body is not None and body["reason"] == "request_too_large"
+    assert body["remaining_nanos"] == 12_900_000 and body["held_nanos"] == 0
+    assert body["request_nanos"] == 18_000_000 and body["replicas"] == 1
+    # (12.9M - 3M input) / 15 per token = 660 output tokens
+    assert body["max_tokens_that_fits"] == 660
+    assert "does not fit what is left ($0.012900)" in body["message"]
+    assert "The largest max_tokens that fits now is 660." in body["message"]
+    assert e.check(ctx(max_output_tokens=660)).allowed  # what it said fits does
+    assert not e.check(ctx(max_output_tokens=661)).allowed
+    assert [c.state for c in d.counters] == ["too_large"]
+
+
+def test_too_large_with_nothing_that_fits_and_a_total_budget_has_no_retry_after() -> None:
+    b = budget("lifetime", window="total", limit_nanos=2_000_000)  # less than the input alone
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"])])
+    d = e.check(ctx())
+    assert d.body is not None and d.body["reason"] == "request_too_large"
+    assert d.body["max_tokens_that_fits"] is None and d.retry_after is None
+    assert not any(name == "Retry-After" for name, _ in d.headers)
+    assert "Not even the input fits" in d.body["message"]
+
+
+def test_too_large_names_this_replicas_share() -> None:
+    b = budget("tight", limit_nanos=30_000_000)
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"])], replicas=2)
+    d = e.check(ctx())  # 2 x 0.018 > 0.030: the share of one replica is $0.015
+    assert d.body is not None and d.body["reason"] == "request_too_large"
+    assert d.body["replicas"] == 2 and d.body["max_tokens_that_fits"] == 800
+    assert "$0.015000 of it this replica's 1/2 share" in d.body["message"]
+
+
+def test_native_too_large_tells_the_sdk_not_to_retry() -> None:
+    b = budget("tight", limit_nanos=10_000_000)
+    e, _ = loaded_enforcer([b], [verdict(b, ["acme"])], refusal_style="native")
+    d = e.check(ctx(provider="openai"))
+    assert d.status == 429 and ("x-should-retry", "false") in d.headers
+    assert d.body is not None and "does not fit" in d.body["error"]["message"]
+
+
+def test_seed000_body_field_by_field() -> None:
+    """Seed 000's 402 body: error, secretId, period, limitCents, spentCents, nothing else."""
+    e, _ = loaded_enforcer([ORG], EXHAUSTED, refusal_style="seed000")
+    d = e.check(ctx(secret_id="sk-Seed"))
+    assert d.status == 402
+    assert d.body == {
+        "error": "budget_exceeded",
+        "secretId": "sk-Seed",
+        "period": "m:2026-11",
+        "limitCents": 10_000,
+        "spentCents": 10_000,
+    }
+    assert ("Retry-After", TWELVE_HOURS) in d.headers
+    assert ("x-should-retry", "false") in d.headers
+    [message] = [v for name, v in d.headers if name == "X-Spend-Refusal"]
+    assert message.startswith("Budget%20'org-monthly'%20is%20exhausted")
+
+
+def test_seed000_rounds_limit_down_and_spend_up_and_nulls_without_usd() -> None:
+    b = budget("odd", limit_nanos=12_345_678_901)
+    tokens = budget("tok", limit_tokens=10)
+    e, _ = loaded_enforcer(
+        [b, tokens],
+        [verdict(b, ["acme"]), verdict(tokens, ["acme"])],
+        refusal_style="seed000",
+    )
+    d = e.check(ctx())  # tokens: 2000 > 10, nothing fits; the USD budget still has room
+    assert d.body == {
+        "error": "budget_exceeded",
+        "secretId": "sk-1",
+        "period": "m:2026-11",
+        "limitCents": None,
+        "spentCents": None,
+    }
+    e2, _ = loaded_enforcer(
+        [b], [verdict(b, ["acme"], spent_nanos=12_345_678_901)], refusal_style="seed000"
+    )
+    body = e2.check(ctx()).body
+    assert body is not None and (body["limitCents"], body["spentCents"]) == (1234, 1235)
+    # in flight: the same body, a short Retry-After and a retry allowed
+    b3 = budget("tight", limit_nanos=30_000_000)
+    e3, _ = loaded_enforcer([b3], [verdict(b3, ["acme"])], refusal_style="seed000")
+    assert e3.check(ctx()).allowed
+    d3 = e3.check(ctx())
+    assert d3.status == 402 and d3.body is not None and d3.body["error"] == "budget_exceeded"
+    assert d3.retry_after == 5 and ("x-should-retry", "true") in d3.headers
+
+
+def test_seed000_fail_closed_keeps_the_default_503() -> None:
+    e, clock = loaded_enforcer([ORG], fail_mode="closed", refusal_style="seed000")
+    clock.advance(3600)
+    d = e.check(ctx())
+    assert d.status == 503 and d.body is not None and d.body["error"] == "failed_closed"
 
 
 def test_warn_header_for_several_counters() -> None:

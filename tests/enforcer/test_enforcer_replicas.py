@@ -91,17 +91,22 @@ def test_an_exhausted_counter_is_refused_as_exceeded_whatever_the_replicas() -> 
         assert len(e.holds) == 0
 
 
-def test_one_estimate_over_its_share_is_refused_in_flight_with_nothing_held() -> None:
-    # $0.05 left: one $0.018 estimate fits alone, but 3 x 0.018 = 0.054 passes the headroom
+def test_one_estimate_over_its_share_is_too_large_not_in_flight_with_nothing_held() -> None:
+    # $0.05 left: one $0.018 estimate fits alone, but 3 x 0.018 = 0.054 passes the headroom;
+    # nothing is in flight, so waiting cannot help: not an in-flight refusal
     b = budget("org", limit_nanos=100_000_000)
     [alone] = fleet(b, 1, n=1, spent_nanos=50_000_000)
     [shared] = fleet(b, 3, n=1, spent_nanos=50_000_000)
     assert alone.check(ctx()).allowed
     d = shared.check(ctx())
-    assert d.decision == IN_FLIGHT_BUDGET_EXCEEDED and d.retry_after == 5
-    assert d.body is not None and d.body["held_nanos"] == 0 and d.body["spent_nanos"] == 50_000_000
+    assert d.decision == "budget_exceeded" and d.retry_after != 5
+    assert d.body is not None and d.body["reason"] == "request_too_large"
+    assert d.body["held_nanos"] == 0 and d.body["spent_nanos"] == 50_000_000
+    # (0.05 / 3 = 16.67M share - 3M input) / 15 per output token
+    assert d.body["replicas"] == 3 and d.body["max_tokens_that_fits"] == 911
     assert len(shared.holds) == 0
-    assert shared.peek(ctx()).decision == IN_FLIGHT_BUDGET_EXCEEDED  # a peek says the same
+    assert shared.peek(ctx()).decision == "budget_exceeded"  # a peek says the same
+    assert shared.check(ctx(max_output_tokens=911)).allowed
 
 
 def usage(**tokens: Any) -> dict[str, Any]:
@@ -224,7 +229,7 @@ def predicted(e: Enforcer, c: Any, counters: Any, replicas: int) -> str:
         "tokens": input_tokens + output,
         "requests": 1,
     }
-    exceeded: list[str] = []
+    exceeded: list[str] = []  # exhausted, or this request's estimate alone does not fit
     in_flight = False
     for status in counters:
         plan = status.plan
@@ -237,7 +242,12 @@ def predicted(e: Enforcer, c: Any, counters: Any, replicas: int) -> str:
         }
         spent = {k: getattr(status, f"spent_{k}") for k in limits}
         held = {k: getattr(status, f"held_{k}") for k in limits}
-        if any(limit is not None and spent[k] >= limit for k, limit in limits.items()):
+        # exhausted, or too large: spent >= limit implies spent + R x estimate > limit
+        # unless the estimate is 0 in that unit
+        if any(
+            limit is not None and (spent[k] >= limit or spent[k] + replicas * est[k] > limit)
+            for k, limit in limits.items()
+        ):
             exceeded.append(plan.budget.refusal)
         elif any(
             limit is not None and spent[k] + replicas * (held[k] + est[k]) > limit

@@ -8,13 +8,15 @@ raises its own error class.
 
 from __future__ import annotations
 
+import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-from gateway_kit import KEY_OF, PROMPT, gateway_stack
+from gateway_kit import KEY_OF, PROMPT, eventually, gateway_stack
 
 from schemas.budgets import Budget
 from schemas.periods import parse_window
@@ -224,7 +226,110 @@ async def test_default_refusals_reach_the_sdk_as_a_402_status_error(
         await oa.close()
         assert refused.value.status_code == 402
         assert not isinstance(refused.value, openai.RateLimitError)
-        # the SDK keeps the "error" member as the body; the whole answer is spendbus's
-        assert refused.value.body == "in_flight_budget_exceeded"
-        assert refused.value.response.json()["budget_id"] == "tight-sk-openai"
+        # the SDK keeps the "error" member as the body; the whole answer is spendbus's.
+        # Nothing is in flight: the request is too large for what is left, not "in flight"
+        assert refused.value.body == "budget_exceeded"
+        answer = refused.value.response.json()
+        assert answer["budget_id"] == "tight-sk-openai"
+        assert answer["reason"] == "request_too_large" and answer["held_nanos"] == 0
+        assert answer["remaining_nanos"] == 1 and answer["max_tokens_that_fits"] is None
+        assert refused.value.response.headers["x-should-retry"] == "false"
         assert (await stack.upstream_stats())["requests"] == 0
+
+
+def _fitting_max_tokens(message: str) -> int:
+    match = re.search(r"The largest max_tokens that fits now is (\d+)\.", message)
+    assert match is not None, message
+    return int(match.group(1))
+
+
+async def test_a_request_too_large_for_what_is_left_is_not_retried_by_the_sdk(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Native style, the SDK's default retries on: a request whose worst case does not fit
+    what is left is refused once (no retry for nothing), with the max_tokens that fits;
+    asking for that many passes."""
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        budgets=[tight("sk-openai", 20_000_000)],  # $0.02; 8000 output tokens = $0.08
+        enforcer={"refusal_style": "native"},
+        upstream=FakeUpstreamConfig(port=0, seed=21, output_tokens=(40, 60)),
+    ) as stack:
+        oa = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key=KEY_OF["sk-openai"])
+        assert oa.max_retries == 2  # the SDK's default
+        with pytest.raises(openai.RateLimitError) as refused:
+            # max_tokens given (4 digits): the same request with the fitting number is no
+            # larger, so the gateway's input estimate (from the body's size) stays the same
+            await oa.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": PROMPT}], max_tokens=8000
+            )
+        headers = refused.value.response.headers
+        assert headers["x-should-retry"] == "false" and "retry-after" in headers
+        assert int(headers["retry-after"]) > 60  # the day's reset, not "soon"
+        message = refused.value.message
+        assert "does not fit what is left ($0.020000)" in message
+        fit = _fitting_max_tokens(message)
+        assert 1000 < fit < 2000
+        assert stack.enforcer.metrics.decisions["budget_exceeded"] == 1  # one attempt only
+        assert stack.enforcer.metrics.decisions["in_flight_budget_exceeded"] == 0
+        chat = await oa.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": PROMPT}], max_tokens=fit
+        )
+        assert chat.choices[0].message.content
+        await oa.close()
+        assert (await stack.upstream_stats())["requests"] == 1
+
+
+async def test_an_in_flight_refusal_is_retried_by_the_sdk_once_the_hold_is_gone(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Another request in flight holds most of what is left: the SDK's request is refused
+    in flight (Retry-After 5, retry allowed); with its default retries it passes once the
+    other request's hold is released."""
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        budgets=[tight("sk-anthropic", 25_000_000)],
+        enforcer={"refusal_style": "native"},
+        upstream=FakeUpstreamConfig(port=0, seed=22, output_tokens=(40, 60)),
+    ) as stack:
+        # a request in flight on this replica (the same counter): $0.015 held
+        other = stack.enforcer.check(
+            stack.enforcer.context(
+                org_id="acme",
+                secret_id="sk-anthropic",
+                provider="anthropic",
+                model="claude-sonnet-4-5",
+                input_tokens=0,
+                max_output_tokens=1000,
+            )
+        )
+        assert other.allowed and other.hold_id is not None
+        request = {
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 1000,
+            "messages": [{"role": "user", "content": PROMPT}],
+        }
+        no_retries = anthropic_client(stack.url, KEY_OF["sk-anthropic"])
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            await no_retries.messages.create(**request)  # type: ignore[call-overload]
+        await no_retries.close()
+        headers = refused.value.response.headers
+        assert headers["retry-after"] == "5" and headers["x-should-retry"] == "true"
+        assert "the requests in flight could use what is left" in refused.value.message
+
+        retrying = anthropic.AsyncAnthropic(base_url=stack.url, api_key=KEY_OF["sk-anthropic"])
+        answer = asyncio.create_task(retrying.messages.create(**request))  # type: ignore[call-overload]
+        await eventually(lambda: stack.enforcer.metrics.decisions["in_flight_budget_exceeded"] == 2)
+        assert not answer.done()  # the SDK waits Retry-After before its retry
+        assert stack.enforcer.release(other.hold_id)
+        message = await answer
+        assert message.content and message.usage.output_tokens > 0
+        await retrying.close()
+        decisions = stack.enforcer.metrics.decisions
+        assert decisions["in_flight_budget_exceeded"] == 2 and decisions["allowed"] == 2
+        assert decisions["budget_exceeded"] == 0
+        assert (await stack.upstream_stats())["requests"] == 1
