@@ -1011,6 +1011,17 @@ class Checker:
         self._peeks = metrics.peeks
 
     @property
+    def replicas(self) -> int:
+        """The replica count each check's share is taken with (1/replicas of the headroom)."""
+        return self._replicas
+
+    def set_replicas(self, replicas: int) -> None:
+        """A new count (enforcer.membership): the next check uses it."""
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self._replicas = replicas
+
+    @property
     def index(self) -> Index:
         if self._index_version != self.state.policy_version:
             self._index = Index(self.state.budgets, self.metrics.budget_counts)

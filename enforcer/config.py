@@ -45,6 +45,21 @@ class EnforcerConfig(BaseModel):
     #: (the rule is then spent + holds + estimate > limit). Too low over-admits across
     #: replicas; too high refuses early (enforcer/README.md, "Several replicas").
     replicas: int = Field(default=1, ge=1, le=10_000)
+    #: count the replicas instead: every enforcer joins the consumer group
+    #: ``Topics.enforcer_group`` and learns the live count from each rebalance
+    #: (enforcer/membership.py); ``replicas`` is then a floor
+    membership: bool = False
+    #: membership: the most replicas that may run (the autoscaler's maximum). A replica
+    #: assumes this many until it knows the count and for ``membership_grace_s`` after
+    #: it joined (its peers may still hold what their larger shares allowed)
+    max_replicas: int = Field(default=16, ge=1, le=10_000)
+    #: membership: after a change the largest count seen in this window is used (a
+    #: scale-down widens the shares only once the replicas that left had time to finish)
+    membership_grace_s: float = Field(default=10.0, ge=0)
+    #: membership: how long a replica that died without leaving (kill -9) stays counted:
+    #: Kafka's session timeout (the broker's group.min.session.timeout.ms, 6 s by default,
+    #: is the least it accepts)
+    membership_session_timeout_s: float = Field(default=6.0, gt=0, le=300)
     #: Retry-After of an in-flight refusal (holds settle within seconds)
     in_flight_retry_after_s: int = Field(default=5, ge=1)
     #: Retry-After of a fail-closed 503

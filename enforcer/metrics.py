@@ -28,6 +28,9 @@ spendbus_enforcer_records_total                counter  topic: records read
 spendbus_enforcer_undecodable_total            counter  topic, reason: records skipped
 spendbus_enforcer_verdicts_ignored_total       counter  older seq or period than held
 spendbus_enforcer_refusals_published_total     counter  result (ok, error): sidecar only
+spendbus_enforcer_replicas                     gauge    the count the share is taken with
+spendbus_enforcer_group_members                gauge    membership: the group's last count
+spendbus_enforcer_group_rebalances_total       counter  membership: rebalances taken part in
 =============================================  =======  ====================================
 """
 
@@ -43,6 +46,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from enforcer.holds import Holds
+    from enforcer.membership import Membership
     from enforcer.state import EnforcerState
 
 _P = "spendbus_enforcer_"
@@ -73,10 +77,16 @@ class EnforcerMetrics(Collector):
         self._state: EnforcerState | None = None
         self._holds: Holds | None = None
         self._clock: Callable[[], float] | None = None
+        self._replicas: Callable[[], int] | None = None
+        self._membership: Membership | None = None
         self.registry.register(self)
 
     def bind(self, state: EnforcerState, holds: Holds, clock: Callable[[], float]) -> None:
         self._state, self._holds, self._clock = state, holds, clock
+
+    def bind_replicas(self, replicas: Callable[[], int], membership: Membership | None) -> None:
+        """The replica count checks use now, and the membership that counts it (if any)."""
+        self._replicas, self._membership = replicas, membership
 
     def budget_counts(self, budget_id: str) -> list[int]:
         """The per-state check counts of one budget (kept across policy changes)."""
@@ -114,6 +124,24 @@ class EnforcerMetrics(Collector):
                 _P + "verdict_lag_seconds",
                 "Last verdict: applied time minus emitted_at",
                 value=self.verdict_lag_s,
+            )
+        if self._replicas is not None:
+            yield GaugeMetricFamily(
+                _P + "replicas",
+                "Replica count this enforcer's share is taken with (1/replicas of the headroom)",
+                value=self._replicas(),
+            )
+        membership = self._membership
+        if membership is not None and membership.count is not None:
+            yield GaugeMetricFamily(
+                _P + "group_members",
+                "Enforcers in the enforcers' consumer group, as the last rebalance counted",
+                value=membership.count,
+            )
+            yield CounterMetricFamily(
+                _P + "group_rebalances",
+                "Rebalances of the enforcers' group this member took part in",
+                value=membership.rebalances,
             )
         state, holds, clock = self._state, self._holds, self._clock
         if state is None or holds is None or clock is None:

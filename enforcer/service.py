@@ -5,7 +5,10 @@ Start/stop order (mirrored in :meth:`Enforcer.start` / :meth:`Enforcer.stop`):
 1. start: the follower assigns the topics, records the end offsets and starts
    reading; checks answer by ``fail_mode`` until it is ready.
 2. :meth:`Enforcer.wait_ready` returns once caught up (or raises NotReady).
-3. stop: the follower stops; the in-memory state is dropped with the object
+   With ``membership``, the enforcer also joins the enforcers' group
+   (enforcer/membership.py) and ``wait_ready`` waits for its first count.
+3. stop: the membership leaves the group (the other replicas widen their shares
+   at once), then the follower stops; the in-memory state is dropped with the object
    (holds are per-process and never persisted: the verdicts are the truth).
 """
 
@@ -23,6 +26,7 @@ from enforcer.config import EnforcerConfig
 from enforcer.errors import NotReady
 from enforcer.follower import Follower
 from enforcer.holds import Holds
+from enforcer.membership import Membership
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import EnforcerState
 from schemas.topics import Topics
@@ -52,20 +56,45 @@ class Enforcer:
         self.state.on_verdict(self.holds.on_verdict)
         self.checker = Checker(self.state, self.holds, self.config, self.metrics, clock)
         self.follower = Follower(self.config, self.state, self.holds, self.metrics, clock)
+        #: with ``membership``: the live replica count, from the enforcers' consumer group
+        self.membership = (
+            Membership(self.config, clock, self.checker.set_replicas)
+            if self.config.membership
+            else None
+        )
+        self.metrics.bind_replicas(lambda: self.checker.replicas, self.membership)
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         await self.follower.start()
+        if self.membership is not None:
+            try:
+                await self.membership.start()
+            except BaseException:
+                await self.follower.stop()
+                raise
 
     async def wait_ready(self, timeout: float | None = None) -> None:
+        """Caught up with the verdicts and, with membership, told the replica count (until
+        then a check assumes ``max_replicas``)."""
         limit = self.config.ready_timeout_s if timeout is None else timeout
+        started = time.monotonic()
         if not await self.follower.wait_ready(limit):
             raise NotReady(
                 f"not caught up with {self.topics.budget_verdicts} after {limit:g}s "
                 f"({len(self.state.verdicts)} counters read so far)"
             )
+        if self.membership is not None:
+            left = max(0.0, limit - (time.monotonic() - started))
+            if not await self.membership.wait_known(left):
+                raise NotReady(
+                    f"no member count from group {self.membership.group} after {limit:g}s "
+                    f"(checks assume {self.config.max_replicas} replicas)"
+                )
 
     async def stop(self) -> None:
+        if self.membership is not None:
+            await self.membership.stop()  # leave first: the others widen their shares
         await self.follower.stop()
 
     async def __aenter__(self) -> Enforcer:

@@ -116,6 +116,11 @@ def _enforcer_reads(
     ]
 
 
+def _enforcer_group(topics: Topics) -> list[tuple[ResourceType, str, PatternType, Operation]]:
+    """The enforcers' consumer group (``membership``: the replicas count themselves in it)."""
+    return _on(ResourceType.GROUP, topics.enforcer_group, _READ, PatternType.LITERAL)
+
+
 def role_bindings(
     role: str, principal: str, topics: Topics, *, app_id: str | None = None
 ) -> list[AclBinding]:
@@ -131,10 +136,11 @@ def role_bindings(
         entries = [
             *_topic(base.usage_raw, *_WRITE),
             *_enforcer_reads(base),
+            *_enforcer_group(base),
             *_topic(base.gateway_keys, *_READ),
         ]
     elif role == "sidecar":
-        entries = [*_topic(base.usage_raw, *_WRITE), *_enforcer_reads(base)]
+        entries = [*_topic(base.usage_raw, *_WRITE), *_enforcer_reads(base), *_enforcer_group(base)]
     elif role == "aggregator":
         entries = [
             *_topic(base.usage_raw, *_READ),

@@ -130,6 +130,12 @@ class Topics:
         return f"{self.prefix}gateway.keys"
 
     @property
+    def enforcer_group(self) -> str:
+        """The consumer group every enforcer joins to count the replicas sharing the budgets
+        (enforcer/membership.py; shared by every generation, nothing is committed)."""
+        return f"{self.prefix}spendbus-enforcers"
+
+    @property
     def aggregator_app_id(self) -> str:
         """The aggregator's Faust app id: its consumer group and table/changelog namespace."""
         base = f"{self.prefix}spendbus-aggregator"

@@ -57,6 +57,24 @@ def enforcer() -> None:
     default=None,
     help="Enforcers admitting against the same budgets; each holds <= 1/replicas of the headroom.",
 )
+@click.option(
+    "--membership",
+    is_flag=True,
+    default=None,
+    help="Count the replicas through the enforcers' Kafka consumer group (--replicas: a floor).",
+)
+@click.option(
+    "--max-replicas",
+    type=int,
+    default=None,
+    help="With --membership: assumed until the count is known and while newly joined.",
+)
+@click.option(
+    "--membership-grace",
+    type=float,
+    default=None,
+    help="With --membership: seconds the largest recent count is kept after a change.",
+)
 @click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
 @click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
 @click.option("--log-level", default="INFO", show_default=True)
@@ -70,6 +88,9 @@ def serve(
     hold_timeout: float | None,
     default_max_output_tokens: int | None,
     replicas: int | None,
+    membership: bool | None,
+    max_replicas: int | None,
+    membership_grace: float | None,
     gateway_id: str | None,
     no_publish_refusals: bool,
     log_level: str,
@@ -91,6 +112,9 @@ def serve(
             hold_timeout_s=hold_timeout,
             default_max_output_tokens=default_max_output_tokens,
             replicas=replicas,
+            membership=membership,
+            max_replicas=max_replicas,
+            membership_grace_s=membership_grace,
             gateway_id=gateway_id,
             publish_refusals=not no_publish_refusals,
         )
