@@ -13,9 +13,13 @@ path (POST unless said)                             family     tap format       
 ``/v1beta/models/{model}:countTokens``              gemini     -                     never
 ``/model/{modelId}/converse``                       bedrock    bedrock-converse      yes
 ``/model/{modelId}/converse-stream``                bedrock    bedrock-converse      yes
+``/model/{modelId}/invoke``                         bedrock    bedrock-invoke        yes
+``/model/{modelId}/invoke-with-response-stream``    bedrock    bedrock-invoke        yes
 ==================================================  =========  ====================  =======
 
-Gemini paths are also served under ``/v1/models/``. Token counting costs
+Gemini paths are also served under ``/v1/models/``. Bedrock ``invoke`` paths carry
+Anthropic Messages bodies (Claude on Bedrock; other vendors' InvokeModel bodies are
+not read). Token counting costs
 nothing at the providers, so it is neither checked nor charged: it is
 forwarded with the principal's credential and nothing else.
 """
@@ -83,4 +87,8 @@ def resolve(path: str) -> Route | None:
             return Route("bedrock", "bedrock-converse", model=unquote(model_id), streaming=False)
         if action == "converse-stream":
             return Route("bedrock", "bedrock-converse", model=unquote(model_id), streaming=True)
+        if action == "invoke":
+            return Route("bedrock", "bedrock-invoke", model=unquote(model_id), streaming=False)
+        if action == "invoke-with-response-stream":
+            return Route("bedrock", "bedrock-invoke", model=unquote(model_id), streaming=True)
     return None

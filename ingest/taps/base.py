@@ -45,6 +45,8 @@ FRAME_LIMIT = 512 * 1024
 DECODE_PIECE = 64 * 1024
 #: Problems kept per response (the first one is the estimate's reason).
 MAX_PROBLEMS = 8
+#: Formats streamed as AWS event-stream messages (the others stream SSE).
+EVENT_STREAM_FORMATS: frozenset[str] = frozenset({"bedrock-converse", "bedrock-invoke"})
 
 Path = tuple[str, ...]
 
@@ -377,6 +379,7 @@ __all__ = [
     "CAPTURE_LIMIT",
     "CUTS",
     "DECODE_PIECE",
+    "EVENT_STREAM_FORMATS",
     "FRAME_LIMIT",
     "HOLD_CHUNKS",
     "HOLD_LIMIT",

@@ -67,6 +67,18 @@ def usage_from(raw: Any) -> Usage:
     )
 
 
+def stream_error(kind: str, name: str, headers: dict[str, Any], payload: bytes) -> str:
+    """What an ``exception`` (payload ``message``) or ``error`` (``:error-message``)
+    message after the 200 says, e.g. ``throttlingException: Too many requests``."""
+    message = None
+    if kind == "error":
+        message = headers.get(":error-message")
+    elif payload:
+        obj, _ = loads(payload)
+        message = describe_error(obj)
+    return f"{name or kind}: {message}" if message else name or kind
+
+
 class BedrockHandler(Handler):
     fmt = "bedrock-converse"
     body_paths = frozenset({("usage",), ("message",), ("Message",)})
@@ -106,13 +118,7 @@ class BedrockHandler(Handler):
             elif name == "messageStop":
                 self._stopped = True
         elif kind in ("exception", "error"):
-            message = None
-            if kind == "error":
-                message = headers.get(":error-message")
-            elif payload:
-                obj, _ = loads(payload)
-                message = describe_error(obj)
-            self.error(f"{name or kind}: {message}" if message else name or kind)
+            self.error(stream_error(kind, name, headers, payload))
 
     def on_frames(self, frames: list[tuple[dict[str, Any], bytes]]) -> None:
         """Several messages in stream order: runs of contentBlockDelta read at once, the

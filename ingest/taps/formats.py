@@ -7,6 +7,7 @@ from typing import Any
 from .anthropic import AnthropicHandler
 from .base import Handler
 from .bedrock import BedrockHandler
+from .bedrock_invoke import BedrockInvokeHandler
 from .estimate import EstimatorConfig
 from .gemini import GeminiHandler
 from .openai_chat import OpenAIChatHandler
@@ -22,6 +23,7 @@ _HANDLERS: dict[str, type[Handler]] = {
         OpenAIResponsesHandler,
         GeminiHandler,
         BedrockHandler,
+        BedrockInvokeHandler,
     )
 }
 

@@ -255,10 +255,16 @@ def _bedrock(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _bedrock_invoke(obj: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic's body on Bedrock: the model is the URL's, whatever the body says."""
+    return {**_anthropic(obj), "model": None}
+
+
 _READERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "anthropic-messages": _anthropic,
     "openai-chat": _openai_chat,
     "openai-responses": _openai_responses,
     "gemini": _gemini,
     "bedrock-converse": _bedrock,
+    "bedrock-invoke": _bedrock_invoke,
 }

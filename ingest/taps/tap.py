@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from .base import (
     CUTS,
+    EVENT_STREAM_FORMATS,
     HOLD_CHUNKS,
     HOLD_LIMIT,
     SHORTCUTS,
@@ -237,7 +238,7 @@ class Tap:
     def _auto_mode(self, first: bytes) -> Mode:
         if first in (b"{", b"["):
             return "json"
-        return "eventstream" if self.handler.fmt == "bedrock-converse" else "sse"
+        return "eventstream" if self.handler.fmt in EVENT_STREAM_FORMATS else "sse"
 
     def _close(self, cut: str | None) -> None:
         self._release()
@@ -335,7 +336,7 @@ def resolve_mode(
     status: int | None,
 ) -> Mode:
     """Which framing a response needs (``auto``: sniff the first bytes)."""
-    streamed: Mode = "eventstream" if fmt == "bedrock-converse" else "sse"
+    streamed: Mode = "eventstream" if fmt in EVENT_STREAM_FORMATS else "sse"
     if status is not None and not 200 <= status <= 299:
         return "json"  # error bodies are JSON documents
     if streaming is not None:

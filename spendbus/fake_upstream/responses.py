@@ -33,6 +33,10 @@ bedrock-converse     ``inputTokens`` excludes cache; ``cacheReadInputTokens``,
                      ``1h`` before ``5m``). Streamed: AWS event-stream frames, the
                      usage in the final ``metadata`` event. Reasoning is inside
                      ``outputTokens`` and not reported apart.
+bedrock-invoke       Anthropic's body and usage on Bedrock (``invoke``; no ``model``
+                     in the request). Streamed (``invoke-with-response-stream``):
+                     each Anthropic event base64-encoded in a ``chunk`` event-stream
+                     frame; ``message_stop`` adds ``amazon-bedrock-invocationMetrics``.
 ===================  =========================================================
 
 What a provider cannot report is folded the way it bills: :func:`fit_usage`
@@ -43,6 +47,7 @@ fitted usage, the one a correct tap reads back.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import random
@@ -58,6 +63,7 @@ FORMATS: tuple[str, ...] = (
     "openai-responses",
     "gemini",
     "bedrock-converse",
+    "bedrock-invoke",
 )
 
 SSE = "text/event-stream; charset=utf-8"
@@ -65,7 +71,11 @@ JSON = "application/json"
 EVENT_STREAM = "application/vnd.amazon.eventstream"
 
 #: Formats whose usage carries cache writes / their 1-hour part / reasoning apart.
-CACHE_WRITES = frozenset({"anthropic-messages", "bedrock-converse"})
+CACHE_WRITES = frozenset({"anthropic-messages", "bedrock-converse", "bedrock-invoke"})
+#: Formats whose bodies are Anthropic's Messages (on Bedrock: InvokeModel).
+ANTHROPIC_BODIES = frozenset({"anthropic-messages", "bedrock-invoke"})
+#: Formats streamed as AWS event-stream frames.
+EVENT_STREAMS = frozenset({"bedrock-converse", "bedrock-invoke"})
 REASONING_APART = frozenset({"openai-chat", "openai-responses", "gemini"})
 
 #: Characters of generated text per output token.
@@ -78,6 +88,7 @@ DELTA_CHARS: dict[str, tuple[int, int]] = {
     "openai-responses": (1, 9),
     "gemini": (40, 320),  # Gemini streams sentence-sized chunks
     "bedrock-converse": (2, 24),
+    "bedrock-invoke": (2, 24),
 }
 
 
@@ -265,7 +276,7 @@ def usage_for_request(
 def max_output_tokens(fmt: str, request: dict[str, Any]) -> int | None:
     """The request's output limit, if it names one."""
     value: Any = None
-    if fmt == "anthropic-messages":
+    if fmt in ANTHROPIC_BODIES:
         value = request.get("max_tokens")
     elif fmt == "openai-chat":
         value = request.get("max_completion_tokens") or request.get("max_tokens")
@@ -291,7 +302,7 @@ _REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
 
 
 def _reasoning_enabled(fmt: str, request: dict[str, Any], model: str | None) -> bool:
-    if fmt == "anthropic-messages":
+    if fmt in ANTHROPIC_BODIES:
         thinking = request.get("thinking")
         return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
     if fmt in ("openai-chat", "openai-responses"):
@@ -318,7 +329,7 @@ def _reasoning_enabled(fmt: str, request: dict[str, Any], model: str | None) -> 
 
 def _asks_1h_ttl(fmt: str, request: dict[str, Any]) -> bool:
     """A cache breakpoint with a 1-hour TTL anywhere in the request's structure."""
-    key = "cache_control" if fmt == "anthropic-messages" else "cachePoint"
+    key = "cache_control" if fmt in ANTHROPIC_BODIES else "cachePoint"
     stack: list[Any] = [request]
     budget = 10_000
     while stack and budget > 0:
@@ -611,7 +622,7 @@ def synthesize(
         chunks = chunks[: max(0, cut_after)]
         if usage_after is not None and usage_after > len(chunks):
             usage_after = None
-    content_type = EVENT_STREAM if fmt == "bedrock-converse" else SSE
+    content_type = EVENT_STREAM if fmt in EVENT_STREAMS else SSE
     if fmt == "gemini":
         content_type = "text/event-stream" if gemini_sse else json_type(fmt)
     encoding = None
@@ -674,6 +685,18 @@ def build_request(
 ) -> dict[str, Any]:
     """A realistic request body of ``fmt`` that could have been billed ``usage``."""
     _check_fmt(fmt)
+    if fmt == "bedrock-invoke":  # Anthropic's body; the model and streaming are in the URL
+        invoke = build_request(
+            "anthropic-messages",
+            model=model,
+            usage=usage,
+            stream=False,
+            rng=rng,
+            server_tools=server_tools,
+            prompt_chars=prompt_chars,
+        )
+        del invoke["model"]
+        return {"anthropic_version": "bedrock-2023-05-31", **invoke}
     if prompt_chars is None:
         prompt_chars = min(usage.prompt_tokens * CHARS_PER_TOKEN, 8_192)
     system = "You are a careful assistant for the finance team. " + make_text(
@@ -1450,12 +1473,41 @@ def _bedrock_body(plan: _Plan) -> bytes:
     ).encode()
 
 
+_CHUNK_HEADERS = {
+    ":event-type": "chunk",
+    ":content-type": "application/json",
+    ":message-type": "event",
+}
+
+
+def _invoke_stream(plan: _Plan) -> tuple[list[bytes], int]:
+    """InvokeModelWithResponseStream: Anthropic's events, each base64 in a ``chunk`` frame."""
+    events, usage_after = _anthropic_stream(plan)
+    u = plan.usage
+    frames = []
+    for event in events:
+        data = event.split(b"\ndata: ", 1)[1].rstrip(b"\n")
+        obj = json.loads(data)
+        if obj.get("type") == "message_stop":
+            obj["amazon-bedrock-invocationMetrics"] = {
+                "inputTokenCount": u.input_tokens,
+                "outputTokenCount": u.output_tokens,
+                "invocationLatency": plan.rng.randint(200, 9_000),
+                "firstByteLatency": plan.rng.randint(100, 2_000),
+            }
+            data = _dumps(obj).encode()
+        payload = {"bytes": base64.b64encode(data).decode(), "p": _PAD[: plan.rng.randint(1, 8)]}
+        frames.append(event_stream_message(_CHUNK_HEADERS, _dumps(payload).encode()))
+    return frames, usage_after
+
+
 _STREAMS = {
     "anthropic-messages": _anthropic_stream,
     "openai-chat": _chat_stream,
     "openai-responses": _responses_stream,
     "gemini": _gemini_stream,
     "bedrock-converse": _bedrock_stream,
+    "bedrock-invoke": _invoke_stream,
 }
 _BODIES = {
     "anthropic-messages": _anthropic_body,
@@ -1463,6 +1515,7 @@ _BODIES = {
     "openai-responses": _responses_body,
     "gemini": _gemini_body,
     "bedrock-converse": _bedrock_body,
+    "bedrock-invoke": _anthropic_body,
 }
 
 

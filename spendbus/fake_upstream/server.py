@@ -11,6 +11,9 @@
 ``GET /v1/realtime?model=...`` (WebSocket)             OpenAI Realtime (see realtime.py)
 ``POST /model/{modelId}/converse``                     Bedrock Converse
 ``POST /model/{modelId}/converse-stream``              Bedrock Converse stream
+``POST /model/{modelId}/invoke``                       Bedrock InvokeModel (Anthropic body)
+``POST /model/{modelId}/invoke-with-response-stream``  its stream (Anthropic events in
+                                                       ``chunk`` frames)
 ``GET /stats`` (``DELETE /stats`` resets)              what was served, by route
 ``GET /healthz``                                       ``ok``
 =====================================================  ==================================
@@ -186,6 +189,8 @@ GEMINI_STREAM = "/v1beta/models/{model}:streamGenerateContent"
 CONVERSE = "/model/{modelId}/converse"
 COUNT_TOKENS = "/v1/messages/count_tokens"
 CONVERSE_STREAM = "/model/{modelId}/converse-stream"
+INVOKE = "/model/{modelId}/invoke"
+INVOKE_STREAM = "/model/{modelId}/invoke-with-response-stream"
 
 #: The route (as named in /stats) -> the provider format it serves.
 ROUTES: dict[str, str] = {
@@ -196,6 +201,8 @@ ROUTES: dict[str, str] = {
     GEMINI_STREAM: "gemini",
     CONVERSE: "bedrock-converse",
     CONVERSE_STREAM: "bedrock-converse",
+    INVOKE: "bedrock-invoke",
+    INVOKE_STREAM: "bedrock-invoke",
 }
 
 
@@ -270,6 +277,10 @@ class FakeUpstream:
         app.router.add_post(
             "/model/{model_id}/converse-stream", self._bedrock(CONVERSE_STREAM, True)
         )
+        app.router.add_post("/model/{model_id}/invoke", self._bedrock(INVOKE, False))
+        app.router.add_post(
+            "/model/{model_id}/invoke-with-response-stream", self._bedrock(INVOKE_STREAM, True)
+        )
         app.router.add_get("/stats", self._get_stats)
         app.router.add_delete("/stats", self._reset_stats)
         app.router.add_get("/healthz", self._healthz)
@@ -299,7 +310,7 @@ class FakeUpstream:
 
     def _bedrock(self, route: str, stream: bool) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:
-            call = _Call(route, "bedrock-converse", request.match_info["model_id"], stream)
+            call = _Call(route, ROUTES[route], request.match_info["model_id"], stream)
             return await self._serve(request, call)
 
         return handler

@@ -40,6 +40,7 @@ MODELS = {
     "openai-responses": "gpt-5-2025-08-07",
     "gemini": "gemini-2.5-flash",
     "bedrock-converse": "anthropic.claude-sonnet-4-5-20250929-v1:0",
+    "bedrock-invoke": "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
 }
 SERVER_TOOLS = ("anthropic-messages", "openai-responses", "gemini")
 EVERY = pytest.mark.parametrize("fmt", FORMATS)
@@ -302,7 +303,7 @@ def test_error_statuses_are_not_billable(fmt: str, status: int) -> None:
     assert result.upstream_error.startswith(f"HTTP {status}")
     if fmt == "anthropic-messages":
         assert body["type"] == "error" and body["error"]["type"]
-    elif fmt == "bedrock-converse":
+    elif fmt.startswith("bedrock-"):
         assert set(body) == {"message"} and "x-amzn-ErrorType" in exchange.headers
     else:
         assert body["error"]["message"]
@@ -531,7 +532,7 @@ def test_requests_are_realistic(fmt: str, stream: bool) -> None:
     info = read_request(fmt, exchange.request_bytes)
     assert info.readable and info.size == len(exchange.request_bytes)
     assert info.max_output_tokens is not None and info.max_output_tokens >= usage.output_tokens
-    if fmt in ("gemini", "bedrock-converse"):
+    if fmt in ("gemini", "bedrock-converse", "bedrock-invoke"):
         assert info.model is None  # in the URL
     else:
         assert info.model == MODELS[fmt] and bool(info.stream) == stream

@@ -53,6 +53,14 @@ def route(fmt: str, stream: bool, *, gemini_sse: bool = True) -> tuple[str, dict
         action = "streamGenerateContent" if stream else "generateContent"
         query = "?alt=sse" if stream and gemini_sse else ""
         return f"/v1beta/models/gemini-2.5-flash:{action}{query}", body
+    if fmt == "bedrock-invoke":
+        body = {
+            "anthropic_version": "bedrock-2023-05-31",
+            "max_tokens": 1024,
+            "messages": [{"role": "user", "content": PROMPT}],
+        }
+        action = "invoke-with-response-stream" if stream else "invoke"
+        return f"/model/{BEDROCK_MODEL}/{action}", body
     body = {
         "messages": [{"role": "user", "content": [{"text": PROMPT}]}],
         "inferenceConfig": {"maxTokens": 1024},
@@ -60,7 +68,11 @@ def route(fmt: str, stream: bool, *, gemini_sse: bool = True) -> tuple[str, dict
     return f"/model/{BEDROCK_MODEL}/converse{'-stream' if stream else ''}", body
 
 
-URL_MODELS = {"gemini": "gemini-2.5-flash", "bedrock-converse": BEDROCK_MODEL}
+URL_MODELS = {
+    "gemini": "gemini-2.5-flash",
+    "bedrock-converse": BEDROCK_MODEL,
+    "bedrock-invoke": BEDROCK_MODEL,
+}
 
 
 @dataclass
@@ -149,7 +161,8 @@ async def test_every_route_answers_in_its_wire_format(fmt: str, stream: bool) ->
         assert answer.status == 200 and not answer.cut
         kind = answer.headers["Content-Type"]
         if stream:
-            want = "vnd.amazon.eventstream" if fmt == "bedrock-converse" else "text/event-stream"
+            bedrock = fmt.startswith("bedrock-")
+            want = "vnd.amazon.eventstream" if bedrock else "text/event-stream"
             assert want in kind
             assert "Content-Length" not in answer.headers
         else:
@@ -222,7 +235,7 @@ async def test_error_statuses_in_each_providers_format(fmt: str, stream: bool) -
             assert answer.status in (429, 500, 503)
             assert answer.headers["Content-Type"].startswith("application/json")
             body = json.loads(answer.body)
-            if fmt == "bedrock-converse":
+            if fmt.startswith("bedrock-"):
                 assert "message" in body and "x-amzn-ErrorType" in answer.headers
             elif fmt == "anthropic-messages":
                 assert body["type"] == "error"
@@ -370,14 +383,15 @@ async def test_bad_requests_and_the_stats_endpoints() -> None:
         async with client.get(base + "/healthz") as r:
             assert r.status == 200 and await r.text() == "ok"
         seen = await stats(client, base)
-        assert seen["requests"] == 5 and seen["statuses"] == {"400": 5}
-        assert seen["bytes_in"] == 5 * len(b"{not json")
+        assert seen["requests"] == 6 and seen["statuses"] == {"400": 6}
+        assert seen["bytes_in"] == 6 * len(b"{not json")
         assert set(seen["routes"]) == {
             "/v1/messages",
             "/v1/chat/completions",
             "/v1/responses",
             "/v1beta/models/{model}:generateContent",
             "/model/{modelId}/converse",
+            "/model/{modelId}/invoke",
         }
         async with client.delete(base + "/stats") as r:
             assert (await r.json())["requests"] == 0

@@ -261,6 +261,14 @@ def request_for(fmt: str, stream: bool) -> tuple[str, dict[str, Any], str]:
         body = {"contents": [{"role": "user", "parts": [{"text": PROMPT}]}]}
         action = "streamGenerateContent?alt=sse" if stream else "generateContent"
         return f"/v1beta/models/gemini-2.5-flash:{action}", body, KEY_OF["sk-gemini"]
+    if fmt == "bedrock-invoke":  # Claude's Messages body on Bedrock
+        body = {
+            "anthropic_version": "bedrock-2023-05-31",
+            "max_tokens": 1024,
+            "messages": [{"role": "user", "content": PROMPT}],
+        }
+        action = "invoke-with-response-stream" if stream else "invoke"
+        return f"/model/{BEDROCK_MODEL}/{action}", body, KEY_OF["sk-bedrock"]
     body = {
         "messages": [{"role": "user", "content": [{"text": PROMPT}]}],
         "inferenceConfig": {"maxTokens": 1024},

@@ -96,6 +96,20 @@ def test_public_names() -> None:
             "arn:aws:bedrock:us-east-1:1:inference-profile/us.x",
             True,
         ),
+        (
+            "/model/us.anthropic.claude-sonnet-4-5-20250929-v1:0/invoke",
+            "bedrock",
+            "bedrock-invoke",
+            "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+            False,
+        ),
+        (
+            "/model/global.anthropic.claude-opus-4-5-20251101-v1%3A0/invoke-with-response-stream",
+            "bedrock",
+            "bedrock-invoke",
+            "global.anthropic.claude-opus-4-5-20251101-v1:0",
+            True,
+        ),
     ],
 )
 def test_routes(
@@ -119,6 +133,8 @@ def test_routes(
         "/v1beta/models/x:embedContent",
         "/v1beta/models/:generateContent",
         "/model/a/b/converse",
+        "/model/a/b/invoke",
+        "/model/x/invoke-stream",
         "/",
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import itertools
 import json
@@ -31,9 +32,18 @@ def capture(path: str) -> bytes:
 
 
 def encode_events(path: str) -> list[bytes]:
-    """Bedrock captures are kept readable: a JSON list of messages to encode."""
+    """Bedrock captures are kept readable: a JSON list of messages to encode. An item with
+    ``chunk`` (InvokeModelWithResponseStream) is written as Bedrock sends it: the payload
+    ``{"bytes": <base64 of the Anthropic event's JSON>, "p": <padding>}``."""
     spec = json.loads(capture(path))
-    return [encode_message(item["headers"], json.dumps(item["payload"]).encode()) for item in spec]
+    return [encode_message(item["headers"], json.dumps(_payload(item)).encode()) for item in spec]
+
+
+def _payload(item: dict[str, Any]) -> Any:
+    if "chunk" not in item:
+        return item["payload"]
+    event = json.dumps(item["chunk"], separators=(",", ":")).encode()
+    return {"bytes": base64.b64encode(event).decode(), "p": item["p"]}
 
 
 def corrupt(frame: bytes) -> bytes:

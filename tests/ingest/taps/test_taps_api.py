@@ -37,6 +37,7 @@ def test_public_names() -> None:
         "openai-responses",
         "gemini",
         "bedrock-converse",
+        "bedrock-invoke",
     )
 
 

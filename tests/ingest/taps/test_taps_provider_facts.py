@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -464,3 +465,56 @@ def test_openai_chat_stream_ending_on_an_error_chunk_is_estimated() -> None:
         "server_error: The server had an error",
     )
     assert r.input_tokens == 50
+
+
+# -- Bedrock InvokeModel (Anthropic messages) -----------------------------------------
+def invoke_chunk(event: dict[str, Any] | str) -> bytes:
+    raw = event if isinstance(event, str) else base64.b64encode(json.dumps(event).encode()).decode()
+    return frame("chunk", {"bytes": raw, "p": "abc"})
+
+
+def test_bedrock_invoke_reads_the_anthropic_events_inside_chunks() -> None:
+    body = b"".join(
+        [
+            invoke_chunk(
+                {
+                    "type": "message_start",
+                    "message": {
+                        "model": "claude-body",
+                        "usage": {"input_tokens": 7, "output_tokens": 1},
+                    },
+                }
+            ),
+            invoke_chunk(
+                {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}}
+            ),
+            invoke_chunk({"type": "message_delta", "usage": {"output_tokens": 11}}),
+            invoke_chunk(
+                {"type": "message_stop", "amazon-bedrock-invocationMetrics": {"inputTokenCount": 7}}
+            ),
+        ]
+    )
+    r = tap("bedrock-invoke", body, model="global.anthropic.claude-sonnet-4-5-v1:0")
+    assert (r.model, r.input_tokens, r.output_tokens, r.usage_source) == (
+        "global.anthropic.claude-sonnet-4-5-v1:0",
+        7,
+        11,
+        "reported",
+    )
+
+
+def test_bedrock_invoke_chunk_that_is_not_base64_is_unreadable() -> None:
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 7, "output_tokens": 1}}}
+    body = (
+        invoke_chunk(start) + invoke_chunk("not base64!") + invoke_chunk({"type": "message_stop"})
+    )
+    r = tap("bedrock-invoke", body, model="anthropic.claude-x")
+    assert r.usage_source == "estimated"
+    assert r.estimate_reason == "unreadable: a chunk's bytes are not base64"
+    assert r.input_tokens == 7
+
+
+def test_bedrock_invoke_chunk_without_bytes_is_unreadable() -> None:
+    body = frame("chunk", {"p": "abc"})
+    r = tap("bedrock-invoke", body, model="anthropic.claude-x")
+    assert r.estimate_reason == "unreadable: a chunk carries no base64 bytes"
