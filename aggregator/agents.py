@@ -1,4 +1,4 @@
-"""The Faust side of the aggregator: the counting stage's service, two sink agents, pages.
+"""The Faust side of the aggregator: the counting and sink stages' services, pages.
 
 * the counting stage (``counting.py``) reads usage.raw in large batches with its
   own aiokafka consumer (group ``config.counting_group``), folds them with
@@ -7,10 +7,11 @@
   in record batches. It is not a Faust agent: Faust's per-message stream path
   alone costs more than the whole fold (aggregator/README.md, Performance). A
   mode service starts and stops it with the worker.
-* ``sink`` reads usage.priced in batches and writes them to ClickHouse
-  (``aggregator/sink``), retrying while ClickHouse is away; only a batch
-  that was inserted is acked. Counters and verdicts never wait for it.
-* ``verdict-sink`` does the same for budget.verdicts into ``budget_state``.
+* the sink stage (``sink_stage.py``), for the same reason not a Faust agent either, reads
+  usage.priced and budget.verdicts in large batches (group ``config.sink_app_id``) and
+  writes them to ClickHouse through :class:`ClickHouseWriter` (``aggregator/sink``),
+  retrying while ClickHouse is away; only a stored batch is committed. Counters and
+  verdicts never wait for it.
 * ``publish_alerts`` sends each alert of ClickHouse's ``alerts`` view once to the shared
   alert topic (``aggregator/alerts.py``); a worker without a store sends the fold's alerts.
 
@@ -26,13 +27,12 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
 import mode
 from aiokafka.errors import KafkaError
-from faust.types import StreamT
 
 from aggregator.alerts import AlertPublisher, generation_is_current
 from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
@@ -50,7 +50,7 @@ from aggregator.sink import (
 )
 from aggregator.sink.errors import QueryRefused
 from aggregator.sink.guard import READ_ONLY_SESSION, QueryGuard
-from schemas.codec import PRICED_USAGE, VERDICT
+from aggregator.sink_stage import SinkStage
 from schemas.net import is_loopback
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,17 @@ class ClickHouseWriter:
     """
 
     def __init__(
-        self, dsn: str, metrics: Metrics, access: ClickHouseAccess = DEFAULT_ACCESS
+        self,
+        dsn: str,
+        metrics: Metrics,
+        access: ClickHouseAccess = DEFAULT_ACCESS,
+        spool_dir: str | None = None,
     ) -> None:
         self.dsn = dsn
         self.metrics = metrics
         self.access = access
+        #: where the Avro container files the engine reads are written (0600, removed after)
+        self.spool_dir = spool_dir
         self.sink: ClickHouseSink | None = None
         # analyst queries: a second client on the same store, readonly=1 and bounded
         self.guard: QueryGuard | None = None
@@ -91,28 +97,41 @@ class ClickHouseWriter:
     def _open(self) -> ClickHouseSink:
         client = open_client(self.dsn, access=self.access)
         apply_schema(client)
-        return ClickHouseSink(client)
+        return ClickHouseSink(client, spool_dir=self.spool_dir)
+
+    async def write_messages_until_done(self, messages: Sequence[Any]) -> None:
+        """Store usage.priced records (``ClickHouseSink.write_messages``), retrying until done."""
+        sink = await self.open()
+        inserted = await self._until_done(sink.write_messages, messages)
+        self.metrics.sink_rows.inc(inserted)
+        self.metrics.sink_skipped.inc(len(messages) - inserted)
+
+    async def write_verdict_messages_until_done(self, messages: Sequence[Any]) -> None:
+        """Store budget.verdicts records in budget_state, retrying until done."""
+        sink = await self.open()
+        await self._until_done(sink.write_verdict_messages, messages)
 
     async def write_until_done(
         self, records: list[dict[str, Any]], *, verdicts: bool = False
     ) -> None:
+        """Store decoded PricedUsage (or Verdict) records, retrying until done."""
         sink = await self.open()
-        write = sink.write_verdicts if verdicts else sink.write
+        inserted = await self._until_done(sink.write_verdicts if verdicts else sink.write, records)
+        if not verdicts:
+            self.metrics.sink_rows.inc(inserted)
+            self.metrics.sink_skipped.inc(len(records) - inserted)
+
+    async def _until_done(self, write: Callable[[Any], int], batch: Any) -> int:
         backoff = 0.5
         while True:
             try:
                 async with self._using:
-                    inserted = await asyncio.to_thread(write, records)
+                    return await asyncio.to_thread(write, batch)
             except SinkError as exc:  # unavailable or rejected: never ack, retry the same batch
                 self.metrics.sink_failures.inc()
                 log.warning("ClickHouse insert failed (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
-                continue
-            if not verdicts:
-                self.metrics.sink_rows.inc(inserted)
-                self.metrics.sink_skipped.inc(len(records) - inserted)
-            return
 
     async def read(self, sql: str) -> list[Sequence[Any]]:
         """Rows of ``sql``, the worker's own query (the alert publisher's), on the sink's
@@ -171,18 +190,6 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     metrics = Metrics()
     app.spendbus_metrics = metrics  # type: ignore[attr-defined]
 
-    def raw_topic(name: str, partitions: int | None = None) -> faust.TopicT:
-        return app.topic(
-            name,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=partitions,
-        )
-
-    usage_priced = raw_topic(topics.usage_priced, config.partitions)
-    verdicts = raw_topic(topics.budget_verdicts, config.partitions)
     stage = CountingStage(config, topics, processor, metrics, follower.ready)
     metrics.watch_lag(config.counting_group, stage.lag)
 
@@ -215,23 +222,31 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     pages_open = is_loopback(config.web_host)
 
     if config.clickhouse_dsn:
-        writer = ClickHouseWriter(config.clickhouse_dsn, metrics, config.clickhouse_access)
+        spool = config.data_dir / "sink"
+        spool.mkdir(mode=0o700, parents=True, exist_ok=True)
+        writer = ClickHouseWriter(
+            config.clickhouse_dsn, metrics, config.clickhouse_access, spool_dir=str(spool)
+        )
+        sink_stage = SinkStage(config, topics, writer, metrics)
+        metrics.watch_lag(config.sink_app_id, sink_stage.lag)
+        app.spendbus_sink = sink_stage  # type: ignore[attr-defined]
 
-        @app.agent(usage_priced, name="sink")
-        async def write_clickhouse(stream: StreamT) -> None:
-            await writer.open()
-            async for values in stream.take(
-                config.sink_batch_size, within=config.sink_batch_seconds
-            ):
-                await writer.write_until_done([PRICED_USAGE.decode(v) for v in values])
+        @app.service
+        class Sink(mode.Service):
+            """Starts the sink stage with the worker and stops it with it."""
 
-        @app.agent(verdicts, name="verdict-sink")
-        async def write_budget_state(stream: StreamT) -> None:
-            await writer.open()
-            async for values in stream.take(
-                config.sink_batch_size, within=config.sink_batch_seconds
-            ):
-                await writer.write_until_done([VERDICT.decode(v) for v in values], verdicts=True)
+            async def on_start(self) -> None:
+                sink_stage.on_crash = self._crash_worker
+                await sink_stage.start()
+
+            async def on_stop(self) -> None:
+                await sink_stage.stop()
+
+            async def _crash_worker(self, exc: BaseException) -> None:
+                # nothing past the last commit was acknowledged: the next owner re-reads it
+                log.critical("sink stage failed, stopping the worker: %r", exc)
+                asyncio.get_running_loop().call_later(10, os._exit, 70)
+                await app.crash(exc)
 
         # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts.py)
         publisher = AlertPublisher(
@@ -253,13 +268,6 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 except (SinkError, KafkaError) as exc:  # ClickHouse or Kafka away: again
                     log.warning("alert publisher: %s; starting again in 5s", exc)
                     await asyncio.sleep(5)
-
-        @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-        async def forget_revoked(sender: Any, revoked: set[Any], **kwargs: Any) -> None:
-            # another worker may write these partitions now: re-read their fences later
-            gone = {tp.partition for tp in revoked if tp.topic == topics.usage_priced}
-            if gone and writer.sink is not None:
-                writer.sink.forget(gone)
 
         @app.page("/sql")
         class SqlView(faust.web.View):

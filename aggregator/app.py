@@ -1,9 +1,8 @@
 """Builds the Faust app; nothing else. Agents live in ``agents.py``.
 
-Start order (mode services): Faust starts the producer, the table recovery
-and the consumer; the reference follower (budgets, prices) starts with the
-app and must be caught up before the counting agent folds its first batch;
-the ClickHouse sink opens its store when its agent starts.
+Start order (mode services): Faust starts its producer and consumer; the reference
+follower (budgets, prices) starts with the app and must be caught up before the counting
+stage folds its first batch; the sink stage opens its store before it subscribes.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import faust
 from faust.auth import Credentials, SASLCredentials, SSLCredentials
 
 from aggregator.config import AggregatorConfig
-from aggregator.sink_owner import sink_client_id
 from schemas.kafka import KafkaSecurity
 from schemas.replication import ReplicationPlan, resolve_plan
 
@@ -37,9 +35,8 @@ def faust_credentials(security: KafkaSecurity) -> Credentials | None:
 
 
 def replication_plan(config: AggregatorConfig) -> ReplicationPlan:
-    """The replication of the topics Faust declares (its assignor's topic, the sink
-    agents' sources when missing), asked of the cluster on a loop of its own: the app is
-    built before Faust's loop runs."""
+    """The replication of the topics Faust declares (its assignor's topic), asked of the
+    cluster on a loop of its own: the app is built before Faust's loop runs."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         coro = resolve_plan(config.bootstrap, config.replication, security=config.kafka_security)
         return pool.submit(asyncio.run, coro).result()
@@ -52,12 +49,9 @@ def create_app(config: AggregatorConfig) -> faust.App:
     # or fetched) builds a LogRecord, ~5 % of a counting worker's time
     logging.getLogger("aiokafka").setLevel(config.log_level)
     app = faust.App(
-        # the sink agents' group: the counting stage owns config.app_id's group on usage.raw
-        config.sink_app_id,
+        # Faust's own group: the counting and sink stages have groups of their own
+        config.worker_app_id,
         broker=f"kafka://{config.bootstrap}",
-        # named after the store: its own restarted process is told apart from a second
-        # sink (aggregator/sink_owner.py)
-        broker_client_id=sink_client_id(config),
         # Faust's own consumer, producer and topic declarations; the counting stage and the
         # followers take config.kafka_security directly
         broker_credentials=faust_credentials(config.kafka_security),

@@ -63,7 +63,7 @@ class AggregatorConfig(BaseModel):
     #: an event whose occurred_at is further ahead than this of when it reached Kafka is
     #: dead-lettered (reason future_event) instead of counted (aggregator/README.md)
     max_future_skew_seconds: float = Field(default=MAX_FUTURE_SKEW_SECONDS, ge=0, le=86_400)
-    sink_batch_size: int = Field(default=10_000, ge=1)
+    sink_batch_size: int = Field(default=50_000, ge=1, le=100_000)
     sink_batch_seconds: float = Field(default=1.0, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)
     log_level: str = "WARNING"
@@ -94,8 +94,14 @@ class AggregatorConfig(BaseModel):
 
     @property
     def sink_app_id(self) -> str:
-        """The Faust app id of the sink agents (their own group: another assignor protocol)."""
+        """The consumer group of the sink stage on usage.priced and budget.verdicts."""
         return f"{self.app_id}-sink"
+
+    @property
+    def worker_app_id(self) -> str:
+        """The Faust app id: Faust's own group and topics (it reads no topic of ours; each
+        stage's group speaks another assignor protocol, so it is a group apart)."""
+        return f"{self.app_id}-worker"
 
     @property
     def counter_changelog(self) -> str:

@@ -69,7 +69,7 @@ from aggregator.state import CountingStore, SealedState
 from aggregator.verdicts import VerdictCoalescer
 from schemas.periods import to_micros
 from schemas.replication import plan_for
-from schemas.topics import COMPACTED_CONFIG, Topics
+from schemas.topics import COMPACTED_CONFIG, STORE_ROW_HEADER, Topics
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,14 @@ class _Outgoing:
         self.timed_topic = timed_topic
         self.on_timed = on_timed
 
-    def add(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+    def add(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         where = (topic, partition)
         batches = self.waiting.get(where)
         if batches is None:
@@ -160,11 +167,12 @@ class _Outgoing:
         if (
             not batches
             or batches[-1].epoch != self.epoch  # sealed by a checkpoint
-            or batches[-1].records.append(key=key, value=value, timestamp=None) is None
+            or batches[-1].records.append(key=key, value=value, timestamp=None, headers=headers)
+            is None
         ):
             batch = self._new(topic)
             batches.append(batch)
-            if batch.records.append(key=key, value=value, timestamp=None) is None:
+            if batch.records.append(key=key, value=value, timestamp=None, headers=headers) is None:
                 raise CountingError(f"a record of {len(value)} bytes does not fit a record batch")
 
     def _new(self, topic: str) -> _Batch:
@@ -508,8 +516,14 @@ class CountingStage:
             add(seen_topic, partition, event_id.encode(), position.encode())
         written = time.perf_counter()
         priced_topic = self.topics.usage_priced
-        for partition, org, priced in out.priced:
-            add(priced_topic, partition, org, priced)
+        for partition, org, priced, store_row in out.priced:
+            add(
+                priced_topic,
+                partition,
+                org,
+                priced,
+                None if store_row is None else [(STORE_ROW_HEADER, store_row)],
+            )
         now = time.monotonic()
         offer = self.verdicts.offer
         send_now = [(k, c) for k, c in out.verdict_changes.items() if offer(k, c, now)]

@@ -45,7 +45,9 @@ from schemas.codec import (
     PRICED_USAGE,
 )
 from schemas.errors import ContractError
+from schemas.ids import ids_are_canonical
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
+from schemas.topics import store_row_value
 from schemas.usage import billed_tokens, validate_usage_event
 
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
@@ -113,9 +115,11 @@ class VerdictChange:
 
 @dataclass
 class BatchOutput:
-    #: (partition, key, value) for usage.priced: the partition is the source partition, so
-    #: one sink owner reads every priced record of one usage.raw partition in offset order
-    priced: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    #: (partition, key, value, store-row header or None) for usage.priced: the partition is
+    #: the source partition, so one sink owner reads every priced record of one usage.raw
+    #: partition in offset order; the header (schemas.topics.STORE_ROW_HEADER) lets the sink
+    #: fence and insert the body without decoding it
+    priced: list[tuple[int, bytes, bytes, bytes | None]] = field(default_factory=list)
     #: counter key -> what its Verdict is made of (last state of the batch only)
     verdict_changes: dict[str, VerdictChange] = field(default_factory=dict)
     alerts: list[tuple[bytes, bytes]] = field(default_factory=list)
@@ -144,10 +148,12 @@ class EventCounts:
     """What every event of one applicable set, time grain and request flag counts in: the
     period of each counter (in ``Applicable`` order) and the PricedUsage ``counts``."""
 
-    def __init__(self, periods: list[str], entries: list[CountEntry]) -> None:
+    def __init__(self, periods: list[str], entries: list[CountEntry], month: int) -> None:
         self.periods = periods
         self.entries = entries
         self.data = counts_bytes(entries)
+        #: YYYYMM of the events' occurred_at in UTC (a grain never spans two months)
+        self.month = month
 
 
 class ApplicableCache:
@@ -396,7 +402,13 @@ class BatchProcessor:
                         "counts": [c.record for c in counts.entries],
                     }
                 )
-            priced_out.append((partition, event["org_id"].encode(), priced))
+            # the sink inserts the body as it is only when the ids in it are the stored ones
+            store_row = (
+                store_row_value(partition, offset, counts.month)
+                if ids_are_canonical(event)
+                else None
+            )
+            priced_out.append((partition, event["org_id"].encode(), priced, store_row))
         out.stats = BatchStats(
             events, charged, duplicates, redelivered, dead_letters, unpriced, cost_nanos
         )
@@ -434,7 +446,8 @@ class BatchProcessor:
                     1 if counted or budget.count_denied else 0,
                 )
             )
-        return EventCounts(periods, entries)
+        occurred = from_micros(occurred_us)
+        return EventCounts(periods, entries, occurred.year * 100 + occurred.month)
 
     def _dead_letter(self, record: SourceRecord, exc: ContractError, now: datetime) -> bytes:
         return DEAD_LETTER.encode(

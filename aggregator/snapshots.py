@@ -245,7 +245,7 @@ def _fold(
     for name in _STAT_FIELDS:
         setattr(state.stats, name, getattr(state.stats, name) + getattr(out.stats, name))
     # spend per org, read back from what the processor priced (one entry per charged event)
-    for _, org, priced in out.priced:
+    for _, org, priced, _ in out.priced:
         cost = PRICED_USAGE.decode(priced)["cost_nanos"]
         entry = state.orgs.setdefault(org.decode(), [0, 0])
         entry[0] += 1

@@ -145,7 +145,7 @@ async def recompute(
         for name in ("events", "charged", "duplicates", "dead_letters", "unpriced", "cost_nanos"):
             setattr(report.stats, name, getattr(report.stats, name) + getattr(out.stats, name))
         # read once from the start: each event is priced once (a duplicate publish never)
-        for _, _, value in out.priced:
+        for _, _, value, _ in out.priced:
             priced = PRICED_USAGE.decode(value)
             event = priced["event"]
             tokens = (

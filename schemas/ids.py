@@ -9,8 +9,8 @@ collide, whatever characters an id contains.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 from schemas.errors import ContractError
 
@@ -25,6 +25,31 @@ def canonical_id(value: str, attribute: str = "") -> str:
     if attribute in CASE_INSENSITIVE_ATTRIBUTES:
         value = value.lower()
     return value
+
+
+#: the UsageEvent scope ids kept canonical in the counters and in ClickHouse's usage_events,
+#: with whether each is optional (an optional id empty once canonical counts as absent)
+SCOPE_ID_FIELDS: Final = (
+    ("secret_id", False),
+    ("org_id", False),
+    ("project_id", True),
+    ("grant_id", True),
+    ("permission_id", True),
+    ("user_id", True),
+    ("session_id", True),
+)
+
+
+def ids_are_canonical(event: Mapping[str, Any]) -> bool:
+    """Is every scope id of ``event`` (and each group) already in its canonical form, an
+    optional one absent or non-empty? Then storing the event as sent stores canonical ids."""
+    for name, optional in SCOPE_ID_FIELDS:
+        value = event[name]
+        if value is None and optional:
+            continue
+        if not value or value != canonical_id(value, name):
+            return False
+    return all(group == canonical_id(group) for group in event["groups"])
 
 
 def compose(parts: Iterable[str]) -> str:

@@ -38,12 +38,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from operator import itemgetter
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
+from clickhouse_connect.driver._chdbclient import ChdbClient
 from clickhouse_connect.driver.client import Client
 
+from aggregator.sink.avro_rows import ContainerFile, container, insert_select
 from aggregator.sink.errors import SinkRejected, translate
+from schemas.codec import HEADER_LEN, PRICED_USAGE, VERDICT, DecodeError
 from schemas.ids import canonical_id
+from schemas.topics import STORE_ROW_HEADER, parse_store_row
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +191,7 @@ _PRICING: Final = itemgetter(
     *USAGE_COLUMN_NAMES[USAGE_COLUMN_NAMES.index("cost_nanos") : USAGE_COLUMN_NAMES.index("counts")]
 )
 _COUNT: Final = itemgetter(*COUNT_FIELDS)
+_PRICED_HEADER: Final = PRICED_USAGE.header
 
 
 def rows_from_priced(records: Iterable[Record]) -> list[Row]:
@@ -234,42 +239,91 @@ def month_of(ts: datetime) -> int:
 
 
 FenceKey = tuple[int, int]  # (source_partition, YYYYMM)
+#: one row to store: its (partition, month) fence key, its source offset, and the row as a
+#: tuple (USAGE_COLUMNS order) or, for the engine to decode, its PricedUsage message
+_Item = tuple[FenceKey, int, Any]
+
+
+class PricedMessage(Protocol):
+    """What the sink reads of a Kafka record (aiokafka's ConsumerRecord has it)."""
+
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+
+def store_row_position(message: PricedMessage) -> tuple[int, int, int] | None:
+    """(source_partition, source_offset, YYYYMM) from the record's store-row header, when
+    it has a well-formed one and its value is a current PricedUsage message; else None."""
+    value = message.value
+    if value is None or value[:HEADER_LEN] != _PRICED_HEADER:
+        return None
+    for name, data in message.headers:
+        if name == STORE_ROW_HEADER:
+            return parse_store_row(data)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
 class _Insert:
-    """One INSERT: its rows, the (partition, month) -> max offset they carry, and its token."""
+    """One INSERT: its rows (tuples, or messages the engine decodes when ``avro``), the
+    (partition, month) -> max offset they carry, and its deduplication token."""
 
-    rows: list[Row]
+    rows: list[Any]
     tops: dict[FenceKey, int]
     token: str
+    avro: bool
 
     @classmethod
-    def of(cls, rows: list[Row], keys: list[FenceKey], table: str) -> _Insert:
-        """``keys[i]`` is the (partition, month) of ``rows[i]``."""
+    def of(cls, items: Sequence[_Item], table: str, *, avro: bool) -> _Insert:
         tops: dict[FenceKey, int] = {}
         digest = hashlib.sha256(table.encode())
         positions = []
-        for row, key in zip(rows, keys, strict=True):
-            offset = row[_OFFSET]
+        for key, offset, _ in items:
             if offset > tops.get(key, -1):
                 tops[key] = offset
             positions.append(b"%d:%d," % (key[0], offset))
         digest.update(b"".join(positions))
-        return cls(rows=rows, tops=tops, token=f"spendbus-{digest.hexdigest()}")
+        return cls(
+            rows=[row for _, _, row in items],
+            tops=tops,
+            token=f"spendbus-{digest.hexdigest()}",
+            avro=avro,
+        )
+
+    def decoded(self) -> _Insert:
+        """The same INSERT (same token) with its messages decoded into tuples."""
+        if not self.avro:
+            return self
+        try:
+            rows = rows_from_priced([PRICED_USAGE.decode(m) for m in self.rows])
+        except DecodeError as exc:
+            raise SinkRejected(f"a usage.priced record does not decode: {exc}") from exc
+        return _Insert(rows=rows, tops=self.tops, token=self.token, avro=False)
 
     @property
     def partitions(self) -> set[int]:
         return {partition for partition, _ in self.tops}
 
 
+def engine_reads_local_files(client: Client) -> bool:
+    """Does ``client`` run the engine in this process (chdb), so that an INSERT can read a
+    file this process wrote? A server's ``file()`` reads its own disk (and user_files only)."""
+    return isinstance(client, ChdbClient)
+
+
 class ClickHouseSink:
     """Writes PricedUsage batches into usage_events exactly once, and verdicts into budget_state.
 
-    Synchronous and serialised by a lock: the Faust agent calls ``write`` from
-    its ``stream.take(10_000, within=1.0)`` loop through ``asyncio.to_thread``,
-    retries the same batch on SinkUnavailable, and acknowledges the batch only
-    after ``write`` returned. On partition revocation it calls ``forget``.
+    Synchronous and serialised by a lock: the sink stage (``aggregator/sink_stage.py``)
+    calls ``write_messages`` through ``asyncio.to_thread`` with the usage.priced records
+    of one batch, retries the same batch on SinkUnavailable, and commits its offsets only
+    after ``write_messages`` returned. On partition revocation it calls ``forget``.
+
+    ``avro_inserts`` (default: when the engine runs in this process) lets records with the
+    store-row header go to the engine as Avro bytes (``avro_rows.py``); ``spool_dir`` is
+    where their container files are written for the engine to read.
     """
 
     def __init__(
@@ -279,6 +333,8 @@ class ClickHouseSink:
         table: str = USAGE_TABLE,
         verdict_table: str = VERDICT_TABLE,
         max_rows_per_insert: int = MAX_ROWS_PER_INSERT,
+        avro_inserts: bool | None = None,
+        spool_dir: str | None = None,
     ) -> None:
         if not 0 < max_rows_per_insert <= MAX_ROWS_PER_INSERT:
             raise ValueError(f"max_rows_per_insert must be in 1..{MAX_ROWS_PER_INSERT}")
@@ -286,6 +342,10 @@ class ClickHouseSink:
         self.table = table
         self.verdict_table = verdict_table
         self.max_rows_per_insert = max_rows_per_insert
+        self.avro_inserts = (
+            engine_reads_local_files(client) if avro_inserts is None else avro_inserts
+        )
+        self.spool_dir = spool_dir
         self._fences: dict[FenceKey, int] = {}
         self._loaded: set[int] = set()
         self._pending: _Insert | None = None
@@ -370,57 +430,87 @@ class ClickHouseSink:
 
     def write_rows(self, rows: Sequence[Row]) -> int:
         """``write`` for rows already built by :func:`rows_from_priced`."""
+        return self._write([_row_item(row) for row in rows])
+
+    def write_messages(self, messages: Sequence[PricedMessage]) -> int:
+        """``write`` for usage.priced records as read from Kafka, in their order.
+
+        A record with the store-row header is fenced by it and, with ``avro_inserts``,
+        stored from its bytes by the engine; any other is decoded here (SinkRejected when
+        it does not decode: a record of usage.priced that no reader can store).
+        """
+        items: list[_Item] = []
+        kinds: list[bool] = []
+        avro = self.avro_inserts
+        for message in messages:
+            position = store_row_position(message)
+            if position is not None and avro:
+                partition, offset, month = position
+                items.append(((partition, month), offset, message.value))
+                kinds.append(True)
+                continue
+            try:
+                record = PRICED_USAGE.decode(message.value)  # type: ignore[arg-type]
+            except DecodeError as exc:
+                raise SinkRejected(f"a usage.priced record does not decode: {exc}") from exc
+            items.append(_row_item(rows_from_priced((record,))[0]))
+            kinds.append(False)
+        return self._write(items, kinds)
+
+    def _write(self, items: Sequence[_Item], kinds: Sequence[bool] | None = None) -> int:
         with self._lock:
-            unseen = {row[_PARTITION] for row in rows} - self._loaded
+            unseen = {key[0] for key, _, _ in items} - self._loaded
             if unseen:
                 self._load_fences(unseen)
             written = 0
             # a failed insert goes first, identical: the token makes it land once
             if self._pending is not None:
                 written += self._insert(self._pending)
-            fresh, keys = self._fresh(rows)
-            step = self.max_rows_per_insert
-            for start in range(0, len(fresh), step):
-                chunk = _Insert.of(
-                    fresh[start : start + step], keys[start : start + step], self.table
-                )
-                written += self._insert(chunk)
+            fresh, fresh_kinds = self._fresh(items, kinds)
+            for run, avro in _runs(fresh, fresh_kinds, self.max_rows_per_insert):
+                written += self._insert(_Insert.of(run, self.table, avro=avro))
             return written
 
-    def _fresh(self, rows: Sequence[Row]) -> tuple[list[Row], list[FenceKey]]:
-        """Rows above their fence, first occurrence of each (partition, offset) only.
-
-        Returns them with their (partition, month) keys.
-        """
+    def _fresh(
+        self, items: Sequence[_Item], kinds: Sequence[bool] | None
+    ) -> tuple[list[_Item], list[bool] | None]:
+        """Items above their fence, first occurrence of each (partition, offset) only, with
+        their kinds."""
         fences = self._fences
         seen: set[tuple[int, int]] = set()
-        fresh: list[Row] = []
-        keys: list[FenceKey] = []
-        for row in rows:
-            partition, offset = row[_PARTITION], row[_OFFSET]
-            key = (partition, month_of(row[_OCCURRED_AT]))
-            if offset <= fences.get(key, -1) or (partition, offset) in seen:
+        fresh: list[_Item] = []
+        fresh_kinds: list[bool] | None = None if kinds is None else []
+        for n, item in enumerate(items):
+            key, offset, _ = item
+            position = (key[0], offset)
+            if offset <= fences.get(key, -1) or position in seen:
                 continue
-            seen.add((partition, offset))
-            fresh.append(row)
-            keys.append(key)
-        return fresh, keys
+            seen.add(position)
+            fresh.append(item)
+            if fresh_kinds is not None:
+                fresh_kinds.append(kinds[n])  # type: ignore[index]
+        return fresh, fresh_kinds
 
     def _insert(self, insert: _Insert) -> int:
         """The flush steps for one INSERT, in the order README.md gives."""
         # Step 1: insert the rows. On failure keep them as pending and leave
         # the fences where they were: the caller retries, nothing is acknowledged.
         try:
-            self.client.insert(
-                self.table,
-                insert.rows,
-                column_names=USAGE_COLUMN_NAMES,
-                column_type_names=USAGE_COLUMN_TYPES,
-                settings={**_INSERT_SETTINGS, "insert_deduplication_token": insert.token},
+            self._send(insert)
+        except SinkRejected as exc:
+            if not insert.avro:
+                self._pending = insert
+                raise
+            # the engine refused the bytes: the same rows decoded here, under the same token
+            log.warning(
+                "the engine refused %d Avro rows (%s); inserting them decoded",
+                len(insert.rows),
+                exc,
             )
-        except Exception as exc:
+            return self._insert(insert.decoded())
+        except Exception:
             self._pending = insert
-            raise translate(exc, f"inserting {len(insert.rows)} rows into {self.table}") from exc
+            raise
         # Step 2: only now advance the fences (and forget the pending insert).
         self._pending = None
         for key, offset in insert.tops.items():
@@ -429,7 +519,35 @@ class ClickHouseSink:
         # Step 3 is the caller's: acknowledge/commit the Kafka offsets after we return.
         return len(insert.rows)
 
+    def _send(self, insert: _Insert) -> None:
+        settings = {**_INSERT_SETTINGS, "insert_deduplication_token": insert.token}
+        doing = f"inserting {len(insert.rows)} rows into {self.table}"
+        try:
+            if insert.avro:
+                with ContainerFile(container(insert.rows), self.spool_dir) as path:
+                    self.client.command(
+                        insert_select(self.table, USAGE_COLUMN_NAMES, path), settings=settings
+                    )
+            else:
+                self.client.insert(
+                    self.table,
+                    insert.rows,
+                    column_names=USAGE_COLUMN_NAMES,
+                    column_type_names=USAGE_COLUMN_TYPES,
+                    settings=settings,
+                )
+        except Exception as exc:
+            raise translate(exc, doing) from exc
+
     # -- budget_state ---------------------------------------------------------------
+
+    def write_verdict_messages(self, messages: Sequence[PricedMessage]) -> int:
+        """``write_verdicts`` for budget.verdicts records as read from Kafka."""
+        try:
+            records = [VERDICT.decode(m.value) for m in messages]  # type: ignore[arg-type]
+        except DecodeError as exc:
+            raise SinkRejected(f"a budget.verdicts record does not decode: {exc}") from exc
+        return self.write_verdicts(records)
 
     def write_verdicts(self, records: Iterable[Record]) -> int:
         """Store a batch of Verdict records; returns the number of rows inserted.
@@ -451,3 +569,23 @@ class ClickHouseSink:
         except Exception as exc:
             raise translate(exc, f"inserting {len(rows)} rows into {self.verdict_table}") from exc
         return len(rows)
+
+
+def _row_item(row: Row) -> _Item:
+    return ((row[_PARTITION], month_of(row[_OCCURRED_AT])), row[_OFFSET], row)
+
+
+def _runs(
+    items: list[_Item], kinds: list[bool] | None, step: int
+) -> Iterable[tuple[list[_Item], bool]]:
+    """The items in order as INSERTs: runs of one kind (Avro or tuples), at most ``step``
+    rows each."""
+    start = 0
+    while start < len(items):
+        avro = kinds[start] if kinds is not None else False
+        end = start + 1
+        limit = min(len(items), start + step)
+        while end < limit and (kinds[end] if kinds is not None else False) == avro:
+            end += 1
+        yield items[start:end], avro
+        start = end

@@ -121,7 +121,7 @@ class Worker:
         )
         self.counters.update(out.counter_writes)
         self.seen.update(out.seen_writes)
-        self.sink.write([PRICED_USAGE.decode(value) for _, _, value in out.priced])
+        self.sink.write([PRICED_USAGE.decode(value) for _, _, value, _ in out.priced])
         return out
 
 

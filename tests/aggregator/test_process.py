@@ -113,7 +113,7 @@ def test_prices_counts_and_emits_priced_events_and_verdicts() -> None:
     out = store.run(processor, records([event(i) for i in range(3)]))
     assert out.stats.charged == 3 and out.stats.cost_nanos == 3 * COST
     assert store.totals("per-secret", "acme", "sk-a") == (3 * COST, 3 * 1100, 3)
-    priced = [PRICED_USAGE.decode(v) for _, _, v in out.priced]
+    priced = [PRICED_USAGE.decode(v) for _, _, v, _ in out.priced]
     assert [p["source_offset"] for p in priced] == [0, 1, 2]
     assert {p["price_version"] for p in priced} == {"test-1"}
     verdict = VERDICT.decode(out.verdicts[counter_key("per-secret", ("acme", "sk-a"))])

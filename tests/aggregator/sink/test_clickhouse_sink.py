@@ -18,12 +18,15 @@ import textwrap
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from clickhouse_connect.driver.exceptions import OperationalError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import aggregator.sink as sink_pkg
 from aggregator.sink import (
@@ -47,7 +50,9 @@ from aggregator.sink.query import LATEST_BUDGET_STATE
 from aggregator.sink.store import DDL_DIR
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import ConfigError, SpendbusError
-from schemas.usage import new_usage_event
+from schemas.ids import ids_are_canonical
+from schemas.topics import STORE_ROW_HEADER, store_row_value
+from schemas.usage import MAX_TOKENS_PER_EVENT, new_usage_event
 
 REPO = Path(__file__).resolve().parents[3]
 NOW = datetime.now(UTC).replace(microsecond=123456)
@@ -136,7 +141,10 @@ def totals(client: Any) -> tuple[int, int, int]:
 
 
 class FlakyClient:
-    """A real client whose next insert fails: ``before`` it reaches ClickHouse or ``after``."""
+    """A real client whose next insert fails: ``before`` it reaches ClickHouse or ``after``.
+
+    An insert is ``insert`` (Python rows) or an ``INSERT`` through ``command`` (the Avro
+    path, ``aggregator/sink/avro_rows.py``); both go through ``write``."""
 
     def __init__(self, real: Any, fail: str | None = None) -> None:
         self.real = real
@@ -147,14 +155,65 @@ class FlakyClient:
         return self.real.query(*args, **kwargs)
 
     def insert(self, *args: Any, **kwargs: Any) -> Any:
+        return self.write(self.real.insert, *args, **kwargs)
+
+    def command(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        if not sql.startswith("INSERT"):
+            return self.real.command(sql, *args, **kwargs)
+        return self.write(self.real.command, sql, *args, **kwargs)
+
+    def write(self, send: Any, *args: Any, **kwargs: Any) -> Any:
         self.inserts += 1
         fail, self.fail = self.fail, None
         if fail == "before":
             raise OperationalError("connection refused (injected)")
-        result = self.real.insert(*args, **kwargs)
+        result = send(*args, **kwargs)
         if fail == "after":
             raise OperationalError("read timeout after sending the insert (injected)")
         return result
+
+
+@dataclass(frozen=True)
+class Message:
+    """A usage.priced record as the sink stage reads it from Kafka."""
+
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def as_message(record: dict[str, Any]) -> Message:
+    """The record as the counting stage writes it: with the store-row header when its ids
+    are canonical (aggregator/process.py)."""
+    event = record["event"]
+    headers: tuple[tuple[str, bytes], ...] = ()
+    if ids_are_canonical(event):
+        position = store_row_value(
+            record["source_partition"], record["source_offset"], month_of(event["occurred_at"])
+        )
+        headers = ((STORE_ROW_HEADER, position),)
+    return Message(PRICED_USAGE.encode(record), headers)
+
+
+@dataclass(frozen=True)
+class WritePath:
+    """How a test's batches reach the sink: decoded records (``write``), or Kafka records
+    (``write_messages``) whose bodies the engine decodes itself."""
+
+    avro: bool
+
+    def sink(self, client: Any, **kwargs: Any) -> ClickHouseSink:
+        return ClickHouseSink(client, avro_inserts=self.avro, **kwargs)
+
+    def write(self, sink: ClickHouseSink, records: list[dict[str, Any]]) -> int:
+        if self.avro:
+            return sink.write_messages([as_message(r) for r in records])
+        return sink.write(records)
+
+
+@pytest.fixture(params=[False, True], ids=["rows", "avro"])
+def path(request: pytest.FixtureRequest) -> WritePath:
+    """Each flush-order and exactness test runs on both insert paths."""
+    return WritePath(avro=request.param)
 
 
 # -- DDL ----------------------------------------------------------------------------
@@ -212,7 +271,7 @@ def test_split_statements_keeps_semicolons_in_strings_and_drops_comments() -> No
 # -- rows ---------------------------------------------------------------------------
 
 
-def test_priced_usage_round_trips_through_usage_events(client: Any) -> None:
+def test_priced_usage_round_trips_through_usage_events(client: Any, path: WritePath) -> None:
     full = priced(
         7,
         partition=2,
@@ -242,7 +301,7 @@ def test_priced_usage_round_trips_through_usage_events(client: Any) -> None:
     bare = priced(8, partition=2)
     bare["unpriced"], bare["price_version"], bare["price_match"] = True, None, None
     records = [full, bare]
-    assert ClickHouseSink(client).write(records) == 2
+    assert path.write(path.sink(client), records) == 2
 
     got = client.query(
         f"SELECT {', '.join(USAGE_COLUMN_NAMES)} FROM usage_events ORDER BY source_offset"
@@ -262,7 +321,7 @@ def test_priced_usage_round_trips_through_usage_events(client: Any) -> None:
     )
 
 
-def test_ids_are_stored_canonical_as_the_counters_use_them(client: Any) -> None:
+def test_ids_are_stored_canonical_as_the_counters_use_them(client: Any, path: WritePath) -> None:
     record = priced(
         1,
         org_id=" acme ",
@@ -271,7 +330,7 @@ def test_ids_are_stored_canonical_as_the_counters_use_them(client: Any) -> None:
         project_id="   ",
         groups=[" Eng "],
     )
-    ClickHouseSink(client).write([record])
+    path.write(path.sink(client), [record])
     assert client.query(
         "SELECT org_id, secret_id, user_id, project_id, groups FROM usage_events"
     ).result_rows == [("acme", "sec-1", "alice@example.com", None, ["Eng"])]
@@ -280,12 +339,131 @@ def test_ids_are_stored_canonical_as_the_counters_use_them(client: Any) -> None:
     ]
 
 
+# -- the Avro path: bodies the engine decodes ------------------------------------------
+
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+_optional_id = st.none() | _text.filter(lambda t: t == t.strip())
+
+
+@st.composite
+def _events(draw: st.DrawFn, offset: int) -> dict[str, Any]:
+    """A priced record with every column's kind of value (nulls, maps, unicode, extremes)."""
+    tokens = st.integers(0, MAX_TOKENS_PER_EVENT)
+    output = draw(tokens)
+    record = priced(
+        offset,
+        partition=draw(st.integers(0, 3)),
+        cost_nanos=draw(st.integers(0, 2**62)),
+        occurred_at=T0 - timedelta(microseconds=draw(st.integers(0, 10**11))),
+        secret_id=draw(_text.filter(lambda t: t == t.strip())),
+        org_id=draw(_text.filter(lambda t: t == t.strip())),
+        project_id=draw(_optional_id),
+        grant_id=draw(_optional_id),
+        permission_id=draw(_optional_id),
+        user_id=draw(_optional_id.map(lambda t: t if t is None else t.lower())),
+        session_id=draw(_optional_id),
+        groups=draw(st.lists(_text.filter(lambda t: t == t.strip()), max_size=3)),
+        tags=draw(st.dictionaries(_text, _text, max_size=3)),
+        input_tokens=draw(tokens),
+        cache_read_tokens=draw(tokens),
+        output_tokens=output,
+        reasoning_tokens=draw(st.integers(0, output)),
+        stream=draw(st.booleans()),
+        status_code=draw(st.sampled_from([200, 400, 402, 429, 500, 529])),
+        latency_ms=draw(st.none() | st.integers(0, 2**31 - 1)),
+        request_id=draw(st.none() | _text),
+    )
+    if draw(st.booleans()):
+        record["unpriced"], record["price_version"], record["price_match"] = True, None, None
+    return record
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_the_engine_stores_avro_bodies_exactly_as_python_rows(engine: str, data: Any) -> None:
+    """The same records through both paths, into two databases: every column equal."""
+    records = [data.draw(_events(offset)) for offset in range(data.draw(st.integers(1, 40)))]
+    messages = [as_message(r) for r in records]
+    assert all(m.headers for m in messages)  # the ids are canonical: every one goes as bytes
+    tables = []
+    for avro in (False, True):
+        ch = _fresh_database(engine)
+        try:
+            sink = ClickHouseSink(ch, avro_inserts=avro)
+            written = sink.write_messages(messages) if avro else sink.write(records)
+            assert written == len({(r["source_partition"], r["source_offset"]) for r in records})
+            tables.append(
+                ch.query(
+                    f"SELECT {', '.join(USAGE_COLUMN_NAMES)} FROM usage_events "
+                    "ORDER BY source_partition, source_offset"
+                ).result_rows
+            )
+        finally:
+            ch.close()
+    assert tables[0] == tables[1]
+
+
+def test_records_without_the_header_are_decoded_in_order_between_avro_inserts(
+    client: Any,
+) -> None:
+    """A record whose ids are not canonical (no header) is decoded and canonicalised; the
+    batch goes in as three INSERTs in its order, the fences see every row."""
+    spy: Any = FlakyClient(client)
+    sink = ClickHouseSink(spy, avro_inserts=True)
+    sent: list[str] = []
+    spy.write = lambda send, *a, **k: (sent.append(send.__name__), send(*a, **k))[1]
+    records = [priced(o) for o in range(0, 10)]
+    records += [priced(10, org_id=" acme ", user_id="Bob@Example.com")]
+    records += [priced(o) for o in range(11, 20)]
+    assert sink.write_messages([as_message(r) for r in records]) == 20
+    assert sent == ["command", "insert", "command"]
+    assert client.query(
+        "SELECT org_id, user_id FROM usage_events WHERE source_offset = 10"
+    ).result_rows == [("acme", "bob@example.com")]
+    assert sink.fences == {(0, month_of(T0)): 19}
+    # re-delivered: nothing again, whichever path each record takes
+    assert sink.write_messages([as_message(r) for r in records]) == 0
+    assert totals(client)[0::2] == (20, 20)
+
+
+def test_a_store_row_header_that_is_not_one_sends_the_record_the_decoded_way(
+    client: Any,
+) -> None:
+    spy: Any = FlakyClient(client)
+    sent: list[str] = []
+    spy.write = lambda send, *a, **k: (sent.append(send.__name__), send(*a, **k))[1]
+    good = as_message(priced(1))
+    for bad in (b"", b"1:2", b"a:b:c", b"1:2:3:4", b"-1:2:202601"):
+        message = Message(good.value, ((STORE_ROW_HEADER, bad),))
+        assert ClickHouseSink(spy, avro_inserts=True).write_messages([message]) in (0, 1)
+    assert set(sent) == {"insert"} and totals(client)[0::2] == (1, 1)
+
+
+def test_a_usage_priced_record_that_does_not_decode_is_rejected_not_skipped(
+    client: Any,
+) -> None:
+    sink = ClickHouseSink(client, avro_inserts=True)
+    with pytest.raises(SinkRejected, match="does not decode"):
+        sink.write_messages([as_message(priced(0)), Message(b"\xc3\x01garbage")])
+    assert totals(client)[0] == 0  # nothing of the batch went in: the caller retries it whole
+
+
+def _fresh_database(engine: str) -> Any:
+    admin = open_client(engine)
+    name = f"t{next(_db_numbers)}"
+    admin.command(f"CREATE DATABASE {name}")
+    admin.close()
+    ch = open_client(engine, database=name)
+    apply_schema(ch)
+    return ch
+
+
 # -- exactness ----------------------------------------------------------------------
 
 
-def test_sums_are_exact_over_50k_rows_in_10k_batches(client: Any) -> None:
+def test_sums_are_exact_over_50k_rows_in_10k_batches(client: Any, path: WritePath) -> None:
     rng = random.Random(7)
-    sink = ClickHouseSink(client)
+    sink = path.sink(client)
     expected_cost: Counter[str] = Counter()
     expected_tokens = 0
     offsets = [0] * 4
@@ -299,7 +477,7 @@ def test_sums_are_exact_over_50k_rows_in_10k_batches(client: Any) -> None:
             expected_cost[rec["event"]["org_id"]] += cost
             expected_tokens += rec["event"]["input_tokens"] + rec["event"]["output_tokens"]
             records.append(rec)
-        assert sink.write(records) == 10_000
+        assert path.write(sink, records) == 10_000
     assert totals(client) == (50_000, sum(expected_cost.values()), 50_000)
     by_org = dict(
         client.query("SELECT org_id, sum(cost_nanos) FROM usage_events GROUP BY org_id").result_rows
@@ -362,25 +540,27 @@ def _assert_rollups_equal_usage_events(client: Any) -> None:
     assert run_query(client, ROLLUP_DRIFT)[1] == []
 
 
-def test_a_redelivered_overlapping_batch_lands_once(client: Any) -> None:
-    sink = ClickHouseSink(client)
-    assert sink.write(batch(range(0, 6_000), partitions=2)) == 12_000
+def test_a_redelivered_overlapping_batch_lands_once(client: Any, path: WritePath) -> None:
+    sink = path.sink(client)
+    assert path.write(sink, batch(range(0, 6_000), partitions=2)) == 12_000
     # after a crash the consumer re-reads a suffix of each partition, then goes on
     again = batch(range(4_000, 10_000), partitions=2)
-    assert sink.write(again) == 8_000
+    assert path.write(sink, again) == 8_000
     assert totals(client)[0::2] == (20_000, 20_000)
     # a restarted sink reads its fences from ClickHouse and skips the same way
-    restarted = ClickHouseSink(client)
-    assert restarted.write(again) == 0
+    restarted = path.sink(client)
+    assert path.write(restarted, again) == 0
     assert restarted.fences == sink.fences == {(0, month_of(T0)): 9_999, (1, month_of(T0)): 9_999}
     # repeats inside one batch (the producer published a record twice) count once
     twice = batch(range(10_000, 10_010)) * 2
-    assert restarted.write(twice) == 10
+    assert path.write(restarted, twice) == 10
     assert totals(client)[0::2] == (20_010, 20_010)
     _assert_rollups_equal_usage_events(client)
 
 
-def test_fences_are_per_month_so_a_half_committed_insert_is_completed(client: Any) -> None:
+def test_fences_are_per_month_so_a_half_committed_insert_is_completed(
+    client: Any, path: WritePath
+) -> None:
     """One INSERT spanning two months is two parts, committed one after the other.
 
     Simulate a crash between the two commits: only the January rows (which carry
@@ -390,9 +570,9 @@ def test_fences_are_per_month_so_a_half_committed_insert_is_completed(client: An
     jan = datetime(2026, 1, 31, 23, 0, tzinfo=UTC)
     feb = datetime(2026, 2, 1, 0, 30, tzinfo=UTC)
     records = [priced(o, occurred_at=feb if o < 50 else jan) for o in range(100)]
-    ClickHouseSink(client).write([r for r in records if r["source_offset"] >= 50])
-    restarted = ClickHouseSink(client)
-    assert restarted.write(records) == 50
+    path.write(path.sink(client), [r for r in records if r["source_offset"] >= 50])
+    restarted = path.sink(client)
+    assert path.write(restarted, records) == 50
     assert totals(client)[0::2] == (100, 100)
     assert restarted.fences == {(0, 202601): 99, (0, 202602): 49}
 
@@ -400,56 +580,58 @@ def test_fences_are_per_month_so_a_half_committed_insert_is_completed(client: An
 # -- the flush order (aggregator/sink/README.md) ------------------------------------
 
 
-def test_a_failed_insert_leaves_the_fences_and_the_retried_batch_lands_once(client: Any) -> None:
+def test_a_failed_insert_leaves_the_fences_and_the_retried_batch_lands_once(
+    client: Any, path: WritePath
+) -> None:
     flaky: Any = FlakyClient(client)
-    sink = ClickHouseSink(flaky)
-    sink.write(batch(range(0, 100)))
+    sink = path.sink(flaky)
+    path.write(sink, batch(range(0, 100)))
     fences_before = sink.fences
     flaky.fail = "before"  # e.g. connection refused
 
     with pytest.raises(SinkUnavailable) as info:
-        sink.write(batch(range(100, 200)))
+        path.write(sink, batch(range(100, 200)))
     assert info.value.retriable and isinstance(info.value, SpendbusError)
     assert sink.fences == fences_before  # step 2 did not happen
     assert sink.pending == 100
     assert totals(client)[0] == 100
 
-    assert sink.write(batch(range(100, 200))) == 100  # the caller retries the same batch
+    assert path.write(sink, batch(range(100, 200))) == 100  # the caller retries the same batch
     assert sink.fences == {(0, month_of(T0)): 199}
     assert sink.pending == 0
     assert totals(client)[0::2] == (200, 200)
 
 
 def test_an_insert_that_failed_after_landing_is_retried_once_down_to_the_rollups(
-    client: Any,
+    client: Any, path: WritePath
 ) -> None:
     flaky: Any = FlakyClient(client, fail="after")  # e.g. an HTTP timeout after the commit
-    sink = ClickHouseSink(flaky)
+    sink = path.sink(flaky)
     with pytest.raises(SinkUnavailable):
-        sink.write(batch(range(0, 500), partitions=2))
+        path.write(sink, batch(range(0, 500), partitions=2))
     assert sink.fences == {} and sink.pending == 1_000
     assert totals(client)[0] == 1_000  # it did land
-    assert sink.write(batch(range(0, 500), partitions=2)) == 1_000  # sent again, same token
+    assert path.write(sink, batch(range(0, 500), partitions=2)) == 1_000  # sent again, same token
     assert totals(client)[0::2] == (1_000, 1_000)
     assert scalar(client, "SELECT sum(events) FROM spend_hourly") == 1_000
     _assert_rollups_equal_usage_events(client)
 
 
 def test_a_view_failing_after_the_table_part_committed_is_completed_by_the_retry(
-    client: Any,
+    client: Any, path: WritePath
 ) -> None:
     """ClickHouse commits the usage_events part before the views: a failing view
     leaves the table written and the rollups not. The retry (same rows, same
     token) is dropped by the table and fills the views, once."""
     client.command("ALTER TABLE spend_daily ADD CONSTRAINT broken CHECK events < 0")
-    sink = ClickHouseSink(client)
+    sink = path.sink(client)
     with pytest.raises(SinkRejected) as info:
-        sink.write(batch(range(0, 300)))
+        path.write(sink, batch(range(0, 300)))
     assert not info.value.retriable
     assert totals(client)[0] == 300
     assert scalar(client, "SELECT count() FROM spend_daily") == 0
     client.command("ALTER TABLE spend_daily DROP CONSTRAINT broken")
-    assert sink.write(batch(range(0, 300))) == 300
+    assert path.write(sink, batch(range(0, 300))) == 300
     assert totals(client)[0::2] == (300, 300)
     assert scalar(client, "SELECT sum(events) FROM spend_daily") == 300
     assert scalar(client, "SELECT sum(events) FROM spend_hourly") == 300
@@ -458,7 +640,7 @@ def test_a_view_failing_after_the_table_part_committed_is_completed_by_the_retry
 
 @pytest.mark.parametrize("crash_after_step", [0, 1, 2])
 def test_a_crash_at_any_flush_step_then_redelivery_stores_each_event_once(
-    client: Any, crash_after_step: int
+    client: Any, path: WritePath, crash_after_step: int
 ) -> None:
     """Steps: 1. insert rows, 2. advance the fences, 3. commit the Kafka offsets.
 
@@ -471,21 +653,21 @@ def test_a_crash_at_any_flush_step_then_redelivery_stores_each_event_once(
     order: list[str] = []
 
     class Spy(FlakyClient):
-        def insert(self, *args: Any, **kwargs: Any) -> Any:
+        def write(self, send: Any, *args: Any, **kwargs: Any) -> Any:
             # step 1 runs while the fences are still where they were
             assert sink.fences == {}
             order.append("insert")
             if crash_after_step == 0:
                 raise SystemExit("killed before the insert")
-            result = self.real.insert(*args, **kwargs)
+            result = send(*args, **kwargs)
             if crash_after_step == 1:
                 raise SystemExit("killed between insert and fences")
             return result
 
     spy: Any = Spy(client)
-    sink = ClickHouseSink(spy)
+    sink = path.sink(spy)
     try:
-        sink.write(records)
+        path.write(sink, records)
         order.append("fences")
         assert sink.fences == {(0, month_of(T0)): 999, (1, month_of(T0)): 999}
         if crash_after_step == 2:
@@ -498,30 +680,34 @@ def test_a_crash_at_any_flush_step_then_redelivery_stores_each_event_once(
     assert committed == 0
 
     # a new process: fresh sink, Kafka redelivers everything after the commit
-    restarted = ClickHouseSink(client)
-    restarted.write(records[committed:])
+    restarted = path.sink(client)
+    path.write(restarted, records[committed:])
     assert totals(client)[0::2] == (2_000, 2_000)
     _assert_rollups_equal_usage_events(client)
 
 
-def test_forget_makes_a_reassigned_partition_read_its_fences_again(client: Any) -> None:
+def test_forget_makes_a_reassigned_partition_read_its_fences_again(
+    client: Any, path: WritePath
+) -> None:
     """Rebalance: partition 0 moves from worker A to B and back. B's fences were
     read before A wrote more; A's before B did. forget() on revocation makes
     each read the fences again when the partition comes back."""
-    a, b = ClickHouseSink(client), ClickHouseSink(client)
-    a.write(batch(range(0, 100)))
-    b.write(batch(range(0, 100)))  # B held it once: fence 99
-    a.write(batch(range(100, 300)))  # A wrote up to 299, committed Kafka up to 200
+    a, b = path.sink(client), path.sink(client)
+    path.write(a, batch(range(0, 100)))
+    path.write(b, batch(range(0, 100)))  # B held it once: fence 99
+    path.write(a, batch(range(100, 300)))  # A wrote up to 299, committed Kafka up to 200
     b.forget([0])  # ...B was told when it lost it
-    assert b.write(batch(range(200, 400))) == 100  # B resumes from the commit at 200
+    assert path.write(b, batch(range(200, 400))) == 100  # B resumes from the commit at 200
     a.forget([0])
-    assert a.write(batch(range(350, 450))) == 50
+    assert path.write(a, batch(range(350, 450))) == 50
     assert totals(client)[0::2] == (450, 450)
 
 
-def test_a_rollup_that_missed_rows_is_seen_and_rebuilt_from_usage_events(client: Any) -> None:
-    sink = ClickHouseSink(client)
-    sink.write(batch(range(0, 200), partitions=3))
+def test_a_rollup_that_missed_rows_is_seen_and_rebuilt_from_usage_events(
+    client: Any, path: WritePath
+) -> None:
+    sink = path.sink(client)
+    path.write(sink, batch(range(0, 200), partitions=3))
     client.command(
         "ALTER TABLE spend_daily DELETE WHERE org_id = 'org-1' SETTINGS mutations_sync = 1"
     )
@@ -530,14 +716,14 @@ def test_a_rollup_that_missed_rows_is_seen_and_rebuilt_from_usage_events(client:
     assert rebuild_rollups(client) == ["spend_hourly", "spend_daily"]
     assert rebuild_rollups(client) == ["spend_hourly", "spend_daily"]  # twice: same result
     _assert_rollups_equal_usage_events(client)
-    sink.write(batch(range(200, 300), partitions=3))  # the views go on from there
+    path.write(sink, batch(range(200, 300), partitions=3))  # the views go on from there
     _assert_rollups_equal_usage_events(client)
 
 
-def test_an_unknown_table_is_not_retriable(client: Any) -> None:
+def test_an_unknown_table_is_not_retriable(client: Any, path: WritePath) -> None:
     client.command("DROP TABLE usage_events")
     with pytest.raises(SinkRejected):
-        ClickHouseSink(client).write(batch(range(3)))
+        path.write(path.sink(client), batch(range(3)))
 
 
 # -- budget_state -------------------------------------------------------------------

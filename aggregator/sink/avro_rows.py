@@ -1,0 +1,103 @@
+"""usage_events rows the engine reads itself: PricedUsage bodies as one Avro container.
+
+The cheapest way into ``usage_events`` that stays exact (bench/bench_insert_formats.py:
+~3.8x Python rows, the ids being canonical already) is to hand the engine the Avro bytes
+the counting stage wrote and let it decode them: no fastavro decode, no Python tuples, no
+Native serialisation. A batch of bodies written with the current PricedUsage schema
+becomes one Avro object-container file (the schema, then one block holding the bodies as
+they are) that ``INSERT ... SELECT ... FROM file(<path>, 'Avro')`` reads, naming the
+event's nested fields by path (``event.secret_id``).
+
+Only bodies whose record carries ``schemas.topics.STORE_ROW_HEADER`` come this way: the
+counting stage sets it when the event's ids are canonical, i.e. when the body is the row
+as stored. The others are decoded and canonicalised in Python (``rows_from_priced``).
+
+The container is built here, not by fastavro's ``writer``: that one takes records and
+would encode them again, which is the cost this path avoids. fastavro writes the header
+(schema, codec, sync marker); a block is two Avro longs (count, byte size), the bodies,
+and the sync marker again (Avro 1.11 specification, "Object Container Files").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Final
+
+from fastavro import parse_schema, schemaless_writer, writer
+
+from schemas.codec import HEADER_LEN, PRICED_USAGE, expanded_schemas
+
+#: the sync marker of every container this module writes (any 16 bytes will do; fixed, so
+#: the same bodies always make the same file)
+SYNC_MARKER: Final = b"spendbus-sink-v1"
+_LONG: Final = parse_schema("long")
+
+
+@lru_cache(maxsize=1)
+def _container_header() -> bytes:
+    head = io.BytesIO()
+    writer(head, parse_schema(expanded_schemas()["PricedUsage"]), [], sync_marker=SYNC_MARKER)
+    return head.getvalue()
+
+
+def _long(value: int) -> bytes:
+    out = io.BytesIO()
+    schemaless_writer(out, _LONG, value)
+    return out.getvalue()
+
+
+def container(messages: Sequence[bytes]) -> bytes:
+    """One Avro object-container file of PricedUsage ``messages`` (single-object encoded,
+    every one written with the current schema: the caller checks ``PRICED_USAGE.header``)."""
+    bodies = [memoryview(message)[HEADER_LEN:] for message in messages]
+    size = sum(len(body) for body in bodies)
+    return b"".join((_container_header(), _long(len(bodies)), _long(size), *bodies, SYNC_MARKER))
+
+
+def insert_select(table: str, columns: Sequence[str], path: str) -> str:
+    """``INSERT INTO table (columns) SELECT ... FROM file(path, 'Avro')``: each column is
+    the PricedUsage field of its name, or the event's (``event.<name>``)."""
+    event_fields = {f["name"] for f in expanded_schemas()["UsageEvent"]["fields"]}
+    priced_fields = {f["name"] for f in PRICED_USAGE.schema["fields"]}
+    exprs = []
+    for name in columns:
+        if name in priced_fields:
+            exprs.append(f"`{name}`")
+        elif name in event_fields:
+            exprs.append(f"`event.{name}` AS `{name}`")
+        else:
+            raise ValueError(f"usage_events column {name!r} is no PricedUsage or event field")
+    return (
+        f"INSERT INTO {table} ({', '.join(f'`{c}`' for c in columns)}) "
+        f"SELECT {', '.join(exprs)} FROM file({_quoted(path)}, 'Avro')"
+    )
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class ContainerFile:
+    """A container written to a private file (0600, removed on exit) for the engine to read."""
+
+    def __init__(self, data: bytes, directory: str | None = None) -> None:
+        handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed here, removed in __exit__)
+            prefix="usage-", suffix=".avro", dir=directory, delete=False
+        )
+        try:
+            handle.write(data)
+        finally:
+            handle.close()
+        self.path = handle.name
+
+    def __enter__(self) -> str:
+        return self.path
+
+    def __exit__(self, *_: object) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
