@@ -20,6 +20,7 @@ A file holds one table, or several versions under ``versions:``::
         cache_write_per_mtok: "3.75"       # optional, default 1.25 x input (5-minute writes)
         cache_write_1h_per_mtok: "6.00"    # optional, default 2 x input
         long_context: {above_input_tokens: 200000, input_per_mtok: "6.00", output_per_mtok: "22.50"}
+        source: "litellm:claude-sonnet-4-5 (...)"  # optional provenance, kept in the file only
     fallback:                              # optional: charged for models nothing matches
       input_per_mtok: "10"
       output_per_mtok: "50"
@@ -194,7 +195,10 @@ _MODEL_KEYS: Final = (
     "cache_write_per_mtok",
     "cache_write_1h_per_mtok",
     "long_context",
+    "source",
 )
+#: longest provenance note of one entry
+MAX_SOURCE_CHARS: Final = 500
 _TIER_KEYS: Final = ("above_input_tokens", "input_per_mtok", "output_per_mtok")
 _TABLE_KEYS: Final = ("version", "effective_from", "models", "fallback")
 
@@ -293,6 +297,10 @@ class ModelPrice:
     cache_write_per_mtok: Decimal
     cache_write_1h_per_mtok: Decimal
     long_context: LongContextTier | None = None
+    #: where the prices came from (``spendbus prices import`` writes it); the price file
+    #: keeps it, the ``PriceTable`` record does not, and it plays no part in pricing
+    #: (nor in equality: a table read back from the topic equals the file's)
+    source: str | None = field(default=None, compare=False, hash=False)
     _rates: _Rates = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -305,6 +313,14 @@ class ModelPrice:
             )
         if self.match != self.match.strip():
             raise ContractError(f"match: {self.match!r} has surrounding blanks")
+        if self.source is not None and (
+            not isinstance(self.source, str)
+            or not self.source.strip()
+            or len(self.source) > MAX_SOURCE_CHARS
+        ):
+            raise ContractError(
+                f"source: a non-empty note of at most {MAX_SOURCE_CHARS} characters"
+            )
         for name in (
             "input_per_mtok",
             "output_per_mtok",
@@ -331,6 +347,7 @@ class ModelPrice:
         cache_write_per_mtok: str | int | Decimal | None = None,
         cache_write_1h_per_mtok: str | int | Decimal | None = None,
         long_context: LongContextTier | None = None,
+        source: str | None = None,
     ) -> ModelPrice:
         """A price with the default cache prices (0.1x, 1.25x, 2x input) where none is given."""
         base = parse_usd(input_per_mtok, what="input_per_mtok")
@@ -356,6 +373,7 @@ class ModelPrice:
                 cache_write_1h_per_mtok, DEFAULT_CACHE_WRITE_1H_RATIO, "cache_write_1h_per_mtok"
             ),
             long_context=long_context,
+            source=source,
         )
 
     # exact prices in USD per Mtok, as fractions, per token class
@@ -606,6 +624,9 @@ def _model_from_yaml(item: Any, where: str, *, fallback: bool = False) -> ModelP
             raise ConfigError(
                 f"{where}: field 'match': {match!r} is a prefix, not a glob: drop the '*'"
             )
+    source = item.get("source")
+    if source is not None and not isinstance(source, str):
+        raise ConfigError(f"{where}: field 'source': a string (where the prices came from)")
     prices: dict[str, Decimal | None] = {}
     for name in _MODEL_KEYS[1:6]:
         value = item.get(name)
@@ -649,6 +670,7 @@ def _model_from_yaml(item: Any, where: str, *, fallback: bool = False) -> ModelP
             cache_write_per_mtok=prices["cache_write_per_mtok"],
             cache_write_1h_per_mtok=prices["cache_write_1h_per_mtok"],
             long_context=long_context,
+            source=source,
         )
     except ContractError as exc:
         raise ConfigError(f"{where}: {exc.detail}") from None

@@ -38,12 +38,15 @@ def _register_optional() -> None:
     from spendbus.commands.gateway import gateway
     from spendbus.commands.ingest import ingest
     from spendbus.commands.keys import keys
+    from spendbus.commands.prices_sync import prices_diff, prices_import
     from spendbus.commands.pricing import price, prices
     from spendbus.commands.replay import replay, snapshot
     from spendbus.commands.tap import tap
     from spendbus.commands.topics import topics
 
     prices.add_command(prices_apply_command())
+    prices.add_command(prices_import)
+    prices.add_command(prices_diff)
     cli.add_command(price)
     cli.add_command(prices)
     cli.add_command(tap)

@@ -135,7 +135,8 @@ def price(
 
 @click.group("prices")
 def prices() -> None:
-    """Price versions: publish them (apply), find models a price file does not price (check)."""
+    """Price versions: publish them (apply), find models a price file does not price (check),
+    import a community price map as a new version (import), list what changed (diff)."""
 
 
 def _read_models(stream: IO[str]) -> list[str]:
