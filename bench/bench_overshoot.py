@@ -34,6 +34,13 @@ is sampled every 100 ms; the chart (``bench/results/overshoot.png``) shows it
 beside the cap and what the gates believed (the verdict's spend for ours, the
 shared total for the baseline).
 
+A scaling phase (``scaling``, issue 24): the enforcers count themselves (``membership``)
+while the fleet scales ``--scaling`` (2,6,3) replicas, each change when the true spend
+reaches the next ``--scale-at`` fraction of the cap (0.3, 0.6); the clients follow the live
+replicas' list. It reports each step (when every live replica used the new count) and the
+share of the headroom the counts left unused, 1 - sum(1/R_i) over the live replicas.
+``--phases`` picks the phases to run.
+
 A comparison phase (``comparisons.ours_unshared``, ``--no-unshared-comparison``
 to skip) runs ours with ``replicas`` left at 1: holds are per process, so each of
 the N replicas can fill the same headroom (what the enforcer did before the option).
@@ -49,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -121,6 +129,15 @@ class Options:
     seed: int = 7
     #: also run ``ours_unshared``: every enforcer with replicas=1 (per-process holds only)
     unshared_comparison: bool = True
+    #: the phases to run (``ours`` and ``baseline`` always side by side when both are named)
+    phases: tuple[str, ...] = ("ours", "baseline", "ours_unshared", "scaling")
+    #: ``scaling``: the live replica counts, in order, each change when the true spend
+    #: reaches the next fraction of the cap (the enforcers count themselves: membership)
+    scaling: tuple[int, ...] = (2, 6, 3)
+    scale_at: tuple[float, ...] = (0.3, 0.6)
+    #: ``scaling``: the enforcers' max_replicas and membership grace
+    max_replicas: int = 8
+    membership_grace_s: float = 5.0
 
     @property
     def cap_nanos(self) -> int:
@@ -365,6 +382,210 @@ async def run_phase(kind: str, opts: Options, env: Env) -> dict[str, Any]:
     )
 
 
+@dataclass
+class Replica:
+    """One gateway replica of the scaling phase: its publisher, enforcer (membership) and
+    server."""
+
+    number: int
+    publisher: UsagePublisher
+    enforcer: Enforcer
+    probe: EstimateProbe
+    server: GatewayServer
+
+
+async def start_replica(kind: str, number: int, opts: Options, env: Env, ledger: Ledger) -> Replica:
+    publisher = UsagePublisher(
+        PublisherConfig(
+            bootstrap=env.bootstrap,
+            kafka_security=env.security,
+            topic_prefix=env.topics.prefix,
+            spool_dir=env.home / kind / f"spool{number}",
+            client_id=f"ovs-{kind}-r{number}",
+        )
+    )
+    await publisher.start()
+    enforcer = Enforcer(
+        EnforcerConfig(
+            bootstrap=env.bootstrap,
+            kafka_security=env.security,
+            topic_prefix=env.topics.prefix,
+            gateway_id=f"ovs-{kind}-r{number}",
+            client_id=f"ovs-{kind}-enforcer-r{number}",
+            # the replicas count themselves: no replicas setting
+            membership=True,
+            max_replicas=opts.max_replicas,
+            membership_grace_s=opts.membership_grace_s,
+        )
+    )
+    await enforcer.start()
+    await enforcer.wait_ready(60)
+    probe = EstimateProbe(enforcer, env.prices)
+    config = gateway_config(env, kind, number)
+    gateway = Gateway(
+        config, probe, RecordingSink(publisher, ledger), credentials=config.credentials({})
+    )
+    server = GatewayServer(gateway)
+    await server.start()
+    return Replica(number, publisher, enforcer, probe, server)
+
+
+async def stop_replica(replica: Replica) -> None:
+    """A pod scaled down: no new requests reach it (the caller took it out of the live
+    list), the responses in flight finish and are published, then its enforcer leaves."""
+    await replica.server.stop()
+    with contextlib.suppress(Exception):
+        await replica.publisher.flush(30)
+    await replica.publisher.stop()
+    await replica.enforcer.stop()
+
+
+async def run_scaling_phase(opts: Options, env: Env) -> dict[str, Any]:
+    """``scaling``: the replicas count themselves (membership) while the fleet scales
+    ``opts.scaling`` (2 -> 6 -> 3) under the clients, each change when the true spend
+    reaches the next ``opts.scale_at`` fraction of the cap."""
+    kind = "scaling"
+    budget = budget_for(kind, env.run_id, opts.cap_usd)
+    key = counter_key(budget.budget_id, [org_for(kind, env.run_id)])
+    await asyncio.to_thread(_upstream_stats, env.upstream_url, "DELETE")
+    ledger = Ledger(env.prices)
+    live: list[Replica] = []
+    ever: list[Replica] = []
+    urls_file = env.home / kind / "urls.json"
+    urls_file.parent.mkdir(parents=True, exist_ok=True)
+    verdict_seen: list[tuple[float, int]] = []
+    verdict_lag_ms: list[float] = []
+    #: per sample: (t, live replicas, [count each live enforcer's share uses], [group count])
+    shares: list[tuple[float, int, list[int], list[int | None]]] = []
+    #: each scaling step: when, from, to, and when every live replica used the new count
+    steps: list[dict[str, Any]] = []
+    numbers = iter(range(1000))
+    started = [time.monotonic()]
+
+    async def scale_to(target: int) -> None:
+        t = time.monotonic() - ledger.started
+        step: dict[str, Any] = {"at_s": round(t, 2), "from": len(live), "to": target}
+        steps.append(step)
+        if target > len(live):
+            new = await asyncio.gather(
+                *[
+                    start_replica(kind, next(numbers), opts, env, ledger)
+                    for _ in range(target - len(live))
+                ]
+            )
+            live.extend(new)
+            ever.extend(new)
+            write_urls(urls_file, [r.server.url for r in live])
+        else:
+            leaving = live[target:]
+            del live[target:]
+            write_urls(urls_file, [r.server.url for r in live])
+            await asyncio.sleep(0.3)  # the clients' next requests go to the others
+            await asyncio.gather(*[stop_replica(r) for r in leaving])
+        step["done_s"] = round(time.monotonic() - ledger.started, 2)
+
+    pending = list(zip(opts.scale_at, opts.scaling[1:], strict=True))
+    scaling_tasks: list[asyncio.Task[None]] = []
+
+    def on_sample(t: float) -> None:
+        effective = [r.enforcer.checker.replicas for r in live]
+        counted = [r.enforcer.membership.count if r.enforcer.membership else None for r in live]
+        shares.append((t, len(live), effective, counted))
+        for step in steps:
+            if "converged_s" not in step and counted and all(c == step["to"] for c in counted):
+                step["group_count_everywhere_s"] = round(t - step["at_s"], 2)
+                step["converged_s"] = round(t - step["at_s"], 2)
+        if (
+            pending
+            and ledger.nanos >= pending[0][0] * opts.cap_nanos
+            and (not scaling_tasks or scaling_tasks[-1].done())
+        ):
+            _, target = pending.pop(0)
+            scaling_tasks.append(asyncio.create_task(scale_to(target)))
+
+    try:
+        first = await asyncio.gather(
+            *[start_replica(kind, next(numbers), opts, env, ledger) for _ in range(opts.scaling[0])]
+        )
+        live.extend(first)
+        ever.extend(first)
+        _listen(first[0].enforcer, key, ledger, verdict_seen, verdict_lag_ms)
+        write_urls(urls_file, [r.server.url for r in live])
+        # steady state before the clients: every replica knows the count, graces over
+        await asyncio.sleep(opts.membership_grace_s + 0.5)
+        started[0] = time.monotonic()
+        load = await drive(
+            opts,
+            [r.server.url for r in live],
+            virtual_key(kind, env.run_id),
+            ledger,
+            lambda: (
+                verdict_seen[-1][1] if verdict_seen else 0,
+                sum(r.enforcer.holds.held_nanos for r in live),
+            ),
+            urls_file=urls_file,
+            on_sample=on_sample,
+        )
+        for task in scaling_tasks:
+            await task
+    finally:
+        for task in scaling_tasks:
+            if not task.done():
+                task.cancel()
+        for replica in live:
+            await stop_replica(replica)
+    verdict = await final_verdict(
+        env.bootstrap, env.topics, key, ledger.nanos, timeout=30, security=env.security
+    )
+    upstream = await asyncio.to_thread(_upstream_stats, env.upstream_url, "GET")
+    out = summarise(
+        "ours_scaling",
+        opts,
+        ledger,
+        load,
+        verdict,
+        upstream,
+        [r.probe for r in ever],
+        [],
+        verdict_lag_ms,
+        None,
+    )
+    out["enforcer_replicas"] = "membership"
+    out["scaling_plan"] = {
+        "replicas": list(opts.scaling),
+        "at_spend_fraction": list(opts.scale_at),
+        "max_replicas": opts.max_replicas,
+        "membership_grace_s": opts.membership_grace_s,
+    }
+    out["scaling_steps"] = steps
+    out["scaling_steps_not_reached"] = [{"at_spend_fraction": f, "to": n} for f, n in pending]
+    out["headroom_unused_because_of_the_count"] = unused_by_count(shares)
+    out["shares_timeline_columns"] = ["seconds", "live", "count_used_each", "group_count_each"]
+    out["shares_timeline"] = [[round(t, 2), n, e, c] for t, n, e, c in shares]
+    return out
+
+
+def unused_by_count(shares: list[tuple[float, int, list[int], list[int | None]]]) -> dict[str, Any]:
+    """The share of the headroom no replica may commit because of the counts in use: each
+    of the live replicas may hold 1/R_i of it, so 1 - sum(1/R_i) of it stays unused
+    (0 when every replica uses the live count; negative would be over-admission)."""
+    if not shares:
+        return {}
+    rows = [(t, 1 - sum(1 / r for r in used)) for t, _, used, _ in shares if used]
+    over = [u for _, u in rows if u < -1e-9]
+    weighted = 0.0
+    for (t0, u0), (t1, _) in itertools.pairwise(rows):
+        weighted += max(u0, 0.0) * (t1 - t0)
+    span = rows[-1][0] - rows[0][0] if len(rows) > 1 else 0.0
+    return {
+        "max_share": round(max(u for _, u in rows), 4),
+        "time_weighted_share": round(weighted / span, 4) if span else None,
+        "at_the_end_share": round(rows[-1][1], 4),
+        "samples_over_admitting": len(over),
+        "most_over_admitted_share": round(-min(over), 4) if over else 0.0,
+    }
+
+
 def _listen(
     enforcer: Enforcer,
     key: str,
@@ -387,10 +608,18 @@ def _listen(
 
 
 async def drive(
-    opts: Options, urls: list[str], key: str, ledger: Ledger, gate_view: Any
+    opts: Options,
+    urls: list[str],
+    key: str,
+    ledger: Ledger,
+    gate_view: Any,
+    *,
+    urls_file: Path | None = None,
+    on_sample: Any = None,
 ) -> dict[str, Any]:
     """Run the clients (:func:`clients`, in their own process, as real clients would be:
-    this one runs the gateways and enforcers) and sample spend every ``sample_ms``."""
+    this one runs the gateways and enforcers) and sample spend every ``sample_ms``
+    (``on_sample(t)`` after each sample: the scaling phase scales from there)."""
     #: (t, true spend, what the gates saw spent, held (ours) or not yet flushed (baseline))
     samples: list[tuple[float, int, int, int]] = []
     loop_lag_ms: list[float] = []
@@ -400,6 +629,8 @@ async def drive(
             t = time.monotonic() - ledger.started
             view, held = gate_view()
             samples.append((t, ledger.nanos, view, held))
+            if on_sample is not None:
+                on_sample(t)
             asked = opts.sample_ms / 1000
             before = time.monotonic()
             await asyncio.sleep(asked)
@@ -407,7 +638,12 @@ async def drive(
             loop_lag_ms.append((time.monotonic() - before - asked) * 1000)
 
     sampling = asyncio.create_task(sampler())
-    spec = {"opts": {**opts.__dict__, "cap_usd": str(opts.cap_usd)}, "urls": urls, "key": key}
+    spec = {
+        "opts": {**opts.__dict__, "cap_usd": str(opts.cap_usd)},
+        "urls": urls,
+        "key": key,
+        "urls_file": None if urls_file is None else str(urls_file),
+    }
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         __file__,
@@ -439,9 +675,37 @@ async def drive(
     return {**load, "samples": samples, "loop_lag_ms": loop_lag_ms}
 
 
-async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
-    """``opts.clients`` streaming clients, round-robin over ``urls``, until every replica
-    refused ``stop_after_refusals`` in a row or ``max_seconds`` passed."""
+class LiveUrls:
+    """The replicas' URLs, re-read from a file the bench rewrites as it scales (as a
+    client behind a load balancer only reaches the pods that are live)."""
+
+    def __init__(self, urls: list[str], path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self.urls = urls
+        self._mtime = -1.0
+
+    def current(self) -> list[str]:
+        if self.path is not None:
+            mtime = self.path.stat().st_mtime
+            if mtime != self._mtime:
+                self._mtime = mtime
+                self.urls = json.loads(self.path.read_text())
+        return self.urls
+
+
+def write_urls(path: Path, urls: list[str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(urls))
+    tmp.replace(path)  # atomic: a client never reads half a list
+
+
+async def clients(
+    opts: Options, urls: list[str], key: str, urls_file: str | None = None
+) -> dict[str, Any]:
+    """``opts.clients`` streaming clients, round-robin over ``urls`` (or the live list in
+    ``urls_file``), until every live replica refused ``stop_after_refusals`` in a row or
+    ``max_seconds`` passed."""
+    live = LiveUrls(urls, urls_file)
 
     def body(rng: random.Random) -> bytes:
         chars = rng.randint(*opts.prompt_tokens) * 4
@@ -461,7 +725,7 @@ async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
         "anthropic-version": "2023-06-01",
     }
     stop = asyncio.Event()
-    in_row = [0] * len(urls)
+    in_row: dict[str, int] = {}
     turn = iter(range(10**12))
     counts = {"calls": 0, "refusals": 0, "errors": 0}
     statuses: dict[str, int] = {}
@@ -473,7 +737,7 @@ async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
         in-flight refusal lifts once holds settle and the verdict catches up, so refusals
         only count once no stream is open and none was allowed for ``quiet_s``."""
         return (
-            min(in_row) >= opts.stop_after_refusals
+            min(in_row.get(url, 0) for url in live.current()) >= opts.stop_after_refusals
             and streaming == 0
             and time.monotonic() - last_allowed >= opts.quiet_s
         )
@@ -482,10 +746,17 @@ async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
         nonlocal streaming, last_allowed
         rng = random.Random(opts.seed * 1_000_003 + number)  # the same workload in every phase
         while not stop.is_set():
-            replica = next(turn) % len(urls)
-            async with session.post(
-                urls[replica] + "/v1/messages", data=body(rng), headers=headers
-            ) as response:
+            targets = live.current()
+            replica = targets[next(turn) % len(targets)]
+            try:
+                response = await session.post(
+                    replica + "/v1/messages", data=body(rng), headers=headers
+                )
+            except aiohttp.ClientConnectionError:  # a replica scaled down under us
+                counts["errors"] += 1
+                await asyncio.sleep(opts.refusal_pause_ms / 1000)
+                continue
+            async with response:
                 statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
                 if response.status == 200:
                     streaming += 1
@@ -494,6 +765,9 @@ async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
                     try:
                         async for _ in response.content.iter_any():
                             pass
+                    except aiohttp.ClientError:  # cut by a replica scaling down
+                        counts["errors"] += 1
+                        continue
                     finally:
                         streaming -= 1
                     counts["calls"] += 1
@@ -501,7 +775,7 @@ async def clients(opts: Options, urls: list[str], key: str) -> dict[str, Any]:
                 await response.read()
                 if response.status in (402, 429):
                     counts["refusals"] += 1
-                    in_row[replica] += 1
+                    in_row[replica] = in_row.get(replica, 0) + 1
                     if spent():
                         stop.set()
                 else:
@@ -693,15 +967,23 @@ def draw_chart(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     cap = result["cap_usd"]
-    panels = [
-        ("ours", "spendbus: reserve-and-settle + pushed verdicts"),
-        ("baseline", f"baseline: flush + poll every {result['baseline']['flush_interval_s']:g} s"),
-    ]
-    panels[0] = ("ours", f"spendbus: reserve-and-settle, replicas={result['replicas']}")
+    panels = []
+    if result.get("ours"):
+        panels.append(("ours", f"spendbus: reserve-and-settle, replicas={result['replicas']}"))
+    if result.get("baseline"):
+        every = result["baseline"]["flush_interval_s"]
+        panels.append(("baseline", f"baseline: flush + poll every {every:g} s"))
     if "ours_unshared" in result.get("comparisons", {}):
         panels.append(("ours_unshared", "spendbus, replicas=1: per-process holds only"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), sharey=True)
-    for ax, (kind, title) in zip(axes, panels, strict=True):
+    if result.get("scaling"):
+        plan = "→".join(str(n) for n in result["scaling"]["scaling_plan"]["replicas"])
+        panels.append(("scaling", f"spendbus, membership: replicas {plan}"))
+    if not panels:
+        return
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6 * len(panels), 4.5), sharey=True, squeeze=False
+    )
+    for ax, (kind, title) in zip(axes[0], panels, strict=True):
         phase = result[kind] if kind in result else result["comparisons"][kind]
         t = [row[0] for row in phase["timeline"]]
         ax.plot(t, [row[1] for row in phase["timeline"]], label="true spend (served calls)", lw=2)
@@ -723,7 +1005,7 @@ def draw_chart(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("seconds")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
-    axes[0].set_ylabel("USD")
+    axes[0][0].set_ylabel("USD")
     fig.suptitle(
         f"{result['clients']} streaming clients, {result['replicas']} gateway replicas, one ${cap:g} budget",
         fontsize=11,
@@ -780,7 +1062,11 @@ def run(
     run_id = uuid.uuid4().hex[:8]
     topics = Topics(f"benchovs{run_id}.")
     prices = PriceBook(load_price_file(default_price_file()))
-    kinds = ["ours", "baseline"] + (["ours_unshared"] if opts.unshared_comparison else [])
+    kinds: list[str] = [k for k in ("ours", "baseline") if k in opts.phases]
+    if opts.unshared_comparison and "ours_unshared" in opts.phases:
+        kinds.append("ours_unshared")
+    if "scaling" in opts.phases:
+        kinds.append("scaling")
     budgets = [budget_for(kind, run_id, opts.cap_usd) for kind in kinds]
     with console.status("topics, prices, budgets, aggregator worker, fake upstream..."):
         asyncio.run(ensure_topics(bootstrap, topics, 4, security=security))
@@ -791,12 +1077,17 @@ def run(
     try:
         upstream, url = start_upstream(opts, home / "upstream")
         env = Env(bootstrap, topics, url, prices, home, run_id, security)
-        phases = {}
+        phases: dict[str, Any] = {}
         for kind in kinds:
             with console.status(
                 f"phase {kind}: {opts.clients} clients, {opts.replicas} replicas..."
             ):
-                phases[kind] = asyncio.run(run_phase(kind, opts, env))
+                phase = (
+                    run_scaling_phase(opts, env)
+                    if kind == "scaling"
+                    else run_phase(kind, opts, env)
+                )
+                phases[kind] = asyncio.run(phase)
             console.print(
                 f"{kind}: spend ${phases[kind]['spend_usd']:.4f} of ${opts.cap_usd} "
                 f"({phases[kind]['overshoot_pct']:+.2f}%), {phases[kind]['calls']} calls, "
@@ -810,9 +1101,16 @@ def run(
             except subprocess.TimeoutExpired:
                 upstream.kill()
         worker.stop()
-    ours, base = phases["ours"]["overshoot_pct"], phases["baseline"]["overshoot_pct"]
-    ratio = max(ours, 0.0) / base if base > 0 else None
+    return result_of(opts, phases)
+
+
+def result_of(opts: Options, phases: dict[str, Any]) -> dict[str, Any]:
+    """The bench's JSON from the phases run (any of them may be left out)."""
+    ours = phases["ours"]["overshoot_pct"] if "ours" in phases else None
+    base = phases["baseline"]["overshoot_pct"] if "baseline" in phases else None
+    ratio = max(ours, 0.0) / base if ours is not None and base is not None and base > 0 else None
     unshared = phases.get("ours_unshared")
+    scaling = phases.get("scaling")
     return {
         "bench": "overshoot",
         "clients": opts.clients,
@@ -829,22 +1127,26 @@ def run(
             "stop_after_refusals_per_replica": opts.stop_after_refusals,
             "stop_quiet_s": opts.quiet_s,
         },
-        "ours": phases["ours"],
-        "baseline": phases["baseline"],
+        "ours": phases.get("ours"),
+        "baseline": phases.get("baseline"),
+        # the replicas count themselves while the fleet scales (membership)
+        "scaling": scaling,
         # the enforcer without the replicas option (each replica may fill the whole headroom)
         "comparisons": {k: v for k, v in phases.items() if k == "ours_unshared"},
         "ratio_ours_to_baseline_overshoot": None if ratio is None else round(ratio, 4),
         "ratio_ours_unshared_to_baseline_overshoot": (
             round(max(unshared["overshoot_pct"], 0.0) / base, 4)
-            if unshared is not None and base > 0
+            if unshared is not None and base is not None and base > 0
             else None
         ),
         "targets": {
-            "ours_overshoot_le_1pct": ours <= 1.0,
-            "ours_le_baseline_over_20": ratio is not None and ratio <= 1 / 20,
+            "ours_overshoot_le_1pct": None if ours is None else ours <= 1.0,
+            "ours_le_baseline_over_20": None if ratio is None else ratio <= 1 / 20,
+            "scaling_overshoot_le_1pct": (
+                None if scaling is None else scaling["overshoot_pct"] <= 1.0
+            ),
             "ground_truth_equals_verdict": all(
-                phases[k]["ground_truth"]["verdict_equals_ground_truth"]
-                for k in ("ours", "baseline")
+                phase["ground_truth"]["verdict_equals_ground_truth"] for phase in phases.values()
             ),
         },
         "cpus": os.cpu_count(),
@@ -872,6 +1174,23 @@ def main() -> None:
         help="also run ours with replicas=1 (per-process holds, the enforcer before the option)",
     )
     parser.add_argument(
+        "--phases",
+        default=",".join(defaults.phases),
+        help="comma-separated phases to run: ours, baseline, ours_unshared, scaling",
+    )
+    parser.add_argument(
+        "--scaling",
+        default=",".join(str(n) for n in defaults.scaling),
+        help="scaling phase: the live replica counts in order (2,6,3)",
+    )
+    parser.add_argument(
+        "--scale-at",
+        default=",".join(str(f) for f in defaults.scale_at),
+        help="scaling phase: the spend fractions of the cap each change happens at",
+    )
+    parser.add_argument("--max-replicas", type=int, default=defaults.max_replicas)
+    parser.add_argument("--membership-grace-s", type=float, default=defaults.membership_grace_s)
+    parser.add_argument(
         "--role", choices=("bench", "clients"), default="bench", help=argparse.SUPPRESS
     )
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -882,8 +1201,10 @@ def main() -> None:
         spec = json.loads(args.spec)
         fields = spec["opts"]
         fields["cap_usd"] = Decimal(fields["cap_usd"])
-        fields["prompt_tokens"] = tuple(fields["prompt_tokens"])
-        print(json.dumps(asyncio.run(clients(Options(**fields), spec["urls"], spec["key"]))))
+        for name in ("prompt_tokens", "phases", "scaling", "scale_at"):
+            fields[name] = tuple(fields[name])
+        load = clients(Options(**fields), spec["urls"], spec["key"], spec.get("urls_file"))
+        print(json.dumps(asyncio.run(load)))
         return
     opts = Options(
         clients=args.clients,
@@ -897,7 +1218,15 @@ def main() -> None:
         chunk_latency_ms=args.chunk_latency_ms,
         flush_interval_s=args.flush_interval_s,
         unshared_comparison=args.unshared_comparison,
+        phases=tuple(p.strip() for p in args.phases.split(",") if p.strip()),
+        scaling=tuple(int(n) for n in args.scaling.split(",")),
+        scale_at=tuple(float(f) for f in args.scale_at.split(",")),
+        max_replicas=args.max_replicas,
+        membership_grace_s=args.membership_grace_s,
     )
+    unknown = set(opts.phases) - {"ours", "baseline", "ours_unshared", "scaling"}
+    if unknown or len(opts.scale_at) != len(opts.scaling) - 1:
+        parser.error(f"unknown phases {sorted(unknown)} or one --scale-at per change needed")
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         broker = None
