@@ -27,6 +27,8 @@ enforce    spent + R × estimate > limit               refused: budget.refusal, 
                                                       worst case alone does not fit)
 enforce    spent + R × (held + estimate) > limit      refused: in_flight_budget_exceeded
                                                       (holds are what keeps it out)
+enforce    its ``rate:`` bucket cannot admit now      refused: throttled (checked last:
+                                                      a budget refusal takes no rate)
 enforce    spent ≥ an alert threshold × limit         allowed, X-Spend-Budget state=alert
 warn       spent ≥ limit / ≥ an alert threshold      allowed, X-Spend-Budget state=exceeded|alert
 =========  =========================================  ==============================
@@ -64,6 +66,7 @@ from schemas.usage import (
     FAILED_OPEN,
     IN_FLIGHT_BUDGET_EXCEEDED,
     MAX_TOKENS_PER_EVENT,
+    THROTTLED,
     billed_tokens,
     new_usage_event,
 )
@@ -377,6 +380,8 @@ FAILED_OPEN_I: Final = 4
 FAILED_CLOSED_I: Final = 5
 #: this request's worst case alone does not fit what is left (no holds needed to refuse it)
 TOO_LARGE_I: Final = 6
+#: the budget's ``rate`` refuses it for now (this replica's token bucket is empty)
+THROTTLED_I: Final = 7
 STATE_NAMES: Final = (
     "ok",
     "alert",
@@ -385,6 +390,7 @@ STATE_NAMES: Final = (
     "failed_open",
     "failed_closed",
     "too_large",
+    "throttled",
 )
 #: how a plan reads its scope values from the context (Plan.kind)
 KIND_ORG: Final = 0
@@ -414,6 +420,7 @@ class Plan:
         "period_end_us",
         "period_from_us",
         "period_until_us",
+        "rates",
         "scope",
         "scope_attribute",
         "spend_headers",
@@ -436,6 +443,15 @@ class Plan:
             or budget.limit_requests is not None
         )
         self.alert_min = min(budget.alert_at) if budget.alert_at else None
+        #: the budget's rate limits: (tokens, not requests; count; window µs); enforce only
+        self.rates: tuple[tuple[bool, int, int], ...] = (
+            tuple(
+                (unit == "tokens", count, seconds * 1_000_000)
+                for unit, count, seconds in budget.rate.limits()
+            )
+            if budget.rate is not None and self.enforce
+            else ()
+        )
         self.match = tuple((a, frozenset(v)) for a, v in budget.match.items())
         #: how keys() reads the scope (the hot path inlines the common kinds)
         if budget.scope == "org":
@@ -545,6 +561,53 @@ def _micros(ts: datetime) -> int:
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# --- rate limits ----------------------------------------------------------------------
+#: a bucket holds this fraction of its window's count (1 s of a per-minute rate, 1/60 s of
+#: a per-second one), at least one unit: any window admits at most count x (1 + 1/60) + 1
+BURST_FRACTION: Final = 1 / 60
+#: buckets kept before the full (idle) ones are dropped
+MAX_BUCKETS: Final = 100_000
+
+
+@final
+class RateBucket:
+    """One rate limit of one counter on this replica: a token bucket refilled at
+    count / window / replicas (this replica's share), holding at most
+    max(1, count / replicas x BURST_FRACTION). Requests take 1 and need a whole one;
+    tokens take the request's worst case and need the level above 0 (they may go into
+    debt: settle gives back what was not used)."""
+
+    __slots__ = ("count", "level", "tokens", "updated_us", "window_us")
+
+    def __init__(self, tokens: bool, count: int, window_us: int, share: int, now_us: int) -> None:
+        self.tokens = tokens
+        self.count = count
+        self.window_us = window_us
+        self.level = self.capacity(share)
+        self.updated_us = now_us
+
+    def capacity(self, share: int) -> float:
+        return max(1.0, self.count / share * BURST_FRACTION)
+
+    def refill(self, now_us: int, share: int) -> float:
+        """The level now (refilled since the last look, at this replica's share)."""
+        if now_us > self.updated_us:
+            level = self.level + (now_us - self.updated_us) * self.count / (self.window_us * share)
+            cap = self.capacity(share)
+            self.level = cap if level > cap else level
+            self.updated_us = now_us
+        return self.level
+
+    def wait_us(self, share: int) -> int:
+        """How long until this bucket admits again (0: it does now)."""
+        need = 1.0 - self.level if not self.tokens else -self.level
+        if need <= 0 and (self.tokens or self.level >= 1.0):
+            return 0
+        wait = need * self.window_us * share / self.count
+        whole = int(wait)
+        return whole + 1 if whole < wait else whole
 
 
 # --- the decision ---------------------------------------------------------------------
@@ -734,6 +797,7 @@ class Decision:
         "replicas",
         "request_nanos",
         "request_tokens",
+        "throttle",
     )
 
     def __init__(
@@ -768,6 +832,8 @@ class Decision:
         self.request_tokens = -1
         self.replicas = 1
         self.fitting_max_tokens: int | None = None
+        #: a throttled request: (tokens?, count, window µs, µs until it would pass)
+        self.throttle: tuple[bool, int, int, int] | None = None
 
     def __repr__(self) -> str:
         return f"<Decision {self.decision} status={self.status} budget={self.budget_id!r}>"
@@ -1006,6 +1072,10 @@ class Checker:
         self._last_input = 0
         self._last_output = 0
         self._last_nanos = 0
+        #: rate limits: one bucket per (counter id, index into the plan's rates)
+        self._buckets: dict[tuple[CounterId, int], RateBucket] = {}
+        #: hold id -> the token buckets it took its worst case from (settle refunds)
+        self._rate_charges: dict[int, list[tuple[RateBucket, int]]] = {}
         #: the metric counters bumped per check (plain dicts, held here: one lookup less)
         self._decisions = metrics.decisions
         self._peeks = metrics.peeks
@@ -1125,6 +1195,8 @@ class Checker:
         hard = False
         to_hold: list[CounterPeriod] = []
         found: list[CounterHolds | None] = []
+        #: rows of counters whose budget has a rate limit
+        rated: list[int] = []
         est_tokens = -1
         est_nanos = -1
         est_input = 0
@@ -1269,6 +1341,8 @@ class Checker:
                         refusal = len(rows)
                         refusal_end = end
                         hard = is_hard
+                if plan.rates and in_flight:
+                    rated.append(len(rows))
                 rows.append(
                     CounterStatus(plan, cid, period, end_us, verdict, sn, st, sr, hn, ht, hr, state)
                 )
@@ -1298,8 +1372,18 @@ class Checker:
                     rows, ctx.model or "", est_input, est_output, now_us
                 )
             return decision
+        charges: list[tuple[RateBucket, int]] | None = None
+        if rated:
+            if est_tokens < 0:
+                est_input, est_output = self.estimate_tokens(ctx)
+                est_tokens = est_input + est_output
+            throttled = self._rate_check(ctx, rows, rated, est_tokens, now_us, reserve)
+            if throttled is not None:
+                return throttled
+            if reserve:
+                charges = self._rate_take(rows, rated, est_tokens)
         hold_id = None
-        if reserve and to_hold:
+        if reserve and (to_hold or charges):
             hold_id = self.holds.reserve(
                 to_hold,
                 nanos=max(est_nanos, 0),
@@ -1308,7 +1392,110 @@ class Checker:
                 now_us=now_us,
                 found=found if look_up_holds else None,
             )
+            if charges:
+                self._rate_charges[hold_id] = charges
         return Decision(ctx, ALLOWED, "allowed", rows, -1, now_us, config, hold_id)
+
+    # --- rate limits ---------------------------------------------------------------------
+    def _bucket(
+        self, cid: CounterId, index: int, spec: tuple[bool, int, int], now_us: int
+    ) -> RateBucket:
+        key = (cid, index)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= MAX_BUCKETS:
+                self._drop_full_buckets(now_us)
+            bucket = RateBucket(spec[0], spec[1], spec[2], self._replicas, now_us)
+            self._buckets[key] = bucket
+        return bucket
+
+    def _drop_full_buckets(self, now_us: int) -> None:
+        share = self._replicas
+        full = [
+            key
+            for key, bucket in self._buckets.items()
+            if bucket.refill(now_us, share) >= bucket.capacity(share)
+        ]
+        for key in full:
+            del self._buckets[key]
+
+    def _rate_check(
+        self,
+        ctx: Context,
+        rows: list[CounterStatus],
+        rated: list[int],
+        tokens: int,
+        now_us: int,
+        reserve: bool,
+    ) -> Decision | None:
+        """The throttled decision when a bucket of a rated counter cannot admit now (the
+        one admitting last is reported), else None."""
+        share = self._replicas
+        worst = -1
+        worst_wait = 0
+        worst_spec: tuple[bool, int, int] = (False, 0, 0)
+        for i in rated:
+            row = rows[i]
+            plan = row.plan
+            for index in range(len(plan.rates)):
+                spec = plan.rates[index]
+                bucket = self._bucket(row.counter_id, index, spec, now_us)
+                bucket.refill(now_us, share)
+                wait = bucket.wait_us(share)
+                if wait > worst_wait:
+                    worst, worst_wait, worst_spec = i, wait, spec
+        if worst < 0:
+            return None
+        row = rows[worst]
+        if reserve:
+            row.plan.counts[row.state_i] -= 1
+            row.plan.counts[THROTTLED_I] += 1
+        row.state_i = THROTTLED_I
+        decision = Decision(ctx, THROTTLED, "refused", rows, worst, now_us, self.config)
+        decision.throttle = (worst_spec[0], worst_spec[1], worst_spec[2], worst_wait)
+        decision.replicas = share
+        decision.request_tokens = tokens
+        return decision
+
+    def _rate_take(
+        self, rows: list[CounterStatus], rated: list[int], tokens: int
+    ) -> list[tuple[RateBucket, int]]:
+        """Take one request (and the worst case's tokens) from every bucket of the rated
+        counters; the token charges, for settle to give back what was not used."""
+        charges: list[tuple[RateBucket, int]] = []
+        for i in rated:
+            row = rows[i]
+            for index in range(len(row.plan.rates)):
+                bucket = self._buckets[(row.counter_id, index)]
+                if bucket.tokens:
+                    bucket.level -= tokens
+                    charges.append((bucket, tokens))
+                else:
+                    bucket.level -= 1.0
+                    charges.append((bucket, 1))
+        return charges
+
+    def _rate_refund(self, hold_id: int, used_tokens: int, sent: bool) -> None:
+        """Settle: give back the tokens the worst case took beyond what was used; release
+        (never sent): give back everything, the request included."""
+        charges = self._rate_charges.pop(hold_id, None)
+        if charges is None:
+            return
+        for bucket, taken in charges:
+            if bucket.tokens:
+                bucket.level += taken - (used_tokens if sent else 0)
+            elif not sent:
+                bucket.level += taken
+        if len(self._rate_charges) > 2 * len(self.holds) + 1024:
+            # holds that timed out without a settle or release: their charges go too
+            self._rate_charges = {
+                h: c for h, c in self._rate_charges.items() if self.holds.get(h) is not None
+            }
+
+    def release(self, hold_id: int) -> bool:
+        """The request never reached the provider: drop its hold, give back its rate."""
+        self._rate_refund(hold_id, 0, False)
+        return self.holds.release(hold_id)
 
     def fitting_max_tokens(
         self,
@@ -1413,6 +1600,10 @@ class Checker:
         }
         price = self.state.prices.price(event["model"], at=occurred, **tokens)
         counts = event.get("outcome", "allowed") in ("allowed", "failed_open")
+        self._rate_refund(hold_id, billed_tokens(tokens), True)
+        if not hold.counters:  # held for its rate limits only: nothing waits for a verdict
+            self.holds.release(hold_id)
+            return True
         verdicts = self.state.verdicts
         seqs = {}
         for totals in hold.counters:

@@ -6,7 +6,10 @@
           "limit_nanos", "spent_nanos", "reset_at", ...}       Retry-After: <s to reset>
     429  {"error": "job_budget_exceeded", ...}                  (session = per-job ceiling)
     402/429 {"error": "in_flight_budget_exceeded", ...}         Retry-After: in_flight_retry_after
+    429  {"error": "throttled", "limit", ...}                   Retry-After: until the bucket admits
     503  {"error": "failed_closed", "reason": ...}              Retry-After: 30
+
+``refusal_style: seed000`` — seed 000's 402 body for every budget refusal.
 
 ``refusal_style: native`` — the error each provider's SDK already understands
 (chosen by ``ctx.provider``; an unknown provider gets the default style):
@@ -34,7 +37,7 @@ from urllib.parse import quote
 
 from schemas.money import format_usd
 from schemas.periods import from_micros
-from schemas.usage import BUDGET_EXCEEDED, FAILED_CLOSED, JOB_BUDGET_EXCEEDED
+from schemas.usage import BUDGET_EXCEEDED, FAILED_CLOSED, JOB_BUDGET_EXCEEDED, THROTTLED
 
 if TYPE_CHECKING:
     from enforcer.check import CounterStatus, Decision, Plan
@@ -140,10 +143,12 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
     style = dialect(decision.ctx.provider) if config.refusal_style == "native" else None
     if decision.decision == FAILED_CLOSED:
         return _failed_closed(decision, config, style)
-    if config.refusal_style == SEED000:
-        style = SEED000
     refusing = decision.refusing
     assert refusing is not None
+    if decision.decision == THROTTLED:
+        return _throttled(decision, refusing, style)
+    if config.refusal_style == SEED000:
+        style = SEED000
     value = decision.decision
     reason = _REASONS[refusing.state]
     budget = refusing.plan.budget_id
@@ -272,6 +277,44 @@ def _default_body(value: str, refusing: CounterStatus) -> dict[str, Any]:
     }
 
 
+def _throttled(decision: Decision, refusing: CounterStatus, style: str | None) -> Response:
+    """429 ``throttled``: this replica's share of the budget's rate is used up for now;
+    Retry-After (and ``retry-after-ms``, which the openai and anthropic SDKs prefer) is
+    when its bucket admits again, and a retry is welcome."""
+    throttle = decision.throttle
+    assert throttle is not None
+    tokens, count, window_us, wait_us = throttle
+    unit = "tokens" if tokens else "requests"
+    window = "second" if window_us == 1_000_000 else "minute"
+    retry_after = max(1, -(-wait_us // 1_000_000))
+    retry_ms = max(1, -(-wait_us // 1000))
+    budget = refusing.plan.budget_id
+    share = decision.replicas
+    message = (
+        f"Budget {budget!r}: rate limit of {count} {unit} per {window} reached"
+        + (f" (this replica's 1/{share} share)" if share > 1 else "")
+        + f"; retry in {retry_ms} ms."
+    )
+    headers: list[tuple[str, str]] = [
+        _JSON,
+        (RETRY_AFTER, str(retry_after)),
+        ("retry-after-ms", str(retry_ms)),
+        (SHOULD_RETRY, "true"),
+    ]
+    if style is None or style == SEED000:
+        body: dict[str, Any] = {
+            "error": THROTTLED,
+            "budget_id": budget,
+            "counter": refusing.counter,
+            "limit": {"unit": unit, "count": count, "per": window},
+            "replicas": share,
+            "retry_after_ms": retry_ms,
+            "message": message,
+        }
+        return Response(429, tuple(headers), body, retry_after)
+    return _native(style, 429, message, headers, retry_after, quota=True, rate=unit)
+
+
 #: the refusal style of seed 000's gateway: its 402 body, field for field
 SEED000: Final = "seed000"
 _NANOS_PER_CENT: Final = 10_000_000
@@ -328,12 +371,25 @@ def _native(
     retry_after: int | None,
     *,
     quota: bool,
+    rate: str | None = None,
 ) -> Response:
+    """``rate``: a rate limit (``requests`` | ``tokens``), which OpenAI words as
+    ``rate_limit_exceeded`` rather than ``insufficient_quota``."""
     body: dict[str, Any]
     if style == "anthropic":
         kind = "rate_limit_error" if quota else "api_error"
         body = {"type": "error", "error": {"type": kind, "message": message}}
     elif style == "openai":
+        if rate is not None:
+            body = {
+                "error": {
+                    "message": message,
+                    "type": rate,
+                    "param": None,
+                    "code": "rate_limit_exceeded",
+                }
+            }
+            return Response(status, tuple(headers), body, retry_after)
         kind = "insufficient_quota" if quota else "server_error"
         body = {
             "error": {

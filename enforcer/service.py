@@ -140,7 +140,7 @@ class Enforcer:
 
     def release(self, hold_id: int | None) -> bool:
         """The request never reached the provider: drop its hold."""
-        return hold_id is not None and self.holds.release(hold_id)
+        return hold_id is not None and self.checker.release(hold_id)
 
     def usage(self, ctx: Context) -> list[CounterStatus]:
         """Every counter ``ctx`` counts in, with spend, holds, limits (no hold, no count)."""

@@ -43,6 +43,8 @@ from schemas.periods import Window, parse_window
 from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
 
 SCOPES: Final = ("secret", "org", "project", "grant", "group", "user", "session")
+#: seed 001: a job budget enabled without a number allows this many requests per job
+DEFAULT_REQUESTS_PER_JOB: Final = 500
 ACTIONS: Final = ("enforce", "warn")
 #: attribute names a ``match`` may use, besides ``tag:<name>``
 MATCH_ATTRIBUTES: Final = frozenset(
@@ -78,6 +80,40 @@ def _values(attrs: Mapping[str, Any], attribute: str) -> list[str]:
     return [v for v in (canonical_id(r, attribute) for r in raw) if v]
 
 
+#: the rate windows a ``rate:`` may name, in seconds (YAML key suffix -> seconds)
+RATE_WINDOWS: Final = {"second": 1, "minute": 60}
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A budget's ``rate:`` (seed 001's ``throttled``; LiteLLM's rpm/tpm): requests and
+    tokens per second and per minute, per counter of the budget. The enforcer keeps one
+    token bucket per limit and counter, each replica its share (enforcer/README.md)."""
+
+    requests_per_second: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_second: int | None = None
+    tokens_per_minute: int | None = None
+
+    def limits(self) -> list[tuple[str, int, int]]:
+        """(unit ``requests``|``tokens``, count, window seconds) of every limit set."""
+        out = []
+        for unit in ("requests", "tokens"):
+            for window, seconds in RATE_WINDOWS.items():
+                count = getattr(self, f"{unit}_per_{window}")
+                if count is not None:
+                    out.append((unit, count, seconds))
+        return out
+
+    def to_record(self) -> dict[str, int | None]:
+        return {
+            "requests_per_second": self.requests_per_second,
+            "requests_per_minute": self.requests_per_minute,
+            "tokens_per_second": self.tokens_per_second,
+            "tokens_per_minute": self.tokens_per_minute,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """One budget policy, parsed and validated (from YAML or from a BudgetPolicy record)."""
@@ -92,6 +128,7 @@ class Budget:
     limit_requests: int | None = None
     alert_at: tuple[float, ...] = ()
     count_denied: bool = False
+    rate: RateLimit | None = None
 
     @property
     def refusal(self) -> str:
@@ -147,6 +184,7 @@ class Budget:
             "action": self.action,
             "alert_at": list(self.alert_at),
             "count_denied": self.count_denied,
+            "rate": None if self.rate is None else self.rate.to_record(),
             "applied_at": applied_at or datetime.now(UTC),
         }
 
@@ -164,7 +202,38 @@ class Budget:
             limit_requests=record["limit_requests"],
             alert_at=tuple(record["alert_at"]),
             count_denied=record["count_denied"],
+            # absent from a v1 record (decoded without resolution, e.g. by hand)
+            rate=None if record.get("rate") is None else RateLimit(**record["rate"]),
         )
+
+
+class _RateSpec(BaseModel):
+    """The YAML form of ``rate:``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_second: int | None = Field(default=None, ge=1)
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_second: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _some(self) -> _RateSpec:
+        if not RateLimit(**self.model_dump()).limits():
+            raise ValueError(
+                "needs at least one of requests_per_second, requests_per_minute, "
+                "tokens_per_second, tokens_per_minute"
+            )
+        return self
+
+
+class _JobBudgetSpec(BaseModel):
+    """Seed 001's per-job ceiling: ``job_budget: true`` or ``{requests_per_job: N}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    requests_per_job: int = Field(default=DEFAULT_REQUESTS_PER_JOB, ge=1)
 
 
 class _BudgetSpec(BaseModel):
@@ -175,13 +244,15 @@ class _BudgetSpec(BaseModel):
     id: str = Field(min_length=1, max_length=200)
     scope: str
     match: dict[str, str | list[str]] = Field(default_factory=dict)
-    window: str
+    #: optional for a budget with only a ``rate`` (its counters then never reset)
+    window: str = "total"
     limit_usd: Decimal | str | None = None
     limit_tokens: int | None = Field(default=None, ge=1)
     limit_requests: int | None = Field(default=None, ge=1)
     action: str = "enforce"
     alert_at: list[float] = Field(default_factory=list)
     count_denied: bool = False
+    rate: _RateSpec | None = None
 
     @field_validator("scope")
     @classmethod
@@ -234,8 +305,13 @@ class _BudgetSpec(BaseModel):
 
     @model_validator(mode="after")
     def _some_limit(self) -> _BudgetSpec:
-        if self.limit_usd is None and self.limit_tokens is None and self.limit_requests is None:
-            raise ValueError("needs at least one of limit_usd, limit_tokens, limit_requests")
+        if (
+            self.limit_usd is None
+            and self.limit_tokens is None
+            and self.limit_requests is None
+            and self.rate is None
+        ):
+            raise ValueError("needs at least one of limit_usd, limit_tokens, limit_requests, rate")
         return self
 
 
@@ -246,7 +322,16 @@ def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) ->
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: each budget must be a mapping")
     try:
-        spec = _BudgetSpec.model_validate(item)
+        expanded = _expand_job_budget(item)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(["job_budget", *(str(p) for p in first["loc"])])
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{where}: field {path!r}: {message}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{where}: field 'job_budget': {exc}") from None
+    try:
+        spec = _BudgetSpec.model_validate(expanded)
     except ValidationError as exc:
         first = exc.errors()[0]
         path = ".".join(str(p) for p in first["loc"]) or "<budget>"
@@ -272,7 +357,28 @@ def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) ->
         limit_requests=spec.limit_requests,
         alert_at=tuple(spec.alert_at),
         count_denied=spec.count_denied,
+        rate=None if spec.rate is None else RateLimit(**spec.rate.model_dump()),
     )
+
+
+def _expand_job_budget(item: dict[str, Any]) -> dict[str, Any]:
+    """Seed 001's shorthand: ``job_budget: true`` (or ``{requests_per_job: N}``) is a
+    per-job ceiling of N requests (500 when no number is given), i.e. ``scope: session``,
+    ``window: total``, ``limit_requests: N``; ``job_budget: false`` (the feature flag
+    off) is the same budget, warning instead of refusing. Given together with any of
+    those fields it is refused (two ways to say one thing)."""
+    if "job_budget" not in item:
+        return item
+    raw = item["job_budget"]
+    spec = _JobBudgetSpec.model_validate({"enabled": raw} if isinstance(raw, bool) else raw)
+    clash = [k for k in ("scope", "window", "limit_requests") if k in item]
+    if clash:
+        raise ValueError(f"job_budget sets {', '.join(clash)}: give one or the other")
+    expanded = {k: v for k, v in item.items() if k != "job_budget"}
+    expanded.update(scope="session", window="total", limit_requests=spec.requests_per_job)
+    if not spec.enabled:
+        expanded.setdefault("action", "warn")
+    return expanded
 
 
 def budgets_from_yaml(items: Any, *, source: str = "<budgets>") -> list[Budget]:

@@ -94,6 +94,12 @@ FIXTURES = {
         "action": "enforce",
         "alert_at": [0.8, 1.0],
         "count_denied": False,
+        "rate": {
+            "requests_per_second": None,
+            "requests_per_minute": 600,
+            "tokens_per_second": None,
+            "tokens_per_minute": 100_000,
+        },
         "applied_at": NOW,
     },
     "PriceTable": {
