@@ -488,6 +488,8 @@ async def run_scaling_phase(opts: Options, env: Env) -> dict[str, Any]:
     scaling_tasks: list[asyncio.Task[None]] = []
 
     def on_sample(t: float) -> None:
+        if shares and t < shares[-1][0]:  # the clients started: drive restarts the clock
+            shares.clear()
         effective = [r.enforcer.checker.replicas for r in live]
         counted = [r.enforcer.membership.count if r.enforcer.membership else None for r in live]
         shares.append((t, len(live), effective, counted))
