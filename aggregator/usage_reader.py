@@ -439,8 +439,58 @@ def read(data: bytes, pos: int) -> tuple[dict[str, Any], int]:
             u127, pos = _read_varint(data, pos)
         f125 = u127
     else: raise NotPlain
-    return {'event_id': f1, 'occurred_at': f5, 'provider': f7, 'api': f11, 'model': f15, 'secret_id': f19, 'org_id': f23, 'project_id': f27, 'grant_id': f33, 'permission_id': f39, 'user_id': f45, 'groups': f51, 'session_id': f58, 'tags': f64, 'input_tokens': f75, 'cache_read_tokens': f77, 'cache_write_tokens': f79, 'cache_write_1h_tokens': f81, 'output_tokens': f83, 'reasoning_tokens': f85, 'usage_source': f87, 'estimate_reason': f91, 'outcome': f97, 'decision': f101, 'decision_budget_id': f105, 'status_code': f111, 'stream': f113, 'gateway_id': f115, 'request_id': f119, 'latency_ms': f125}, pos
+    f129: dict[str, int]
+    f129 = {}
+    while True:
+        b132 = data[pos]
+        if b132 < 0x80 and not b132 & 1:
+            c130 = b132 >> 1
+            pos += 1
+        else:
+            c130, pos = _read_varint(data, pos)
+            if c130 < 0: raise NotPlain
+        if not c130: break
+        for _ in range(c130):
+            v131: int
+            b136 = data[pos]
+            if b136 < 0x80 and not b136 & 1:
+                n134 = b136 >> 1
+                pos += 1
+            else:
+                n134, pos = _read_varint(data, pos)
+                if n134 < 0: raise NotPlain
+            e135 = pos + n134
+            if e135 > size: raise NotPlain
+            m133 = data[pos:e135].decode()
+            pos = e135
+            b137 = data[pos]
+            if b137 < 0x80:
+                v131 = (b137 >> 1) ^ -(b137 & 1)
+                pos += 1
+            else:
+                v131, pos = _read_varint(data, pos)
+            f129[m133] = v131
+    f138: str | None
+    b139 = data[pos]
+    pos += 1
+    if b139 == 0: f138 = None
+    elif b139 == 2:
+        u140: str
+        b143 = data[pos]
+        if b143 < 0x80 and not b143 & 1:
+            n141 = b143 >> 1
+            pos += 1
+        else:
+            n141, pos = _read_varint(data, pos)
+            if n141 < 0: raise NotPlain
+        e142 = pos + n141
+        if e142 > size: raise NotPlain
+        u140 = data[pos:e142].decode()
+        pos = e142
+        f138 = u140
+    else: raise NotPlain
+    return {'event_id': f1, 'occurred_at': f5, 'provider': f7, 'api': f11, 'model': f15, 'secret_id': f19, 'org_id': f23, 'project_id': f27, 'grant_id': f33, 'permission_id': f39, 'user_id': f45, 'groups': f51, 'session_id': f58, 'tags': f64, 'input_tokens': f75, 'cache_read_tokens': f77, 'cache_write_tokens': f79, 'cache_write_1h_tokens': f81, 'output_tokens': f83, 'reasoning_tokens': f85, 'usage_source': f87, 'estimate_reason': f91, 'outcome': f97, 'decision': f101, 'decision_budget_id': f105, 'status_code': f111, 'stream': f113, 'gateway_id': f115, 'request_id': f119, 'latency_ms': f125, 'units': f129, 'service_tier': f138}, pos
 
 
 #: the message header (writer schema) this reader reads
-HEADER: Final = b"\xc3\x01\xb0UX'%\xf6\xc1\x15"
+HEADER: Final = b'\xc3\x01\xa3\xd7\x96M\x1bh\xe4,'

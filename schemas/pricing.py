@@ -20,6 +20,8 @@ A file holds one table, or several versions under ``versions:``::
         cache_write_per_mtok: "3.75"       # optional, default 1.25 x input (5-minute writes)
         cache_write_1h_per_mtok: "6.00"    # optional, default 2 x input
         long_context: {above_input_tokens: 200000, input_per_mtok: "6.00", output_per_mtok: "22.50"}
+        unit_prices: {web_search: "0.01"}  # optional: USD per billed unit (schemas/billed_units.py)
+        service_tiers: {batch: "0.5", priority: "1.7"}  # optional: token-price multipliers
         source: "litellm:claude-sonnet-4-5 (...)"  # optional provenance, kept in the file only
     fallback:                              # optional: charged for models nothing matches
       input_per_mtok: "10"
@@ -87,6 +89,14 @@ output_tokens              x output_per_mtok
 (prices / 10^6 tokens, x 10^9 nanos per USD), rounded once to the nearest
 nano, ties to even.
 
+*Billed units and service tiers.* When the event names a ``service_tier`` the entry
+lists in ``service_tiers``, the token sum above is multiplied by that tier's factor
+(``batch: "0.5"``: half of every token price; a tier not listed, or none, pays the
+base prices). Then each ``units`` count the entry prices in ``unit_prices`` adds
+count x USD per unit (``web_search: 3`` at ``"0.01"`` is $0.03); a unit the entry
+does not price adds nothing (it stays visible in ``usage_events.units``). All of it
+is exact and still rounded once.
+
 *Long context.* When the whole prompt, input + cache reads + cache writes,
 is **more than** ``above_input_tokens`` (exactly at it is still the base
 tier), the whole request is billed at the tier: input at the tier's input
@@ -143,6 +153,7 @@ from typing import Any, Final
 
 import yaml
 
+from schemas.billed_units import valid_service_tier, valid_unit_name
 from schemas.errors import ConfigError, ContractError, InvalidRecord
 from schemas.money import NANOS_PER_USD, TOKENS_PER_PRICE_UNIT, parse_usd
 from schemas.periods import from_micros
@@ -195,8 +206,13 @@ _MODEL_KEYS: Final = (
     "cache_write_per_mtok",
     "cache_write_1h_per_mtok",
     "long_context",
+    "unit_prices",
+    "service_tiers",
     "source",
 )
+#: bounds of one unit's price (USD per unit) and of a tier's multiplier
+MAX_UNIT_PRICE: Final = Decimal(1000)
+MAX_TIER_MULTIPLIER: Final = Decimal(100)
 #: longest provenance note of one entry
 MAX_SOURCE_CHARS: Final = 500
 _TIER_KEYS: Final = ("above_input_tokens", "input_per_mtok", "output_per_mtok")
@@ -297,11 +313,16 @@ class ModelPrice:
     cache_write_per_mtok: Decimal
     cache_write_1h_per_mtok: Decimal
     long_context: LongContextTier | None = None
+    #: (unit, USD per unit), sorted by unit: what billed units beyond tokens cost
+    unit_prices: tuple[tuple[str, Decimal], ...] = ()
+    #: (service tier, multiplier of every token price), sorted by tier
+    service_tiers: tuple[tuple[str, Decimal], ...] = ()
     #: where the prices came from (``spendbus prices import`` writes it); the price file
     #: keeps it, the ``PriceTable`` record does not, and it plays no part in pricing
     #: (nor in equality: a table read back from the topic equals the file's)
     source: str | None = field(default=None, compare=False, hash=False)
     _rates: _Rates = field(init=False, repr=False, compare=False, hash=False)
+    _extras: _Extras | None = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.match, str) or not self.match:
@@ -334,7 +355,18 @@ class ModelPrice:
                 "long_context: needs input_per_mtok > 0 (tier cache prices scale with "
                 "tier input / base input)"
             )
+        object.__setattr__(self, "unit_prices", _checked_pairs(self.unit_prices, "unit_prices"))
+        object.__setattr__(
+            self, "service_tiers", _checked_pairs(self.service_tiers, "service_tiers")
+        )
         object.__setattr__(self, "_rates", self._compute_rates())
+        extras: _Extras | None = None
+        if self.unit_prices or self.service_tiers:
+            extras = (
+                {unit: Fraction(usd) * NANOS_PER_USD for unit, usd in self.unit_prices},
+                {tier: Fraction(factor) for tier, factor in self.service_tiers},
+            )
+        object.__setattr__(self, "_extras", extras)
 
     @classmethod
     def of(
@@ -347,6 +379,8 @@ class ModelPrice:
         cache_write_per_mtok: str | int | Decimal | None = None,
         cache_write_1h_per_mtok: str | int | Decimal | None = None,
         long_context: LongContextTier | None = None,
+        unit_prices: Mapping[str, str | int | Decimal] | None = None,
+        service_tiers: Mapping[str, str | int | Decimal] | None = None,
         source: str | None = None,
     ) -> ModelPrice:
         """A price with the default cache prices (0.1x, 1.25x, 2x input) where none is given."""
@@ -373,6 +407,14 @@ class ModelPrice:
                 cache_write_1h_per_mtok, DEFAULT_CACHE_WRITE_1H_RATIO, "cache_write_1h_per_mtok"
             ),
             long_context=long_context,
+            unit_prices=tuple(
+                (unit, parse_usd(usd, what=f"unit_prices.{unit}"))
+                for unit, usd in (unit_prices or {}).items()
+            ),
+            service_tiers=tuple(
+                (tier, parse_usd(factor, what=f"service_tiers.{tier}"))
+                for tier, factor in (service_tiers or {}).items()
+            ),
             source=source,
         )
 
@@ -441,6 +483,8 @@ class ModelPrice:
             "cache_write_per_mtok": str(self.cache_write_per_mtok),
             "cache_write_1h_per_mtok": str(self.cache_write_1h_per_mtok),
             "long_context": None if self.long_context is None else self.long_context.to_record(),
+            "unit_prices": {unit: str(usd) for unit, usd in self.unit_prices},
+            "service_tiers": {tier: str(factor) for tier, factor in self.service_tiers},
         }
 
     @classmethod
@@ -455,7 +499,65 @@ class ModelPrice:
             cache_write_per_mtok=rec.get("cache_write_per_mtok"),
             cache_write_1h_per_mtok=rec.get("cache_write_1h_per_mtok"),
             long_context=None if tier is None else LongContextTier.from_record(tier),
+            unit_prices=rec.get("unit_prices") or {},
+            service_tiers=rec.get("service_tiers") or {},
         )
+
+
+#: (unit -> nanos per unit, tier -> token-cost multiplier), exact
+_Extras = tuple[dict[str, Fraction], dict[str, Fraction]]
+
+
+def _checked_pairs(pairs: Any, what: str) -> tuple[tuple[str, Decimal], ...]:
+    """``unit_prices`` / ``service_tiers``: well-formed names, each once, sorted; prices
+    within bounds (a multiplier > 0)."""
+    items = list(pairs.items()) if isinstance(pairs, Mapping) else list(pairs)
+    seen: set[str] = set()
+    out: list[tuple[str, Decimal]] = []
+    for name, value in items:
+        valid = valid_unit_name if what == "unit_prices" else valid_service_tier
+        if not valid(name):
+            raise ContractError(f"{what}: {name!r} is not a lower-case name")
+        if name in seen:
+            raise ContractError(f"{what}: {name!r} is given twice")
+        seen.add(name)
+        if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
+            raise ContractError(f"{what}.{name}: {value} must be a finite decimal >= 0")
+        bound = MAX_UNIT_PRICE if what == "unit_prices" else MAX_TIER_MULTIPLIER
+        if value > bound or (what == "service_tiers" and value == 0):
+            raise ContractError(f"{what}.{name}: {value} is outside (0, {bound}]")
+        if _decimal_places(value) > MAX_PRICE_PLACES:
+            raise ContractError(f"{what}.{name}: more than {MAX_PRICE_PLACES} decimal places")
+        out.append((name, value))
+    return tuple(sorted(out))
+
+
+def _with_extras(token_total: int, den: int, extras: _Extras, units: Any, service_tier: Any) -> int:
+    """The exact cost of tokens (``token_total / den`` nanos) x the tier's multiplier, plus
+    each priced unit, rounded once (nearest nano, ties to even)."""
+    unit_nanos, tiers = extras
+    exact = Fraction(token_total, den)
+    if service_tier is not None:
+        factor = tiers.get(service_tier)
+        if factor is not None:
+            exact *= factor
+    if units:
+        for unit, count in units.items():
+            nanos = unit_nanos.get(unit)
+            if nanos is not None:
+                exact += nanos * count
+    quotient, remainder = divmod(exact.numerator, exact.denominator)
+    twice = remainder * 2
+    if twice > exact.denominator or (twice == exact.denominator and quotient & 1):
+        quotient += 1
+    return quotient
+
+
+def _token_total(rates: _Rates, inp: int, read: int, write: int, write_1h: int, out: int) -> int:
+    """The unrounded token cost's numerator over ``rates``' denominator."""
+    threshold, base, tier, _ = rates
+    a, b, c, d, e = tier if 0 <= threshold < inp + read + write else base
+    return inp * a + read * b + (write - write_1h) * c + write_1h * d + out * e
 
 
 def _cost(rates: _Rates, inp: int, read: int, write: int, write_1h: int, out: int) -> int:
@@ -636,6 +738,8 @@ def _model_from_yaml(item: Any, where: str, *, fallback: bool = False) -> ModelP
             prices[name] = None
         else:
             prices[name] = _yaml_price(value, where, name)
+    per_unit = _named_prices(item, "unit_prices", where)
+    tiers = _named_prices(item, "service_tiers", where)
     tier = item.get("long_context")
     long_context = None
     if tier is not None:
@@ -670,10 +774,22 @@ def _model_from_yaml(item: Any, where: str, *, fallback: bool = False) -> ModelP
             cache_write_per_mtok=prices["cache_write_per_mtok"],
             cache_write_1h_per_mtok=prices["cache_write_1h_per_mtok"],
             long_context=long_context,
+            unit_prices=per_unit,
+            service_tiers=tiers,
             source=source,
         )
     except ContractError as exc:
         raise ConfigError(f"{where}: {exc.detail}") from None
+
+
+def _named_prices(item: Mapping[str, Any], key: str, where: str) -> dict[str, Decimal]:
+    """``unit_prices`` (USD per unit) or ``service_tiers`` (multipliers): name -> decimal."""
+    given = item.get(key)
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}: field {key!r}: a mapping of name to decimal string")
+    return {str(name): _yaml_price(value, where, f"{key}.{name}") for name, value in given.items()}
 
 
 def _effective_from(value: Any, where: str) -> datetime:
@@ -828,7 +944,7 @@ def _charged(cost: int, version: str, matched: str | None) -> Price:
 
 
 #: a resolved (version, model): (the Price when constant, version, matched, rates)
-_Entry = tuple[Price | None, str, str | None, _Rates | None]
+_Entry = tuple[Price | None, str, str | None, _Rates | None, _Extras | None]
 
 
 class PriceBook:
@@ -895,9 +1011,9 @@ class PriceBook:
         price = table.resolve(model)
         entry: _Entry
         if price is None:
-            entry = (Price(0, table.version, None, True), table.version, None, None)
+            entry = (Price(0, table.version, None, True), table.version, None, None, None)
         else:
-            entry = (None, table.version, price.match, price._rates)
+            entry = (None, table.version, price.match, price._rates, price._extras)
         cache = self._entries[index]
         if len(cache) >= MAX_CACHED_MODELS:
             cache.clear()
@@ -914,9 +1030,11 @@ class PriceBook:
         cache_write_tokens: int = 0,
         cache_write_1h_tokens: int = 0,
         output_tokens: int = 0,
+        units: Mapping[str, int] | None = None,
+        service_tier: str | None = None,
     ) -> Price:
         """The cost of one call of ``model`` at ``at`` (``cache_write_1h_tokens`` is part of
-        ``cache_write_tokens``)."""
+        ``cache_write_tokens``; ``units`` and ``service_tier`` as a UsageEvent carries them)."""
         for name, value in (
             ("input_tokens", input_tokens),
             ("cache_read_tokens", cache_read_tokens),
@@ -926,16 +1044,34 @@ class PriceBook:
         ):
             if type(value) is not int or value < 0:
                 raise ContractError(f"{name}: must be an integer >= 0, got {value!r}")
+        for unit, count in (units or {}).items():
+            if not valid_unit_name(unit) or type(count) is not int or count < 0:
+                raise ContractError(f"units: {unit!r}: a unit name and a count >= 0, got {count!r}")
+        if service_tier is not None and not valid_service_tier(service_tier):
+            raise ContractError(f"service_tier: {service_tier!r} is not a tier name")
         if at.tzinfo is None:
             raise ContractError(f"time {at.isoformat()} has no time zone; spendbus works in UTC")
         index = self._index_at(at)
         if index < 0:
             return NO_VERSION
         entry = self._entries[index].get(model) or self._resolve(index, model)
-        fixed, version, matched, rates = entry
+        fixed, version, matched, rates, extras = entry
         if fixed is not None:
             return fixed
         assert rates is not None
+        if extras is not None and (units or service_tier is not None):
+            if cache_write_1h_tokens > cache_write_tokens:
+                raise ContractError("cache_write_1h_tokens is a part of cache_write_tokens")
+            token_total = _token_total(
+                rates,
+                input_tokens,
+                cache_read_tokens,
+                cache_write_tokens,
+                cache_write_1h_tokens,
+                output_tokens,
+            )
+            cost = _with_extras(token_total, rates[3], extras, units, service_tier)
+            return Price(cost, version, matched, False)
         cost = _cost(
             rates,
             input_tokens,
@@ -969,7 +1105,7 @@ class PriceBook:
         entry = self._entries[index].get(model)
         if entry is None:
             entry = self._resolve(index, model)
-        fixed, version, matched, rates = entry
+        fixed, version, matched, rates, extras = entry
         if fixed is not None:
             return fixed
         threshold, base, tier, den = rates  # type: ignore[misc]
@@ -987,6 +1123,13 @@ class PriceBook:
         total = (
             inp * a + read * b + (write - write_1h) * c + write_1h * d + event["output_tokens"] * e
         )
+        if extras is not None:  # only entries that price units or tiers look at them
+            units = event.get("units")
+            service_tier = event.get("service_tier")
+            if units or service_tier is not None:
+                return _charged(
+                    _with_extras(total, den, extras, units, service_tier), version, matched
+                )
         if den != 1:
             quotient, remainder = divmod(total, den)
             twice = remainder + remainder

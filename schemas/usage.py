@@ -10,6 +10,13 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from schemas.billed_units import (
+    MAX_UNITS_PER_EVENT,
+    SERVICE_TIER_NAME,
+    UNIT_NAME,
+    valid_service_tier,
+    valid_unit_name,
+)
 from schemas.errors import InvalidRecord
 from schemas.ids import MAX_ID_LENGTH, canonical_id
 from schemas.periods import from_micros
@@ -126,6 +133,8 @@ def new_usage_event(
         "gateway_id": gateway_id,
         "request_id": None,
         "latency_ms": None,
+        "units": {},
+        "service_tier": None,
     }
     unknown = set(optional) - set(record)
     if unknown:
@@ -194,10 +203,26 @@ def _plainly_valid(event: Record) -> bool:
     if type(tags) is not dict:
         return False
     # loops, not all(): no generator object per event on the hot path
-    for key, value in tags.items():  # noqa: SIM110
+    for key, value in tags.items():
         if type(key) is not str or type(value) is not str:
             return False
-    return True
+    # v2 fields: absent in a record built before them (they default)
+    units = get("units")
+    if units:
+        if type(units) is not dict:
+            return False
+        for name, count in units.items():
+            if (
+                type(count) is not int
+                or not 0 <= count <= MAX_UNITS_PER_EVENT
+                or type(name) is not str
+                or UNIT_NAME.fullmatch(name) is None
+            ):
+                return False
+    elif units is not None and type(units) is not dict:
+        return False
+    tier = get("service_tier")
+    return tier is None or (type(tier) is str and SERVICE_TIER_NAME.fullmatch(tier) is not None)
 
 
 def _explain_invalid(event: Record) -> None:
@@ -264,6 +289,28 @@ def _explain_invalid(event: Record) -> None:
         isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
     ):
         raise InvalidRecord("tags", "must be a map of string to string", record_id=event_id)
+    units = event.get("units")
+    if units is not None:
+        if not isinstance(units, dict):
+            raise InvalidRecord("units", "must be a map of unit name to count", record_id=event_id)
+        for name, count in units.items():
+            if not valid_unit_name(name):
+                raise InvalidRecord(
+                    "units",
+                    f"unit name {name!r} is not [a-z][a-z0-9_]* (at most 40 characters)",
+                    record_id=event_id,
+                )
+            if type(count) is not int or not 0 <= count <= MAX_UNITS_PER_EVENT:
+                raise InvalidRecord(
+                    "units",
+                    f"{name}: a count 0..{MAX_UNITS_PER_EVENT}, got {count!r}",
+                    record_id=event_id,
+                )
+    tier = event.get("service_tier")
+    if tier is not None and not valid_service_tier(tier):
+        raise InvalidRecord(
+            "service_tier", f"null or a short lower-case word, got {tier!r}", record_id=event_id
+        )
 
 
 def canonical_scope_value(event: Record, attribute: str) -> str | None:

@@ -41,6 +41,10 @@ def model_entry(price: ModelPrice, *, fallback: bool = False) -> dict[str, Any]:
         entry[name] = price_text(getattr(price, name))
     if price.long_context is not None:
         entry["long_context"] = _tier(price.long_context)
+    if price.unit_prices:
+        entry["unit_prices"] = {unit: price_text(usd) for unit, usd in price.unit_prices}
+    if price.service_tiers:
+        entry["service_tiers"] = {tier: price_text(f) for tier, f in price.service_tiers}
     if price.source is not None:
         entry["source"] = price.source
     return entry

@@ -372,7 +372,25 @@ def model_prices(draw: Any, match: str) -> ModelPrice:
             ).filter(str.strip),
         )
     )
-    return ModelPrice.of(match, base, draw(prices()), long_context=tier, source=source, **optional)
+    names = st.sampled_from(["web_search", "web_fetch", "grounded_prompt", "x_new_unit"])
+    per_unit = draw(st.dictionaries(names, prices().filter(lambda d: d <= 1000), max_size=3))
+    tiers = draw(
+        st.dictionaries(
+            st.sampled_from(["batch", "flex", "priority"]),
+            prices().filter(lambda d: 0 < d <= 100),
+            max_size=2,
+        )
+    )
+    return ModelPrice.of(
+        match,
+        base,
+        draw(prices()),
+        long_context=tier,
+        source=source,
+        unit_prices=per_unit,
+        service_tiers=tiers,
+        **optional,
+    )
 
 
 @st.composite

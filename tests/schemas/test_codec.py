@@ -118,6 +118,8 @@ FIXTURES = {
                     "input_per_mtok": "6.00",
                     "output_per_mtok": "22.50",
                 },
+                "unit_prices": {"web_search": "0.01"},
+                "service_tiers": {"batch": "0.5"},
             }
         ],
         "fallback": None,
