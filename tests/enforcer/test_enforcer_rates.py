@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 from enforcer_testkit import NOW, PRICES, FakeClock, ctx, loaded_enforcer, verdict
 
 from enforcer import Enforcer, EnforcerConfig
-from enforcer.check import BURST_FRACTION
+from enforcer.check import BURST_FRACTION, MIN_REQUESTS_BURST
 from schemas.budgets import Budget, RateLimit
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT
 from schemas.periods import parse_window
@@ -44,9 +44,9 @@ def admitted_per_window(checks: list[tuple[float, bool]], start: float, window: 
 
 def tolerance(limit: int, replicas: int) -> int:
     """How far a window's admitted count may be from the limit: each replica's bucket
-    holds at most max(1, limit / replicas x BURST_FRACTION), which a window may find full
-    (more) or its last refill just outside it (fewer) (enforcer/README.md: accuracy)."""
-    return math.ceil(replicas * max(1.0, limit / replicas * BURST_FRACTION))
+    holds at most max(2, limit / replicas x BURST_FRACTION) requests, which a window may
+    find full (more) or leave full (fewer) (enforcer/README.md: accuracy)."""
+    return math.ceil(replicas * max(MIN_REQUESTS_BURST, limit / replicas * BURST_FRACTION))
 
 
 def test_requests_per_second_admits_the_limit_in_every_window() -> None:
@@ -67,10 +67,9 @@ def test_requests_per_second_admits_the_limit_in_every_window() -> None:
 
 
 def test_throttled_answer_default_and_native() -> None:
-    b = rated(RateLimit(requests_per_minute=60))  # one a second, a bucket of 1
+    b = rated(RateLimit(requests_per_minute=60))  # one a second, a bucket of 2
     e, clock = loaded_enforcer([b], [])
-    first = e.check(ctx())
-    assert first.allowed
+    assert e.check(ctx()).allowed and e.check(ctx()).allowed
     d = e.check(ctx())
     assert d.decision == "throttled" and d.outcome == "refused" and d.status == 429
     assert d.retry_after == 1
@@ -95,6 +94,7 @@ def test_throttled_answer_default_and_native() -> None:
     clock.advance(0.5)
     assert e.check(ctx()).allowed
     native, _ = loaded_enforcer([b], [], refusal_style="native")
+    native.check(ctx(provider="openai"))
     native.check(ctx(provider="openai"))
     body = native.check(ctx(provider="openai")).body
     assert body is not None and body["error"]["code"] == "rate_limit_exceeded"
@@ -142,7 +142,8 @@ def test_each_counter_has_its_own_bucket_and_warn_budgets_do_not_throttle() -> N
         rate=RateLimit(requests_per_second=1),
     )
     e, _ = loaded_enforcer([b, warn], [])
-    assert e.check(ctx(secret_id="a")).allowed and e.check(ctx(secret_id="b")).allowed
+    for secret in ("a", "a", "b", "b"):  # two each: their buckets of 2, the org's warn rate
+        assert e.check(ctx(secret_id=secret)).allowed
     assert e.check(ctx(secret_id="a")).decision == "throttled"
 
 

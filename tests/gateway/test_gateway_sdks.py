@@ -18,7 +18,7 @@ import openai
 import pytest
 from gateway_kit import KEY_OF, PROMPT, eventually, gateway_stack
 
-from schemas.budgets import Budget
+from schemas.budgets import Budget, RateLimit
 from schemas.periods import parse_window
 from schemas.topics import Topics
 from spendbus.fake_upstream import FakeUpstreamConfig
@@ -333,3 +333,50 @@ async def test_an_in_flight_refusal_is_retried_by_the_sdk_once_the_hold_is_gone(
         assert decisions["in_flight_budget_exceeded"] == 2 and decisions["allowed"] == 2
         assert decisions["budget_exceeded"] == 0
         assert (await stack.upstream_stats())["requests"] == 1
+
+
+async def test_a_rate_limit_throttles_with_429_and_the_sdk_retries_after_it(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """A budget's rate (60 requests a minute: a bucket of 2): the third request at once is
+    throttled, 429 with Retry-After and retry-after-ms, its refusal event says
+    ``throttled``; the SDK's own retry waits retry-after-ms and passes."""
+    rated = Budget(
+        budget_id="rate-sk-openai",
+        scope="secret",
+        window=parse_window("total"),
+        match={"secret_id": ("sk-openai",)},
+        rate=RateLimit(requests_per_minute=60),
+    )
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        budgets=[rated],
+        enforcer={"refusal_style": "native"},
+        upstream=FakeUpstreamConfig(port=0, seed=23, output_tokens=(10, 20)),
+    ) as stack:
+        request = {"model": "gpt-4o", "messages": [{"role": "user", "content": PROMPT}]}
+        once = openai_client(stack.url, KEY_OF["sk-openai"])
+        for _ in range(2):
+            await once.chat.completions.create(**request)  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError) as refused:
+            await once.chat.completions.create(**request)  # type: ignore[call-overload]
+        await once.close()
+        assert refused.value.code == "rate_limit_exceeded"
+        headers = refused.value.response.headers
+        assert headers["retry-after"] == "1" and 0 < int(headers["retry-after-ms"]) <= 1000
+        assert headers["x-should-retry"] == "true"
+        retrying = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key=KEY_OF["sk-openai"])
+        chat = await retrying.chat.completions.create(**request)  # type: ignore[call-overload]
+        await retrying.close()
+        assert chat.choices[0].message.content
+        decisions = stack.enforcer.metrics.decisions
+        # the retrying client's first try is throttled too unless a second passed since
+        assert decisions["allowed"] == 3 and decisions["throttled"] in (1, 2)
+        events = await stack.events(3 + decisions["throttled"])
+        throttled = [e for e in events if e["decision"] == "throttled"]
+        assert len(throttled) == decisions["throttled"]
+        assert all(e["outcome"] == "refused" and e["status_code"] == 429 for e in throttled)
+        assert {e["decision_budget_id"] for e in throttled} == {"rate-sk-openai"}
+        assert (await stack.upstream_stats())["requests"] == 3
