@@ -489,6 +489,10 @@ class CountingStage:
                     due = self.verdicts.due(now)
                     if due:
                         self._send_verdicts(due)
+            # getmany returns buffered records without suspending: under a backlog this
+            # loop would hold the event loop for good, and the pumps handing batches over,
+            # the sink stage and the web pages would only run when the backlog check waits
+            await asyncio.sleep(0)
 
     def _fold(self, batches: dict[TopicPartition, list[Any]]) -> None:
         started = time.perf_counter()

@@ -41,6 +41,10 @@ class Metrics:
     _gc_started: float = 0.0
     #: how late the loop woke a timer (ms): the time anything waiting on the loop lost
     _recent_loop_lags: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    #: the sink stage's recent batches: records in each, and ms to store it (insert + commit)
+    _recent_sink_batch_rows: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+    _recent_sink_batch_ms: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
+    sink_batches: int = 0
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -130,6 +134,12 @@ class Metrics:
         """How long the fold loop waited on a checkpoint (its cut, or all of it when waited)."""
         self._recent_stalls.append(ms)
 
+    def record_sink_batch(self, records: int, ms: float) -> None:
+        """One sink batch stored and committed: its records and how long that took."""
+        self.sink_batches += 1
+        self._recent_sink_batch_rows.append(records)
+        self._recent_sink_batch_ms.append(ms)
+
     def record_verdict_send_ms(self, ms: float) -> None:
         """One verdict record batch: its first verdict added -> the broker acknowledged it."""
         self._recent_verdict_sends.append(ms)
@@ -163,6 +173,9 @@ class Metrics:
             "sink_rows": int(self.sink_rows._value.get()),
             "sink_skipped": int(self.sink_skipped._value.get()),
             "sink_failures": int(self.sink_failures._value.get()),
+            "sink_batches": self.sink_batches,
+            "sink_batch_records": _percentiles(self._recent_sink_batch_rows),
+            "sink_batch_ms": _percentiles(self._recent_sink_batch_ms),
             "unpriced_models": sorted(self.unpriced_models),
             "record_age_ms": _percentiles(self._recent_ages),
             "checkpoints": self.checkpoints,

@@ -89,6 +89,8 @@ class SinkStage:
         self._lock = asyncio.Lock()
         #: source partition -> next offset to store (for the lag gauge)
         self._stored_to: dict[TopicPartition, int] = {}
+        #: the batch being stored while the next one is read
+        self._in_flight: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,7 +148,10 @@ class SinkStage:
 
     # --- rebalancing -------------------------------------------------------------------
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
-        async with self._lock:  # the batch in flight is stored and committed first
+        # the batch in flight is stored and committed first (its outcome is _run's to take)
+        if self._in_flight is not None:
+            await asyncio.wait([self._in_flight])
+        async with self._lock:
             gone = set(revoked)
             for tp in gone:
                 self._collected.pop(tp, None)
@@ -167,12 +172,33 @@ class SinkStage:
 
     # --- the loop ----------------------------------------------------------------------
     async def _run(self) -> None:
-        while True:
-            await self._collect()
-            async with self._lock:
-                batch, self._collected = self._collected, {}
+        # the next batch is read while the one before is stored (at most one in flight, in
+        # order: a batch's inserts start only after the previous batch was committed)
+        try:
+            while True:
+                await self._collect()
+                await self._settled()
+                async with self._lock:
+                    batch, self._collected = self._collected, {}
                 if batch:
-                    await self._store(batch)
+                    self._in_flight = asyncio.create_task(self._store_locked(batch))
+        finally:
+            if self._in_flight is not None:
+                self._in_flight.cancel()
+
+    async def _settled(self) -> None:
+        """Wait for the batch in flight (its failure stops the stage)."""
+        task, self._in_flight = self._in_flight, None
+        if task is not None:
+            await task
+
+    async def _store_locked(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        async with self._lock:
+            started = time.perf_counter()
+            await self._store(batch)
+            self.metrics.record_sink_batch(
+                sum(len(m) for m in batch.values()), (time.perf_counter() - started) * 1000
+            )
 
     async def _collect(self) -> None:
         """Read until a batch is full or its time is up (or a second passed with nothing)."""
@@ -188,6 +214,7 @@ class SinkStage:
             fetched = await consumer.getmany(timeout_ms=int(wait * 1000), max_records=size - held)
             for tp, messages in fetched.items():
                 self._collected.setdefault(tp, []).extend(messages)
+            await asyncio.sleep(0)  # getmany does not suspend while it has records buffered
             if self._collected and deadline is None:
                 deadline = time.monotonic() + self.config.sink_batch_seconds
             if deadline is None:

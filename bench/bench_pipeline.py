@@ -185,10 +185,20 @@ def watch(running: list[WorkerProcess], n: int, samples: list[tuple[float, int, 
 
 
 def start_workers(
-    bootstrap: str, topics: Topics, home: Path, count: int, *, security: KafkaSecurity = PLAINTEXT
+    bootstrap: str,
+    topics: Topics,
+    home: Path,
+    count: int,
+    *,
+    security: KafkaSecurity = PLAINTEXT,
+    clickhouse_dsn: str | None = None,
 ) -> list[WorkerProcess]:
-    """``count`` workers of one group, started together, each serving with its share."""
-    workers = [worker(bootstrap, topics, home / f"w{i}") for i in range(count)]
+    """``count`` workers of one group, started together, each serving with its share (the
+    first sinking into ``clickhouse_dsn`` when given: an embedded store takes one)."""
+    workers = [
+        worker(bootstrap, topics, home / f"w{i}", clickhouse_dsn=clickhouse_dsn if i == 0 else None)
+        for i in range(count)
+    ]
     with ThreadPoolExecutor(count) as pool:
         list(pool.map(lambda w: w.start(timeout=180), workers))
     deadline = time.monotonic() + 60
@@ -337,11 +347,16 @@ def latency(
     workers: int,
     *,
     security: KafkaSecurity = PLAINTEXT,
+    clickhouse_dsn: str | None = None,
 ) -> dict[str, Any]:
+    """Verdict latency at ``rate``; with ``clickhouse_dsn`` the first worker also sinks
+    every event into ClickHouse meanwhile (its share of the same process and cores)."""
     topics = Topics(f"benchlat{uuid.uuid4().hex[:6]}.")
     asyncio.run(ensure_topics(bootstrap, topics, 4, security=security))
     asyncio.run(apply_reference(bootstrap, topics, security=security))
-    running = start_workers(bootstrap, topics, home, workers, security=security)
+    running = start_workers(
+        bootstrap, topics, home, workers, security=security, clickhouse_dsn=clickhouse_dsn
+    )
 
     def usage(i: int) -> tuple[bytes, bytes]:
         org = f"org-{i % 50}"
@@ -389,6 +404,7 @@ def latency(
         )
         # queueing before the fold, as the workers saw it (oldest record of each batch)
         worker_stats = [w.get("/stats") for w in running]
+        sink_rows = worker_stats[0].get("sink_rows", 0)
     finally:
         stop_workers(running)
     floor_lat = asyncio.run(
@@ -407,6 +423,8 @@ def latency(
         "worker_checkpoint_stall_ms": [s.get("checkpoint_stall_ms") for s in worker_stats],
         "worker_verdict_send_ms": [s.get("verdict_send_ms") for s in worker_stats],
         "worker_loop_lag_ms": [s.get("loop_lag_ms") for s in worker_stats],
+        "sink": clickhouse_dsn is not None,
+        "sink_rows": sink_rows,
     }
 
 

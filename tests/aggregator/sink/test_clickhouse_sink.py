@@ -51,7 +51,7 @@ from aggregator.sink.store import DDL_DIR
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import ConfigError, SpendbusError
 from schemas.ids import ids_are_canonical
-from schemas.topics import STORE_ROW_HEADER, store_row_value
+from schemas.topics import STORE_ROW, STORE_ROW_HEADER, store_row_value
 from schemas.usage import MAX_TOKENS_PER_EVENT, new_usage_event
 
 REPO = Path(__file__).resolve().parents[3]
@@ -433,7 +433,10 @@ def test_a_store_row_header_that_is_not_one_sends_the_record_the_decoded_way(
     sent: list[str] = []
     spy.write = lambda send, *a, **k: (sent.append(send.__name__), send(*a, **k))[1]
     good = as_message(priced(1))
-    for bad in (b"", b"1:2", b"a:b:c", b"1:2:3:4", b"-1:2:202601"):
+    bad_values = (b"", b"1:2:202601", b"\x00" * 15, b"\x00" * 17)
+    bad_values += (STORE_ROW.pack(-1, 1, 202601), STORE_ROW.pack(0, -1, 202601))
+    bad_values += (STORE_ROW.pack(0, 1, 0), STORE_ROW.pack(0, 1, 2026011))
+    for bad in bad_values:
         message = Message(good.value, ((STORE_ROW_HEADER, bad),))
         assert ClickHouseSink(spy, avro_inserts=True).write_messages([message]) in (0, 1)
     assert set(sent) == {"insert"} and totals(client)[0::2] == (1, 1)

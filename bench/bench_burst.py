@@ -1,0 +1,151 @@
+"""End to end: a burst of usage events, counted and in ClickHouse, measured in one run.
+
+1. **burst**: one aggregator worker with its embedded ClickHouse store (chdb, as
+   ``spendbus up`` runs it), serving; ``--events`` (default 300k) pre-encoded UsageEvents
+   are written to usage.raw in whole record batches, as fast as Kafka takes them. From
+   the first write on, the worker's ``/stats`` is sampled: the time until the counting
+   stage has folded every event and the time until the sink has stored every row
+   (``sink_rows``), then ``/sql`` confirms it from the table itself (count and distinct
+   source positions). ``clickhouse_over_counting`` is the second time over the first
+   (issue 19's target: at most 1.25).
+2. **latency** (``--rate``, default 2k events/s): the verdict latency of the same worker
+   kind, once with the sink off and once with it storing every event, side by side
+   (bench/bench_pipeline.py's measurement).
+
+Beside it, bench/bench_sink.py gives the sink alone and the engine's raw insert rate of
+the same rows. Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka.
+
+    .venv/bin/python bench/bench_burst.py [--events 300000] [--rate 2000] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
+
+from bench.bench_pipeline import latency, produce, start_workers, stop_workers  # noqa: E402
+from bench.benchkit import apply_reference, events  # noqa: E402
+from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
+from schemas.topics import Topics  # noqa: E402
+from spendbus.settings import load_settings  # noqa: E402
+from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
+from spendbus.stack.topics import ensure_topics  # noqa: E402
+
+#: how often /stats is read while the burst is worked through
+SAMPLE_SECONDS = 0.05
+
+
+def burst(
+    bootstrap: str, n: int, home: Path, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[str, Any]:
+    topics = Topics(f"burst{uuid.uuid4().hex[:6]}.")
+    asyncio.run(ensure_topics(bootstrap, topics, 4, security=security))
+    asyncio.run(apply_reference(bootstrap, topics, security=security))
+    records = events(n)
+    dsn = f"chdb://{home / 'clickhouse'}"
+    (running,) = start_workers(bootstrap, topics, home, 1, security=security, clickhouse_dsn=dsn)
+    try:
+        started = time.monotonic()
+        asyncio.run(produce(bootstrap, topics.usage_raw, records, security=security))
+        published = time.monotonic() - started
+        counted = stored = None
+        samples = 0
+        timeline: list[tuple[float, int, int]] = []
+        while stored is None:
+            stats = running.get("/stats")
+            samples += 1
+            now = time.monotonic() - started
+            timeline.append((round(now, 2), stats.get("events", 0), stats.get("sink_rows", 0)))
+            if counted is None and stats.get("events", 0) >= n:
+                counted = now
+            if stats.get("sink_rows", 0) + stats.get("sink_skipped", 0) >= n:
+                stored = now
+            time.sleep(SAMPLE_SECONDS)
+        assert counted is not None
+        table = running.post(
+            "/sql",
+            {"sql": "SELECT count(), uniqExact(source_partition, source_offset) FROM usage_events"},
+        )["rows"][0]
+        final = running.get("/stats")
+    finally:
+        stop_workers([running])
+    if table != [n, n]:
+        raise SystemExit(f"usage_events holds {table} (rows, distinct positions), not {n}")
+    return {
+        "events": n,
+        "publish_seconds": round(published, 3),
+        "counted_seconds": round(counted, 3),
+        "clickhouse_seconds": round(stored, 3),
+        "clickhouse_over_counting": round(stored / counted, 3),
+        "counting_events_per_s": round(n / counted),
+        "end_to_end_rows_per_s": round(n / stored),
+        "usage_events_rows": table[0],
+        "sink_failures": final.get("sink_failures", 0),
+        # the sink stage's batches: how many, records in each and ms to store one (p50/p99/max)
+        "sink_batches": final.get("sink_batches"),
+        "sink_batch_records": final.get("sink_batch_records"),
+        "sink_batch_ms": final.get("sink_batch_ms"),
+        "samples": samples,
+        # (seconds since the first write, events counted, rows stored), about once a second
+        "timeline": timeline[:: max(1, int(1 / SAMPLE_SECONDS))],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--rate", type=int, default=2_000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--only", choices=("burst", "latency"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker: LocalKafka | None = None
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        security = load_settings().kafka_security if bootstrap else PLAINTEXT
+        if not bootstrap:
+            ensure_broker_jars()
+            broker = LocalKafka(data_dir=home / "kafka").start()
+            bootstrap = broker.bootstrap
+        try:
+            result: dict[str, Any] = {"bench": "burst"}
+            if args.only != "latency":
+                result["burst"] = burst(bootstrap, args.events, home / "burst", security=security)
+            if args.only != "burst":
+                result["latency"] = {
+                    kind: latency(
+                        bootstrap,
+                        args.rate,
+                        args.seconds,
+                        home / f"latency-{kind}",
+                        1,
+                        security=security,
+                        clickhouse_dsn=(
+                            f"chdb://{home / f'latency-{kind}' / 'clickhouse'}"
+                            if kind == "sink_on"
+                            else None
+                        ),
+                    )
+                    for kind in ("sink_off", "sink_on")
+                }
+            result["cpus"] = os.cpu_count()
+            result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        finally:
+            if broker is not None:
+                broker.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
