@@ -1210,8 +1210,8 @@ class Checker:
         hard = False
         to_hold: list[CounterPeriod] = []
         found: list[CounterHolds | None] = []
-        #: rows of counters whose budget has a rate limit
-        rated: list[int] = []
+        #: rows of counters whose budget has a rate limit (None: none, no list built)
+        rated: list[int] | None = None
         est_tokens = -1
         est_nanos = -1
         est_input = 0
@@ -1357,6 +1357,8 @@ class Checker:
                         refusal_end = end
                         hard = is_hard
                 if plan.rates and in_flight:
+                    if rated is None:
+                        rated = []
                     rated.append(len(rows))
                 rows.append(
                     CounterStatus(plan, cid, period, end_us, verdict, sn, st, sr, hn, ht, hr, state)
@@ -1388,7 +1390,7 @@ class Checker:
                 )
             return decision
         charges: list[tuple[RateBucket, int]] | None = None
-        if rated:
+        if rated is not None:
             if est_tokens < 0:
                 est_input, est_output = self.estimate_tokens(ctx)
                 est_tokens = est_input + est_output
