@@ -109,7 +109,11 @@ def budgets_list(as_json: bool) -> None:
             b.scope,
             ", ".join(f"{k}={'|'.join(v)}" for k, v in b.match.items()) or "-",
             b.window.spec,
-            _limits(b.limit_nanos, b.limit_tokens, b.limit_requests),
+            " · ".join(
+                part
+                for part in (_limits(b.limit_nanos, b.limit_tokens, b.limit_requests), _rate(b))
+                if part
+            ),
             b.action,
             ", ".join(f"{t:g}" for t in b.alert_at) or "-",
         )
@@ -136,6 +140,17 @@ def _budget_json(b: Budget) -> dict[str, Any]:
     record = b.to_record()
     record.pop("applied_at")
     return record
+
+
+def _rate(b: Budget) -> str:
+    """A budget's rate limits, e.g. ``600 req/min, 2,000 tok/s``."""
+    if b.rate is None:
+        return ""
+    short = {"requests": "req", "tokens": "tok"}
+    return ", ".join(
+        f"{count:,} {short[unit]}/{'s' if seconds == 1 else 'min'}"
+        for unit, count, seconds in b.rate.limits()
+    )
 
 
 def _limits(nanos: int | None, tokens: int | None, requests: int | None) -> str:

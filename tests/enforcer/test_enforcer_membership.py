@@ -56,7 +56,7 @@ def test_after_a_change_the_largest_recent_count_is_kept_for_the_grace() -> None
     assert published[-1] == 6
     clock.advance(4.5)
     m._publish(clock())
-    assert published[-1] == 6  # 6 was seen 5.5 s ago: still within 5 s of the last change?
+    assert published[-1] == 6  # 6 was the count in force when the 5 s window opened
     clock.advance(1)
     m._publish(clock())
     assert published[-1] == 3
