@@ -243,6 +243,8 @@ class _Session:
                 reasoning_tokens=result.reasoning_tokens,
                 usage_source=result.usage_source,
                 estimate_reason=result.estimate_reason,
+                units=dict(result.units),
+                service_tier=result.service_tier,
                 status_code=SWITCHING_PROTOCOLS,
                 project_id=principal.project_id,
                 grant_id=principal.grant_id,

@@ -243,7 +243,25 @@ class AnthropicHandler(Handler):
         self._merge(obj.get("usage"))
 
     # -- end -----------------------------------------------------------------
+    def _read_units(self) -> None:
+        """``server_tool_use.<tool>_requests`` counts (web_search, web_fetch, ...) and
+        ``service_tier``, from the latest usage."""
+        tools = self._usage.get("server_tool_use")
+        counts: dict[str, int] = {}
+        if isinstance(tools, dict):
+            for key in tools:
+                if isinstance(key, str) and key.endswith("_requests"):
+                    try:
+                        counts[key[: -len("_requests")]] = tok(tools, key)
+                    except InvalidUsage as exc:
+                        self.problem(f"invalid_usage: server_tool_use: {exc}")
+        elif tools is not None:
+            self.problem("invalid_usage: server_tool_use is not an object")
+        self.count_units(counts)
+        self.set_service_tier(self._usage.get("service_tier"))
+
     def final_usage(self, cut: str | None) -> Usage | None:
+        self._read_units()
         if not self._usage:
             return None
         usage = self.map_usage(self._usage)

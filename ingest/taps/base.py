@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Final, Literal, final
 
 import msgspec
 
+from schemas.billed_units import valid_service_tier, valid_unit_name
+
 from .estimate import EstimatorConfig, Observed
 from .fastjson import SHALLOW_SIZE, fast_decode, shallow
 from .request import RequestInfo
@@ -266,6 +268,9 @@ class Handler(ABC):
         self.partial: Usage | None = None
         self.problems: list[str] = []
         self.upstream_error: str | None = None
+        #: billed units beyond tokens the response counted, and the tier that served it
+        self.units: dict[str, int] = {}
+        self.service_tier: str | None = None
         #: False once the tap knows the body is one JSON document.
         self.streaming = True
         self.parse_deltas = config.delta_text == "parsed"
@@ -278,6 +283,15 @@ class Handler(ABC):
     def error(self, description: str | None) -> None:
         if self.upstream_error is None and description:
             self.upstream_error = clip(description)
+
+    def set_service_tier(self, value: Any) -> None:
+        if valid_service_tier(value):
+            self.service_tier = value
+
+    def count_units(self, counts: dict[str, int]) -> None:
+        """The response's unit counts (replacing earlier ones: the latest report wins);
+        zero counts are left out."""
+        self.units = {name: n for name, n in counts.items() if n and valid_unit_name(name)}
 
     def set_model(self, value: Any) -> None:
         if isinstance(value, str) and value:

@@ -44,9 +44,12 @@ from .shapes import GeminiChunk, GeminiChunkTail
 from .usage import InvalidUsage, Usage, sub, tok
 
 _PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
+#: a grounded answer bills one grounded prompt (schemas/billed_units.py)
+GROUNDED: Final = {"grounded_prompt": 1}
 _BODY_PATHS = frozenset(
-    {("usageMetadata",), ("modelVersion",), ("error",)}
+    {("usageMetadata",), ("modelVersion",), ("error",), ("candidates", "*", "groundingMetadata")}
     | {("*", "usageMetadata"), ("*", "modelVersion"), ("*", "error")}
+    | {("*", "candidates", "*", "groundingMetadata")}
 )
 
 
@@ -69,6 +72,25 @@ def usage_from(raw: Any) -> Usage:
         output_tokens=tok(raw, "candidatesTokenCount") + thoughts,
         reasoning_tokens=thoughts,
     )
+
+
+def gemini_audio_units(raw: Any) -> dict[str, int]:
+    """Audio tokens by modality (``promptTokensDetails`` / ``candidatesTokensDetails``:
+    ``[{modality: AUDIO, tokenCount}]``, inside the totals) as billed units."""
+    units: dict[str, int] = {}
+    for field, unit in (
+        ("promptTokensDetails", "input_audio_tokens"),
+        ("candidatesTokensDetails", "output_audio_tokens"),
+    ):
+        details = raw.get(field) if isinstance(raw, dict) else None
+        if isinstance(details, list):
+            for detail in details:
+                if isinstance(detail, dict) and detail.get("modality") == "AUDIO":
+                    try:
+                        units[unit] = units.get(unit, 0) + tok(detail, "tokenCount")
+                    except InvalidUsage:
+                        continue  # inside the totals already: not charged apart
+    return units
 
 
 class GeminiHandler(Handler):
@@ -134,6 +156,8 @@ class GeminiHandler(Handler):
                 finish_reason: str | None = candidate.finishReason
                 if finish_reason:
                     finished = True
+                if candidate.groundingMetadata is not None:
+                    self.count_units(GROUNDED)
                 content = candidate.content
                 if content is None:
                     continue
@@ -186,6 +210,8 @@ class GeminiHandler(Handler):
                     continue
                 if candidate.get("finishReason"):
                     self._finished = True
+                if candidate.get("groundingMetadata") is not None:
+                    self.count_units(GROUNDED)
                 content = candidate.get("content")
                 parts = content.get("parts") if isinstance(content, dict) else None
                 if count and isinstance(parts, list):
@@ -239,6 +265,8 @@ class GeminiHandler(Handler):
         if self._usage is None:
             return None
         usage = self.map_usage(self._usage)
+        if usage is not None:
+            self.count_units({**self.units, **gemini_audio_units(self._usage)})
         if self._body:
             return usage
         self.partial = usage

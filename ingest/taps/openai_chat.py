@@ -37,9 +37,9 @@ from .base import (
 from .estimate import EstimatorConfig
 from .request import RequestInfo
 from .shapes import ChatChunk
-from .usage import Usage, openai_usage
+from .usage import Usage, audio_units, openai_usage
 
-_PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",)})
+_PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",), ("service_tier",)})
 
 
 _read_chunk = shape_decoder(ChatChunk)
@@ -51,7 +51,7 @@ def usage_from(raw: Any) -> Usage:
 
 class OpenAIChatHandler(Handler):
     fmt = "openai-chat"
-    body_paths = frozenset({("usage",), ("model",), ("error",)})
+    body_paths = frozenset({("usage",), ("model",), ("error",), ("service_tier",)})
 
     def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
         super().__init__(request, config)
@@ -147,6 +147,7 @@ class OpenAIChatHandler(Handler):
 
     def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
         self.set_model(obj.get("model"))
+        self.set_service_tier(obj.get("service_tier"))
         if obj.get("error"):
             self.error(describe_error(obj))
         choices = obj.get("choices")
@@ -198,6 +199,7 @@ class OpenAIChatHandler(Handler):
             self.problem("unreadable: the body is not a JSON object")
             return
         self.set_model(obj.get("model"))
+        self.set_service_tier(obj.get("service_tier"))
         if obj.get("error"):
             self.error(describe_error(obj))
         self._usage = obj.get("usage")
@@ -211,6 +213,8 @@ class OpenAIChatHandler(Handler):
         if self._usage is None:
             return None
         usage = self.map_usage(self._usage)
+        if usage is not None:
+            self.count_units(audio_units(self._usage, "prompt_tokens", "completion_tokens"))
         if self._body:
             return usage
         self.partial = usage

@@ -33,15 +33,31 @@ from .base import (
 from .estimate import EstimatorConfig
 from .request import RequestInfo
 from .shapes import ResponsesTextDelta
-from .usage import Usage, openai_usage
+from .usage import Usage, audio_units, openai_usage
 
 TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
 _EARLY = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
 _AUDIO = frozenset({b"response.output_audio.delta", b"response.audio.delta"})
 _REASONING = frozenset({b"response.reasoning_text.delta", b"response.reasoning_summary_text.delta"})
 _RESPONSE_PATHS = frozenset(
-    {("response", "usage"), ("response", "model"), ("response", "status"), ("response", "error")}
+    {
+        ("response", "usage"),
+        ("response", "model"),
+        ("response", "status"),
+        ("response", "error"),
+        ("response", "service_tier"),
+        # whole (a sparse "*" path keeps one element): tool calls are counted from it;
+        # above the capture limit (64 KiB of output) they are not (README, "Billed units")
+        ("response", "output"),
+    }
 )
+#: output item types billed per call -> the unit they count (schemas/billed_units.py)
+TOOL_CALL_UNITS = {
+    "web_search_call": "web_search",
+    "file_search_call": "file_search",
+    "code_interpreter_call": "code_interpreter",
+    "image_generation_call": "image_generation",
+}
 _ERROR_PATHS = frozenset({("code",), ("message",), ("error",), ("type",)})
 
 
@@ -57,7 +73,16 @@ def usage_from(raw: Any) -> Usage:
 
 class OpenAIResponsesHandler(Handler):
     fmt = "openai-responses"
-    body_paths = frozenset({("usage",), ("model",), ("status",), ("error",)})
+    body_paths = frozenset(
+        {
+            ("usage",),
+            ("model",),
+            ("status",),
+            ("error",),
+            ("service_tier",),
+            ("output",),
+        }
+    )
 
     def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
         super().__init__(request, config)
@@ -154,6 +179,17 @@ class OpenAIResponsesHandler(Handler):
             self.error(describe_error(response))
         if response.get("usage") is not None:
             self._usage = response["usage"]
+        self.set_service_tier(response.get("service_tier"))
+        output = response.get("output")
+        if isinstance(output, list):
+            counts: dict[str, int] = {}
+            for item in output:
+                kind = item.get("type") if isinstance(item, dict) else None
+                unit = TOOL_CALL_UNITS.get(kind) if isinstance(kind, str) else None
+                if unit is not None:
+                    counts[unit] = counts.get(unit, 0) + 1
+            if counts:  # the terminal response lists every call; response.created none
+                self.count_units(counts)
 
     def large_event_paths(self, name: bytes) -> frozenset[Path]:
         if name in TERMINAL or name in _EARLY:
@@ -188,6 +224,9 @@ class OpenAIResponsesHandler(Handler):
         if self._usage is None:
             return None
         usage = self.map_usage(self._usage)
+        if usage is not None:
+            audio = audio_units(self._usage, "input_tokens", "output_tokens")
+            self.count_units({**self.units, **audio})
         if self._body or self._terminal is not None:
             return usage
         self.partial = usage

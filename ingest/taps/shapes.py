@@ -71,6 +71,8 @@ class GeminiContent(msgspec.Struct, gc=False):
 class GeminiCandidate(msgspec.Struct, gc=False):
     content: GeminiContent | None = None
     finishReason: str | None = None
+    #: present (any JSON, not built) when the answer was grounded with Google Search
+    groundingMetadata: msgspec.Raw | None = None
 
 
 class GeminiChunk(msgspec.Struct, gc=False):

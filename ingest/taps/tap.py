@@ -277,12 +277,24 @@ class Tap:
             if handler.upstream_error:
                 error = f"{error}: {handler.upstream_error}"
             if usage is not None and not handler.problems:
-                return TapResult.from_usage(self._model(), usage, "reported", upstream_error=error)
+                return TapResult.from_usage(
+                    self._model(),
+                    usage,
+                    "reported",
+                    upstream_error=error,
+                    units=handler.units,
+                    service_tier=handler.service_tier,
+                )
             return TapResult(self._model(), usage_source="none", upstream_error=error)
         usage = handler.final_usage(cut)
         if usage is not None and not handler.problems and self._fatal is None:
             return TapResult.from_usage(
-                self._model(), usage, "reported", upstream_error=handler.upstream_error
+                self._model(),
+                usage,
+                "reported",
+                upstream_error=handler.upstream_error,
+                units=handler.units,
+                service_tier=handler.service_tier,
             )
         if usage is not None:  # complete, but something was unreadable: a floor
             handler.partial = usage
@@ -307,6 +319,8 @@ class Tap:
             "estimated",
             reason=reason,
             upstream_error=handler.upstream_error,
+            units=handler.units,
+            service_tier=handler.service_tier,
         )
 
     def _fallback(self, reason: str) -> TapResult:

@@ -72,6 +72,11 @@ class TapResult:
     usage_source: UsageSource
     estimate_reason: str | None
     upstream_error: str | None
+    #: billed units beyond tokens the response counted (schemas/billed_units.py), as
+    #: (unit, count) pairs sorted by unit (a tuple: the result stays hashable)
+    units: tuple[tuple[str, int], ...]
+    #: the service tier the response says served it, as it says it
+    service_tier: str | None
 
     def __init__(
         self,
@@ -85,6 +90,8 @@ class TapResult:
         usage_source: UsageSource = "none",
         estimate_reason: str | None = None,
         upstream_error: str | None = None,
+        units: dict[str, int] | tuple[tuple[str, int], ...] | None = None,
+        service_tier: str | None = None,
     ) -> None:
         _set_counts(
             self,
@@ -103,6 +110,9 @@ class TapResult:
         object.__setattr__(self, "usage_source", usage_source)
         object.__setattr__(self, "estimate_reason", estimate_reason)
         object.__setattr__(self, "upstream_error", upstream_error)
+        pairs = units.items() if isinstance(units, dict) else units  # replace() passes pairs
+        object.__setattr__(self, "units", tuple(sorted(pairs)) if pairs else ())
+        object.__setattr__(self, "service_tier", service_tier)
 
     @property
     def total_tokens(self) -> int:
@@ -130,6 +140,10 @@ class TapResult:
             out["estimate_reason"] = self.estimate_reason
         if self.upstream_error is not None:
             out["upstream_error"] = self.upstream_error
+        if self.units:
+            out["units"] = dict(self.units)
+        if self.service_tier is not None:
+            out["service_tier"] = self.service_tier
         return out
 
     @classmethod
@@ -141,6 +155,8 @@ class TapResult:
         *,
         reason: str | None = None,
         upstream_error: str | None = None,
+        units: dict[str, int] | None = None,
+        service_tier: str | None = None,
     ) -> TapResult:
         return TapResult(
             model,
@@ -153,6 +169,8 @@ class TapResult:
             source,
             reason,
             upstream_error,
+            units,
+            service_tier,
         )
 
 
@@ -234,6 +252,20 @@ def sub(total: int, part: int, total_name: str, part_name: str) -> int:
 def _short(value: Any) -> str:
     text = json.dumps(value, default=repr)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def audio_units(raw: Any, input_field: str, output_field: str) -> dict[str, int]:
+    """OpenAI's audio tokens (``<input>_details.audio_tokens``, ``<output>_details.audio_tokens``,
+    inside the input and output counts) as billed units; the usage was validated first."""
+    units: dict[str, int] = {}
+    for field, unit in ((input_field, "input_audio_tokens"), (output_field, "output_audio_tokens")):
+        details = raw.get(f"{field}_details") if isinstance(raw, dict) else None
+        if isinstance(details, dict):
+            try:
+                units[unit] = tok(details, "audio_tokens")
+            except InvalidUsage:
+                continue  # not charged apart: the tokens are already in the total
+    return units
 
 
 def openai_usage(raw: Any, input_field: str, output_field: str) -> Usage:

@@ -35,6 +35,7 @@ def test_inspect_prints_one_compact_json_object() -> None:
         "output_tokens": 34,
         "reasoning_tokens": 0,
         "usage_source": "reported",
+        "service_tier": "standard",
     }
 
 

@@ -518,3 +518,67 @@ def test_bedrock_invoke_chunk_without_bytes_is_unreadable() -> None:
     body = frame("chunk", {"p": "abc"})
     r = tap("bedrock-invoke", body, model="anthropic.claude-x")
     assert r.estimate_reason == "unreadable: a chunk carries no base64 bytes"
+
+
+# -- Billed units beyond tokens, service tiers -----------------------------------------
+def test_anthropic_server_tool_requests_are_units_latest_wins() -> None:
+    body = anthropic_stream(
+        {"input_tokens": 10, "output_tokens": 1, "server_tool_use": {"web_search_requests": 0}},
+        {"output_tokens": 5, "server_tool_use": {"web_search_requests": 2}},
+        {
+            "output_tokens": 9,
+            "server_tool_use": {"web_search_requests": 3, "web_fetch_requests": 1},
+            "service_tier": "batch",
+        },
+    )
+    r = tap("anthropic-messages", body)
+    assert (dict(r.units), r.service_tier, r.usage_source) == (
+        {"web_search": 3, "web_fetch": 1},
+        "batch",
+        "reported",
+    )
+
+
+def test_anthropic_a_bad_server_tool_count_is_invalid_usage() -> None:
+    body = anthropic_stream(
+        {"input_tokens": 10, "output_tokens": 1},
+        {"output_tokens": 9, "server_tool_use": {"web_search_requests": -1}},
+    )
+    r = tap("anthropic-messages", body)
+    assert r.usage_source == "estimated"
+    assert (
+        r.estimate_reason == "invalid_usage: server_tool_use: web_search_requests is negative: -1"
+    )
+
+
+def test_units_counted_before_a_cut_are_kept_on_the_estimate() -> None:
+    body = anthropic_stream(
+        {"input_tokens": 10, "output_tokens": 1},
+        {"output_tokens": 5, "server_tool_use": {"web_search_requests": 2}},
+    ).split(b"event: message_stop")[0]
+    r = tap("anthropic-messages", body, cut="upstream_cut")
+    assert (r.usage_source, dict(r.units)) == ("estimated", {"web_search": 2})
+
+
+def test_openai_chat_service_tier_of_the_usage_chunk() -> None:
+    last = {**chat_chunk([], USAGE), "service_tier": "flex"}
+    r = tap("openai-chat", sse((None, last), (None, "[DONE]")))
+    assert (r.service_tier, r.units) == ("flex", ())
+
+
+def test_gemini_grounding_is_one_grounded_prompt_per_response() -> None:
+    chunk = gemini_chunk("x", {"promptTokenCount": 4, "candidatesTokenCount": 2}, True)
+    chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": ["a", "b"]}
+    r = tap("gemini", sse((None, gemini_chunk("a", None)), (None, chunk), crlf=True))
+    assert dict(r.units) == {"grounded_prompt": 1}
+    body = {**chunk, "usageMetadata": {
+        "promptTokenCount": 900, "candidatesTokenCount": 2,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 100}, {"modality": "AUDIO", "tokenCount": 800}],
+    }}  # fmt: skip
+    r = tap("gemini", json.dumps(body).encode(), streaming=False)
+    assert dict(r.units) == {"grounded_prompt": 1, "input_audio_tokens": 800}
+
+
+def test_a_service_tier_that_is_not_a_word_is_ignored() -> None:
+    last = {**chat_chunk([], USAGE), "service_tier": "Not A Tier!"}
+    assert tap("openai-chat", sse((None, last), (None, "[DONE]"))).service_tier is None
