@@ -109,6 +109,9 @@ USAGE_COLUMNS: Final = (
         "limit_nanos Nullable(Int64), limit_tokens Nullable(Int64), "
         "limit_requests Nullable(Int64), alert_at Array(Float64)))",
     ),
+    # UsageEvent v2: billed units beyond tokens and the serving tier (ddl/006_billed_units.sql)
+    ("units", "Map(String, Int64)"),
+    ("service_tier", "LowCardinality(Nullable(String))"),
 )
 #: the fields of one ``counts`` item, in the column's tuple order
 COUNT_FIELDS: Final = (
@@ -222,6 +225,8 @@ def rows_from_priced(records: Iterable[Record]) -> list[Row]:
                 *_EVENT_TAIL(ev),
                 *_PRICING(rec),
                 [_COUNT(count) for count in rec.get("counts") or ()],
+                dict(ev.get("units") or {}),
+                ev.get("service_tier"),
             )
         )
     return rows

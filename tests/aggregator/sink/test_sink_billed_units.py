@@ -1,0 +1,41 @@
+"""usage_events.units / service_tier (ddl/006_billed_units.sql) on both insert paths, and
+the unit_usage view analysts query; rows written before v2 read an empty map and NULL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_clickhouse_sink import (  # noqa: F401 (fixtures)
+    WritePath,
+    client,
+    engine,
+    path,
+    priced,
+)
+
+from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, rows_from_priced
+
+
+def test_units_and_tier_are_stored_and_listed_per_unit(client: Any, path: WritePath) -> None:  # noqa: F811
+    searched = priced(1, units={"web_search": 3, "web_fetch": 1}, service_tier="priority")
+    plain = priced(2)
+    assert path.write(path.sink(client), [searched, plain]) == 2
+    got = client.query(
+        f"SELECT {', '.join(USAGE_COLUMN_NAMES)} FROM usage_events ORDER BY source_offset"
+    ).result_rows
+    assert got == rows_from_priced([searched, plain])
+    units, tier = USAGE_COLUMN_NAMES.index("units"), USAGE_COLUMN_NAMES.index("service_tier")
+    assert (got[0][units], got[0][tier]) == ({"web_search": 3, "web_fetch": 1}, "priority")
+    assert (got[1][units], got[1][tier]) == ({}, None)
+    per_unit = client.query(
+        "SELECT unit, sum(count), any(service_tier) FROM unit_usage GROUP BY unit ORDER BY unit"
+    ).result_rows
+    assert per_unit == [("web_fetch", 1, "priority"), ("web_search", 3, "priority")]
+
+
+def test_rows_stored_before_the_columns_read_empty(client: Any) -> None:  # noqa: F811
+    """A row inserted without the v2 columns (as before ddl/006) reads the defaults."""
+    names = [n for n in USAGE_COLUMN_NAMES if n not in ("units", "service_tier")]
+    row = rows_from_priced([priced(5)])[0][: len(names)]
+    client.insert("usage_events", [row], column_names=names)
+    assert client.query("SELECT units, service_tier FROM usage_events").result_rows == [({}, None)]
