@@ -93,6 +93,18 @@ _TOKENS = click.IntRange(min=0)
     show_default=True,
     help="The part of --cache-write-tokens written with a 1-hour TTL.",
 )
+@click.option(
+    "--unit",
+    "unit_counts",
+    multiple=True,
+    metavar="NAME=COUNT",
+    help="A billed unit beyond tokens and its count, e.g. web_search=3 (repeatable).",
+)
+@click.option(
+    "--service-tier",
+    default=None,
+    help="The service tier that served the call (batch, flex, priority...).",
+)
 @_AT_OPTION
 def price(
     prices_path: Path | None,
@@ -102,10 +114,14 @@ def price(
     cache_read_tokens: int,
     cache_write_tokens: int,
     cache_write_1h_tokens: int,
+    unit_counts: tuple[str, ...],
+    service_tier: str | None,
     at_text: str | None,
 ) -> None:
     """Print what one call costs, as JSON:
-    {cost_nanos, cost_usd, price_version, matched, unpriced}."""
+    {cost_nanos, cost_usd, price_version, matched, unpriced} (and the units and
+    service_tier when given)."""
+    units = _units(unit_counts)
     if cache_write_1h_tokens > cache_write_tokens:
         raise BadInput(
             "--cache-write-1h-tokens is a part of --cache-write-tokens: it cannot exceed it"
@@ -120,6 +136,8 @@ def price(
             cache_write_tokens=cache_write_tokens,
             cache_write_1h_tokens=cache_write_1h_tokens,
             output_tokens=output_tokens,
+            units=units,
+            service_tier=service_tier,
         )
     except ContractError as exc:
         raise BadInput(str(exc)) from None
@@ -130,7 +148,24 @@ def price(
         "matched": result.matched,
         "unpriced": result.unpriced,
     }
+    if units:  # echoed only when given: the output of a tokens-only call is unchanged
+        out["units"] = units
+    if service_tier is not None:
+        out["service_tier"] = service_tier
     click.echo(json.dumps(out, separators=(",", ":")))
+
+
+def _units(given: tuple[str, ...]) -> dict[str, int]:
+    units: dict[str, int] = {}
+    for item in given:
+        name, sep, count = item.partition("=")
+        name = name.strip()
+        if not sep or not count.strip().isdigit():
+            raise BadInput(f"--unit: {item!r} is not NAME=COUNT (e.g. web_search=3)")
+        if name in units:
+            raise BadInput(f"--unit: {name!r} is given twice")
+        units[name] = int(count)
+    return units
 
 
 @click.group("prices")

@@ -207,3 +207,23 @@ def test_a_v1_price_record_reads_as_no_unit_prices() -> None:
         .cost_nanos
         == 10**9
     )
+
+
+def test_spendbus_price_takes_units_and_a_tier(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from spendbus.commands.pricing import price
+
+    path = tmp_path / "prices.yaml"
+    path.write_text(textwrap.dedent(FILE))
+    args = ["--prices", str(path), "--model", "claude-sonnet-4-5", "--at", "2026-03-01"]
+    args += ["--input-tokens", "1000", "--output-tokens", "100"]
+    result = CliRunner().invoke(price, [*args, "--unit", "web_search=3", "--service-tier", "batch"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["cost_nanos"] == TOKENS // 2 + 30_000_000
+    assert (out["units"], out["service_tier"]) == ({"web_search": 3}, "batch")
+    bad = CliRunner().invoke(price, [*args, "--unit", "web_search"])
+    assert bad.exit_code == 2 and "NAME=COUNT" in bad.stderr
+    bad = CliRunner().invoke(price, [*args, "--unit", "Web=1"])
+    assert bad.exit_code == 2 and "units: 'Web'" in bad.stderr
