@@ -54,6 +54,10 @@ def _prices(price: ModelPrice) -> dict[str, str]:
         out["long_context.above_input_tokens"] = str(tier.above_input_tokens)
         out["long_context.input_per_mtok"] = price_text(tier.input_per_mtok)
         out["long_context.output_per_mtok"] = price_text(tier.output_per_mtok)
+    for unit, usd in price.unit_prices:
+        out[f"unit_prices.{unit}"] = price_text(usd)
+    for name, factor in price.service_tiers:
+        out[f"service_tiers.{name}"] = price_text(factor)
     return out
 
 

@@ -9,7 +9,11 @@ Two formats:
     ``cache_read_input_token_cost``, ``cache_creation_input_token_cost`` (5-minute
     writes), ``cache_creation_input_token_cost_above_1hr`` (1-hour writes), and a
     long-context tier as ``input_cost_per_token_above_<N>k_tokens`` /
-    ``output_cost_per_token_above_<N>k_tokens``. ``sample_spec`` is skipped.
+    ``output_cost_per_token_above_<N>k_tokens``. ``search_context_cost_per_query``
+    (USD per search, the ``medium`` size) is the ``web_search`` unit price; the
+    ``*_cost_per_token_batches`` / ``_flex`` / ``_priority`` prices become the
+    ``batch`` / ``flex`` / ``priority`` tier multipliers when input and output give the
+    same exact ratio (else the tier is not imported). ``sample_spec`` is skipped.
 
 ``genai-prices``
     pydantic's genai-prices ``data.json``: a list of providers, each with ``models``;
@@ -18,6 +22,7 @@ Two formats:
     ``output_mtok``, ``cache_read_mtok``, ``cache_write_mtok``; a price may be
     ``{base, tiers: [{start, price}]}``), or a list of conditional prices
     (``constraint: {start_date}``: the latest one in force on the import date wins).
+    ``tool_use_kcount`` (USD per thousand uses, by unit) gives per-unit prices.
 
 Every number is read exactly (exact.py). What our price table cannot express is
 skipped and said why: ids routed through another service (``bedrock/us-east-1/...``,
@@ -32,10 +37,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date
-from decimal import Decimal
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
 
+from schemas.billed_units import valid_unit_name
 from schemas.errors import ConfigError
 from schemas.pricing import LongContextTier
 
@@ -69,6 +76,10 @@ class SourcePrice:
     long_context: LongContextTier | None
     #: provenance: ``<source>:<the source's key>``
     source: str
+    #: (unit, USD per unit) and (service tier, token-price multiplier), sorted; () when
+    #: the source gives none
+    unit_prices: tuple[tuple[str, Decimal], ...] = ()
+    service_tiers: tuple[tuple[str, Decimal], ...] = ()
 
     def signature(self) -> tuple[Any, ...]:
         """What the price is, provenance aside (two ids that agree have equal ones)."""
@@ -82,6 +93,8 @@ class SourcePrice:
             None
             if tier is None
             else (tier.above_input_tokens, tier.input_per_mtok, tier.output_per_mtok),
+            self.unit_prices,
+            self.service_tiers,
         )
 
 
@@ -199,6 +212,17 @@ def _litellm_price(key: str, model: str, entry: dict[str, Any]) -> SourcePrice:
     input_price = _per_token(entry, "input_cost_per_token", required=True)
     output_price = _per_token(entry, "output_cost_per_token", required=True)
     assert input_price is not None and output_price is not None
+    units: list[tuple[str, Decimal]] = []
+    search = entry.get("search_context_cost_per_query")
+    if isinstance(search, dict):  # USD per search; the medium context size is the default
+        medium = exact_number(search.get("search_context_size_medium"))
+        if medium is not None and medium >= 0:
+            units.append(("web_search", canonical(medium)))
+    tiers: list[tuple[str, Decimal]] = []
+    for suffix, tier_name in (("batches", "batch"), ("flex", "flex"), ("priority", "priority")):
+        factor = _litellm_tier_factor(entry, suffix, input_price, output_price)
+        if factor is not None:
+            tiers.append((tier_name, factor))
     return SourcePrice(
         model=model,
         input_per_mtok=input_price,
@@ -208,7 +232,38 @@ def _litellm_price(key: str, model: str, entry: dict[str, Any]) -> SourcePrice:
         cache_write_1h_per_mtok=_per_token(entry, "cache_creation_input_token_cost_above_1hr"),
         long_context=tier,
         source=f"litellm:{key}",
+        unit_prices=tuple(sorted(units)),
+        service_tiers=tuple(sorted(tiers)),
     )
+
+
+def _litellm_tier_factor(
+    entry: dict[str, Any], suffix: str, base_in: Decimal, base_out: Decimal
+) -> Decimal | None:
+    """A service tier's multiplier: ``input_cost_per_token_<suffix>`` / input and the same
+    for output, when both are given, agree and are a finite decimal; else None (the tier
+    is then not imported: one multiplier per tier is what the price table holds)."""
+    tier_in = _per_token(entry, f"input_cost_per_token_{suffix}")
+    tier_out = _per_token(entry, f"output_cost_per_token_{suffix}")
+    if tier_in is None or tier_out is None or not base_in or not base_out:
+        return None
+    ratio = Fraction(tier_in) / Fraction(base_in)
+    if ratio != Fraction(tier_out) / Fraction(base_out) or ratio <= 0:
+        return None
+    return _finite_decimal(ratio)
+
+
+def _finite_decimal(value: Fraction) -> Decimal | None:
+    """``value`` as an exact decimal, or None when its expansion does not terminate."""
+    den = value.denominator
+    for prime in (2, 5):
+        while den % prime == 0:
+            den //= prime
+    if den != 1:
+        return None
+    with localcontext() as ctx:
+        ctx.prec = 200
+        return canonical(Decimal(value.numerator) / Decimal(value.denominator))
 
 
 # -- genai-prices --------------------------------------------------------------------
@@ -328,6 +383,13 @@ def _genai_price(prices: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("an output tier without an input tier is not representable")
     cache_read, _ = _mtok(prices, "cache_read_mtok")
     cache_write, _ = _mtok(prices, "cache_write_mtok")
+    units: list[tuple[str, Decimal]] = []
+    per_thousand = prices.get("tool_use_kcount")
+    if isinstance(per_thousand, dict):  # USD per thousand uses, by unit
+        for unit, value in per_thousand.items():
+            number = exact_number(value)
+            if valid_unit_name(unit) and number is not None and number >= 0:
+                units.append((unit, canonical(number, shift=-3)))
     return {
         "input_per_mtok": input_price,
         "output_per_mtok": output_price,
@@ -335,4 +397,5 @@ def _genai_price(prices: dict[str, Any]) -> dict[str, Any]:
         "cache_write_per_mtok": cache_write,
         "cache_write_1h_per_mtok": None,
         "long_context": tier,
+        "unit_prices": tuple(sorted(units)),
     }

@@ -78,6 +78,8 @@ _OPTIONAL = (
     "cache_write_per_mtok",
     "cache_write_1h_per_mtok",
     "long_context",
+    "unit_prices",
+    "service_tiers",
 )
 
 
@@ -94,21 +96,24 @@ def _choose(match: str, group: list[SourcePrice]) -> tuple[SourcePrice | None, s
         values = []
         for price in pool:
             value = getattr(price, name)
-            if value is not None and value not in values:
+            if value is not None and value != () and value not in values:
                 values.append(value)
         if len(values) > 1:
             said = "; ".join(f"{p.source} {_text(getattr(p, name))}" for p in pool)
             return None, f"{match}: the source's ids disagree on {name} ({said}): kept"
-        combined[name] = values[0] if values else None
+        combined[name] = values[0] if values else (() if name in _PAIRS else None)
     source = ", ".join(p.source for p in pool)
     return SourcePrice(model=pool[0].model, source=source, **combined), None
+
+
+_PAIRS = ("unit_prices", "service_tiers")
 
 
 def _disagrees(price: SourcePrice, chosen: SourcePrice) -> bool:
     """``price`` gives a price the chosen one does not agree with."""
     for name in ("input_per_mtok", "output_per_mtok", *_OPTIONAL):
         value = getattr(price, name)
-        if value is not None and value != getattr(chosen, name):
+        if value is not None and value != () and value != getattr(chosen, name):
             return True
     return False
 
@@ -155,6 +160,9 @@ def _merged(ours: ModelPrice, theirs: SourcePrice, report: ImportReport, label: 
             DEFAULT_CACHE_WRITE_1H_RATIO,
         ),
         long_context=tier,
+        # the source's unit prices and tiers when it gives some, else ours
+        unit_prices=theirs.unit_prices or ours.unit_prices,
+        service_tiers=theirs.service_tiers or ours.service_tiers,
         source=f"{theirs.source} ({label})",
     )
 
@@ -168,6 +176,8 @@ def _new_entry(theirs: SourcePrice, label: str) -> ModelPrice:
         cache_write_per_mtok=theirs.cache_write_per_mtok,
         cache_write_1h_per_mtok=theirs.cache_write_1h_per_mtok,
         long_context=theirs.long_context,
+        unit_prices=dict(theirs.unit_prices),
+        service_tiers=dict(theirs.service_tiers),
         source=f"{theirs.source} ({label})",
     )
 

@@ -133,7 +133,15 @@ def test_litellm_import_writes_a_new_dated_version_with_provenance(tmp_path: Pat
     # gpt-4o-mini is priced by our gpt-4o entry, the source says otherwise: its own entry
     assert "gpt-4o-mini" in report["added"]
     assert prices_of(entry(new, "gpt-4o-mini"))[:3] == ("0.15", "0.6", "0.075")
-    assert entry(new, "gpt-4o") == entry(base, "gpt-4o")
+    # its batch and priority per-token prices are one multiplier each: imported as tiers
+    gpt_4o = entry(new, "gpt-4o")
+    assert [Decimal(p) for p in prices_of(gpt_4o)] == [
+        Decimal(p) for p in prices_of(entry(base, "gpt-4o"))
+    ]
+    assert [(t, str(f)) for t, f in gpt_4o.service_tiers] == [("batch", "0.5"), ("priority", "1.7")]
+    assert "gpt-4o" in report["updated"]
+    # search_context_cost_per_query (medium) is the web search unit price
+    assert [(u, str(p)) for u, p in opus.unit_prices] == [("web_search", "0.01")]
     # entries the source does not know are kept, routed ids and embeddings skipped
     assert entry(new, "mistral-large-2411") == entry(base, "mistral-large-2411")
     assert report["not_in_source"] == ["claude-3-5-haiku", "mistral-large-2411"]
@@ -185,6 +193,9 @@ def test_genai_prices_import_reads_tiers_dated_prices_and_match_prefixes(tmp_pat
         "gemini-2.5-flash",
         "gemini-2.5-flash-preview-09",
     } == set(report["added"])
+    # tool_use_kcount (USD per thousand uses) is a per-unit price
+    opus = entry(new, "claude-opus-4-5")
+    assert [(u, str(p)) for u, p in opus.unit_prices] == [("web_search", "0.01")]
     # a single tier is our long-context tier: Sonnet 4.5 agrees with ours
     assert "claude-sonnet-4" in report["unchanged"]
     assert set(report["skipped"]) == {
@@ -235,13 +246,17 @@ def test_diff_lists_every_changed_price(tmp_path: Path) -> None:
     assert "~ claude-opus-4-5  cache_write_1h_per_mtok  30.00 -> 10" in lines
     assert "~ gpt-4.1-nano  cache_read_per_mtok  0.025 -> 0.025000000000000002" in lines
     assert "+ gpt-5.1  input_per_mtok  1.25" in lines
+    assert "+ gpt-4.1-nano  service_tiers.batch  0.5" in lines
+    # gpt-5.1's flex and priority prices are given for input only: no multiplier, no tier
+    assert not any(line.startswith("+ gpt-5.1  service_tiers") for line in lines)
+    assert "+ claude-opus-4-5  unit_prices.web_search  0.01" in lines
     assert "+ anthropic.claude-sonnet-4-5  long_context.input_per_mtok  6.6" in lines
     # exactly the entries whose prices changed, each field once
     old, new = load_price_file(BASE)[0], load_price_file(out)[1]
     assert len(lines) == len(diff_tables(old, new))
     assert {line.split()[1] for line in lines} == {
         "claude-opus-4-5", "anthropic.claude-sonnet-4-5", "gemini-2.5-pro", "gpt-4.1-nano",
-        "gemini-2.5-flash", "gpt-4o-mini", "gpt-5.1", "o3-mini",
+        "gemini-2.5-flash", "gpt-4o-mini", "gpt-5.1", "o3-mini", "gpt-4o",
     }  # fmt: skip
     assert "27 price(s) differ" in err or "price(s) differ" in err
     code, stdout, _ = run("diff", str(BASE), str(BASE))
