@@ -494,9 +494,14 @@ async def run_scaling_phase(opts: Options, env: Env) -> dict[str, Any]:
         counted = [r.enforcer.membership.count if r.enforcer.membership else None for r in live]
         shares.append((t, len(live), effective, counted))
         for step in steps:
-            if "converged_s" not in step and counted and all(c == step["to"] for c in counted):
+            if len(counted) != step["to"]:
+                continue  # the fleet is still changing
+            # when every live replica was told the new count by the group, and when every
+            # one used it (after the grace periods)
+            if "group_count_everywhere_s" not in step and all(c == step["to"] for c in counted):
                 step["group_count_everywhere_s"] = round(t - step["at_s"], 2)
-                step["converged_s"] = round(t - step["at_s"], 2)
+            if "count_used_everywhere_s" not in step and all(e == step["to"] for e in effective):
+                step["count_used_everywhere_s"] = round(t - step["at_s"], 2)
         if (
             pending
             and ledger.nanos >= pending[0][0] * opts.cap_nanos

@@ -1526,12 +1526,46 @@ class Checker:
     ) -> int | None:
         """The largest max output tokens (below ``max_output``) with which this request
         would be admitted now by every enforce counter in ``rows`` (this replica's share,
-        its holds included); None when not even 0 fits. Refusal path only: a binary search
-        over the worst-case estimate (monotonic in the output tokens)."""
+        its holds included); None when not even 0 fits. Refusal path only: the worst case
+        is linear in the output tokens but for its one rounding, so a guess from the
+        slope is checked, then moved by single tokens (two or three price lookups, not a
+        search: each costs microseconds)."""
         if not self._fits(rows, model, input_tokens, 0, now_us):
             return None
-        low, high = 0, max_output  # fits(low), not fits(high)
-        while high - low > 1:
+        if max_output <= 1:
+            return 0
+        share = self._replicas
+        prices = self.state.prices
+        at = from_micros(now_us)
+        base = prices.worst_case_nanos(model, at=at, input_tokens=input_tokens, max_output_tokens=0)
+        top = prices.worst_case_nanos(
+            model, at=at, input_tokens=input_tokens, max_output_tokens=max_output
+        )
+        slope = (top - base) / max_output
+        guess = max_output - 1
+        for row in rows:
+            plan = row.plan
+            if not plan.holdable:
+                continue
+            lt = plan.limit_tokens
+            if lt is not None:
+                room = (lt - row.spent_tokens) // share - row.held_tokens - input_tokens
+                guess = min(guess, room)
+            ln = plan.limit_nanos
+            if ln is not None and slope > 0:
+                room_nanos = (ln - row.spent_nanos) / share - row.held_nanos - base
+                guess = min(guess, int(room_nanos / slope))
+        guess = max(0, guess)
+        # fits(low), not fits(high): the request was refused at max_output
+        if self._fits(rows, model, input_tokens, guess, now_us):
+            if not self._fits(rows, model, input_tokens, guess + 1, now_us):
+                return guess  # the common case: the guess was exact
+            low, high = guess + 1, max_output
+        else:
+            if guess == 0 or self._fits(rows, model, input_tokens, guess - 1, now_us):
+                return max(0, guess - 1)
+            low, high = 0, guess - 1
+        while high - low > 1:  # the guess was off by more than one token: search
             middle = (low + high) // 2
             if self._fits(rows, model, input_tokens, middle, now_us):
                 low = middle

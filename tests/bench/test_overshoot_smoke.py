@@ -95,6 +95,9 @@ def test_a_tiny_scaling_run_reports_its_steps_and_the_unused_headroom(
     assert truth["verdict_equals_ground_truth"], truth
     assert truth["upstream_requests"] == phase["calls"] and truth["upstream_tokens_equal_metered"]
     steps = phase["scaling_steps"]
+    for step in steps:  # told by the group first, used once the grace is over
+        if "count_used_everywhere_s" in step:
+            assert 0 <= step["group_count_everywhere_s"] <= step["count_used_everywhere_s"]
     reached = [(s["from"], s["to"]) for s in steps]
     assert reached == [(1, 3), (3, 2)][: len(reached)]
     assert len(reached) + len(phase["scaling_steps_not_reached"]) == 2

@@ -329,3 +329,37 @@ def test_cached_warning_headers_follow_spend_state_and_period() -> None:
         seen.append(d.headers)
     assert seen[0] == seen[1] and len({h for h in seen}) == 6  # each change, a new header
     assert "used=81%; state=alert" in seen[2][0][1] and "state=exceeded" in seen[3][0][1]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_max_tokens_that_fits_is_the_largest_a_peek_admits(seed: int) -> None:
+    """Random spend, limits (USD and tokens), replicas and holds: the refusal's
+    max_tokens_that_fits is admitted and one more is not (None: not even 0 is)."""
+    import random
+
+    rng = random.Random(seed)
+    usd = budget("usd", limit_nanos=rng.randrange(50_000_000, 400_000_000))
+    tok = budget("tok", "secret", limit_tokens=rng.randrange(5_000, 60_000))
+    verdicts = [
+        verdict(usd, ["acme"], spent_nanos=rng.randrange(usd.limit_nanos or 1)),
+        verdict(tok, ["acme", "sk-1"], spent_tokens=rng.randrange(tok.limit_tokens or 1)),
+    ]
+    e, _ = loaded_enforcer([usd, tok], verdicts, replicas=rng.choice([1, 2, 3]))
+    for _ in range(rng.randrange(4)):
+        e.check(ctx(input_tokens=rng.randrange(2000), max_output_tokens=rng.randrange(1, 3000)))
+    refused = 0
+    for _ in range(20):
+        input_tokens = rng.randrange(3000)
+        wanted = rng.randrange(1, 20_000)
+        d = e.peek(ctx(input_tokens=input_tokens, max_output_tokens=wanted))
+        if d.allowed or d.body is None or d.body["reason"] == "exhausted":
+            continue
+        refused += 1
+        fit = d.body["max_tokens_that_fits"]
+        if fit is None:
+            assert not e.peek(ctx(input_tokens=input_tokens, max_output_tokens=0)).allowed
+            continue
+        assert 0 <= fit < wanted
+        assert e.peek(ctx(input_tokens=input_tokens, max_output_tokens=fit)).allowed
+        assert not e.peek(ctx(input_tokens=input_tokens, max_output_tokens=fit + 1)).allowed
+    assert refused > 0
