@@ -19,7 +19,8 @@ through the worker's ``/sql`` page, as ``spendbus sql`` does.
                        topics: [{topic, committed, end, lag}]}]
                      every group with committed offsets on this stack's topics;
                      lag = records not yet committed (a partition without a commit
-                     counts from its start offset)
+                     counts from its start offset); the enforcers' group (membership:
+                     members = the replicas counted) has counts_enforcers, no lag
     worker           pid, web_port, stats | error   (as before: the local worker)
                      url, answering (bool), serving (bool|null)
     workers          [{url, answering, serving, assigned_partitions, error}]
@@ -176,7 +177,7 @@ async def _kafka_report(
         await consumer.start()
         starts = await consumer.beginning_offsets(partitions) if partitions else {}
         ends = await consumer.end_offsets(partitions) if partitions else {}
-        groups = await _groups(admin, set(names), starts, ends)
+        groups = await _groups(admin, set(names), starts, ends, counting=topics.enforcer_group)
         newest = await _newest_verdict(consumer, topics.budget_verdicts, starts, ends)
     finally:
         with contextlib.suppress(Exception):
@@ -219,9 +220,16 @@ async def _kafka_report(
 
 
 async def _groups(
-    admin: Any, ours: set[str], starts: dict[Any, int], ends: dict[Any, int]
+    admin: Any,
+    ours: set[str],
+    starts: dict[Any, int],
+    ends: dict[Any, int],
+    *,
+    counting: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Groups that subscribe to or committed offsets on ``ours``: members and lag per topic."""
+    """Groups that subscribe to or committed offsets on ``ours``: members and lag per topic.
+    ``counting``: the enforcers' group, whose members count themselves and read nothing
+    (no lag: ``enforcer/membership.py``)."""
     listed = sorted({g[0] for g in await admin.list_consumer_groups()})
     views = await asyncio.gather(*(_group_if_allowed(admin, g) for g in listed))
     groups = []
@@ -232,6 +240,11 @@ async def _groups(
         mine = {tp: meta.offset for tp, meta in committed.items() if tp.topic in ours}
         subscribed = described.pop("subscribed") & ours
         if not mine and not subscribed:
+            continue
+        if group == counting:
+            groups.append(
+                {"group": group, "lag": 0, "topics": [], "counts_enforcers": True, **described}
+            )
             continue
         per_topic = []
         for topic in sorted({tp.topic for tp in mine} | subscribed):

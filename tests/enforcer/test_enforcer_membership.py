@@ -147,6 +147,12 @@ async def test_members_count_each_other_as_they_join_and_leave(
             members.append(await start_member(kafka_bootstrap, topics, n, clock))
         await eventually(lambda: counts(members) == [3, 3, 3])
         assert all(m.checker.replicas == 8 for m in members)  # all joined within the grace
+        # `spendbus status` shows the group: its members are the replicas counted, no lag
+        from spendbus.commands.status import kafka_report
+
+        report = await kafka_report(kafka_bootstrap, topics, 30)
+        [group] = [g for g in report["consumer_groups"] if g["group"] == group_id(topics)]
+        assert group["members"] == 3 and group["lag"] == 0 and group["counts_enforcers"]
         await after_grace(clock, members)
         assert [m.checker.replicas for m in members] == [3, 3, 3]
         left = members.pop()
