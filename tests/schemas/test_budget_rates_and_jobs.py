@@ -92,3 +92,22 @@ def test_a_v1_policy_record_reads_as_a_budget_without_a_rate() -> None:
     decoded = BUDGET_POLICY.decode(buf.getvalue())
     assert decoded["rate"] is None
     assert Budget.from_record(decoded).rate is None
+
+
+def test_the_readme_budget_example_parses() -> None:
+    """The budgets YAML in README.md ("Using it") is a valid budgets file."""
+    from pathlib import Path
+
+    import yaml
+
+    from schemas.budgets import budgets_from_yaml
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("```yaml", text.index("Budgets (YAML")) + len("```yaml")
+    budgets = budgets_from_yaml(yaml.safe_load(text[start : text.index("```", start)]))
+    assert [(b.budget_id, b.scope) for b in budgets] == [
+        ("acme-monthly", "org"),
+        ("per-job", "session"),
+    ]
+    assert budgets[0].rate == RateLimit(requests_per_minute=600, tokens_per_minute=100_000)
+    assert budgets[1].limit_requests == DEFAULT_REQUESTS_PER_JOB
