@@ -222,3 +222,49 @@ async def test_rate_limit_accuracy_across_three_replicas_that_count_themselves(
     finally:
         for e in members:
             await e.stop()
+
+
+@pytest.mark.parametrize("unit", ["requests", "tokens"])
+def test_per_minute_windows_across_three_replicas_with_settles(unit: str) -> None:
+    """600 requests (or 120,000 tokens) a minute over three enforcers told they are three;
+    calls settle 0.2 s after admission using a third to all of their worst case: every
+    whole minute of 6 admits the limit within the stated tolerance."""
+    import random
+
+    rate = (
+        RateLimit(requests_per_minute=600)
+        if unit == "requests"
+        else RateLimit(tokens_per_minute=120_000)
+    )
+    b = rated(rate, scope="org")
+    clock = FakeClock()
+    fleet = [loaded_enforcer([b], [], clock=clock, replicas=3)[0] for _ in range(3)]
+    rng = random.Random(5)
+    admitted: list[tuple[float, int]] = []
+    pending: list[tuple[float, Enforcer, int, int]] = []
+    start = clock()
+    for _ in range(36_000):  # 6 minutes, one attempt per replica each 10 ms
+        now = clock()
+        for done in [p for p in pending if now - p[0] >= 0.2]:
+            pending.remove(done)
+            used = {"model": "claude-sonnet-4-5", "occurred_at": clock.now}
+            done[1].settle(done[2], {**used, "input_tokens": done[3]})
+        for e in fleet:
+            e.state.fresh_at_us = int(now * 1_000_000)
+            d = e.check(ctx(org_id="acme", input_tokens=100, max_output_tokens=200))
+            if d.allowed and d.hold_id is not None:
+                billed = rng.randrange(100, 301)
+                admitted.append((now, 1 if unit == "requests" else billed))
+                pending.append((now, e, d.hold_id, billed))
+        clock.advance(0.01)
+    per: Counter[int] = Counter()
+    for t, amount in admitted:
+        per[int((t - start) // 60)] += amount
+    windows = [per[i] for i in range(6)]
+    if unit == "requests":
+        stated = tolerance(600, 3)
+        assert all(abs(n - 600) <= stated for n in windows), (windows, stated)
+    else:  # a bucket of max(1/60 of the share, a worst case) and one worst case of debt
+        worst = 300
+        stated = math.ceil(3 * (max(120_000 / 3 * BURST_FRACTION, worst) + worst))
+        assert all(abs(n - 120_000) <= stated for n in windows), (windows, stated)
