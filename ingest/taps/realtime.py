@@ -29,7 +29,7 @@ from .base import WHOLE_PARSE_LIMIT, Path, clip, describe_error, loads, text_len
 from .estimate import EstimatorConfig, Observed, estimate_usage
 from .jsonscan import JsonPathScanner
 from .request import RequestInfo
-from .usage import InvalidUsage, TapResult, Usage, sub, tok
+from .usage import InvalidUsage, TapResult, Usage, audio_units, sub, tok
 
 _TEXT_DELTAS = frozenset(
     {
@@ -206,7 +206,15 @@ class RealtimeTap:
                 usage = usage_from(raw)
             except InvalidUsage as exc:
                 return self._estimate(state, f"invalid_usage: {exc}", error)
-            return TapResult.from_usage(self._model(), usage, "reported", upstream_error=error)
+            return TapResult.from_usage(
+                self._model(),
+                usage,
+                "reported",
+                upstream_error=error,
+                units={
+                    k: n for k, n in audio_units(raw, "input_token", "output_token").items() if n
+                },
+            )
         return self._estimate(
             state, f"no_usage: response.done ({clip(str(status), 40)}) carries no usage", error
         )

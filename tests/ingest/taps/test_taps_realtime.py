@@ -28,6 +28,7 @@ def test_one_result_per_response_done_and_open_ones_estimated_at_the_end() -> No
             "output_tokens": 121,
             "reasoning_tokens": 0,
             "usage_source": "reported",
+            "units": {"input_audio_tokens": 13, "output_audio_tokens": 91},
         },
         {
             "model": "gpt-realtime-2025-08-28",
@@ -38,6 +39,7 @@ def test_one_result_per_response_done_and_open_ones_estimated_at_the_end() -> No
             "output_tokens": 28,
             "reasoning_tokens": 0,
             "usage_source": "reported",
+            "units": {"input_audio_tokens": 130, "output_audio_tokens": 22},
         },
     ]
     tail = tap.finish(cut="client_disconnected")
@@ -85,6 +87,21 @@ def test_invalid_usage_in_response_done() -> None:
         )
     )
     assert result.estimate_reason == "invalid_usage: input_tokens is negative: -1"
+
+
+def test_audio_tokens_of_response_done_are_units() -> None:
+    usage = {
+        "input_tokens": 900,
+        "output_tokens": 300,
+        "input_token_details": {"cached_tokens": 0, "text_tokens": 100, "audio_tokens": 800},
+        "output_token_details": {"text_tokens": 60, "audio_tokens": 240},
+    }
+    tap = open_realtime_tap(model="gpt-realtime")
+    (result,) = tap.feed_message(
+        json.dumps({"type": "response.done", "response": {"id": "r", "usage": usage}})
+    )
+    assert (result.input_tokens, result.output_tokens) == (900, 300)
+    assert dict(result.units) == {"input_audio_tokens": 800, "output_audio_tokens": 240}
 
 
 def test_a_large_response_done_is_scanned() -> None:
