@@ -292,3 +292,91 @@ async def test_shares_stay_within_the_headroom_while_members_join_and_leave_unde
     finally:
         for m in members:
             await m.stop()
+
+
+@pytest.mark.integration
+async def test_a_member_killed_under_traffic_takes_its_share_with_it(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    """Two replicas fill their halves of a $0.18 headroom (5 holds of $0.018 each), one a
+    sidecar process admitting over HTTP; it is killed -9 with its requests (they die with
+    it: never charged). The survivor refuses past its half until the group drops the dead
+    member and the grace is over, then takes the whole headroom: never more than it."""
+    from datetime import UTC, datetime
+
+    import aiohttp
+
+    clock = FakeClock(datetime.now(UTC))  # the sidecar's clock is the wall clock
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        v = verdict(ORG, ["acme"], spent_nanos=820_000_000, at=clock.now)
+        for topic, key, value in (
+            (topics.budget_policies, ORG.budget_id, BUDGET_POLICY.encode(ORG.to_record(NOW))),
+            (topics.pricing, PRICES.version, PRICE_TABLE.encode(PRICES.to_record())),
+            (topics.budget_verdicts, v["counter_key"], VERDICT.encode(v)),
+        ):
+            await producer.send_and_wait(topic, value, key=key.encode())
+    finally:
+        await producer.stop()
+    survivor = await start_member(kafka_bootstrap, topics, 0, clock)
+    membership = survivor.membership
+    assert membership is not None
+    env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "SPENDBUS_TOPIC_PREFIX": topics.prefix}
+    code = (
+        "from spendbus.commands.enforcer import enforcer; enforcer(['serve', '--port', '0', "
+        "'--membership', '--max-replicas', '8', '--membership-grace', '1', "
+        "'--no-publish-refusals'])"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    request = {
+        "org_id": "acme",
+        "secret_id": "sk-1",
+        "provider": "anthropic",
+        "model": "claude-sonnet-4-5",
+        "input_tokens": 1000,
+        "max_output_tokens": 1000,
+    }
+    try:
+        assert proc.stderr is not None
+        while True:
+            line = await asyncio.wait_for(proc.stderr.readline(), 60)
+            assert line, "serve exited before listening"
+            if line.startswith(b'{"listening"'):
+                url = json.loads(line)["listening"]
+                break
+        await eventually(lambda: membership.count == 2)
+        await after_grace(clock, [survivor])
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 30
+            while (
+                "spendbus_enforcer_replicas 2.0"
+                not in await (await http.get(f"{url}/metrics")).text()
+            ):  # its own newcomer's grace (1 s of the wall clock)
+                assert time.monotonic() < deadline, "the sidecar never used 2 replicas"
+                await asyncio.sleep(0.2)
+            sidecar_admitted = 0
+            for _ in range(8):
+                answer = await (await http.post(f"{url}/v1/check", json=request)).json()
+                sidecar_admitted += answer["allowed"]
+        assert sidecar_admitted == 5  # 2 x (5 x 0.018) = 0.18: its half
+        survivor_admitted = sum(survivor.check(ctx()).allowed for _ in range(8))
+        assert survivor_admitted == 5
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        # still counted: the survivor keeps to its half
+        assert not survivor.check(ctx()).allowed
+        await eventually(lambda: membership.count == 1, 30)
+        await asyncio.sleep(0.6)
+        assert not survivor.check(ctx()).allowed  # the grace
+        await after_grace(clock, [survivor])
+        more = sum(survivor.check(ctx()).allowed for _ in range(8))
+        assert more == 5  # the whole headroom, now its own: 10 x 0.018 = 0.18
+        assert survivor.holds.held_nanos == 180_000_000
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await survivor.stop()
