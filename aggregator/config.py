@@ -64,7 +64,7 @@ class AggregatorConfig(BaseModel):
     #: dead-lettered (reason future_event) instead of counted (aggregator/README.md)
     max_future_skew_seconds: float = Field(default=MAX_FUTURE_SKEW_SECONDS, ge=0, le=86_400)
     sink_batch_size: int = Field(default=50_000, ge=1, le=100_000)
-    sink_batch_seconds: float = Field(default=1.0, gt=0)
+    sink_batch_seconds: float = Field(default=0.5, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)
     log_level: str = "WARNING"
 

@@ -526,7 +526,7 @@ class CountingStage:
                 partition,
                 org,
                 priced,
-                None if store_row is None else [(STORE_ROW_HEADER, store_row)],
+                [(STORE_ROW_HEADER, store_row)],
             )
         now = time.monotonic()
         offer = self.verdicts.offer

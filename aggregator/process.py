@@ -43,9 +43,10 @@ from schemas.codec import (
     ALERT,
     DEAD_LETTER,
     PRICED_USAGE,
+    USAGE_EVENT,
 )
 from schemas.errors import ContractError
-from schemas.ids import ids_are_canonical
+from schemas.ids import ids_are_canonical, with_canonical_ids
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
 from schemas.topics import store_row_value
 from schemas.usage import billed_tokens, validate_usage_event
@@ -115,11 +116,11 @@ class VerdictChange:
 
 @dataclass
 class BatchOutput:
-    #: (partition, key, value, store-row header or None) for usage.priced: the partition is
-    #: the source partition, so one sink owner reads every priced record of one usage.raw
+    #: (partition, key, value, store-row header) for usage.priced: the partition is the
+    #: source partition, so one sink owner reads every priced record of one usage.raw
     #: partition in offset order; the header (schemas.topics.STORE_ROW_HEADER) lets the sink
-    #: fence and insert the body without decoding it
-    priced: list[tuple[int, bytes, bytes, bytes | None]] = field(default_factory=list)
+    #: fence and insert the body (its ids canonical) without decoding it
+    priced: list[tuple[int, bytes, bytes, bytes]] = field(default_factory=list)
     #: counter key -> what its Verdict is made of (last state of the batch only)
     verdict_changes: dict[str, VerdictChange] = field(default_factory=dict)
     alerts: list[tuple[bytes, bytes]] = field(default_factory=list)
@@ -376,9 +377,15 @@ class BatchProcessor:
                         budget, key, change.period, threshold, state.periods[change.period]
                     )
                     out.alerts.append((key.encode(), ALERT.encode(alert)))
+            # usage.priced carries the ids as counted (canonical), so the sink stores every
+            # body as it is; the rare event with other ids is encoded again
+            raw_value: Any = record.value
+            if not ids_are_canonical(event):
+                event = with_canonical_ids(event)
+                raw_value = USAGE_EVENT.encode(event)
             # the event's own bytes are reused when it was written with the current schema
             priced = write_priced(
-                record.value,  # type: ignore[arg-type]
+                raw_value,
                 cost,
                 price.price_version,
                 price.matched,
@@ -402,12 +409,7 @@ class BatchProcessor:
                         "counts": [c.record for c in counts.entries],
                     }
                 )
-            # the sink inserts the body as it is only when the ids in it are the stored ones
-            store_row = (
-                store_row_value(partition, offset, counts.month)
-                if ids_are_canonical(event)
-                else None
-            )
+            store_row = store_row_value(partition, offset, counts.month)
             priced_out.append((partition, event["org_id"].encode(), priced, store_row))
         out.stats = BatchStats(
             events, charged, duplicates, redelivered, dead_letters, unpriced, cost_nanos

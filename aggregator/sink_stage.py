@@ -91,6 +91,8 @@ class SinkStage:
         self._stored_to: dict[TopicPartition, int] = {}
         #: the batch being stored while the next one is read
         self._in_flight: asyncio.Task[None] | None = None
+        #: the offsets of the batch stored last, until committed
+        self._uncommitted: dict[TopicPartition, int] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,10 +150,11 @@ class SinkStage:
 
     # --- rebalancing -------------------------------------------------------------------
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
-        # the batch in flight is stored and committed first (its outcome is _run's to take)
-        if self._in_flight is not None:
-            await asyncio.wait([self._in_flight])
+        # the batch in flight is stored first: the new owner reads the fences only after its
+        # rows landed. Its commit is made here, in the listener: a commit from another task
+        # during the rebalance would wait for the rebalance, which waits for this listener
         async with self._lock:
+            await self._commit_stored()
             gone = set(revoked)
             for tp in gone:
                 self._collected.pop(tp, None)
@@ -193,12 +196,28 @@ class SinkStage:
             await task
 
     async def _store_locked(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        started = time.perf_counter()
         async with self._lock:
-            started = time.perf_counter()
             await self._store(batch)
-            self.metrics.record_sink_batch(
-                sum(len(m) for m in batch.values()), (time.perf_counter() - started) * 1000
-            )
+        # outside the lock: a revocation meanwhile commits it itself (on_revoked)
+        await self._commit_stored()
+        self.metrics.record_sink_batch(
+            sum(len(m) for m in batch.values()), (time.perf_counter() - started) * 1000
+        )
+
+    async def _commit_stored(self) -> None:
+        """Commit the offsets of the batch stored last, unless that was done already."""
+        offsets, self._uncommitted = self._uncommitted, None
+        if not offsets:
+            return
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # a rebalance took the partitions: their records are re-delivered, and fenced
+            log.warning("sink offset commit failed (%s); the records will be re-delivered", exc)
+        self._stored_to.update(offsets)
 
     async def _collect(self) -> None:
         """Read until a batch is full or its time is up (or a second passed with nothing)."""
@@ -224,9 +243,8 @@ class SinkStage:
                 return
 
     async def _store(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        """Steps 1-3 of the module docstring for one batch."""
-        consumer = self._consumer
-        assert consumer is not None
+        """Steps 1 and 2 of the module docstring for one batch; its offsets are then the
+        ones to commit (step 3, ``_commit_stored``)."""
         priced = [
             m
             for tp, ms in sorted(batch.items())
@@ -243,10 +261,4 @@ class SinkStage:
             await self.writer.write_messages_until_done(priced)
         if verdicts:
             await self.writer.write_verdict_messages_until_done(verdicts)
-        offsets = {tp: ms[-1].offset + 1 for tp, ms in batch.items() if ms}
-        try:
-            await consumer.commit(offsets)
-        except (CommitFailedError, KafkaError) as exc:
-            # a rebalance took the partitions: their records are re-delivered, and fenced
-            log.warning("sink offset commit failed (%s); the records will be re-delivered", exc)
-        self._stored_to.update(offsets)
+        self._uncommitted = {tp: ms[-1].offset + 1 for tp, ms in batch.items() if ms}

@@ -40,10 +40,10 @@ CONTROL_KEY: Final = b"current"
 #: usage.priced record header: the source position of the priced event and the month its
 #: occurred_at falls in (``STORE_ROW``: big-endian int32 source_partition, int64
 #: source_offset, int32 YYYYMM in UTC; 16 bytes, unpacked in ~0.2 µs). The counting stage
-#: sets it only on a record whose event's scope ids are canonical
-#: (schemas.ids.ids_are_canonical), i.e. whose body is the usage_events row as it is
-#: stored: the sink fences and inserts such a body without decoding it
-#: (aggregator/sink/README.md). A record without it is decoded and its ids canonicalised.
+#: sets it on every record it writes, and writes the event's scope ids canonical
+#: (schemas.ids.with_canonical_ids): the body is the usage_events row as it is stored, and
+#: the sink fences and inserts it without decoding it (aggregator/sink/README.md). A record
+#: without it (written before it existed) is decoded and its ids canonicalised.
 STORE_ROW_HEADER: Final = "spendbus-store-row"
 STORE_ROW: Final = struct.Struct(">iqi")
 

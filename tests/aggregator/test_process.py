@@ -15,9 +15,10 @@ from aggregator.process import BatchProcessor, RawRecord
 from aggregator.reference import Reference
 from schemas.budgets import applicable, budgets_from_yaml
 from schemas.codec import ALERT, DEAD_LETTER, PRICED_USAGE, USAGE_EVENT, VERDICT
-from schemas.ids import counter_key, decompose
+from schemas.ids import counter_key, decompose, ids_are_canonical
 from schemas.periods import period_key
 from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.topics import parse_store_row
 from schemas.usage import new_usage_event
 
 PRICES = price_table_from_yaml(
@@ -106,6 +107,36 @@ class Store:
 
 # 1000 input at $3/M = 3000 nanos... in nanos: 1000 * 3 * 1000 = 3_000_000; 100 out * 15 * 1000 = 1_500_000
 COST = 4_500_000
+
+
+def test_priced_events_carry_the_ids_as_counted_and_their_store_row_position() -> None:
+    """usage.priced bodies are the usage_events rows as stored (schemas/topics.py,
+    STORE_ROW_HEADER): ids canonical however they were sent, the header their position."""
+    store, processor = Store(), BatchProcessor(reference(), source_topic="usage.raw")
+    sent = [
+        event(0),
+        event(
+            1, org_id=" acme ", secret_id="sk-a ", user_id=" Alice@Example.COM ", groups=[" Eng "]
+        ),
+        event(2, project_id="   ", session_id=" job-1 "),
+    ]
+    out = store.run(processor, records(sent))
+    priced = [PRICED_USAGE.decode(v) for _, _, v, _ in out.priced]
+    assert [p["event"]["org_id"] for p in priced] == ["acme"] * 3
+    assert priced[1]["event"]["secret_id"] == "sk-a"
+    assert priced[1]["event"]["user_id"] == "alice@example.com"
+    assert priced[1]["event"]["groups"] == ["Eng"]
+    assert priced[2]["event"]["project_id"] is None
+    assert priced[2]["event"]["session_id"] == "job-1"
+    assert all(ids_are_canonical(p["event"]) for p in priced)
+    # the rest of the event is as sent, and each record's header is its source position
+    for p, e in zip(priced, sent, strict=True):
+        assert p["event"]["event_id"] == e["event_id"] and p["event"]["input_tokens"] == 1000
+    month = T0.year * 100 + T0.month
+    headers = [parse_store_row(h) for _, _, _, h in out.priced]
+    assert headers == [(p["source_partition"], p["source_offset"], month) for p in priced]
+    # one counter for the ids however written: the three events count in the same one
+    assert store.totals("per-secret", "acme", "sk-a")[2] == 3
 
 
 def test_prices_counts_and_emits_priced_events_and_verdicts() -> None:
