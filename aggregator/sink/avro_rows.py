@@ -20,9 +20,9 @@ and the sync marker again (Avro 1.11 specification, "Object Container Files").
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from functools import lru_cache
@@ -61,9 +61,8 @@ def container(messages: Sequence[bytes]) -> bytes:
 
 
 def insert_select(table: str, columns: Sequence[str], path: str) -> str:
-    """``INSERT INTO table (columns) SELECT ... FROM file(path, 'Avro')`` (``path`` may be a
-    glob): each column is the PricedUsage field of its name, or the event's
-    (``event.<name>``)."""
+    """``INSERT INTO table (columns) SELECT ... FROM file(path, 'Avro')``: each column is
+    the PricedUsage field of its name, or the event's (``event.<name>``)."""
     event_fields = {f["name"] for f in expanded_schemas()["UsageEvent"]["fields"]}
     priced_fields = {f["name"] for f in PRICED_USAGE.schema["fields"]}
     exprs = []
@@ -84,32 +83,26 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-#: rows per container file at least: a batch is split into files the engine reads in
-#: parallel (one reader thread a file), never into files smaller than this
-MIN_ROWS_PER_FILE: Final = 10_000
+class ContainerFile:
+    """A container written to a private file (0600, removed on exit) for the engine to read.
 
-
-def file_count(rows: int, threads: int | None = None) -> int:
-    """How many container files ``rows`` go into: one per engine thread that has work."""
-    threads = threads or os.cpu_count() or 1
-    return max(1, min(threads, rows // MIN_ROWS_PER_FILE))
-
-
-class ContainerFiles:
-    """Containers written to a private directory (0700, removed on exit) for the engine to
-    read; entering gives the glob that names them all (``file()`` reads them in parallel:
-    parsing Avro is most of an insert's time, bench/bench_sink.py)."""
+    One file a batch: the engine parses files in parallel, but the insert after the parse
+    runs in one stream (``max_insert_threads=1``: one part a month) and takes most of the
+    time, so more files measured no faster (bench/bench_sink.py, issue 19)."""
 
     def __init__(self, messages: Sequence[bytes], directory: str | None = None) -> None:
-        self.directory = tempfile.mkdtemp(prefix="usage-", dir=directory)
-        count = file_count(len(messages))
-        step = -(-len(messages) // count)
-        for n in range(count):
-            with open(os.path.join(self.directory, f"{n}.avro"), "wb") as handle:
-                handle.write(container(messages[n * step : (n + 1) * step]))
+        handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed here, removed in __exit__)
+            prefix="usage-", suffix=".avro", dir=directory, delete=False
+        )
+        try:
+            handle.write(container(messages))
+        finally:
+            handle.close()
+        self.path = handle.name
 
     def __enter__(self) -> str:
-        return os.path.join(self.directory, "*.avro")
+        return self.path
 
     def __exit__(self, *_: object) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

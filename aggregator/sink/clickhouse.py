@@ -43,7 +43,7 @@ from typing import Any, Final, Protocol
 from clickhouse_connect.driver._chdbclient import ChdbClient
 from clickhouse_connect.driver.client import Client
 
-from aggregator.sink.avro_rows import ContainerFiles, insert_select
+from aggregator.sink.avro_rows import ContainerFile, insert_select
 from aggregator.sink.errors import SinkRejected, translate
 from schemas.codec import PRICED_USAGE, VERDICT, DecodeError
 from schemas.ids import canonical_id
@@ -158,8 +158,7 @@ VERDICT_COLUMN_TYPES: Final = tuple(kind for _, kind in VERDICT_COLUMNS)
 
 #: settings of every usage_events INSERT besides its token: synchronous (the
 #: insert has landed when the call returns), deduplicated down the views too, and written
-#: by one stream (the files of an Avro insert are read in parallel, but squashed into one
-#: block: one part per month, what the fences rest on)
+#: by one stream (one block: one part per month, what the fences rest on)
 _INSERT_SETTINGS: Final = {
     "max_insert_threads": 1,
     "async_insert": 0,
@@ -533,7 +532,7 @@ class ClickHouseSink:
         doing = f"inserting {len(insert.rows)} rows into {self.table}"
         try:
             if insert.avro:
-                with ContainerFiles(insert.rows, self.spool_dir) as path:
+                with ContainerFile(insert.rows, self.spool_dir) as path:
                     self.client.command(
                         insert_select(self.table, USAGE_COLUMN_NAMES, path), settings=settings
                     )
