@@ -57,10 +57,10 @@ log = logging.getLogger(__name__)
 
 
 class ClickHouseWriter:
-    """The sink agents' side of ClickHouse: open once, write a batch until it is stored.
+    """The sink stage's side of ClickHouse: open once, write a batch until it is stored.
 
     A batch is acknowledged to Kafka only after ``write_until_done`` returns, so
-    while ClickHouse is away the sink agents wait (and Kafka keeps the rows);
+    while ClickHouse is away the sink stage waits (and Kafka keeps the rows);
     the counting stage, verdicts and alerts do not depend on it.
     """
 

@@ -8,7 +8,7 @@ records a call), folds each batch with :class:`~aggregator.process.BatchProcesso
 and writes whole record batches with ``create_batch``/``send_batch``, so what is
 paid per event is the decode, the fold and one append per output record. It runs
 inside the Faust worker (started by a service in ``agents.py``) beside the web
-pages and the ClickHouse sink agents.
+pages and the sink stage (``sink_stage.py``).
 
 Delivery: at-least-once with offset-fenced, deduplicated state (DESIGN.md
 invariant 1; Faust's exactly_once mode is avoided on purpose). A checkpoint, every

@@ -1,6 +1,6 @@
 """One sink per embedded store: a worker that would split usage.priced with another refuses.
 
-Several workers share usage.raw (the counting stage's group); the sink agents have a group
+Several workers share usage.raw (the counting stage's group); the sink stages have a group
 of their own (``AggregatorConfig.sink_app_id``) on usage.priced and budget.verdicts. An
 embedded store (``chdb://``) is one process's: two workers sinking into embedded stores
 would each write half the partitions into a store of its own, and every store would miss

@@ -1,7 +1,7 @@
 """How usage.priced records could reach ClickHouse: the insert formats side by side.
 
 Each candidate takes the same batches of usage.priced values (the Avro single-object
-bytes the sink agent receives) and ends with the same rows in a fresh ``usage_events``
+bytes the sink stage receives) and ends with the same rows in a fresh ``usage_events``
 table of the embedded engine (chdb). Rounds alternate the candidates, so each one sees
 the same machine; the figures are medians over rounds. A candidate counts only if its
 table ends equal to the reference's (row count, cost sum and a hash of every column).

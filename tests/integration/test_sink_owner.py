@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_second_embedded_sink_in_the_group_is_refused(pipeline: Pipeline, tmp_path: Path) -> None:
-    # the first worker's sink agents have joined their group
+    # the first worker's sink stage has joined its group
     poll(pipeline.stats, lambda s: s["serving"], 120)
     env = {
         **os.environ,
