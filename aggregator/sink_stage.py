@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 #: ~30 MB, so a few fetches fill it
 PARTITION_FETCH_BYTES: Final = 8 * 1024 * 1024
 FETCH_BYTES: Final = 32 * 1024 * 1024
+#: records taken from the consumer per call while a batch fills (the loop yields between)
+RECORDS_PER_FETCH: Final = 4_000
 #: a sink waiting for ClickHouse does not poll; after this long without a poll the consumer
 #: leaves the group and its partitions move (a re-delivery the fences absorb)
 MAX_POLL_INTERVAL_MS: Final = 15 * 60 * 1000
@@ -230,7 +232,10 @@ class SinkStage:
             if held >= size:
                 return
             wait = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            fetched = await consumer.getmany(timeout_ms=int(wait * 1000), max_records=size - held)
+            # a few thousand records a call: making 50k records at once holds the loop ~80 ms
+            fetched = await consumer.getmany(
+                timeout_ms=int(wait * 1000), max_records=min(size - held, RECORDS_PER_FETCH)
+            )
             for tp, messages in fetched.items():
                 self._collected.setdefault(tp, []).extend(messages)
             await asyncio.sleep(0)  # getmany does not suspend while it has records buffered

@@ -20,6 +20,7 @@ BENCHES = {
     "taps": ["--repeats", "11"],
     "publisher": ["--events", "100000", "--runs", "3"],
     "sink": ["--runs", "3"],
+    "burst": [],
     "insert_formats": [],
     "enforcer": [],
     "pipeline": ["--events", "50000", "--seconds", "10"],
@@ -60,6 +61,18 @@ HEADLINES = [
         )
     ),
     ("sink", "rows_per_s_median", "ClickHouse sink rows/s"),
+    ("sink", "ways.engine_raw.rows_per_s_median", "engine INSERT ... SELECT of the same rows/s"),
+    ("burst", "burst.clickhouse_over_counting", "300k burst: in ClickHouse / counted (time)"),
+    (
+        "burst",
+        "latency.sink_on.verdict_latency_ms.p99",
+        "verdict latency p99 ms, sink storing every event",
+    ),
+    (
+        "replay",
+        "generation_worker_with_sink.to_clickhouse_ratio_to_sink_off",
+        "replay to a whole ClickHouse / counting alone",
+    ),
     ("insert_formats", "candidates.avro.vs_rows", "Avro bodies read by the engine / Python rows"),
     (
         "insert_formats",

@@ -161,6 +161,9 @@ VERDICT_COLUMN_TYPES: Final = tuple(kind for _, kind in VERDICT_COLUMNS)
 #: by one stream (one block: one part per month, what the fences rest on)
 _INSERT_SETTINGS: Final = {
     "max_insert_threads": 1,
+    # the engine's threads run an insert niced (Linux): the counting stage, whose verdicts
+    # enforcers wait for, and the broker come first on a shared machine
+    "os_thread_priority": 10,
     "async_insert": 0,
     "insert_deduplicate": 1,
     "deduplicate_blocks_in_dependent_materialized_views": 1,
