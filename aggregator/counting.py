@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
 from aiokafka.partitioner import DefaultPartitioner
@@ -65,6 +65,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor
+from aggregator.rebalance import StageRebalance
 from aggregator.state import CountingStore, SealedState
 from aggregator.verdicts import VerdictCoalescer
 from schemas.periods import to_micros
@@ -245,17 +246,6 @@ class _Outgoing:
 
 def _timer(report: Callable[[float], None], born: float) -> Callable[[Any], None]:
     return lambda _: report((time.monotonic() - born) * 1000)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, stage: CountingStage) -> None:
-        self.stage = stage
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.stage.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.stage.on_assigned(assigned)
 
 
 class CountingStage:
@@ -452,7 +442,7 @@ class CountingStage:
         consumer = self._consumer
         assert consumer is not None
         await self.reference_ready.wait()  # budgets and prices whole before the first batch
-        consumer.subscribe([self.topics.usage_raw], listener=_Rebalance(self))
+        consumer.subscribe([self.topics.usage_raw], listener=StageRebalance(self))
         interval = self.config.commit_seconds
         while True:
             if self._failed is not None:

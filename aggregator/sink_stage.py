@@ -31,11 +31,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
+from aggregator.rebalance import StageRebalance
 from aggregator.sink_owner import sink_client_id
 from schemas.topics import Topics
 
@@ -53,17 +54,6 @@ RECORDS_PER_FETCH: Final = 4_000
 #: a sink waiting for ClickHouse does not poll; after this long without a poll the consumer
 #: leaves the group and its partitions move (a re-delivery the fences absorb)
 MAX_POLL_INTERVAL_MS: Final = 15 * 60 * 1000
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, stage: SinkStage) -> None:
-        self.stage = stage
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.stage.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.stage.on_assigned(assigned)
 
 
 class SinkStage:
@@ -114,7 +104,7 @@ class SinkStage:
         )
         await self._consumer.start()
         self._consumer.subscribe(
-            [self.topics.usage_priced, self.topics.budget_verdicts], listener=_Rebalance(self)
+            [self.topics.usage_priced, self.topics.budget_verdicts], listener=StageRebalance(self)
         )
         self._task = asyncio.create_task(self._run(), name="sink-stage")
         self._task.add_done_callback(self._ended)

@@ -76,12 +76,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def client(engine: str) -> Iterator[Any]:
     """A client on a fresh database holding the shipped DDL (aggregator/sink/ddl)."""
-    admin = open_client(engine)
-    name = f"t{next(_db_numbers)}"
-    admin.command(f"CREATE DATABASE {name}")
-    admin.close()
-    ch = open_client(engine, database=name)
-    apply_schema(ch)
+    ch = _fresh_database(engine)
     yield ch
     ch.close()
 
@@ -453,6 +448,7 @@ def test_a_usage_priced_record_that_does_not_decode_is_rejected_not_skipped(
 
 
 def _fresh_database(engine: str) -> Any:
+    """A client on a new database of the module's engine, holding the shipped DDL."""
     admin = open_client(engine)
     name = f"t{next(_db_numbers)}"
     admin.command(f"CREATE DATABASE {name}")
