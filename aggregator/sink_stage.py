@@ -77,7 +77,7 @@ class SinkStage:
         self._crash_task: asyncio.Future[None] | None = None
         #: records read and not yet stored, per partition (pruned on revocation)
         self._collected: dict[TopicPartition, list[Any]] = {}
-        #: held while a batch is stored and committed: a revocation waits for it
+        #: held while a batch is stored: a revocation waits for it, then commits it
         self._lock = asyncio.Lock()
         #: source partition -> next offset to store (for the lag gauge)
         self._stored_to: dict[TopicPartition, int] = {}
