@@ -9,7 +9,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.admin import AlterPartitionReassignmentsRequest
 
 from schemas.errors import ConfigError
@@ -251,7 +251,15 @@ async def _wait_for_leaders(
     """A new topic takes a moment to elect its leaders; producing before that only logs retries."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
-        described = await admin.describe_topics(names)
+        try:
+            described = await admin.describe_topics(names)
+        except KafkaError as exc:
+            # the admin client asks a random broker: one that is down answers this way,
+            # the next attempt picks another
+            if not exc.retriable:
+                raise
+            await asyncio.sleep(0.5)
+            continue
         if all(
             t["error_code"] == 0
             and t["partitions"]
