@@ -1,1 +1,0 @@
-"""Alert delivery: the shared alert topic to webhooks, each alert once per webhook (README.md)."""
