@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 class ClickHouseWriter:
     """The sink stage's side of ClickHouse: open once, write a batch until it is stored.
 
-    A batch is acknowledged to Kafka only after ``write_until_done`` returns, so
+    A batch is committed to Kafka only after its ``write_*_until_done`` returned, so
     while ClickHouse is away the sink stage waits (and Kafka keeps the rows);
     the counting stage, verdicts and alerts do not depend on it.
     """
@@ -110,16 +110,6 @@ class ClickHouseWriter:
         """Store budget.verdicts records in budget_state, retrying until done."""
         sink = await self.open()
         await self._until_done(sink.write_verdict_messages, messages)
-
-    async def write_until_done(
-        self, records: list[dict[str, Any]], *, verdicts: bool = False
-    ) -> None:
-        """Store decoded PricedUsage (or Verdict) records, retrying until done."""
-        sink = await self.open()
-        inserted = await self._until_done(sink.write_verdicts if verdicts else sink.write, records)
-        if not verdicts:
-            self.metrics.sink_rows.inc(inserted)
-            self.metrics.sink_skipped.inc(len(records) - inserted)
 
     async def _until_done(self, write: Callable[[Any], int], batch: Any) -> int:
         backoff = 0.5

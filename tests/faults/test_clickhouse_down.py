@@ -3,7 +3,7 @@
 The embedded store (chdb) lives inside the worker, so "unavailable" is produced on what it
 stands on: its filesystem (a size-limited tmpfs mounted for the test) fills up while the
 worker runs under load. Every INSERT then fails in the engine (NOT_ENOUGH_SPACE, code 243),
-which is the real retry path of aggregator/agents.py: ``ClickHouseWriter.write_until_done``
+which is the real retry path of aggregator/agents.py: ``ClickHouseWriter._until_done``
 retries the same batch, kept as the sink's pending insert with the same dedup token, with
 backoff, and acknowledges nothing to Kafka meanwhile. The counting stage does not wait for
 it: the enforcer's verdicts must reach the exact ledger sums during the outage. When space
