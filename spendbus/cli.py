@@ -38,6 +38,7 @@ def _register_optional() -> None:
     from spendbus.commands.gateway import gateway
     from spendbus.commands.ingest import ingest
     from spendbus.commands.keys import keys
+    from spendbus.commands.notify import notify
     from spendbus.commands.prices_sync import prices_diff, prices_import
     from spendbus.commands.pricing import price, prices
     from spendbus.commands.replay import replay, snapshot
@@ -57,6 +58,7 @@ def _register_optional() -> None:
     cli.add_command(dlq)
     cli.add_command(gateway)
     cli.add_command(keys)
+    cli.add_command(notify)
     cli.add_command(replay)
     cli.add_command(snapshot)
     cli.add_command(acls)
