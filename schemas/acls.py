@@ -63,7 +63,7 @@ ALLOW: Final = 3
 #: the resource name of the cluster resource
 CLUSTER_NAME: Final = "kafka-cluster"
 
-ROLES: Final = ("gateway", "sidecar", "aggregator", "operator")
+ROLES: Final = ("gateway", "sidecar", "aggregator", "notifier", "operator")
 
 _READ = (Operation.READ, Operation.DESCRIBE)
 _WRITE = (Operation.WRITE, Operation.DESCRIBE)
@@ -166,6 +166,12 @@ def role_bindings(
             # the counting group, the sink's group, the alert relay's group
             *_on(ResourceType.GROUP, app, _READ, PatternType.PREFIXED),
         ]
+    elif role == "notifier":
+        entries = [
+            *_topic(base.shared_alerts, *_READ),
+            *_topic(base.budget_policies, *_READ),
+            *_topic(base.notify_deliveries, Operation.READ, *_WRITE),
+        ]
     elif role == "operator":
         shared = [
             base.usage_raw,
@@ -175,6 +181,7 @@ def role_bindings(
             base.generations,
             base.counter_snapshots,
             base.gateway_keys,
+            base.notify_deliveries,
         ]
         derived = [base.usage_priced, base.budget_verdicts, base.shared_alerts, app]
         entries = [

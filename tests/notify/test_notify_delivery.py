@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,8 +26,11 @@ from notify_kit import (
     unpriced,
     verify,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
+from notify.webhooks import derived_webhook_id
 from schemas.topics import Topics
+from spendbus.stack.kafka import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +48,17 @@ def _secret(tmp_path: Path) -> Path:
     path.write_text(SECRET + "\n")
     path.chmod(0o600)
     return path
+
+
+def _metrics(port: int) -> dict[tuple[str, str], float]:
+    """(sample name, webhook label) -> value, from the notifier's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, sample.labels.get("webhook", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def _per_key(received: list) -> collections.Counter[str]:
@@ -183,6 +198,7 @@ def test_failing_webhook_does_not_hold_the_others(
     alerts = [threshold_alert("acme-monthly", f"org-{n}") for n in range(5)]
     publish_alerts(kafka_bootstrap, topics, alerts)
     log = tmp_path / "notify.log"
+    metrics_port = free_port()
     args = [
         "--webhook",
         receiver.url("/down"),
@@ -190,6 +206,8 @@ def test_failing_webhook_does_not_hold_the_others(
         receiver.url("/up"),
         "--webhook",
         receiver.url("/gone"),
+        "--metrics-port",
+        str(metrics_port),
         *FAST,
     ]
     notifier = NotifierProcess(kafka_bootstrap, topics, log, args).start()
@@ -202,6 +220,14 @@ def test_failing_webhook_does_not_hold_the_others(
             lambda: sum(d.status == "failed" for d in deliveries(kafka_bootstrap, topics)) >= 5,
             log=log,
         )
+        # the metrics, per webhook id (never its URL): /down waits with all five queued
+        down, up, gone = (derived_webhook_id(receiver.url(p)) for p in ("/down", "/up", "/gone"))
+        samples = _metrics(metrics_port)
+        assert samples[("spendbus_notify_delivered_total", up)] == 5
+        assert samples[("spendbus_notify_failed_total", gone)] == 5
+        assert samples[("spendbus_notify_retries_total", down)] >= 1
+        assert samples[("spendbus_notify_queued", down)] >= 4
+        assert not any(receiver.url("/") in name for name, _ in samples)
     finally:
         notifier.stop()
     # a 404 is not retried: one attempt each, recorded failed

@@ -1,5 +1,5 @@
 """notify without a broker: webhook config and filters, redaction, the payload and its
-signature, the backoff."""
+signature, the backoff, the notifier's ACL role."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from notify_kit import threshold_alert, unpriced
 
 from notify.payload import body, signature, summary, verify_signature
 from notify.webhooks import RetryPolicy, load_webhooks, redact_url
+from schemas.acls import role_bindings
 from schemas.errors import ConfigError
+from schemas.topics import Topics
 
 
 def test_redact_url_keeps_scheme_and_host_only() -> None:
@@ -102,3 +104,20 @@ def test_backoff_grows_and_is_capped() -> None:
     assert [policy.delay(n, 0.999999) for n in (1, 2, 3)] == pytest.approx([1, 2, 4], rel=1e-3)
     assert policy.delay(10, 0.999999) == pytest.approx(10, rel=1e-3)
     assert policy.delay(3, 0.0) == 2  # jitter keeps at least half
+
+
+def test_the_notifier_role_reads_alerts_and_budgets_and_writes_only_its_records() -> None:
+    topics = Topics("p.")
+    granted = {
+        (b.resource_name, b.operation.name)
+        for b in role_bindings("notifier", "User:notify", topics)
+    }
+    assert granted == {
+        (topics.shared_alerts, "READ"),
+        (topics.shared_alerts, "DESCRIBE"),
+        (topics.budget_policies, "READ"),
+        (topics.budget_policies, "DESCRIBE"),
+        (topics.notify_deliveries, "READ"),
+        (topics.notify_deliveries, "WRITE"),
+        (topics.notify_deliveries, "DESCRIBE"),
+    }
