@@ -74,6 +74,11 @@ class EnforcerConfig(BaseModel):
     sidecar_host: str = "127.0.0.1"
     sidecar_port: int = Field(default=8787, ge=0, le=65535)
     sidecar_token: SecretStr | None = None
+    #: sidecar: seconds a client has to send a request head (also the longest a keep-alive
+    #: connection idles; a slower sender is disconnected), and to send the body once the
+    #: head is in (408 after)
+    sidecar_header_timeout_s: float = Field(default=30.0, gt=0)
+    sidecar_body_timeout_s: float = Field(default=60.0, gt=0)
     #: sidecar: publish a refusal UsageEvent to usage.raw for every refused check
     publish_refusals: bool = True
 

@@ -142,6 +142,25 @@ def decision_json(decision: Decision, *, counters: bool = False) -> bytes:
     )
 
 
+def _invalid_json(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(
+        body=_dumps({"error": "invalid_json", "message": message}), content_type=_JSON_TYPE
+    )
+
+
+def _refused(status: int, message: str) -> web.HTTPException:
+    """A body refused unread: 413 (too large) or 408 (too slow); the connection closes."""
+    exc: web.HTTPException
+    if status == 413:
+        body = _dumps({"error": "body_too_large", "message": message})
+        exc = web.HTTPRequestEntityTooLarge(MAX_BODY, text=None, body=body, content_type=_JSON_TYPE)
+    else:
+        body = _dumps({"error": "body_timeout", "message": message})
+        exc = web.HTTPRequestTimeout(body=body, content_type=_JSON_TYPE)
+    exc.force_close()
+    return exc
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_dumps(data), status=status, content_type=_JSON_TYPE)
 
@@ -168,6 +187,23 @@ def routes(
     expected = f"Bearer {token}".encode() if token else None
     # Enforcer.check is this call (compiled) behind an interpreted method: call it directly
     decide = enforcer.checker.check
+    body_timeout_s = config.sidecar_body_timeout_s
+
+    async def receive(request: web.BaseRequest) -> bytes:
+        """The body within the body deadline and MAX_BODY, else a 408/413 that closes the
+        connection (nothing of the rest of the body is read)."""
+        declared = request.content_length
+        if declared is not None and declared > MAX_BODY:
+            raise _refused(413, f"a body of {declared} bytes is over the {MAX_BODY}-byte limit")
+        try:
+            async with asyncio.timeout(body_timeout_s):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _refused(413, f"the body is over the {MAX_BODY}-byte limit") from None
+        except TimeoutError:
+            raise _refused(
+                408, f"the body was not received within {body_timeout_s:g} s of its head"
+            ) from None
 
     def unauthorized(request: web.BaseRequest) -> web.Response | None:
         """A 401 unless the request carries the bearer token (checked inline: no middleware
@@ -186,26 +222,32 @@ def routes(
             return _loads(raw)
         except msgspec.DecodeError:
             pass
+        except RecursionError:
+            raise _invalid_json("nested too deeply to read") from None
         # what msgspec refuses but the stdlib reads (NaN, ...) gets the same answer as
         # before: the context's validation says which field is wrong
         try:
             return json.loads(raw)
+        except RecursionError:
+            raise _invalid_json("nested too deeply to read") from None
         except (ValueError, UnicodeDecodeError) as exc:
-            raise web.HTTPBadRequest(
-                body=_dumps({"error": "invalid_json", "message": str(exc)}),
-                content_type=_JSON_TYPE,
-            ) from None
+            raise _invalid_json(str(exc)) from None
 
     async def read_json(request: web.BaseRequest) -> Any:
-        return parse_json(await request.read())
+        return parse_json(await receive(request))
 
     async def check(request: web.BaseRequest) -> web.Response:
         if (denied := unauthorized(request)) is not None:
             return denied
-        raw = await request.read()
+        # the common case (the whole body came with the head) reads without a timer
+        content = request.content
+        if content.is_eof() and (request.content_length or 0) <= MAX_BODY:
+            raw = await request.read()
+        else:
+            raw = await receive(request)
         try:  # the common case without a second coroutine (parse_json has the fallbacks)
             data = _loads(raw)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             data = parse_json(raw)
         reserve = True
         if isinstance(data, dict) and "reserve" in data:
@@ -384,7 +426,15 @@ def create_server(
         create_handler(enforcer, publisher, token=token),
         request_factory=request_factory,
         access_log=None,
+        **server_options(enforcer.config),
     )
+
+
+def server_options(config: EnforcerConfig) -> dict[str, Any]:
+    """aiohttp server settings for the sidecar: the header deadline is aiohttp's
+    ``keepalive_timeout``, armed when a connection opens and after each response (a
+    connection without a whole request head by then is closed)."""
+    return {"keepalive_timeout": config.sidecar_header_timeout_s}
 
 
 def _settle_event(usage: dict[str, Any], now_s: float) -> dict[str, Any]:

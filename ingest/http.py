@@ -19,7 +19,12 @@ A thin adapter over :class:`~ingest.publisher.UsagePublisher`:
       the same event_id; the aggregator counts an event_id once. So a client
       retries a request whose answer it did not get, unchanged.
     - ``401`` without a valid token; ``413`` for a body over ``max_body_bytes``
-      or more than ``max_events`` events; ``400`` for a body that is not a JSON array.
+      (a declared ``Content-Length`` over it is refused before anything is read)
+      or more than ``max_events`` events; ``400`` for a body that is not a JSON
+      array (malformed, or nested too deeply to read); ``408`` for a body not
+      received within ``body_timeout_s`` of its head. A 408 or 413 closes the
+      connection. A request head not received within ``header_timeout_s`` (which
+      is also the longest a keep-alive connection idles) closes the connection.
 
 ``GET /healthz``
     ``200`` with the publisher's status while it runs, else ``503``. No auth.
@@ -41,6 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from ingest.errors import PublisherClosed, PublishTimeout, SpoolFull, reason_of
 from ingest.publisher import PublisherConfig, UsagePublisher
+from ingest.receive import BodyRefused, close_after, read_body, server_options
 from schemas.errors import ConfigError, InvalidRecord
 from schemas.usage import usage_event_from_json
 
@@ -49,6 +55,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_MAX_EVENTS: Final = 10_000
 DEFAULT_ACK_TIMEOUT_S: Final = 10.0
+#: seconds a client has to send a request head (and the longest a keep-alive connection
+#: idles), and to send the body once the head is in (408 after)
+DEFAULT_HEADER_TIMEOUT_S: Final = 30.0
+DEFAULT_BODY_TIMEOUT_S: Final = 60.0
 #: seconds a client is told to wait before retrying after a 503
 RETRY_AFTER_S: Final = 5
 
@@ -70,6 +80,7 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_events: int = DEFAULT_MAX_EVENTS,
     ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> web.Application:
     """The ingest app over a publisher the caller starts and stops (see :func:`create_app`)."""
     if not token:
@@ -100,9 +111,9 @@ def build_app(
                 401, {"error": "missing or invalid bearer token"}, **{"WWW-Authenticate": "Bearer"}
             )
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return answer(413, {"error": f"body larger than {max_body_bytes} bytes"})
+            body = await read_body(request, timeout_s=body_timeout_s, max_bytes=max_body_bytes)
+        except BodyRefused as exc:
+            return close_after(answer(exc.status, {"error": exc.reason}))
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -208,15 +219,25 @@ def run(
     host: str = "127.0.0.1",
     port: int = 8787,
     print_fn: Callable[..., None] | None = print,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     **options: Any,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop the publisher."""
     app = create_app(config, token=token, **options)
-    web.run_app(app, host=host, port=port, print=print_fn, access_log=None)
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        print=print_fn,
+        access_log=None,
+        **server_options(header_timeout_s),
+    )
 
 
 __all__ = [
     "DEFAULT_ACK_TIMEOUT_S",
+    "DEFAULT_BODY_TIMEOUT_S",
+    "DEFAULT_HEADER_TIMEOUT_S",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_EVENTS",
     "PUBLISHER_KEY",

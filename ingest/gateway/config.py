@@ -188,9 +188,17 @@ class GatewayConfig(_Frozen):
     sessions: Sessions = Field(default_factory=Sessions)
     #: largest request body accepted (413 above)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    #: seconds a client has to send each request's head (headers), which is also the
+    #: longest a keep-alive connection stays idle: a slower sender is disconnected
+    header_timeout_s: float = Field(default=30.0, gt=0)
+    #: seconds a client has to send a request's body once its head is in (408 after)
+    body_timeout_s: float = Field(default=60.0, gt=0)
     #: seconds to connect to an upstream, and the longest silence while reading from it
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)
+    #: connections to the upstreams open at once; a request waits at most
+    #: ``connect_timeout_s`` for one (then 502, released, not charged)
+    max_upstream_connections: int = Field(default=1024, ge=1)
     #: what the other rooms are configured with (validated by the composition)
     kafka: dict[str, Any] = Field(default_factory=dict)
     enforcer: dict[str, Any] = Field(default_factory=dict)

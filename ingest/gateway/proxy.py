@@ -39,6 +39,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from ingest.receive import BodyRefused, close_after, read_body, server_options
 from ingest.taps import EstimatorConfig, RequestInfo, TapResult, open_tap, read_request
 from schemas.errors import InvalidRecord, SpendbusError
 from schemas.usage import new_usage_event
@@ -267,13 +268,18 @@ class Gateway:
     async def start(self) -> None:
         if self._client is None:
             self._client = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                connector=aiohttp.TCPConnector(
+                    limit=self.config.max_upstream_connections, ttl_dns_cache=300
+                ),
                 auto_decompress=False,  # relay the provider's bytes as they are
                 # no sock_read: it re-arms a timer per chunk received; the read
                 # timeout is the headers' deadline (response_deadline) and the
                 # body's _ReadDeadline instead
+                # connect: the wait for a free pooled connection and the connecting
                 timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self.config.connect_timeout_s
+                    total=None,
+                    connect=self.config.connect_timeout_s,
+                    sock_connect=self.config.connect_timeout_s,
                 ),
             )
 
@@ -287,6 +293,10 @@ class Gateway:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+    def server_options(self) -> dict[str, Any]:
+        """What the aiohttp runner serving :meth:`app` needs (the header deadline)."""
+        return server_options(self.config.header_timeout_s)
 
     def response_deadline(self) -> asyncio.Timeout:
         """The wait for an upstream's response headers, bounded by the read timeout."""
@@ -372,11 +382,14 @@ class Gateway:
             return who
         vk, upstream = who
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(
-                route.family, 413, f"Request body over {self.config.max_body_bytes} bytes."
+            body = await read_body(
+                request,
+                timeout_s=self.config.body_timeout_s,
+                max_bytes=self.config.max_body_bytes,
             )
+        except BodyRefused as exc:
+            self.metrics.requests.labels(route.family, f"body_{exc.status}").inc()
+            return close_after(error_response(route.family, exc.status, exc.reason))
         call = _Call(route, vk, upstream, body)
         if not route.metered:
             self.metrics.requests.labels(route.family, "not_metered").inc()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +156,12 @@ class _Session:
             if msg.type == WSMsgType.TEXT:
                 text: str = msg.data
                 self.tap.feed_client_message(text)
-                if _is_response_create(text) and not await self._admit(client, text):
+                kind = _client_event_type(text)
+                if kind is _TOO_DEEP:
+                    # unreadable here, so never passed on unchecked: refused in OpenAI's shape
+                    await client.send_str(_error_event("invalid_request_error", _TOO_DEEP, None))
+                    continue
+                if kind == "response.create" and not await self._admit(client, text):
                     continue
                 await upstream.send_str(text)
             elif msg.type == WSMsgType.BINARY:
@@ -202,25 +208,8 @@ class _Session:
             message = nested["message"]
         elif isinstance(body.get("message"), str):
             message = body["message"]
-        try:
-            client_event = json.loads(text).get("event_id")
-        except ValueError:
-            client_event = None
-        await client.send_str(
-            json.dumps(
-                {
-                    "type": "error",
-                    "event_id": f"event_spendbus_{id(decision):x}",
-                    "error": {
-                        "type": "insufficient_quota",
-                        "code": "insufficient_quota",
-                        "message": message,
-                        "param": None,
-                        "event_id": client_event,
-                    },
-                }
-            )
-        )
+        client_event = json.loads(text).get("event_id")  # read whole by _client_event_type
+        await client.send_str(_error_event("insufficient_quota", message, client_event))
         return False
 
     async def _charge(self, result: TapResult) -> None:
@@ -272,14 +261,40 @@ class _Session:
         self.spare = None
 
 
-def _is_response_create(text: str) -> bool:
-    """Whether a client message is a response.create (read structurally: every message is
-    parsed, so neither size nor JSON escapes can slip one past the check)."""
+#: what a client message nested too deeply to parse is answered (and not forwarded)
+_TOO_DEEP = "The event is nested too deeply to read; it was not sent."
+
+
+def _client_event_type(text: str) -> str | None:
+    """A client message's ``type`` (read structurally: every message is parsed, so neither
+    size nor JSON escapes can slip a response.create past the check); None when it has
+    none or is not JSON (the upstream answers that), ``_TOO_DEEP`` when too deeply nested
+    to parse."""
     try:
         obj = json.loads(text)
     except ValueError:
-        return False
-    return isinstance(obj, dict) and obj.get("type") == "response.create"
+        return None
+    except RecursionError:
+        return _TOO_DEEP
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _error_event(code: str, message: str, client_event: Any) -> str:
+    """An ``error`` server event in OpenAI's shape, from the gateway itself."""
+    return json.dumps(
+        {
+            "type": "error",
+            "event_id": f"event_spendbus_{uuid.uuid4().hex[:20]}",
+            "error": {
+                "type": code,
+                "code": code,
+                "message": message,
+                "param": None,
+                "event_id": client_event if isinstance(client_event, str) else None,
+            },
+        }
+    )
 
 
 __all__ = ["RealtimeRelay"]

@@ -25,7 +25,12 @@ class GatewayServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> str:
-        runner = web.AppRunner(self.gateway.app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.gateway.app(),
+            access_log=None,
+            handle_signals=False,
+            **self.gateway.server_options(),
+        )
         await runner.setup()
         # What exists before the first request (imports, config, the enforcer's state, the
         # price book) lives as long as the server: frozen, a full collection no longer walks

@@ -205,6 +205,20 @@ def ingest_file_command(
     show_default=True,
     help="Seconds a request waits for the broker's acknowledgement before answering 503.",
 )
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a client has to send a request head (and the longest a connection idles).",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds a client has to send a body once its head is in (408 after).",
+)
 @_common
 def serve(
     host: str,
@@ -212,6 +226,8 @@ def serve(
     token: str | None,
     max_body_bytes: int,
     ack_timeout: float,
+    header_timeout: float,
+    body_timeout: float,
     bootstrap: str | None,
     topic_prefix: str | None,
     spool_dir: Path | None,
@@ -238,4 +254,6 @@ def serve(
         port=port,
         max_body_bytes=max_body_bytes,
         ack_timeout_s=ack_timeout,
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
     )

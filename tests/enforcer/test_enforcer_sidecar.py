@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from enforcer_testkit import NOW, budget, loaded_enforcer, refresh, verdict
+from slow_sender import head, send_then_stall
 
 from enforcer import Context, Enforcer, create_app
 from enforcer.sidecar import MAX_BODY, create_server
@@ -300,3 +301,45 @@ async def test_check_answers_with_the_bytes_of_the_full_decision(client) -> None
         expected["hold_id"] = d["hold_id"]
         assert raw == msgspec.json.encode(expected)
         e.release(again.hold_id)
+
+
+async def test_json_nested_too_deeply_is_400_not_500(client) -> None:  # type: ignore[no-untyped-def]
+    c, e = client
+    deep_array = b"[" * 50_000 + b"]" * 50_000  # well inside MAX_BODY
+    deep_object = b'{"a":' * 20_000 + b"1" + b"}" * 20_000
+    for path in ("/v1/check", "/v1/settle"):
+        for body in (deep_array, deep_object):
+            r = await c.post(path, data=body, headers=AUTH)
+            answer = await r.json()
+            assert r.status == 400 and answer["error"] == "invalid_json", (path, answer)
+            assert "nested too deeply" in answer["message"]
+    assert len(e.holds) == 0 and sum(e.metrics.decisions.values()) == 0
+
+
+@SERVED
+async def test_a_slow_sender_gets_408_or_is_disconnected_and_decides_nothing(how: str) -> None:
+    e, _clock = loaded_enforcer(
+        [ORG],
+        [verdict(ORG, ["acme"], spent_nanos=USD // 2)],
+        sidecar_header_timeout_s=0.2,
+        sidecar_body_timeout_s=0.2,
+    )
+    async with TestClient(served(how, e, TOKEN)) as c:
+        url = str(c.make_url("/"))
+        # a body that never finishes: 408 with the reason, and the connection is closed
+        partial = head(
+            "POST",
+            "/v1/check",
+            {**AUTH, "Content-Type": "application/json", "Content-Length": "500"},
+        )
+        answer = await send_then_stall(url, partial + b'{"org_id": "acme"')
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b"body_timeout" in answer
+        # a body declared over the limit: 413 at once, nothing read
+        huge = head("POST", "/v1/check", {**AUTH, "Content-Length": str(MAX_BODY * 100)})
+        answer = await send_then_stall(url, huge)
+        assert answer.startswith(b"HTTP/1.1 413") and b"body_too_large" in answer
+        if how == "server":  # what `enforcer serve` runs: the head has a deadline too
+            assert await send_then_stall(url, b"POST /v1/check HTTP/1.1\r\nHost: x\r\n") == b""
+        assert len(e.holds) == 0 and sum(e.metrics.decisions.values()) == 0
+        assert (await c.post("/v1/check", json=CTX, headers=AUTH)).status == 200

@@ -213,7 +213,9 @@ async def gateway_stack(
         await publisher.start()
         try:
             gw = Gateway(config, gate, publisher, credentials=config.credentials({}))
-            runner = web.AppRunner(gw.app(), access_log=None, handle_signals=False)
+            runner = web.AppRunner(
+                gw.app(), access_log=None, handle_signals=False, **gw.server_options()
+            )
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

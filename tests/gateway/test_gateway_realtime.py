@@ -152,3 +152,29 @@ async def test_a_response_cut_short_is_charged_an_estimate(
         assert event["usage_source"] == "estimated"
         assert event["output_tokens"] > 0
         assert stack.upstream.stats.routes["/v1/realtime"].cuts == 1
+
+
+async def test_a_message_nested_too_deeply_is_refused_and_the_session_goes_on(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"{stack.url}/v1/realtime?model={MODEL}",
+                headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}"},
+            ) as ws,
+        ):
+            await until(ws, "session.created")
+            await ws.send_str("[" * 100_000 + "]" * 100_000)
+            error = await until(ws, "error")
+            assert error["error"]["type"] == "invalid_request_error"
+            assert "nested too deeply" in error["error"]["message"]
+            for message in ask("What is usage.raw?"):
+                await ws.send_str(json.dumps(message))
+            done = await until(ws, "response.done")
+        events = await stack.events(1)
+        assert (
+            len(events) == 1
+            and events[0]["output_tokens"] == done["response"]["usage"]["output_tokens"]
+        )

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from http_testkit import DEAD_BOOTSTRAP, TOKEN, consume, json_event
+from slow_sender import head, send_then_stall
 
 from ingest.http import build_app
 from ingest.publisher import PublisherConfig, UsagePublisher
+from ingest.receive import server_options
 from schemas.topics import Topics
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -104,7 +106,7 @@ async def test_bad_token_counts_name_the_event_and_field_and_nothing_is_publishe
         (b"[" * 100_000 + b"]" * 100_000, 400, "invalid JSON"),
         (b"[NaN]", 400, "<event>"),
         (json.dumps([json_event(i) for i in range(101)]).encode(), 413, "at most 100"),
-        (b"[" + b" " * 300_000 + b"]", 413, "larger than"),
+        (b"[" + b" " * 300_000 + b"]", 413, "is over the 262144-byte limit"),
     ],
 )
 async def test_malformed_bodies_get_a_clear_answer(
@@ -164,3 +166,24 @@ async def test_unreachable_broker_answers_503_and_keeps_the_events(tmp_path: Pat
     finally:
         await client.close()
         await pub.stop(timeout=0.1)
+
+
+async def test_a_slow_sender_gets_408_or_is_disconnected_and_nothing_is_published(
+    publisher: UsagePublisher,
+) -> None:
+    app = build_app(publisher, token=TOKEN, max_body_bytes=64 * 1024, body_timeout_s=0.2)
+    # what `ingest serve` runs the app with (run: web.run_app(..., **server_options(...)))
+    server = TestServer(app)
+    await server.start_server(**server_options(0.2))  # runner keywords go here, not to __init__
+    async with TestClient(server) as client:
+        url = str(client.make_url("/"))
+        assert await send_then_stall(url, b"POST /v1/usage HTTP/1.1\r\nHost: x\r\n") == b""
+        slow = head("POST", "/v1/usage", {**AUTH, "Content-Length": "500"}) + b"[{"
+        answer = await send_then_stall(url, slow)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"not received within 0.2 s" in answer
+        huge = head("POST", "/v1/usage", {**AUTH, "Content-Length": str(10**9)})
+        answer = await send_then_stall(url, huge)
+        assert answer.startswith(b"HTTP/1.1 413") and b"over the 65536-byte limit" in answer
+        assert (await client.post("/v1/usage", json=[], headers=AUTH)).status == 202
+    assert publisher.metrics.registry.get_sample_value("spendbus_ingest_spooled_events_total") == 0
