@@ -51,6 +51,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -70,6 +71,12 @@ CURSOR: Final = struct.Struct("<QI")
 #: a frame longer than this is garbage (an encoded UsageEvent is far smaller)
 MAX_FRAME: Final = 16 * 1024 * 1024
 SEGMENT_SUFFIX: Final = ".seg"
+#: the names of the segments this spool writes (``<base:020d>.seg``)
+_SEGMENT_NAME: Final = re.compile(r"[0-9]{20}\.seg")
+#: what a ``*.seg`` file that is not a segment is renamed to end with (out of the way)
+FOREIGN_SUFFIX: Final = ".foreign"
+#: spool files hold user ids: readable and writable by their owner only
+FILE_MODE: Final = 0o600
 
 _FRAME_KEY_HEAD: Final = struct.Struct("<IIH")
 
@@ -109,6 +116,8 @@ class Recovery:
     truncated_bytes: int
     segments: int
     pending_bytes: int
+    #: ``*.seg`` files that are not this spool's segments (skipped, never read or deleted)
+    foreign_files: tuple[str, ...] = ()
 
 
 class Spool:
@@ -132,6 +141,7 @@ class Spool:
         self.persisted = 0
         self.corrupt_bytes = 0
         self.recovery = Recovery(0, 0, 0)
+        self._foreign: list[str] = []
         #: frames at or past this offset were written by this process (from memory, whole):
         #: reading them back skips the CRC check; older ones are checked
         self._trusted_from = 0
@@ -150,8 +160,11 @@ class Spool:
 
     def _open(self) -> None:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+            # the records hold user ids: the owner's only (an older spool's too)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._private(self.directory, 0o700)
+            self._lock_fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, FILE_MODE)
+            os.fchmod(self._lock_fd, FILE_MODE)
         except OSError as exc:
             raise SpoolError(f"cannot open spool directory {self.directory}: {exc}") from None
         try:
@@ -163,11 +176,7 @@ class Spool:
                 f"spool {self.directory} is in use by another publisher (one per directory)"
             ) from None
         (self.directory / "cursor.tmp").unlink(missing_ok=True)  # left by an older version
-        paths = sorted(
-            (p for p in self.directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX)),
-            key=lambda p: int(p.name[: -len(SEGMENT_SUFFIX)]),
-        )
-        for path in paths:
+        for path in self._segment_paths():
             self._open_segment(path)
         cursor = self._read_cursor()
         truncated = self._recover_tail(cursor)
@@ -197,12 +206,44 @@ class Spool:
             )
             acked = first_base
         self.acked = self.persisted = acked
-        self._cursor_fd = os.open(self.directory / "cursor", os.O_RDWR | os.O_CREAT, 0o644)
+        self._cursor_fd = os.open(self.directory / "cursor", os.O_RDWR | os.O_CREAT, FILE_MODE)
+        os.fchmod(self._cursor_fd, FILE_MODE)
         self._release_below(acked)
         if not self._segments:
             self._new_segment(self.write_end)
-        self.recovery = Recovery(truncated, len(self._segments), self.write_end - self.acked)
+        self.recovery = Recovery(
+            truncated, len(self._segments), self.write_end - self.acked, tuple(self._foreign)
+        )
         self._trusted_from = self.write_end
+
+    def _private(self, path: Path, mode: int) -> None:
+        """Take group and other access away from ``path`` (warn when it cannot be done)."""
+        try:
+            if path.stat().st_mode & 0o077:
+                path.chmod(mode)
+        except OSError as exc:
+            log.warning(
+                "spool %s: cannot make %s private to its owner: %s", self.directory, path, exc
+            )
+
+    def _segment_paths(self) -> list[Path]:
+        """This spool's segments, oldest first. Another ``*.seg`` (a stray copy, a name this
+        spool never writes, a directory) is skipped with a warning, never read nor deleted."""
+        found: list[Path] = []
+        for path in self.directory.iterdir():
+            if not path.name.endswith(SEGMENT_SUFFIX):
+                continue
+            if _SEGMENT_NAME.fullmatch(path.name) is None or not path.is_file():
+                self._skip_foreign(path, "not a segment name this spool writes")
+                continue
+            found.append(path)
+        return sorted(found, key=lambda p: int(p.name[: -len(SEGMENT_SUFFIX)]))
+
+    def _skip_foreign(self, path: Path, why: str) -> None:
+        self._foreign.append(path.name)
+        log.warning(
+            "spool %s: %s skipped (%s); it is left as it is", self.directory, path.name, why
+        )
 
     def _open_segment(self, path: Path) -> None:
         base = int(path.name[: -len(SEGMENT_SUFFIX)])
@@ -210,13 +251,17 @@ class Spool:
         size = os.fstat(fd).st_size
         header = os.pread(fd, HEADER_LEN, 0)
         if header != SEGMENT_MAGIC:
+            os.close(fd)
             if size <= HEADER_LEN and SEGMENT_MAGIC.startswith(header):
                 # created but never written (crash while rolling): nothing in it
-                os.close(fd)
                 path.unlink()
                 return
-            os.close(fd)
-            raise SpoolError(f"{path}: not a spendbus spool segment (bad header {header!r})")
+            # not ours: moved out of the way of a segment this spool may create at that base
+            aside = path.with_name(path.name + FOREIGN_SUFFIX)
+            path.rename(aside)
+            self._skip_foreign(path, f"bad header {header!r}; renamed {aside.name}")
+            return
+        os.fchmod(fd, FILE_MODE)
         if self._segments and base != self._segments[-1].base + self._segments[-1].data_bytes:
             last = self._segments[-1]
             # a sealed segment shorter than its successor's base says: bytes are missing
@@ -296,7 +341,7 @@ class Spool:
 
     def _new_segment(self, base: int) -> _Segment:
         path = self.directory / f"{base:020d}{SEGMENT_SUFFIX}"
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, FILE_MODE)
         os.write(fd, SEGMENT_MAGIC)
         segment = _Segment(base, path, fd, HEADER_LEN)
         self._segments.append(segment)

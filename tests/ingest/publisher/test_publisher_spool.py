@@ -211,3 +211,51 @@ def test_any_crash_point_leaves_a_prefix(
     assert got == written[: len(got)]
     if cut == 1:
         assert got == written
+
+
+def test_stray_and_foreign_seg_files_are_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = Spool.open(tmp_path, segment_bytes=4096)
+    written = records(100)
+    spool.append(frames_of(written))
+    spool.close()
+    (tmp_path / "backup.seg").write_bytes(b"anything")  # a name this spool never writes
+    (tmp_path / "old.seg").mkdir()  # not even a file
+    # a foreign file under the name of the next segment this spool would create
+    next_name = f"{spool.write_end:020d}.seg"
+    (tmp_path / next_name).write_bytes(b"NOT A SPOOL SEGMENT AT ALL")
+    with caplog.at_level("WARNING", logger="ingest.publisher.spool"):
+        reopened = Spool.open(tmp_path, segment_bytes=4096)
+    assert sorted(reopened.recovery.foreign_files) == sorted(["backup.seg", "old.seg", next_name])
+    assert sum("skipped" in r.getMessage() for r in caplog.records) == 3
+    assert read_all(reopened) == written  # the spool's own records, all of them
+    # the foreign file was moved aside on open: the spool rolls onto that name freely
+    reopened.append(frames_of(records(200)))
+    reopened.close()
+    assert (tmp_path / "backup.seg").read_bytes() == b"anything"  # left as it is
+    assert (tmp_path / f"{next_name}.foreign").read_bytes() == b"NOT A SPOOL SEGMENT AT ALL"
+
+
+def test_spool_files_are_private_to_their_owner(tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    old_umask = os.umask(0o022)  # the usual umask: would leave files world-readable
+    try:
+        spool = Spool.open(directory, segment_bytes=4096)
+        spool.append(frames_of(records(200)))
+        spool.ack(spool.write_end)
+        spool.persist()
+        spool.close()
+    finally:
+        os.umask(old_umask)
+    assert directory.stat().st_mode & 0o777 == 0o700
+    files = list(directory.iterdir())
+    assert {p.name for p in files} >= {"LOCK", "cursor"} and any(p.suffix == ".seg" for p in files)
+    for path in files:
+        assert path.stat().st_mode & 0o777 == 0o600, path.name
+    # a spool directory left readable by an older version is made private on open
+    directory.chmod(0o755)
+    (directory / "cursor").chmod(0o644)
+    Spool.open(directory, segment_bytes=4096).close()
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert (directory / "cursor").stat().st_mode & 0o777 == 0o600
