@@ -3,7 +3,10 @@
 The bytes the client receives are never touched: a tap decodes a copy of each
 chunk to read usage from it. Output is pushed to a sink in pieces of at most
 ``DECODE_PIECE`` bytes (brotli may overshoot by one internal buffer), so a
-decompression bomb costs CPU, never memory.
+decompression bomb costs no memory; and decoding stops with a
+:class:`DecodeError` once a body's decoded bytes pass ``MAX_DECODED_BYTES``,
+so it costs bounded CPU too (the tap then charges the response
+pessimistically, as for any unreadable body).
 
 gzip (multi-member too) and deflate (zlib-wrapped or raw, as servers differ)
 use the standard library; br needs the ``brotli`` package and zstd the
@@ -34,6 +37,11 @@ _brotli: Any = _optional("brotli")
 _zstandard: Any = _optional("zstandard")
 
 Sink = Callable[[bytes], None]
+#: Decoded bytes one response body may expand to before reading stops: far above any
+#: real response (a whole-body JSON of several base64 images is a few MiB), far below
+#: what a compression bomb expands to (gzip: ~1000x, brotli and zstd: more). Inflating
+#: this much costs at most a few tenths of a second of the event loop per response.
+MAX_DECODED_BYTES = 64 * 1024 * 1024
 #: Compressed bytes per zlib call (see _Zlib.feed).
 _SLICE = 8 * 1024
 
@@ -198,14 +206,20 @@ class ContentDecoder:
     unsupported encoding (at construction) and on corrupt data (in ``feed``).
     """
 
-    def __init__(self, encoding: str | None, sink: Sink) -> None:
+    def __init__(
+        self, encoding: str | None, sink: Sink, *, max_bytes: int = MAX_DECODED_BYTES
+    ) -> None:
         names = [n.strip().lower() for n in (encoding or "").split(",")]
         names = [n for n in names if n and n != "identity"]
         unsupported = [n for n in names if n not in supported_encodings()]
         if unsupported:
             raise DecodeError(f"unsupported content-encoding {', '.join(unsupported)}")
         self.identity = not names
-        target = sink
+        self.max_bytes = max_bytes
+        #: bytes the innermost layer has produced so far
+        self.decoded = 0
+        self._sink = sink
+        target = self._bounded if names else sink
         layers: list[_Layer] = []
         for name in names:  # the first applied is decoded last
             layer = _make(name, target)
@@ -213,6 +227,14 @@ class ContentDecoder:
             target = layer.feed
         self._layers = layers[::-1]  # outermost (last applied) first
         self.feed: Sink = target
+
+    def _bounded(self, piece: bytes) -> None:
+        self.decoded += len(piece)
+        if self.decoded > self.max_bytes:
+            raise DecodeError(
+                f"the body decompresses to more than {self.max_bytes} bytes; reading stopped"
+            )
+        self._sink(piece)
 
     def close(self) -> None:
         for layer in self._layers:

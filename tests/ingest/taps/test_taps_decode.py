@@ -85,3 +85,61 @@ def test_corrupt_and_unsupported() -> None:
 
 def test_trailing_garbage_after_gzip_is_ignored() -> None:
     assert decode("gzip", gzip.compress(TEXT) + b"\n\n")[0] == TEXT
+
+
+def _bomb(encoding: str, size: int) -> bytes:
+    """``size`` zero bytes compressed in ``encoding`` (a few KiB to ~100 KiB)."""
+    zeros = b"\0" * (1 << 20)
+    if encoding == "gzip":
+        packer = zlib.compressobj(9, wbits=31)
+        return b"".join(packer.compress(zeros) for _ in range(size >> 20)) + packer.flush()
+    if encoding == "br":
+        import brotli
+
+        return bytes(brotli.compress(b"\0" * size, quality=1))
+    import zstandard
+
+    return bytes(zstandard.ZstdCompressor().compress(b"\0" * size))
+
+
+@pytest.mark.parametrize(
+    "encoding", [e for e in ("gzip", "br", "zstd") if e in supported_encodings()]
+)
+def test_a_body_decompressing_past_the_bound_is_cut_off(encoding: str) -> None:
+    limit = 3 << 20
+    total = 0
+
+    def sink(piece: bytes) -> None:
+        nonlocal total
+        total += len(piece)
+
+    decoder = ContentDecoder(encoding, sink, max_bytes=limit)
+    bomb = _bomb(encoding, 32 << 20)
+    with pytest.raises(DecodeError, match=f"more than {limit} bytes"):
+        for i in range(0, len(bomb), 16 * 1024):
+            decoder.feed(bomb[i : i + 16 * 1024])
+    assert total <= limit  # nothing past the bound reached the reader
+    assert decoder.decoded <= limit + 2 * DECODE_PIECE  # and little more was inflated
+
+
+def test_a_decompression_bomb_is_charged_pessimistically_by_the_tap() -> None:
+    from ingest.taps import open_tap
+    from ingest.taps.decode import MAX_DECODED_BYTES
+
+    bomb = _bomb("gzip", MAX_DECODED_BYTES + (16 << 20))
+    tap = open_tap(
+        "openai-chat",
+        {"model": "gpt-4o", "max_completion_tokens": 700, "messages": []},
+        content_type="application/json",
+        content_encoding="gzip",
+        status=200,
+    )
+    for i in range(0, len(bomb), 64 * 1024):
+        tap.feed(bomb[i : i + 64 * 1024])
+    result = tap.finish()
+    assert result.usage_source == "estimated"
+    assert result.estimate_reason is not None and "decompresses to more than" in (
+        result.estimate_reason
+    )
+    assert result.output_tokens == 700  # the whole cap: what it generated is unknown
+    assert tap.decoded_bytes <= MAX_DECODED_BYTES
