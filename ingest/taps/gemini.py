@@ -44,8 +44,6 @@ from .shapes import GeminiChunk, GeminiChunkTail
 from .usage import InvalidUsage, Usage, sub, tok
 
 _PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
-#: a grounded answer bills one grounded prompt (schemas/billed_units.py)
-GROUNDED: Final = {"grounded_prompt": 1}
 _BODY_PATHS = frozenset(
     {("usageMetadata",), ("modelVersion",), ("error",), ("candidates", "*", "groundingMetadata")}
     | {("*", "usageMetadata"), ("*", "modelVersion"), ("*", "error")}
@@ -74,23 +72,51 @@ def usage_from(raw: Any) -> Usage:
     )
 
 
-def gemini_audio_units(raw: Any) -> dict[str, int]:
-    """Audio tokens by modality (``promptTokensDetails`` / ``candidatesTokensDetails``:
-    ``[{modality: AUDIO, tokenCount}]``, inside the totals) as billed units."""
-    units: dict[str, int] = {}
-    for field, unit in (
-        ("promptTokensDetails", "input_audio_tokens"),
-        ("candidatesTokensDetails", "output_audio_tokens"),
-    ):
-        details = raw.get(field) if isinstance(raw, dict) else None
-        if isinstance(details, list):
-            for detail in details:
-                if isinstance(detail, dict) and detail.get("modality") == "AUDIO":
-                    try:
-                        units[unit] = units.get(unit, 0) + tok(detail, "tokenCount")
-                    except InvalidUsage:
-                        continue  # inside the totals already: not charged apart
+#: Gemini's token modalities billed at their own rates -> the unit suffix
+_MODALITIES: Final = {"AUDIO": "audio_tokens", "IMAGE": "image_tokens"}
+#: distinct queries counted per candidate: a bound no grounded answer reaches
+MAX_QUERIES_PER_CANDIDATE: Final = 1000
+
+
+def _by_modality(raw: dict[str, Any], field: str) -> dict[str, int]:
+    """The audio and image token counts of one ``*TokensDetails`` list, by unit suffix."""
+    counts: dict[str, int] = {}
+    details = raw.get(field)
+    if isinstance(details, list):
+        for detail in details:
+            modality = detail.get("modality") if isinstance(detail, dict) else None
+            suffix = _MODALITIES.get(modality) if isinstance(modality, str) else None
+            if suffix is not None:
+                try:
+                    counts[suffix] = counts.get(suffix, 0) + tok(detail, "tokenCount")
+                except InvalidUsage:
+                    continue  # inside the totals already: not charged apart
+    return counts
+
+
+def gemini_modality_units(raw: Any) -> dict[str, int]:
+    """Audio and image tokens by modality (``promptTokensDetails`` less
+    ``cacheTokensDetails``, whose tokens are charged as cache reads, and
+    ``candidatesTokensDetails``: ``[{modality, tokenCount}]``, inside the totals) as
+    billed units; a count that is not one is left out (it is in the totals already)."""
+    if not isinstance(raw, dict):
+        return {}
+    cached = _by_modality(raw, "cacheTokensDetails")
+    units = {
+        f"input_{suffix}": max(0, n - cached.get(suffix, 0))
+        for suffix, n in _by_modality(raw, "promptTokensDetails").items()
+    }
+    for suffix, n in _by_modality(raw, "candidatesTokensDetails").items():
+        units[f"output_{suffix}"] = n
     return units
+
+
+def search_queries(metadata: Any) -> list[str]:
+    """``webSearchQueries`` of a candidate's ``groundingMetadata`` (strings only)."""
+    queries = metadata.get("webSearchQueries") if isinstance(metadata, dict) else None
+    if not isinstance(queries, list):
+        return []
+    return [query for query in queries if isinstance(query, str)]
 
 
 class GeminiHandler(Handler):
@@ -103,6 +129,10 @@ class GeminiHandler(Handler):
         self._finished = False
         self._body = False
         self._recent = RecentPayloads()
+        #: a candidate was grounded (one grounded prompt); the distinct search queries
+        #: of each candidate (by its index), as every chunk that carries metadata says
+        self._grounded = False
+        self._queries: dict[int, set[str]] = {}
 
     def usage_from(self, raw: Any) -> Usage:
         return usage_from(raw)
@@ -156,8 +186,9 @@ class GeminiHandler(Handler):
                 finish_reason: str | None = candidate.finishReason
                 if finish_reason:
                     finished = True
-                if candidate.groundingMetadata is not None:
-                    self.count_units(GROUNDED)
+                grounding = candidate.groundingMetadata
+                if grounding is not None:
+                    self._grounding(candidate.index, loads(bytes(grounding))[0])
                 content = candidate.content
                 if content is None:
                     continue
@@ -211,13 +242,30 @@ class GeminiHandler(Handler):
                 if candidate.get("finishReason"):
                     self._finished = True
                 if candidate.get("groundingMetadata") is not None:
-                    self.count_units(GROUNDED)
+                    self._grounding(candidate.get("index"), candidate["groundingMetadata"])
                 content = candidate.get("content")
                 parts = content.get("parts") if isinstance(content, dict) else None
                 if count and isinstance(parts, list):
                     self._parts(parts)
         if obj.get("usageMetadata") is not None:
             self._usage = obj["usageMetadata"]
+
+    def _grounding(self, index: Any, metadata: Any) -> None:
+        """A candidate's ``groundingMetadata``: the prompt was grounded, and its queries
+        (distinct per candidate, so metadata repeated by later chunks counts once)."""
+        self._grounded = True
+        queries = self._queries.setdefault(index if type(index) is int else 0, set())
+        for query in search_queries(metadata):
+            if len(queries) < MAX_QUERIES_PER_CANDIDATE:
+                queries.add(query)
+
+    def _grounding_units(self) -> dict[str, int]:
+        if not self._grounded:
+            return {}
+        return {
+            "grounded_prompt": 1,
+            "grounding_query": sum(len(queries) for queries in self._queries.values()),
+        }
 
     def _parts(self, parts: list[Any]) -> None:
         for part in parts:
@@ -262,11 +310,12 @@ class GeminiHandler(Handler):
             obj = self.parse(data)
             if isinstance(obj, dict):
                 self._chunk(obj, count=False)
+        self.count_units(self._grounding_units())
         if self._usage is None:
             return None
         usage = self.map_usage(self._usage)
         if usage is not None:
-            self.count_units({**self.units, **gemini_audio_units(self._usage)})
+            self.count_units({**self.units, **gemini_modality_units(self._usage)})
         if self._body:
             return usage
         self.partial = usage

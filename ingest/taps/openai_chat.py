@@ -37,7 +37,7 @@ from .base import (
 from .estimate import EstimatorConfig
 from .request import RequestInfo
 from .shapes import ChatChunk
-from .usage import Usage, audio_units, openai_usage
+from .usage import Usage, modality_units, openai_usage
 
 _PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",), ("service_tier",)})
 
@@ -214,7 +214,7 @@ class OpenAIChatHandler(Handler):
             return None
         usage = self.map_usage(self._usage)
         if usage is not None:
-            self.count_units(audio_units(self._usage, "prompt_tokens", "completion_tokens"))
+            self.count_units(modality_units(self._usage, "prompt_tokens", "completion_tokens"))
         if self._body:
             return usage
         self.partial = usage

@@ -33,7 +33,7 @@ from .base import (
 from .estimate import EstimatorConfig
 from .request import RequestInfo
 from .shapes import ResponsesTextDelta
-from .usage import Usage, audio_units, openai_usage
+from .usage import Usage, modality_units, openai_usage
 
 TERMINAL = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
 _EARLY = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
@@ -183,11 +183,24 @@ class OpenAIResponsesHandler(Handler):
         output = response.get("output")
         if isinstance(output, list):
             counts: dict[str, int] = {}
+            containers: set[str] = set()
+            unnamed = False
             for item in output:
                 kind = item.get("type") if isinstance(item, dict) else None
                 unit = TOOL_CALL_UNITS.get(kind) if isinstance(kind, str) else None
                 if unit is not None:
                     counts[unit] = counts.get(unit, 0) + 1
+                if kind == "code_interpreter_call":
+                    container = item.get("container_id")
+                    if isinstance(container, str) and container:
+                        containers.add(container)
+                    else:
+                        unnamed = True  # a session all the same: counted once
+            if containers or unnamed:
+                # a container the request named by id was made by the Containers API,
+                # which bills it; the others were made for this response
+                made = containers.difference(self.request.containers)
+                counts["code_interpreter_session"] = len(made) + (1 if unnamed else 0)
             if counts:  # the terminal response lists every call; response.created none
                 self.count_units(counts)
 
@@ -225,7 +238,7 @@ class OpenAIResponsesHandler(Handler):
             return None
         usage = self.map_usage(self._usage)
         if usage is not None:
-            audio = audio_units(self._usage, "input_tokens", "output_tokens")
+            audio = modality_units(self._usage, "input_tokens", "output_tokens")
             self.count_units({**self.units, **audio})
         if self._body or self._terminal is not None:
             return usage

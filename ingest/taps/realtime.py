@@ -29,7 +29,7 @@ from .base import WHOLE_PARSE_LIMIT, Path, clip, describe_error, loads, text_len
 from .estimate import EstimatorConfig, Observed, estimate_usage
 from .jsonscan import JsonPathScanner
 from .request import RequestInfo
-from .usage import InvalidUsage, TapResult, Usage, audio_units, sub, tok
+from .usage import InvalidUsage, TapResult, Usage, modality_units, sub, tok
 
 _TEXT_DELTAS = frozenset(
     {
@@ -212,7 +212,7 @@ class RealtimeTap:
                 "reported",
                 upstream_error=error,
                 units={
-                    k: n for k, n in audio_units(raw, "input_token", "output_token").items() if n
+                    k: n for k, n in modality_units(raw, "input_token", "output_token").items() if n
                 },
             )
         return self._estimate(

@@ -30,7 +30,11 @@ class RequestInfo:
     ``size`` is the request body in bytes (None: no request was given);
     ``readable`` is False when the body was not a JSON object. ``server_state``
     names what in the request refers to state kept by the provider (empty when
-    none), each as a short phrase for analysts.
+    none), each as a short phrase for analysts. ``containers`` are the
+    code-interpreter containers the request names by id (made earlier through the
+    Containers API). ``unit_caps`` are the billed units the request can be charged at
+    most, known before it is sent (a server tool's ``max_uses``; a grounded prompt):
+    the enforcer's worst case adds them.
     """
 
     size: int | None
@@ -41,6 +45,8 @@ class RequestInfo:
     reasoning: bool
     thinking_budget: int | None
     server_state: tuple[str, ...]
+    containers: tuple[str, ...]
+    unit_caps: tuple[tuple[str, int], ...]
 
     def __init__(  # one a response: compiled, not dataclass's (see usage.Usage)
         self,
@@ -52,6 +58,8 @@ class RequestInfo:
         reasoning: bool = False,
         thinking_budget: int | None = None,
         server_state: tuple[str, ...] = (),
+        containers: tuple[str, ...] = (),
+        unit_caps: tuple[tuple[str, int], ...] = (),
     ) -> None:
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "readable", readable)
@@ -61,6 +69,8 @@ class RequestInfo:
         object.__setattr__(self, "reasoning", reasoning)
         object.__setattr__(self, "thinking_budget", thinking_budget)
         object.__setattr__(self, "server_state", server_state)
+        object.__setattr__(self, "containers", containers)
+        object.__setattr__(self, "unit_caps", unit_caps)
 
 
 def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | None) -> RequestInfo:
@@ -94,6 +104,8 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
         fields.get("reasoning", False),
         fields.get("thinking_budget"),
         tuple(dict.fromkeys(found)),
+        tuple(fields.get("containers", ())),
+        tuple(sorted(fields.get("unit_caps", {}).items())),
     )
 
 
@@ -109,11 +121,17 @@ def _bool(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _tool_types(tools: Any) -> Iterator[str]:
+def _tools(tools: Any) -> Iterator[dict[str, Any]]:
+    """The tools of a request that are objects with a string ``type``."""
     if isinstance(tools, list):
         for tool in tools:
             if isinstance(tool, dict) and isinstance(tool.get("type"), str):
-                yield tool["type"]
+                yield tool
+
+
+def _tool_types(tools: Any) -> Iterator[str]:
+    for tool in _tools(tools):
+        yield tool["type"]
 
 
 def _anthropic(obj: dict[str, Any]) -> dict[str, Any]:
@@ -122,9 +140,15 @@ def _anthropic(obj: dict[str, Any]) -> dict[str, Any]:
     thinking = obj.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
         reasoning, budget = True, _pos_int(thinking.get("budget_tokens"))
-    for kind in _tool_types(obj.get("tools")):
+    caps: dict[str, int] = {}
+    for tool in _tools(obj.get("tools")):
+        kind = tool["type"]
         if kind.startswith(("web_search", "web_fetch", "code_execution", "tool_search", "mcp")):
             state.append(f"server tool {kind}")
+        uses = _pos_int(tool.get("max_uses"))
+        for unit in ("web_search", "web_fetch"):
+            if kind.startswith(unit + "_") and uses is not None:
+                caps[unit] = caps.get(unit, 0) + uses
     if obj.get("mcp_servers"):
         state.append("MCP servers")
     if obj.get("container"):
@@ -136,6 +160,7 @@ def _anthropic(obj: dict[str, Any]) -> dict[str, Any]:
         "reasoning": reasoning,
         "thinking_budget": budget,
         "server_state": state,
+        "unit_caps": caps,
     }
 
 
@@ -173,9 +198,22 @@ def _openai_responses(obj: dict[str, Any]) -> dict[str, Any]:
         state.append("stored prompt")
     if obj.get("background") is True:
         state.append("background mode")
-    for kind in _tool_types(obj.get("tools")):
+    containers: list[str] = []
+    caps: dict[str, int] = {}
+    calls = _pos_int(obj.get("max_tool_calls"))  # bounds all built-in tool calls together
+    for tool in _tools(obj.get("tools")):
+        kind = tool["type"]
         if kind.startswith(_RESPONSES_SERVER_TOOLS):
             state.append(f"server tool {kind}")
+        if kind == "code_interpreter":
+            container = tool.get("container")
+            if isinstance(container, str) and container:
+                containers.append(container)
+            else:  # auto: a container is made for the response
+                caps["code_interpreter_session"] = caps.get("code_interpreter_session", 0) + 1
+        for unit in ("web_search", "file_search"):
+            if kind.startswith(unit) and calls is not None:
+                caps[unit] = calls
     reasoning = obj.get("reasoning")
     return {
         "model": _str(obj.get("model")),
@@ -183,6 +221,8 @@ def _openai_responses(obj: dict[str, Any]) -> dict[str, Any]:
         "max_output_tokens": _pos_int(obj.get("max_output_tokens")),
         "reasoning": isinstance(reasoning, dict) and reasoning.get("effort") != "none",
         "server_state": state,
+        "containers": containers,
+        "unit_caps": caps,
     }
 
 
@@ -204,6 +244,7 @@ def _either(obj: dict[str, Any], camel: str, snake: str) -> Any:
 
 def _gemini(obj: dict[str, Any]) -> dict[str, Any]:
     state: list[str] = []
+    caps: dict[str, int] = {}
     if _either(obj, "cachedContent", "cached_content"):
         state.append("cached content")
     tools = obj.get("tools")
@@ -213,6 +254,8 @@ def _gemini(obj: dict[str, Any]) -> dict[str, Any]:
                 for camel, snake in _GEMINI_SERVER_TOOLS.items():
                     if camel in tool or snake in tool:
                         state.append(f"server tool {camel}")
+                        if camel.startswith("googleSearch"):  # Gemini 2.x: per prompt
+                            caps["grounded_prompt"] = 1
     config = _either(obj, "generationConfig", "generation_config")
     config = config if isinstance(config, dict) else {}
     thinking = _either(config, "thinkingConfig", "thinking_config")
@@ -228,6 +271,7 @@ def _gemini(obj: dict[str, Any]) -> dict[str, Any]:
         "reasoning": reasoning,
         "thinking_budget": budget,
         "server_state": state,
+        "unit_caps": caps,
     }
 
 

@@ -71,6 +71,7 @@ class GeminiContent(msgspec.Struct, gc=False):
 class GeminiCandidate(msgspec.Struct, gc=False):
     content: GeminiContent | None = None
     finishReason: str | None = None
+    index: int | None = None
     #: present (any JSON, not built) when the answer was grounded with Google Search
     groundingMetadata: msgspec.Raw | None = None
 

@@ -254,17 +254,29 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def audio_units(raw: Any, input_field: str, output_field: str) -> dict[str, int]:
-    """OpenAI's audio tokens (``<input>_details.audio_tokens``, ``<output>_details.audio_tokens``,
-    inside the input and output counts) as billed units; the usage was validated first."""
+def modality_units(raw: Any, input_field: str, output_field: str) -> dict[str, int]:
+    """OpenAI's audio and image tokens as billed units: ``<input>_details.audio_tokens`` /
+    ``image_tokens`` less their cached part (``cached_tokens_details``, Realtime: cached
+    tokens are charged as cache reads) and ``<output>_details.audio_tokens`` /
+    ``image_tokens``, all inside the input and output counts; the usage was validated
+    first. A count that is not one is left out (the tokens are in the totals already)."""
     units: dict[str, int] = {}
-    for field, unit in ((input_field, "input_audio_tokens"), (output_field, "output_audio_tokens")):
+    for field, direction, cached_field in (
+        (input_field, "input", "cached_tokens_details"),
+        (output_field, "output", None),
+    ):
         details = raw.get(f"{field}_details") if isinstance(raw, dict) else None
-        if isinstance(details, dict):
+        if not isinstance(details, dict):
+            continue
+        cached = details.get(cached_field) if cached_field is not None else None
+        for modality in ("audio", "image"):
             try:
-                units[unit] = tok(details, "audio_tokens")
+                count = tok(details, f"{modality}_tokens")
+                if isinstance(cached, dict):
+                    count = max(0, count - tok(cached, f"{modality}_tokens"))
             except InvalidUsage:
-                continue  # not charged apart: the tokens are already in the total
+                continue
+            units[f"{direction}_{modality}_tokens"] = count
     return units
 
 

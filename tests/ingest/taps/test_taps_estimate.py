@@ -282,3 +282,36 @@ def test_estimate_through_a_tap_applies_the_server_state_floor() -> None:
     result = tap.finish(cut="client_disconnected")
     assert (result.input_tokens, result.output_tokens) == (200_000, 2)
     assert result.estimate_reason == "client_disconnected"
+
+
+def test_requests_name_the_units_they_can_be_charged_at_most() -> None:
+    """unit_caps: what the enforcer can know before sending (a server tool's max_uses,
+    max_tool_calls, an auto container, a grounded prompt); containers named by id."""
+    info = read_request(
+        "anthropic-messages",
+        {
+            "tools": [
+                {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+                {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 2},
+                {"type": "web_search_20250305", "name": "web_search_2"},  # no bound: unknown
+            ]
+        },
+    )
+    assert info.unit_caps == (("web_fetch", 2), ("web_search", 5))
+    info = read_request(
+        "openai-responses",
+        {
+            "max_tool_calls": 3,
+            "tools": [
+                {"type": "web_search"},
+                {"type": "code_interpreter", "container": {"type": "auto"}},
+                {"type": "code_interpreter", "container": "cntr_abc"},
+            ],
+        },
+    )
+    assert info.unit_caps == (("code_interpreter_session", 1), ("web_search", 3))
+    assert info.containers == ("cntr_abc",)
+    assert read_request("openai-responses", {"tools": [{"type": "web_search"}]}).unit_caps == ()
+    info = read_request("gemini", {"tools": [{"google_search": {}}]})
+    assert info.unit_caps == (("grounded_prompt", 1),)
+    assert read_request("openai-chat", {"messages": []}).unit_caps == ()

@@ -566,19 +566,40 @@ def test_openai_chat_service_tier_of_the_usage_chunk() -> None:
     assert (r.service_tier, r.units) == ("flex", ())
 
 
-def test_gemini_grounding_is_one_grounded_prompt_per_response() -> None:
+def test_gemini_grounding_is_one_grounded_prompt_and_its_queries() -> None:
     chunk = gemini_chunk("x", {"promptTokenCount": 4, "candidatesTokenCount": 2}, True)
     chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": ["a", "b"]}
     r = tap("gemini", sse((None, gemini_chunk("a", None)), (None, chunk), crlf=True))
-    assert dict(r.units) == {"grounded_prompt": 1}
+    assert dict(r.units) == {"grounded_prompt": 1, "grounding_query": 2}
     body = {**chunk, "usageMetadata": {
         "promptTokenCount": 900, "candidatesTokenCount": 2,
         "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 100}, {"modality": "AUDIO", "tokenCount": 800}],
     }}  # fmt: skip
     r = tap("gemini", json.dumps(body).encode(), streaming=False)
-    assert dict(r.units) == {"grounded_prompt": 1, "input_audio_tokens": 800}
+    assert dict(r.units) == {"grounded_prompt": 1, "grounding_query": 2, "input_audio_tokens": 800}
 
 
 def test_a_service_tier_that_is_not_a_word_is_ignored() -> None:
     last = {**chat_chunk([], USAGE), "service_tier": "Not A Tier!"}
     assert tap("openai-chat", sse((None, last), (None, "[DONE]"))).service_tier is None
+
+
+def test_gemini_odd_modality_details_and_queries_charge_tokens_only() -> None:
+    """A modality that is no string, a count that is no count, queries that are no list
+    or hold no strings: the totals are charged, those units left out, nothing raises."""
+    usage = {
+        "promptTokenCount": 50,
+        "candidatesTokenCount": 5,
+        "promptTokensDetails": [{"modality": ["AUDIO"], "tokenCount": 40}, "x", {"modality": "IMAGE", "tokenCount": -3}],
+        "candidatesTokensDetails": [{"modality": "AUDIO", "tokenCount": 5}],
+    }  # fmt: skip
+    chunk = gemini_chunk("x", usage, True)
+    chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": [1, None, "q", "q"]}
+    for streamed in (True, False):
+        body = sse((None, chunk), crlf=True) if streamed else json.dumps(chunk).encode()
+        r = tap("gemini", body, streaming=streamed)
+        assert (r.usage_source, r.input_tokens, r.output_tokens) == ("reported", 50, 5)
+        assert dict(r.units) == {"grounded_prompt": 1, "grounding_query": 1, "output_audio_tokens": 5}
+    chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": "q"}
+    r = tap("gemini", sse((None, chunk), crlf=True))
+    assert dict(r.units) == {"grounded_prompt": 1, "output_audio_tokens": 5}

@@ -39,7 +39,8 @@ def test_one_result_per_response_done_and_open_ones_estimated_at_the_end() -> No
             "output_tokens": 28,
             "reasoning_tokens": 0,
             "usage_source": "reported",
-            "units": {"input_audio_tokens": 130, "output_audio_tokens": 22},
+            # 130 audio tokens in, 96 of them cached (cache reads): 34 priced as audio
+            "units": {"input_audio_tokens": 34, "output_audio_tokens": 22},
         },
     ]
     tail = tap.finish(cut="client_disconnected")
@@ -126,3 +127,26 @@ def test_never_raises(messages: list[str]) -> None:
         tap.feed_message(message)
         tap.feed_message(message.encode("utf-8", "surrogatepass")[:30])
     tap.finish()
+
+
+def test_image_tokens_of_response_done_less_their_cached_part_are_units() -> None:
+    """gpt-realtime takes images: input_token_details.image_tokens (inside input_tokens);
+    the cached part of audio and images (cached_tokens_details) is a cache read."""
+    usage = {
+        "input_tokens": 2000,
+        "output_tokens": 50,
+        "input_token_details": {
+            "text_tokens": 200,
+            "audio_tokens": 600,
+            "image_tokens": 1200,
+            "cached_tokens": 1100,
+            "cached_tokens_details": {"text_tokens": 100, "audio_tokens": 200, "image_tokens": 800},
+        },
+        "output_token_details": {"text_tokens": 50, "audio_tokens": 0},
+    }
+    tap = open_realtime_tap(model="gpt-realtime")
+    (result,) = tap.feed_message(
+        json.dumps({"type": "response.done", "response": {"id": "r", "usage": usage}})
+    )
+    assert (result.input_tokens, result.cache_read_tokens) == (900, 1100)
+    assert dict(result.units) == {"input_audio_tokens": 400, "input_image_tokens": 400}
