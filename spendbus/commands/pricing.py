@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 
 from schemas.errors import ContractError, SpendbusError
 from schemas.money import nanos_to_usd
-from schemas.pricing import PriceBook, default_price_file, load_price_file
+from schemas.pricing import ModelPrice, PriceBook, default_price_file, load_price_file
 
 
 class BadInput(click.ClickException):
@@ -105,6 +105,12 @@ _TOKENS = click.IntRange(min=0)
     default=None,
     help="The service tier that served the call (batch, flex, priority...).",
 )
+@click.option(
+    "--rates",
+    is_flag=True,
+    help="Also print the matched entry's rates: token prices per million, unit_prices "
+    "(USD per billed unit) and service_tiers (multipliers).",
+)
 @_AT_OPTION
 def price(
     prices_path: Path | None,
@@ -116,21 +122,23 @@ def price(
     cache_write_1h_tokens: int,
     unit_counts: tuple[str, ...],
     service_tier: str | None,
+    rates: bool,
     at_text: str | None,
 ) -> None:
     """Print what one call costs, as JSON:
     {cost_nanos, cost_usd, price_version, matched, unpriced} (and the units and
-    service_tier when given)."""
+    service_tier when given; with --rates, the entry's rates)."""
     units = _units(unit_counts)
     if cache_write_1h_tokens > cache_write_tokens:
         raise BadInput(
             "--cache-write-1h-tokens is a part of --cache-write-tokens: it cannot exceed it"
         )
     book = _book(prices_path)
+    at = parse_at(at_text)
     try:
         result = book.price(
             model,
-            at=parse_at(at_text),
+            at=at,
             input_tokens=input_tokens,
             cache_read_tokens=cache_read_tokens,
             cache_write_tokens=cache_write_tokens,
@@ -152,7 +160,32 @@ def price(
         out["units"] = units
     if service_tier is not None:
         out["service_tier"] = service_tier
+    if rates:
+        table = book.table_at(at)
+        entry = None if table is None else table.resolve(model)
+        out["rates"] = None if entry is None else _rates(entry)
     click.echo(json.dumps(out, separators=(",", ":")))
+
+
+def _rates(entry: ModelPrice) -> dict[str, Any]:
+    """What an entry charges: USD per million tokens by class, per billed unit, and the
+    service-tier multipliers (exact decimal strings, as the record carries them)."""
+    record = entry.to_record()
+    return {
+        "tokens_per_mtok": {
+            name.removesuffix("_per_mtok"): record[name]
+            for name in (
+                "input_per_mtok",
+                "output_per_mtok",
+                "cache_read_per_mtok",
+                "cache_write_per_mtok",
+                "cache_write_1h_per_mtok",
+            )
+        },
+        "long_context": record["long_context"],
+        "unit_prices": record["unit_prices"],
+        "service_tiers": record["service_tiers"],
+    }
 
 
 def _units(given: tuple[str, ...]) -> dict[str, int]:

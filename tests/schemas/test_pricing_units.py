@@ -227,3 +227,21 @@ def test_spendbus_price_takes_units_and_a_tier(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "NAME=COUNT" in bad.stderr
     bad = CliRunner().invoke(price, [*args, "--unit", "Web=1"])
     assert bad.exit_code == 2 and "units: 'Web'" in bad.stderr
+
+
+def test_spendbus_price_rates_lists_what_the_entry_bills() -> None:
+    """--rates: the matched entry's token, unit and tier prices (the shipped file)."""
+    from click.testing import CliRunner
+
+    from spendbus.commands.pricing import price
+
+    args = ["--model", "gemini-3-pro-preview", "--at", "2026-12-02", "--rates"]
+    result = CliRunner().invoke(price, [*args, "--unit", "grounding_query=2"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["cost_nanos"] == 28_000_000
+    assert out["rates"]["unit_prices"] == {"grounding_query": "0.014"}
+    assert out["rates"]["service_tiers"] == {"batch": "0.5"}
+    assert out["rates"]["tokens_per_mtok"]["input"] == "2.00"
+    unknown = CliRunner().invoke(price, ["--model", "no-such-model", "--rates"])
+    assert json.loads(unknown.stdout)["rates"] is None

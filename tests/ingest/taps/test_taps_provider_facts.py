@@ -599,7 +599,11 @@ def test_gemini_odd_modality_details_and_queries_charge_tokens_only() -> None:
         body = sse((None, chunk), crlf=True) if streamed else json.dumps(chunk).encode()
         r = tap("gemini", body, streaming=streamed)
         assert (r.usage_source, r.input_tokens, r.output_tokens) == ("reported", 50, 5)
-        assert dict(r.units) == {"grounded_prompt": 1, "grounding_query": 1, "output_audio_tokens": 5}
+        assert dict(r.units) == {
+            "grounded_prompt": 1,
+            "grounding_query": 1,
+            "output_audio_tokens": 5,
+        }
     chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": "q"}
     r = tap("gemini", sse((None, chunk), crlf=True))
     assert dict(r.units) == {"grounded_prompt": 1, "output_audio_tokens": 5}
