@@ -10,7 +10,15 @@ Two formats:
     writes), ``cache_creation_input_token_cost_above_1hr`` (1-hour writes), and a
     long-context tier as ``input_cost_per_token_above_<N>k_tokens`` /
     ``output_cost_per_token_above_<N>k_tokens``. ``search_context_cost_per_query``
-    (USD per search, the ``medium`` size) is the ``web_search`` unit price; the
+    (USD per search, the ``medium`` size) is the ``web_search`` unit price,
+    ``code_interpreter_cost_per_session`` the ``code_interpreter_session`` one,
+    ``file_search_cost_per_1k_calls`` / 1000 the ``file_search`` one and
+    ``output_cost_per_image`` (USD per image) the ``image_generation`` one;
+    ``input_cost_per_audio_token`` / ``output_cost_per_audio_token`` /
+    ``input_cost_per_image_token`` / ``output_cost_per_image_token`` (the modality's full
+    rate per token) become the ``input_audio_tokens`` ... ``output_image_tokens``
+    surcharges, that rate less the text rate (those tokens are inside the token totals;
+    a modality cheaper than text is not imported, and said so); the
     ``*_cost_per_token_batches`` / ``_flex`` / ``_priority`` prices become the
     ``batch`` / ``flex`` / ``priority`` tier multipliers when input and output give the
     same exact ratio (else the tier is not imported). ``sample_spec`` is skipped.
@@ -22,7 +30,10 @@ Two formats:
     ``output_mtok``, ``cache_read_mtok``, ``cache_write_mtok``; a price may be
     ``{base, tiers: [{start, price}]}``), or a list of conditional prices
     (``constraint: {start_date}``: the latest one in force on the import date wins).
-    ``tool_use_kcount`` (USD per thousand uses, by unit) gives per-unit prices.
+    ``tool_use_kcount`` (USD per thousand uses, by unit) gives per-unit prices;
+    ``input_audio_mtok`` / ``output_audio_mtok`` (the audio rate per million) the audio
+    surcharges over the text rate, per token, as for LiteLLM. ``cache_audio_read_mtok``
+    is not representable (cached audio is charged as cache reads) and said so.
 
 Every number is read exactly (exact.py). What our price table cannot express is
 skipped and said why: ids routed through another service (``bedrock/us-east-1/...``,
@@ -46,7 +57,15 @@ from schemas.billed_units import valid_unit_name
 from schemas.errors import ConfigError
 from schemas.pricing import LongContextTier
 
-from .exact import SUSPICIOUS_PLACES, canonical, exact_number, load_exact_json, per_million, places
+from .exact import (
+    SUSPICIOUS_PLACES,
+    canonical,
+    exact_number,
+    load_exact_json,
+    per_million,
+    places,
+    price_text,
+)
 
 SOURCES: Final = ("litellm", "genai-prices")
 
@@ -169,7 +188,7 @@ def _read_litellm(doc: Any, wanted: frozenset[str], out: SourceFile, where: str)
             out.skipped.append(f"litellm:{key}: an id routed through another service")
             continue
         try:
-            price = _litellm_price(key, model, entry)
+            price = _litellm_price(key, model, entry, out.warnings)
         except ValueError as exc:
             out.skipped.append(f"litellm:{key}: {exc}")
             continue
@@ -195,7 +214,40 @@ def _per_token(entry: dict[str, Any], name: str, *, required: bool = False) -> D
     return per_million(number)
 
 
-def _litellm_price(key: str, model: str, entry: dict[str, Any]) -> SourcePrice:
+#: LiteLLM's per-token modality rates -> (our surcharge unit, the text rate it is over)
+_LITELLM_MODALITY_RATES: Final = {
+    "input_cost_per_audio_token": ("input_audio_tokens", "input_cost_per_token"),
+    "output_cost_per_audio_token": ("output_audio_tokens", "output_cost_per_token"),
+    "input_cost_per_image_token": ("input_image_tokens", "input_cost_per_token"),
+    "output_cost_per_image_token": ("output_image_tokens", "output_cost_per_token"),
+}
+#: LiteLLM's per-call prices -> (our unit, the divisor that makes them per unit)
+_LITELLM_PER_CALL: Final = {
+    "code_interpreter_cost_per_session": ("code_interpreter_session", 0),
+    "file_search_cost_per_1k_calls": ("file_search", -3),
+    "output_cost_per_image": ("image_generation", 0),
+}
+
+
+def surcharge(
+    rate: Decimal, text_rate: Decimal, unit: str, label: str, warnings: list[str]
+) -> tuple[str, Decimal] | None:
+    """A modality's surcharge per token (its rate less the text rate, both USD per token),
+    exact; None, with a warning, when the modality is cheaper than text (a unit price is
+    never negative: the source's rate is then not imported)."""
+    with localcontext() as ctx:
+        ctx.prec = 200
+        difference = rate - text_rate
+    if difference < 0:
+        warnings.append(
+            f"{label}: {unit} costs less than text ({price_text(rate)} < "
+            f"{price_text(text_rate)} USD per token): not imported"
+        )
+        return None
+    return unit, canonical(difference)
+
+
+def _litellm_price(key: str, model: str, entry: dict[str, Any], warnings: list[str]) -> SourcePrice:
     thresholds = sorted(
         int(match.group(1)) for match in map(_TIER_KEY.match, entry) if match is not None
     )
@@ -218,6 +270,17 @@ def _litellm_price(key: str, model: str, entry: dict[str, Any]) -> SourcePrice:
         medium = exact_number(search.get("search_context_size_medium"))
         if medium is not None and medium >= 0:
             units.append(("web_search", canonical(medium)))
+    for name, (unit, shift) in _LITELLM_PER_CALL.items():
+        number = exact_number(entry.get(name))
+        if number is not None and number >= 0:
+            units.append((unit, canonical(number, shift=shift)))
+    for name, (unit, text_name) in _LITELLM_MODALITY_RATES.items():
+        rate = exact_number(entry.get(name))
+        text_rate = exact_number(entry.get(text_name))
+        if rate is not None and rate >= 0 and text_rate is not None:
+            made = surcharge(rate, text_rate, unit, f"litellm:{key}", warnings)
+            if made is not None:
+                units.append(made)
     tiers: list[tuple[str, Decimal]] = []
     for suffix, tier_name in (("batches", "batch"), ("flex", "flex"), ("priority", "priority")):
         factor = _litellm_tier_factor(entry, suffix, input_price, output_price)
@@ -285,7 +348,7 @@ def _read_genai(doc: Any, wanted: frozenset[str], out: SourceFile, where: str, o
             try:
                 prefixes = _genai_prefixes(model.get("match"))
                 prices = _genai_prices_on(model.get("prices"), on)
-                made = _genai_price(prices)
+                made = _genai_price(prices, label, out.warnings)
             except ValueError as exc:
                 out.skipped.append(f"{label}: {exc}")
                 continue
@@ -367,7 +430,14 @@ def _mtok(prices: dict[str, Any], name: str) -> tuple[Decimal | None, tuple[int,
     return canonical(number), None
 
 
-def _genai_price(prices: dict[str, Any]) -> dict[str, Any]:
+#: genai-prices' per-million modality rates -> (our surcharge unit, the text rate's field)
+_GENAI_MODALITY_RATES: Final = {
+    "input_audio_mtok": ("input_audio_tokens", "input_mtok"),
+    "output_audio_mtok": ("output_audio_tokens", "output_mtok"),
+}
+
+
+def _genai_price(prices: dict[str, Any], label: str, warnings: list[str]) -> dict[str, Any]:
     input_price, input_tier = _mtok(prices, "input_mtok")
     output_price, output_tier = _mtok(prices, "output_mtok")
     if input_price is None or output_price is None:
@@ -390,6 +460,24 @@ def _genai_price(prices: dict[str, Any]) -> dict[str, Any]:
             number = exact_number(value)
             if valid_unit_name(unit) and number is not None and number >= 0:
                 units.append((unit, canonical(number, shift=-3)))
+    for name, (unit, text_name) in _GENAI_MODALITY_RATES.items():
+        if prices.get(name) is None:
+            continue
+        rate, rate_tier = _mtok(prices, name)
+        text_rate, _ = _mtok(prices, text_name)
+        if rate_tier is not None:
+            warnings.append(f"{label}: {name} is tiered: not imported")
+        elif rate is not None and text_rate is not None:
+            made = surcharge(
+                canonical(rate, shift=-6), canonical(text_rate, shift=-6), unit, label, warnings
+            )
+            if made is not None:
+                units.append(made)
+    if prices.get("cache_audio_read_mtok") is not None:
+        warnings.append(
+            f"{label}: cache_audio_read_mtok is not representable (cached audio is charged "
+            "as cache reads): not imported"
+        )
     return {
         "input_per_mtok": input_price,
         "output_per_mtok": output_price,

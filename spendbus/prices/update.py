@@ -160,8 +160,10 @@ def _merged(ours: ModelPrice, theirs: SourcePrice, report: ImportReport, label: 
             DEFAULT_CACHE_WRITE_1H_RATIO,
         ),
         long_context=tier,
-        # the source's unit prices and tiers when it gives some, else ours
-        unit_prices=theirs.unit_prices or ours.unit_prices,
+        # unit by unit: the source's price where it gives one, ours for the units it does
+        # not price (a source without audio rates must not unprice our audio); tiers: the
+        # source's when it gives some, else ours
+        unit_prices=tuple(sorted({**dict(ours.unit_prices), **dict(theirs.unit_prices)}.items())),
         service_tiers=theirs.service_tiers or ours.service_tiers,
         source=f"{theirs.source} ({label})",
     )

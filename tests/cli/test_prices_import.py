@@ -473,3 +473,121 @@ def test_an_imported_file_round_trips(tmp_path: Path) -> None:
     again = tmp_path / "again.yaml"
     again.write_text(price_file_text(tables))
     assert as_exported(load_price_file(again)) == as_exported(tables)
+
+
+# -- audio, image and per-call units ---------------------------------------------------
+
+
+def test_litellm_modality_rates_and_per_call_prices_become_exact_unit_prices(
+    tmp_path: Path,
+) -> None:
+    """LiteLLM gives each modality's full rate per token: our unit price is the surcharge
+    over the text rate (exact); per-session / per-1k-calls / per-image prices are per unit."""
+    doc = """{
+      "gpt-realtime-2025-08-28": {"litellm_provider": "openai", "mode": "chat",
+        "input_cost_per_token": 4e-06, "output_cost_per_token": 1.6e-05,
+        "cache_read_input_token_cost": 4e-07,
+        "input_cost_per_audio_token": 3.2e-05, "output_cost_per_audio_token": 6.4e-05,
+        "input_cost_per_image_token": 5e-06},
+      "gpt-4.1": {"litellm_provider": "openai", "mode": "chat",
+        "input_cost_per_token": 2e-06, "output_cost_per_token": 8e-06,
+        "code_interpreter_cost_per_session": 0.03, "file_search_cost_per_1k_calls": 2.5},
+      "gemini/gemini-2.5-flash-image": {"litellm_provider": "gemini", "mode": "chat",
+        "input_cost_per_token": 3e-07, "output_cost_per_token": 2.5e-06,
+        "output_cost_per_image_token": 3e-05, "output_cost_per_image": 0.039},
+      "gpt-cheap-audio": {"litellm_provider": "openai", "mode": "chat",
+        "input_cost_per_token": 1e-06, "output_cost_per_token": 2e-06,
+        "input_cost_per_audio_token": 5e-07}
+    }"""
+    path = tmp_path / "litellm.json"
+    path.write_text(doc)
+    source = read_source("litellm", path, on=date(2026, 12, 1))
+    by_model = {p.model: dict(p.unit_prices) for p in source.prices}
+    assert by_model["gpt-realtime-2025-08-28"] == {
+        "input_audio_tokens": Decimal("0.000028"),
+        "output_audio_tokens": Decimal("0.000048"),
+        "input_image_tokens": Decimal("0.000001"),
+    }
+    assert by_model["gpt-4.1"] == {
+        "code_interpreter_session": Decimal("0.03"),
+        "file_search": Decimal("0.0025"),
+    }
+    assert by_model["gemini-2.5-flash-image"] == {
+        "output_image_tokens": Decimal("0.0000275"),
+        "image_generation": Decimal("0.039"),
+    }
+    # cheaper than text: no negative price, said so
+    assert by_model["gpt-cheap-audio"] == {}
+    assert any(
+        "gpt-cheap-audio: input_audio_tokens costs less than text" in w for w in source.warnings
+    )
+    # the imported table prices a realtime call exactly at the source's rates
+    new, _ = imported(tmp_path, "litellm", path, "--add-new")
+    book = PriceBook(new[-1:])
+    cost = book.price(
+        "gpt-realtime-2025-08-28",
+        at=datetime(2026, 12, 2, tzinfo=UTC),
+        input_tokens=2_000_000,
+        output_tokens=1_000_000,
+        units={"input_audio_tokens": 1_000_000, "output_audio_tokens": 1_000_000},
+    ).cost_nanos
+    assert cost == (4 + 32 + 64) * 10**9
+
+
+def test_genai_prices_audio_rates_become_surcharges_and_cached_audio_is_said(
+    tmp_path: Path,
+) -> None:
+    doc = [
+        {
+            "id": "openai",
+            "models": [
+                {
+                    "id": "gpt-audio",
+                    "match": {"starts_with": "gpt-audio"},
+                    "prices": {
+                        "input_mtok": 2.5,
+                        "output_mtok": 10,
+                        "input_audio_mtok": 32,
+                        "output_audio_mtok": 64,
+                        "cache_audio_read_mtok": 0.4,
+                    },
+                }
+            ],
+        }
+    ]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(doc))
+    source = read_source("genai-prices", path, on=date(2026, 12, 1))
+    (price,) = source.prices
+    assert dict(price.unit_prices) == {
+        "input_audio_tokens": Decimal("0.0000295"),
+        "output_audio_tokens": Decimal("0.000054"),
+    }
+    assert any("cache_audio_read_mtok is not representable" in w for w in source.warnings)
+
+
+def test_an_import_keeps_our_unit_prices_the_source_does_not_give(tmp_path: Path) -> None:
+    """Unit by unit: a source pricing only web searches leaves our other unit prices."""
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        'version: "b1"\neffective_from: "2026-01-01T00:00:00Z"\nmodels:\n'
+        '  - {match: gpt-4.1, input_per_mtok: "2.00", output_per_mtok: "8.00",'
+        ' unit_prices: {code_interpreter_session: "0.03", web_search: "0.02"}}\n'
+    )
+    path = tmp_path / "litellm.json"
+    path.write_text(
+        '{"gpt-4.1": {"litellm_provider": "openai", "mode": "chat", "input_cost_per_token": '
+        '2e-06, "output_cost_per_token": 8e-06, "search_context_cost_per_query": '
+        '{"search_context_size_medium": 0.01}}}'
+    )
+    out = tmp_path / "new.yaml"
+    code, _, err = run(
+        "import", "--from", "litellm", str(path), "--base", str(base), "-o", str(out),
+        "--effective-from", DEC_1,
+    )  # fmt: skip
+    assert code == 0, err
+    newest = load_price_file(out)[-1]
+    assert dict(entry(newest, "gpt-4.1").unit_prices) == {
+        "code_interpreter_session": Decimal("0.03"),
+        "web_search": Decimal("0.01"),
+    }
