@@ -60,21 +60,28 @@ def container(messages: Sequence[bytes]) -> bytes:
     return b"".join((_container_header(), _long(len(bodies)), _long(size), *bodies, SYNC_MARKER))
 
 
-def insert_select(table: str, columns: Sequence[str], path: str) -> str:
+def insert_select(table: str, columns: Sequence[tuple[str, str]], path: str) -> str:
     """``INSERT INTO table (columns) SELECT ... FROM file(path, 'Avro')``: each column is
-    the PricedUsage field of its name, or the event's (``event.<name>``)."""
+    the PricedUsage field of its name, or the event's (``event.<name>``), cast to its
+    column type (``columns`` are (name, ClickHouse type) pairs).
+
+    The casts are explicit because the insert's own conversion of the same values is
+    slower: Avro's enums and strings into LowCardinality columns cost ~2x the whole parse
+    that way (issue 19, bench/bench_sink.py), while a ``CAST`` in the select reads them
+    as a column once."""
     event_fields = {f["name"] for f in expanded_schemas()["UsageEvent"]["fields"]}
     priced_fields = {f["name"] for f in PRICED_USAGE.schema["fields"]}
     exprs = []
-    for name in columns:
+    for name, kind in columns:
         if name in priced_fields:
-            exprs.append(f"`{name}`")
+            source = f"`{name}`"
         elif name in event_fields:
-            exprs.append(f"`event.{name}` AS `{name}`")
+            source = f"`event.{name}`"
         else:
             raise ValueError(f"usage_events column {name!r} is no PricedUsage or event field")
+        exprs.append(f"CAST({source}, {_quoted(kind)}) AS `{name}`")
     return (
-        f"INSERT INTO {table} ({', '.join(f'`{c}`' for c in columns)}) "
+        f"INSERT INTO {table} ({', '.join(f'`{name}`' for name, _ in columns)}) "
         f"SELECT {', '.join(exprs)} FROM file({_quoted(path)}, 'Avro')"
     )
 

@@ -537,7 +537,7 @@ class ClickHouseSink:
             if insert.avro:
                 with ContainerFile(insert.rows, self.spool_dir) as path:
                     self.client.command(
-                        insert_select(self.table, USAGE_COLUMN_NAMES, path), settings=settings
+                        insert_select(self.table, USAGE_COLUMNS, path), settings=settings
                     )
             else:
                 self.client.insert(
