@@ -160,9 +160,10 @@ def apply(
 
 
 def period_of(window: Window, occurred_us: int, occurred_at: datetime) -> str:
-    """``period_key(window, occurred_at)``, cached: every calendar period starts on a UTC
-    hour, so the key is cached per window and hour."""
-    cache_key = (window.kind, window.rolling_us, occurred_us // _HOUR_US)
+    """``period_key(window, occurred_at)``, cached per window (its calendar included) and
+    grain: every period starts on a whole ``window.grain_us`` (an hour UTC, or a quarter
+    hour in a local zone)."""
+    cache_key = (window, occurred_us // window.grain_us)
     key = _PERIOD_KEYS.get(cache_key)
     if key is None:
         if len(_PERIOD_KEYS) > 100_000:
@@ -211,9 +212,8 @@ def _add_rolling(
 
 #: builds a Change without its Python-level ``__new__`` (half the cost; three per event)
 _change: Final = tuple.__new__
-#: (window kind, rolling length, hour since the epoch) -> period key
-_PERIOD_KEYS: dict[tuple[str, int, int], str] = {}
-_HOUR_US: Final = 3_600_000_000
+#: (window, grain since the epoch) -> period key
+_PERIOD_KEYS: dict[tuple[Window, int], str] = {}
 
 
 def _ratio(budget: Budget, totals: PeriodTotals) -> float:

@@ -184,7 +184,11 @@ class ApplicableCache:
         self._cache.clear()
         self.counts.clear()
         self.grain_us = math.gcd(
-            _HOUR_US, *[b.window.bucket_us for b in budgets if b.window.kind == "rolling"]
+            _HOUR_US,
+            *[
+                b.window.bucket_us if b.window.kind == "rolling" else b.window.grain_us
+                for b in budgets
+            ],
         )
         read: set[str] = {"org_id"}
         for budget in budgets:

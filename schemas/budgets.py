@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from schemas.errors import ConfigError, ContractError
 from schemas.ids import canonical_id, counter_key
 from schemas.money import usd_to_nanos
-from schemas.periods import Window, parse_window
+from schemas.periods import WEEKDAYS, Window, parse_window, with_calendar
 from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
 
 SCOPES: Final = ("secret", "org", "project", "grant", "group", "user", "session")
@@ -185,6 +185,9 @@ class Budget:
             "alert_at": list(self.alert_at),
             "count_denied": self.count_denied,
             "rate": None if self.rate is None else self.rate.to_record(),
+            "timezone": self.window.timezone,
+            "week_start": WEEKDAYS[self.window.week_start],
+            "month_start_day": self.window.month_start_day,
             "applied_at": applied_at or datetime.now(UTC),
         }
 
@@ -193,7 +196,13 @@ class Budget:
         return cls(
             budget_id=record["budget_id"],
             scope=record["scope"],
-            window=parse_window(record["window"]),
+            # the calendar is absent from a v1/v2 record decoded without resolution: UTC
+            window=with_calendar(
+                parse_window(record["window"]),
+                record.get("timezone"),
+                record.get("week_start"),
+                record.get("month_start_day"),
+            ),
             action=record["action"],
             # a list-valued match travels as one string joined by the unit separator
             match={k: tuple(v.split("\x1f")) for k, v in record["match"].items()},
@@ -253,6 +262,10 @@ class _BudgetSpec(BaseModel):
     alert_at: list[float] = Field(default_factory=list)
     count_denied: bool = False
     rate: _RateSpec | None = None
+    #: the calendar of a day/week/month window (periods, reset_at); UTC by default
+    timezone: str | None = None
+    week_start: str | None = None
+    month_start_day: int | None = None
 
     @field_validator("scope")
     @classmethod
@@ -276,6 +289,16 @@ class _BudgetSpec(BaseModel):
         except ContractError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    @model_validator(mode="after")
+    def _calendar(self) -> _BudgetSpec:
+        try:
+            with_calendar(
+                parse_window(self.window), self.timezone, self.week_start, self.month_start_day
+            )
+        except ContractError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
     @field_validator("match")
     @classmethod
@@ -346,7 +369,9 @@ def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) ->
     return Budget(
         budget_id=spec.id,
         scope=spec.scope,
-        window=parse_window(spec.window),
+        window=with_calendar(
+            parse_window(spec.window), spec.timezone, spec.week_start, spec.month_start_day
+        ),
         action=spec.action,
         match={
             k: tuple(canonical_id(x, k) for x in ([v] if isinstance(v, str) else v))

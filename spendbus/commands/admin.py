@@ -108,7 +108,7 @@ def budgets_list(as_json: bool) -> None:
             b.budget_id,
             b.scope,
             ", ".join(f"{k}={'|'.join(v)}" for k, v in b.match.items()) or "-",
-            b.window.spec,
+            " ".join([b.window.spec, *(f"{k}={v}" for k, v in b.window.calendar.items())]),
             " · ".join(
                 part
                 for part in (_limits(b.limit_nanos, b.limit_tokens, b.limit_requests), _rate(b))

@@ -107,7 +107,9 @@ def test_the_readme_budget_example_parses() -> None:
     budgets = budgets_from_yaml(yaml.safe_load(text[start : text.index("```", start)]))
     assert [(b.budget_id, b.scope) for b in budgets] == [
         ("acme-monthly", "org"),
+        ("acme-cycle", "org"),
         ("per-job", "session"),
     ]
     assert budgets[0].rate == RateLimit(requests_per_minute=600, tokens_per_minute=100_000)
-    assert budgets[1].limit_requests == DEFAULT_REQUESTS_PER_JOB
+    assert budgets[1].window.calendar == {"timezone": "America/New_York", "month_start_day": 15}
+    assert budgets[2].limit_requests == DEFAULT_REQUESTS_PER_JOB

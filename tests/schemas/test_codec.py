@@ -100,6 +100,9 @@ FIXTURES = {
             "tokens_per_second": None,
             "tokens_per_minute": 100_000,
         },
+        "timezone": "America/New_York",
+        "week_start": "monday",
+        "month_start_day": 15,
         "applied_at": NOW,
     },
     "PriceTable": {
