@@ -57,7 +57,7 @@ from enforcer.errors import InvalidContext
 from enforcer.holds import CounterHolds, CounterPeriod, Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import CounterId, CounterVerdict, EnforcerState
-from schemas.budgets import Budget
+from schemas.budgets import UNPRICED_REFUSE, Budget
 from schemas.ids import CASE_INSENSITIVE_ATTRIBUTES, MAX_ID_LENGTH, canonical_id, compose
 from schemas.periods import from_micros, period_end, period_key
 from schemas.usage import (
@@ -382,6 +382,8 @@ FAILED_CLOSED_I: Final = 5
 TOO_LARGE_I: Final = 6
 #: the budget's ``rate`` refuses it for now (this replica's token bucket is empty)
 THROTTLED_I: Final = 7
+#: an enforce USD budget whose unpriced policy is ``refuse``, for a model without a price
+UNPRICED_I: Final = 8
 STATE_NAMES: Final = (
     "ok",
     "alert",
@@ -391,6 +393,7 @@ STATE_NAMES: Final = (
     "failed_closed",
     "too_large",
     "throttled",
+    "unpriced",
 )
 #: how a plan reads its scope values from the context (Plan.kind)
 KIND_ORG: Final = 0
@@ -421,13 +424,16 @@ class Plan:
         "period_from_us",
         "period_until_us",
         "rates",
+        "refuse_unpriced",
         "scope",
         "scope_attribute",
         "spend_headers",
         "window",
     )
 
-    def __init__(self, budget: Budget, counts: list[int] | None = None) -> None:
+    def __init__(
+        self, budget: Budget, counts: list[int] | None = None, unpriced_default: str = "refuse"
+    ) -> None:
         self.budget = budget
         self.budget_id = sys.intern(budget.budget_id)
         self.scope = budget.scope
@@ -441,6 +447,13 @@ class Plan:
             budget.limit_nanos is not None
             or budget.limit_tokens is not None
             or budget.limit_requests is not None
+        )
+        #: a request for a model without a price cannot be counted against a USD limit:
+        #: refused unless the budget (or the enforcer's default) allows it at $0
+        self.refuse_unpriced = (
+            self.enforce
+            and budget.limit_nanos is not None
+            and (budget.unpriced or unpriced_default) == UNPRICED_REFUSE
         )
         self.alert_min = min(budget.alert_at) if budget.alert_at else None
         #: the budget's rate limits: (tokens, not requests; count; window µs); enforce only
@@ -532,12 +545,17 @@ class Index:
     """Every budget as a :class:`Plan`; budgets pinned to orgs by ``match: org_id``."""
 
     def __init__(
-        self, budgets: Mapping[str, Budget], counts: Callable[[str], list[int]] | None = None
+        self,
+        budgets: Mapping[str, Budget],
+        counts: Callable[[str], list[int]] | None = None,
+        unpriced_default: str = UNPRICED_REFUSE,
     ) -> None:
         self.general: list[Plan] = []
         self.by_org: dict[str, list[Plan]] = {}
         for budget_id in sorted(budgets):
-            plan = Plan(budgets[budget_id], None if counts is None else counts(budget_id))
+            plan = Plan(
+                budgets[budget_id], None if counts is None else counts(budget_id), unpriced_default
+            )
             orgs = budgets[budget_id].match.get("org_id")
             if orgs:
                 for org in set(orgs):
@@ -948,7 +966,12 @@ class Decision:
         return [
             r
             for r in self._rows
-            if (r.state_i == EXCEEDED_I or r.state_i == IN_FLIGHT_I or r.state_i == TOO_LARGE_I)
+            if (
+                r.state_i == EXCEEDED_I
+                or r.state_i == IN_FLIGHT_I
+                or r.state_i == TOO_LARGE_I
+                or r.state_i == UNPRICED_I
+            )
             and r.plan.enforce
         ]
 
@@ -1087,6 +1110,8 @@ class Checker:
         self._last_input = 0
         self._last_output = 0
         self._last_nanos = 0
+        #: model -> whether no price entry nor fallback prices it (cleared with the estimates)
+        self._unpriced: dict[str, bool] = {}
         #: rate limits: one bucket per (counter id, index into the plan's rates)
         self._buckets: dict[tuple[CounterId, int], RateBucket] = {}
         #: hold id -> the token buckets it took its worst case from (settle refunds)
@@ -1109,7 +1134,9 @@ class Checker:
     @property
     def index(self) -> Index:
         if self._index_version != self.state.policy_version:
-            self._index = Index(self.state.budgets, self.metrics.budget_counts)
+            self._index = Index(
+                self.state.budgets, self.metrics.budget_counts, self.config.unpriced_models
+            )
             self._index_version = self.state.policy_version
         return self._index
 
@@ -1139,6 +1166,7 @@ class Checker:
         state = self.state
         if state.price_version != self._estimates_version or now_us >= self._estimates_until_us:
             self._estimates.clear()
+            self._unpriced.clear()
             self._last_model = None
             self._estimates_version = state.price_version
             self._estimates_until_us = _NEVER
@@ -1169,6 +1197,17 @@ class Checker:
         self._last_output = max_output
         self._last_nanos = nanos
         return nanos
+
+    def model_unpriced(self, model: str, now_us: int) -> bool:
+        """No entry nor fallback of the price table in force prices ``model`` (cached with
+        the estimates: call after :meth:`estimate_nanos`, which renews the cache)."""
+        unpriced = self._unpriced.get(model)
+        if unpriced is None:
+            if len(self._unpriced) >= ESTIMATE_CACHE_SIZE:
+                self._unpriced.clear()
+            table = self.state.prices.table_at(from_micros(now_us))
+            unpriced = self._unpriced[model] = table is None or table.resolve(model) is None
+        return unpriced
 
     def check(self, ctx: Context, *, reserve: bool = True) -> Decision:
         """Decide for one request. With ``reserve``, an allowed request holds its estimate
@@ -1314,8 +1353,15 @@ class Checker:
                                 est_nanos = self.estimate_nanos(
                                     ctx.model or "", est_input, est_output, now_us
                                 )
-                            # this replica's holds, scaled to all replicas, within the headroom
                             if (
+                                est_nanos == 0
+                                and plan.refuse_unpriced
+                                and self.model_unpriced(ctx.model or "", now_us)
+                            ):
+                                # a cost that cannot be priced cannot be held against the limit
+                                state = UNPRICED_I
+                            # this replica's holds, scaled to all replicas, within the headroom
+                            elif (
                                 (ln is not None and sn + share * (hn + est_nanos) > ln)
                                 or (lt is not None and st + share * (ht + est_tokens) > lt)
                                 or (lr is not None and sr + share * (hr + 1) > lr)
@@ -1346,7 +1392,7 @@ class Checker:
                     plan.counts[state] += 1
                 if state >= EXCEEDED_I and plan.enforce:
                     # exhausted, or too large for what is left: retrying soon cannot help
-                    is_hard = state in (EXCEEDED_I, TOO_LARGE_I)
+                    is_hard = state in (EXCEEDED_I, TOO_LARGE_I, UNPRICED_I)
                     end = _NEVER if end_us is None else end_us
                     if (
                         refusal < 0
@@ -1380,7 +1426,8 @@ class Checker:
                     rows[refusal].counter_id,
                 )
             decision = Decision(ctx, value, "refused", rows, refusal, now_us, config)
-            if rows[refusal].state_i != EXCEEDED_I and est_tokens >= 0:
+            refusing_state = rows[refusal].state_i
+            if refusing_state != EXCEEDED_I and refusing_state != UNPRICED_I and est_tokens >= 0:
                 # what the request asked for, and what would fit now (the refusal says so)
                 decision.request_nanos = max(est_nanos, 0)
                 decision.request_tokens = est_tokens

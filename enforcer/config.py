@@ -38,6 +38,11 @@ class EnforcerConfig(BaseModel):
     hold_timeout_s: float = Field(default=600.0, gt=0)
     #: output tokens held for a request that does not say its max output tokens
     default_max_output_tokens: int = Field(default=8192, ge=1, le=100_000_000)
+    #: an enforce budget with a USD limit, for a request whose model has no price (no
+    #: entry, no fallback in the price table in force) and whose policy does not say:
+    #: ``refuse`` (402 ``budget_exceeded``, reason ``model_unpriced``), or ``allow_free``
+    #: (admitted and charged $0: the budget cannot cap it)
+    unpriced_models: Literal["refuse", "allow_free"] = "refuse"
     #: how many enforcers (gateway replicas, sidecars) admit against the same budgets.
     #: Holds are per process, so each may commit at most 1/replicas of the headroom the
     #: verdict leaves: a check refuses in flight when

@@ -10,7 +10,8 @@ metric                                         type     labels / meaning
 =============================================  =======  ====================================
 spendbus_enforcer_checks_total                 counter  budget, outcome (allowed, alert,
                                                         exceeded, in_flight, failed_open,
-                                                        failed_closed, too_large, throttled):
+                                                        failed_closed, too_large, throttled,
+                                                        unpriced):
                                                         one per applicable budget per check
 spendbus_enforcer_decisions_total              counter  decision (schemas.usage values)
 spendbus_enforcer_peeks_total                  counter  decision: checks that hold nothing and
@@ -60,6 +61,7 @@ _OUTCOMES = (
     "failed_closed",
     "too_large",
     "throttled",
+    "unpriced",
 )
 
 

@@ -7,6 +7,7 @@
     429  {"error": "job_budget_exceeded", ...}                  (session = per-job ceiling)
     402/429 {"error": "in_flight_budget_exceeded", ...}         Retry-After: in_flight_retry_after
     429  {"error": "throttled", "limit", ...}                   Retry-After: until the bucket admits
+    402  {"error": "budget_exceeded", "reason": "model_unpriced", "model", ...}  (no Retry-After)
     503  {"error": "failed_closed", "reason": ...}              Retry-After: 30
 
 ``refusal_style: seed000`` — seed 000's 402 body for every budget refusal.
@@ -152,10 +153,19 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
     value = decision.decision
     reason = _REASONS[refusing.state]
     budget = refusing.plan.budget_id
-    if reason == IN_FLIGHT:
+    retry_after: int | None
+    if reason == MODEL_UNPRICED:
+        # no price to hold or count: retrying cannot help until a price is applied
+        retry_after = None
+        message = (
+            f"Budget {budget!r} has a USD limit and refuses model {decision.ctx.model or ''!r}: "
+            "no price in force prices it, so its cost could not be counted against the "
+            "limit (apply a price for it, a price-table fallback, or unpriced: allow_free)."
+        )
+    elif reason == IN_FLIGHT:
         # the holds of requests in flight (or not yet in a verdict) keep this one out: they
         # settle within seconds, so a retry soon may pass
-        retry_after: int | None = config.in_flight_retry_after_s
+        retry_after = config.in_flight_retry_after_s
         message = (
             f"Budget {budget!r}: the requests in flight could use what is left; retry when "
             "they finish." + _fit_text(decision)
@@ -186,12 +196,16 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
         status = 429 if value == JOB_BUDGET_EXCEEDED or session else 402
         body = _default_body(value, refusing)
         body["reason"] = reason
-        if reason != EXHAUSTED:
+        if reason == MODEL_UNPRICED:
+            body["model"] = decision.ctx.model
+        elif reason != EXHAUSTED:
             body.update(_left_fields(decision, refusing))
         body["message"] = message
         return Response(status, tuple(headers), body, retry_after)
     if style == SEED000:
         return _seed000(decision, refusing, message, headers, retry_after)
+    if reason == MODEL_UNPRICED:  # the SDK's bad-request error: never retried
+        return _native(style, 400, message, headers, None, quota=False, invalid=True)
     return _native(style, 429, message, headers, retry_after, quota=True)
 
 
@@ -199,10 +213,12 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
 EXHAUSTED: Final = "exhausted"
 REQUEST_TOO_LARGE: Final = "request_too_large"
 IN_FLIGHT: Final = "in_flight"
+MODEL_UNPRICED: Final = "model_unpriced"
 _REASONS: Final = {
     "exceeded": EXHAUSTED,
     "too_large": REQUEST_TOO_LARGE,
     "in_flight": IN_FLIGHT,
+    "unpriced": MODEL_UNPRICED,
 }
 
 
@@ -372,10 +388,30 @@ def _native(
     *,
     quota: bool,
     rate: str | None = None,
+    invalid: bool = False,
 ) -> Response:
     """``rate``: a rate limit (``requests`` | ``tokens``), which OpenAI words as
-    ``rate_limit_exceeded`` rather than ``insufficient_quota``."""
+    ``rate_limit_exceeded`` rather than ``insufficient_quota``; ``invalid``: a request the
+    enforcer will never admit as it is (each SDK's bad-request error)."""
     body: dict[str, Any]
+    if invalid:
+        if style == "anthropic":
+            body = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        elif style == "openai":
+            body = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_unpriced",
+                }
+            }
+        elif style == "gemini":
+            body = {"error": {"code": status, "message": message, "status": "INVALID_ARGUMENT"}}
+        else:  # bedrock
+            headers = [*headers, ("x-amzn-ErrorType", "ValidationException")]
+            body = {"message": message}
+        return Response(status, tuple(headers), body, retry_after)
     if style == "anthropic":
         kind = "rate_limit_error" if quota else "api_error"
         body = {"type": "error", "error": {"type": kind, "message": message}}

@@ -46,6 +46,11 @@ SCOPES: Final = ("secret", "org", "project", "grant", "group", "user", "session"
 #: seed 001: a job budget enabled without a number allows this many requests per job
 DEFAULT_REQUESTS_PER_JOB: Final = 500
 ACTIONS: Final = ("enforce", "warn")
+#: what an enforce budget with a USD limit does with a request for a model without a price
+#: (no entry and no fallback in the price table in force): refuse it, or admit it at $0
+UNPRICED_REFUSE: Final = "refuse"
+UNPRICED_ALLOW_FREE: Final = "allow_free"
+UNPRICED_POLICIES: Final = (UNPRICED_REFUSE, UNPRICED_ALLOW_FREE)
 #: attribute names a ``match`` may use, besides ``tag:<name>``
 MATCH_ATTRIBUTES: Final = frozenset(
     {
@@ -129,6 +134,8 @@ class Budget:
     alert_at: tuple[float, ...] = ()
     count_denied: bool = False
     rate: RateLimit | None = None
+    #: UNPRICED_POLICIES, or None: the enforcer's default (``unpriced_models``)
+    unpriced: str | None = None
 
     @property
     def refusal(self) -> str:
@@ -188,6 +195,7 @@ class Budget:
             "timezone": self.window.timezone,
             "week_start": WEEKDAYS[self.window.week_start],
             "month_start_day": self.window.month_start_day,
+            "unpriced": self.unpriced,
             "applied_at": applied_at or datetime.now(UTC),
         }
 
@@ -213,6 +221,8 @@ class Budget:
             count_denied=record["count_denied"],
             # absent from a v1 record (decoded without resolution, e.g. by hand)
             rate=None if record.get("rate") is None else RateLimit(**record["rate"]),
+            # absent from v1/v2 records decoded without resolution
+            unpriced=record.get("unpriced"),
         )
 
 
@@ -266,6 +276,14 @@ class _BudgetSpec(BaseModel):
     timezone: str | None = None
     week_start: str | None = None
     month_start_day: int | None = None
+    unpriced: str | None = None
+
+    @field_validator("unpriced")
+    @classmethod
+    def _unpriced(cls, value: str | None) -> str | None:
+        if value is not None and value not in UNPRICED_POLICIES:
+            raise ValueError(f"must be one of {', '.join(UNPRICED_POLICIES)}, got {value!r}")
+        return value
 
     @field_validator("scope")
     @classmethod
@@ -335,6 +353,11 @@ class _BudgetSpec(BaseModel):
             and self.rate is None
         ):
             raise ValueError("needs at least one of limit_usd, limit_tokens, limit_requests, rate")
+        if self.unpriced is not None and (self.limit_usd is None or self.action != "enforce"):
+            raise ValueError(
+                "unpriced: only an enforce budget with limit_usd prices requests (give "
+                "limit_usd, or drop unpriced)"
+            )
         return self
 
 
@@ -383,6 +406,7 @@ def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) ->
         alert_at=tuple(spec.alert_at),
         count_denied=spec.count_denied,
         rate=None if spec.rate is None else RateLimit(**spec.rate.model_dump()),
+        unpriced=spec.unpriced,
     )
 
 

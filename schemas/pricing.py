@@ -26,6 +26,7 @@ A file holds one table, or several versions under ``versions:``::
     fallback:                              # optional: charged for models nothing matches
       input_per_mtok: "10"
       output_per_mtok: "50"
+    # or: fallback: {model: claude-opus-4-1}  (what that model costs in this version)
 
     # or, several versions in one file:
     versions:
@@ -144,7 +145,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time
 from decimal import Decimal, localcontext
 from fractions import Fraction
@@ -848,14 +849,29 @@ def _table_from_yaml(doc: Any, source: str, index: int | None = None) -> PriceTa
         seen[price.match] = i
         prices.append(price)
     fallback_doc = doc.get("fallback")
-    fallback = (
-        None
-        if fallback_doc is None
-        else _model_from_yaml(fallback_doc, f"{where}: fallback", fallback=True)
-    )
+    if isinstance(fallback_doc, dict) and set(fallback_doc) == {"model"}:
+        fallback = _named_fallback(fallback_doc["model"], prices, f"{where}: fallback")
+    elif fallback_doc is None:
+        fallback = None
+    else:
+        fallback = _model_from_yaml(fallback_doc, f"{where}: fallback", fallback=True)
     return PriceTable(
         version=version, effective_from=effective_from, models=tuple(prices), fallback=fallback
     )
+
+
+def _named_fallback(model: Any, prices: list[ModelPrice], where: str) -> ModelPrice:
+    """``fallback: {model: NAME}``: unmatched models are charged what NAME is in this
+    version (its entry copied as the fallback: the record carries the prices themselves)."""
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"{where}: field 'model': a model id this version prices")
+    entry = PriceTable(
+        version="-", effective_from=datetime(2000, 1, 1, tzinfo=UTC), models=tuple(prices)
+    ).lookup(model.strip())
+    if entry is None:
+        raise ConfigError(f"{where}: field 'model': {model!r} has no price in this version")
+    note = f"fallback: the prices of {model.strip()!r} (entry {entry.match!r})"
+    return replace(entry, match=FALLBACK_MATCH, source=note[:MAX_SOURCE_CHARS])
 
 
 def price_table_from_yaml(doc: Any, *, source: str) -> PriceTable | list[PriceTable]:

@@ -18,7 +18,7 @@ from rich.table import Table
 from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
+from schemas.ids import canonical_id
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, PriceTable, default_price_file, load_price_file
 from spendbus.settings import Settings, load_settings
@@ -42,15 +42,38 @@ def budgets() -> None:
 
 @budgets.command("apply")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def budgets_apply(file: Path) -> None:
-    """Validate FILE (a YAML list of budgets) and publish every budget in it."""
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="A model your proxies route (repeatable): checked for a price beside those in use.",
+)
+def budgets_apply(file: Path, models: tuple[str, ...]) -> None:
+    """Validate FILE (a YAML list of budgets) and publish every budget in it.
+
+    Warns about every model without a price that a budget with limit_usd would see: the
+    models its ``match`` names, those given with --model, and those in usage_events over
+    the last 30 days (when ClickHouse answers)."""
     parsed = budgets_from_yaml(_load_yaml(file), source=str(file))
     settings = load_settings()
     now = datetime.now(UTC)
     bootstrap = bootstrap_or_fail(settings)
-    for warning in _unpriced_usd_budgets(
-        bootstrap, settings.topics.pricing, parsed, now, security=settings.kafka_security
-    ):
+    routed = list(models)
+    if any(b.limit_nanos is not None for b in parsed):
+        seen = _models_in_use(settings)
+        if seen is None:
+            console.print(
+                f"[yellow]note:[/yellow] {file}: the models in use were not checked for a "
+                "price (ClickHouse did not answer); name them with --model",
+                highlight=False,
+            )
+        else:
+            routed.extend(seen)
+    tables = asyncio.run(
+        read_compacted(bootstrap, settings.topics.pricing, security=settings.kafka_security)
+    )
+    book = PriceBook([PriceTable.from_record(PRICE_TABLE.decode(v)) for v in tables.values() if v])
+    for warning in unpriced_warnings(book, parsed, routed, now):
         console.print(f"[yellow]warning:[/yellow] {file}: {warning}", highlight=False)
     records = [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in parsed]
     asyncio.run(
@@ -61,27 +84,59 @@ def budgets_apply(file: Path) -> None:
     click.echo(f"applied {len(parsed)} budgets from {file}")
 
 
-def _unpriced_usd_budgets(
-    bootstrap: str,
-    pricing_topic: str,
-    budgets: list[Budget],
-    now: datetime,
-    *,
-    security: KafkaSecurity = PLAINTEXT,
+#: how far back ``budgets apply`` looks for the models in use, and how many it reads
+MODELS_IN_USE_DAYS = 30
+MODELS_IN_USE_LIMIT = 10_000
+
+
+def _models_in_use(settings: Settings) -> list[str] | None:
+    """The models of usage_events over the last MODELS_IN_USE_DAYS days; None when the
+    store does not answer."""
+    from aggregator.sink.errors import SinkError
+
+    try:
+        query = _history_query(settings)
+        if query is None:
+            return None
+        rows = query(
+            "SELECT DISTINCT model FROM usage_events WHERE occurred_at >= now() - INTERVAL "
+            f"{MODELS_IN_USE_DAYS} DAY ORDER BY model LIMIT {MODELS_IN_USE_LIMIT}"
+        )
+    except (SpendbusError, SinkError, OSError, RuntimeError, ValueError):
+        return None
+    return [str(row[0]) for row in rows]
+
+
+def unpriced_warnings(
+    book: PriceBook, budgets: list[Budget], routed: list[str], now: datetime
 ) -> list[str]:
-    """A USD limit over a model without a price never fills up: say so (it is not an error)."""
-    tables = asyncio.run(read_compacted(bootstrap, pricing_topic, security=security))
-    book = PriceBook([PriceTable.from_record(PRICE_TABLE.decode(v)) for v in tables.values() if v])
+    """A warning per (budget with limit_usd, model it would see without a price): the
+    models its ``match`` names, and every routed model when its ``match`` allows it."""
     warnings = []
     for budget in budgets:
         if budget.limit_nanos is None:
             continue
-        for model in budget.match.get("model", ()):
-            if book.price(model, at=now, input_tokens=1).unpriced:
-                warnings.append(
-                    f"budget {budget.budget_id!r}: limit_usd over model {model!r}, which has no "
-                    "price in the applied price versions: its events are charged 0"
+        named = budget.match.get("model", ())
+        candidates = list(named) + [
+            m for m in routed if not named or canonical_id(m, "model") in named
+        ]
+        for model in book.unpriced_models(candidates, now):
+            source = "named by its match" if model in named else "routed"
+            if budget.action != "enforce":
+                then = "a warn budget: its events count $0"
+            elif budget.unpriced == "allow_free":
+                then = "admitted and charged $0 (unpriced: allow_free)"
+            elif budget.unpriced == "refuse":
+                then = "its requests are refused (unpriced: refuse)"
+            else:
+                then = (
+                    "its requests are refused (the enforcer's default unpriced_models: refuse, "
+                    "unless configured allow_free: then charged $0)"
                 )
+            warnings.append(
+                f"budget {budget.budget_id!r}: limit_usd, and model {model!r} ({source}) has "
+                f"no price in the applied price versions: {then}"
+            )
     return warnings
 
 

@@ -75,6 +75,12 @@ def enforcer() -> None:
     default=None,
     help="With --membership: seconds the largest recent count is kept after a change.",
 )
+@click.option(
+    "--unpriced-models",
+    type=click.Choice(["refuse", "allow_free"]),
+    default=None,
+    help="Enforce USD budgets, a model without a price: refuse (default) or admit at $0.",
+)
 @click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
 @click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
 @click.option("--log-level", default="INFO", show_default=True)
@@ -91,6 +97,7 @@ def serve(
     membership: bool | None,
     max_replicas: int | None,
     membership_grace: float | None,
+    unpriced_models: str | None,
     gateway_id: str | None,
     no_publish_refusals: bool,
     log_level: str,
@@ -115,6 +122,7 @@ def serve(
             membership=membership,
             max_replicas=max_replicas,
             membership_grace_s=membership_grace,
+            unpriced_models=unpriced_models,
             gateway_id=gateway_id,
             publish_refusals=not no_publish_refusals,
         )

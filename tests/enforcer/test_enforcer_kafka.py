@@ -381,10 +381,15 @@ def test_spendbus_check_from_the_shell(kafka_bootstrap: str, topics: Topics) -> 
     env = {"KAFKA_BOOTSTRAP": kafka_bootstrap, "SPENDBUS_TOPIC_PREFIX": topics.prefix}
     runner = CliRunner()
     # NOW is in the past: the monthly verdict of 2026-11 does not count in the current month
-    result = runner.invoke(check, ["--org-id", "globex", "--secret-id", "s"], env=env)
+    result = runner.invoke(
+        check, ["--org-id", "globex", "--secret-id", "s", "--model", "claude-sonnet-4-5"], env=env
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["allowed"] and out["decision"] == ALLOWED and out["hold_id"] is None
+    # a check naming no model cannot be priced: the USD budget refuses it (unpriced: refuse)
+    unpriced = runner.invoke(check, ["--org-id", "globex", "--secret-id", "s"], env=env)
+    assert json.loads(unpriced.output)["body"]["reason"] == "model_unpriced", unpriced.output
     bad = runner.invoke(check, ["--org-id", "", "--secret-id", "s"], env=env)
     assert bad.exit_code == 1 and "org_id" in bad.output  # an error, not a refusal
 
@@ -445,7 +450,7 @@ async def test_enforcer_serve_command_runs_and_stops_on_sigterm(
                     break
                 await asyncio.sleep(0.1)
             assert r.status == 200
-            body = {"org_id": "acme", "secret_id": "s"}
+            body = {"org_id": "acme", "secret_id": "s", "model": "claude-sonnet-4-5"}
             assert (await http.post(f"{url}/v1/check", json=body)).status == 401
             r = await http.post(
                 f"{url}/v1/check", json=body, headers={"Authorization": "Bearer from-env"}

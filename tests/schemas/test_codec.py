@@ -103,6 +103,7 @@ FIXTURES = {
         "timezone": "America/New_York",
         "week_start": "monday",
         "month_start_day": 15,
+        "unpriced": "allow_free",
         "applied_at": NOW,
     },
     "PriceTable": {
