@@ -12,6 +12,7 @@ POST /v1/settle         yes    ``{"hold_id", "usage": {...}}`` or
                                ``{"hold_id", "release": true}`` → ``{"settled": bool}``
 GET  /v1/usage          yes    ctx as query (``org_id``, ``secret_id``, ``group`` (repeat),
                                ``tag.<name>``, ...) → every counter it counts in
+GET  /v1/spend          yes    the same (the name of the gateway's self-service route)
 GET  /healthz           no     200 while the follower runs
 GET  /readyz            no     200 once caught up and fresh, else 503
 GET  /metrics           no     Prometheus text
@@ -346,6 +347,7 @@ def routes(
         ("POST", "/v1/check"): check,
         ("POST", "/v1/settle"): settle,
         ("GET", "/v1/usage"): usage,
+        ("GET", "/v1/spend"): usage,
         ("GET", "/healthz"): healthz,
         ("GET", "/readyz"): readyz,
         ("GET", "/metrics"): metrics,

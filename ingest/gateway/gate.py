@@ -9,7 +9,7 @@ mypy checks there that they fit).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -43,6 +43,12 @@ class GateDecision(Protocol):
         ...
 
 
+class CounterReport(Protocol):
+    """One counter as the gate enforces it (``enforcer.CounterStatus``)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class BudgetGate(Protocol):
     """Reserve-and-settle budget checks (``enforcer.Enforcer``).
 
@@ -55,6 +61,16 @@ class BudgetGate(Protocol):
     def context(self, **fields: Any) -> Any: ...
 
     def check(self, ctx: Any, *, reserve: bool = True) -> GateDecision: ...
+
+    def usage(self, ctx: Any) -> Sequence[CounterReport]:
+        """Every counter ``ctx`` counts in, from the gate's memory (``GET /v1/spend``)."""
+        ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def stale(self) -> bool: ...
 
     def settle(self, hold_id: int | None, event: Mapping[str, Any]) -> bool: ...
 

@@ -313,6 +313,7 @@ class Gateway:
         from .realtime import RealtimeRelay
 
         app.router.add_get("/v1/realtime", RealtimeRelay(self).handle)
+        app.router.add_get("/v1/spend", self._spend)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/{tail:.*}", self.handle)
@@ -329,6 +330,29 @@ class Gateway:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "keys": len(self.keys)})
+
+    async def _spend(self, request: web.Request) -> web.Response:
+        """The calling key's own counters, as its requests are checked against them: the
+        enforcer's memory, the numbers ``spendbus usage`` prints for the same principal."""
+        vk = self.keys.lookup(presented_key(request.headers, request.query))
+        if vk is None:
+            self.metrics.requests.labels("spend", "unauthenticated").inc()
+            return error_response(None, 401, "Invalid or missing API key for this gateway.")
+        principal = vk.principal
+        ctx = self.gate.context(
+            org_id=principal.org_id,
+            secret_id=principal.secret_id,
+            project_id=principal.project_id,
+            grant_id=principal.grant_id,
+            user_id=principal.user_id,
+            groups=principal.groups,
+            tags=principal.tags,
+        )
+        self.metrics.requests.labels("spend", "answered").inc()
+        counters = [c.to_json() for c in self.gate.usage(ctx)]
+        return web.json_response(
+            {"ready": self.gate.ready, "stale": self.gate.stale, "counters": counters}
+        )
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
