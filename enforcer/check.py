@@ -57,6 +57,7 @@ from enforcer.errors import InvalidContext
 from enforcer.holds import CounterHolds, CounterPeriod, Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import CounterId, CounterVerdict, EnforcerState
+from schemas.billed_units import MAX_UNITS_PER_EVENT, valid_unit_name
 from schemas.budgets import UNPRICED_REFUSE, Budget
 from schemas.ids import CASE_INSENSITIVE_ATTRIBUTES, MAX_ID_LENGTH, canonical_id, compose
 from schemas.periods import from_micros, period_end, period_key
@@ -79,6 +80,8 @@ BYTES_PER_TOKEN_ESTIMATE: Final = 3
 MAX_GROUPS: Final = 256
 MAX_TAGS: Final = 64
 MAX_REQUEST_BYTES: Final = 1 << 40
+#: distinct billed units a request may name in ``units``
+MAX_UNIT_CAPS: Final = 32
 
 
 _FIELDS: Final = (
@@ -97,6 +100,7 @@ _FIELDS: Final = (
     "input_tokens",
     "request_bytes",
     "max_output_tokens",
+    "units",
 )
 _FIELD_NAMES: Final = frozenset(_FIELDS)
 
@@ -136,6 +140,29 @@ _LOWER_SECRET: Final = "secret_id" in CASE_INSENSITIVE_ATTRIBUTES
 _LOWER_GROUP: Final = "" in CASE_INSENSITIVE_ATTRIBUTES  # groups: canonical_id(g), no attribute
 
 
+def _units(value: Any) -> dict[str, int]:
+    """The request's unit caps: a map (or pairs) of unit name to a count."""
+    pairs = value.items() if isinstance(value, Mapping) else value
+    try:
+        items = list(pairs)
+    except TypeError:
+        raise InvalidContext("units", "a map of unit name to count") from None
+    if len(items) > MAX_UNIT_CAPS:
+        raise InvalidContext("units", f"more than {MAX_UNIT_CAPS} units")
+    out: dict[str, int] = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise InvalidContext("units", "a map of unit name to count")
+        name, count = item
+        if not valid_unit_name(name):
+            raise InvalidContext("units", f"{name!r} is not a unit name")
+        if type(count) is not int or not 0 <= count <= MAX_UNITS_PER_EVENT:
+            raise InvalidContext("units", f"{name}: an integer in 0..{MAX_UNITS_PER_EVENT}")
+        if count:
+            out[name] = count
+    return out
+
+
 def _count(name: str, value: Any, bound: int) -> None:
     if type(value) is not int or not 0 <= value <= bound:
         raise InvalidContext(name, f"an integer in 0..{bound} or null")
@@ -172,6 +199,9 @@ class Context:
     #: size of the request body, used for the input estimate when input_tokens is absent
     request_bytes: int | None
     max_output_tokens: int | None
+    #: billed units beyond tokens the request can be charged at most, known before it is
+    #: sent (a server tool's max_uses...): the worst case adds their price; None for none
+    units: dict[str, int] | None
     #: derived: canonical values per attribute (``tag:<name>`` included), the canonical org
     canon: dict[str, tuple[str, ...]]
     org: str
@@ -203,6 +233,7 @@ class Context:
         input_tokens: Any = None,
         request_bytes: Any = None,
         max_output_tokens: Any = None,
+        units: Any = None,
     ) -> None:
         # built once per request: one dict literal (sized once), no call for an absent
         # field, the contract's canonical_id inlined (the property test against
@@ -296,6 +327,7 @@ class Context:
         self.input_tokens = input_tokens
         self.request_bytes = request_bytes
         self.max_output_tokens = max_output_tokens
+        self.units = _units(units) if units else None
         self.canon = canon
         self.org = org
         self.secret = secret
@@ -338,6 +370,7 @@ class Context:
             input_tokens=fields.get("input_tokens"),
             request_bytes=fields.get("request_bytes"),
             max_output_tokens=fields.get("max_output_tokens"),
+            units=fields.get("units"),
         )
 
     # Mapping-like access for schemas.budgets (Budget.counter_keys / applicable)
@@ -1161,8 +1194,16 @@ class Checker:
         output = ctx.max_output_tokens
         return input_tokens, self._default_output if output is None else output
 
-    def estimate_nanos(self, model: str, input_tokens: int, max_output: int, now_us: int) -> int:
-        """Worst-case cost (schemas.pricing), cached until the price book or version changes."""
+    def estimate_nanos(
+        self,
+        model: str,
+        input_tokens: int,
+        max_output: int,
+        now_us: int,
+        units: dict[str, int] | None = None,
+    ) -> int:
+        """Worst-case cost (schemas.pricing), cached until the price book or version changes;
+        a request naming unit caps (rare) is priced with them, uncached."""
         state = self.state
         if state.price_version != self._estimates_version or now_us >= self._estimates_until_us:
             self._estimates.clear()
@@ -1174,6 +1215,14 @@ class Checker:
                 start = _micros(table.effective_from)
                 if start > now_us:
                     self._estimates_until_us = min(self._estimates_until_us, start)
+        if units:
+            return state.prices.worst_case_nanos(
+                model,
+                at=from_micros(now_us),
+                input_tokens=input_tokens,
+                max_output_tokens=max_output,
+                units=units,
+            )
         if (
             model == self._last_model
             and input_tokens == self._last_input
@@ -1351,7 +1400,7 @@ class Checker:
                                 est_tokens = est_input + est_output
                             if ln is not None and est_nanos < 0:
                                 est_nanos = self.estimate_nanos(
-                                    ctx.model or "", est_input, est_output, now_us
+                                    ctx.model or "", est_input, est_output, now_us, ctx.units
                                 )
                             if (
                                 est_nanos == 0
@@ -1433,7 +1482,7 @@ class Checker:
                 decision.request_tokens = est_tokens
                 decision.replicas = share
                 decision.fitting_max_tokens = self.fitting_max_tokens(
-                    rows, ctx.model or "", est_input, est_output, now_us
+                    rows, ctx.model or "", est_input, est_output, now_us, ctx.units
                 )
             return decision
         charges: list[tuple[RateBucket, int]] | None = None
@@ -1570,6 +1619,7 @@ class Checker:
         input_tokens: int,
         max_output: int,
         now_us: int,
+        units: dict[str, int] | None = None,
     ) -> int | None:
         """The largest max output tokens (below ``max_output``) with which this request
         would be admitted now by every enforce counter in ``rows`` (this replica's share,
@@ -1577,16 +1627,18 @@ class Checker:
         is linear in the output tokens but for its one rounding, so a guess from the
         slope is checked, then moved by single tokens (two or three price lookups, not a
         search: each costs microseconds)."""
-        if not self._fits(rows, model, input_tokens, 0, now_us):
+        if not self._fits(rows, model, input_tokens, 0, now_us, units):
             return None
         if max_output <= 1:
             return 0
         share = self._replicas
         prices = self.state.prices
         at = from_micros(now_us)
-        base = prices.worst_case_nanos(model, at=at, input_tokens=input_tokens, max_output_tokens=0)
+        base = prices.worst_case_nanos(
+            model, at=at, input_tokens=input_tokens, max_output_tokens=0, units=units
+        )
         top = prices.worst_case_nanos(
-            model, at=at, input_tokens=input_tokens, max_output_tokens=max_output
+            model, at=at, input_tokens=input_tokens, max_output_tokens=max_output, units=units
         )
         slope = (top - base) / max_output
         guess = max_output - 1
@@ -1604,24 +1656,30 @@ class Checker:
                 guess = min(guess, int(room_nanos / slope))
         guess = max(0, guess)
         # fits(low), not fits(high): the request was refused at max_output
-        if self._fits(rows, model, input_tokens, guess, now_us):
-            if not self._fits(rows, model, input_tokens, guess + 1, now_us):
+        if self._fits(rows, model, input_tokens, guess, now_us, units):
+            if not self._fits(rows, model, input_tokens, guess + 1, now_us, units):
                 return guess  # the common case: the guess was exact
             low, high = guess + 1, max_output
         else:
-            if guess == 0 or self._fits(rows, model, input_tokens, guess - 1, now_us):
+            if guess == 0 or self._fits(rows, model, input_tokens, guess - 1, now_us, units):
                 return max(0, guess - 1)
             low, high = 0, guess - 1
         while high - low > 1:  # the guess was off by more than one token: search
             middle = (low + high) // 2
-            if self._fits(rows, model, input_tokens, middle, now_us):
+            if self._fits(rows, model, input_tokens, middle, now_us, units):
                 low = middle
             else:
                 high = middle
         return low
 
     def _fits(
-        self, rows: list[CounterStatus], model: str, input_tokens: int, output: int, now_us: int
+        self,
+        rows: list[CounterStatus],
+        model: str,
+        input_tokens: int,
+        output: int,
+        now_us: int,
+        units: dict[str, int] | None = None,
     ) -> bool:
         share = self._replicas
         nanos = -1
@@ -1648,6 +1706,7 @@ class Checker:
                         at=from_micros(now_us),
                         input_tokens=input_tokens,
                         max_output_tokens=output,
+                        units=units,
                     )
                 if row.spent_nanos + share * (row.held_nanos + nanos) > ln:
                     return False
@@ -1698,7 +1757,13 @@ class Checker:
                 "output_tokens",
             )
         }
-        price = self.state.prices.price(event["model"], at=occurred, **tokens)
+        price = self.state.prices.price(
+            event["model"],
+            at=occurred,
+            units=event.get("units"),
+            service_tier=event.get("service_tier"),
+            **tokens,
+        )
         counts = event.get("outcome", "allowed") in ("allowed", "failed_open")
         self._rate_refund(hold_id, billed_tokens(tokens), True)
         if not hold.counters:  # held for its rate limits only: nothing waits for a verdict

@@ -470,6 +470,14 @@ def _settle_event(usage: dict[str, Any], now_s: float) -> dict[str, Any]:
         if type(value) is not int or value < 0:
             raise ContractError(f"{name}: must be an integer >= 0")
         event[name] = value
+    units = usage.get("units")
+    if units is not None and not isinstance(units, dict):
+        raise ContractError("units: a map of unit name to count")
+    event["units"] = units  # checked by the price book (names, counts)
+    tier = usage.get("service_tier")
+    if tier is not None and not isinstance(tier, str):
+        raise ContractError("service_tier: a tier name")
+    event["service_tier"] = tier
     event["outcome"] = usage.get("outcome", "allowed")
     return event
 

@@ -109,7 +109,8 @@ given separately: the ``PriceTable`` record has no field for them. A tier
 needs a base input price > 0 (the ratio must exist).
 
 *Worst case.* :meth:`PriceBook.worst_case_nanos` prices ``input_tokens`` as
-plain input (tier-aware) and ``max_output_tokens`` as output. It does not add
+plain input (tier-aware), ``max_output_tokens`` as output and the ``units`` the request
+can cost at most (a server tool's ``max_uses``...) at their unit prices. It does not add
 the cache-write premium (1.25x, 2x for 1-hour writes): an enforcer that knows
 a request writes to the cache should pass those tokens to :meth:`PriceBook.price`.
 
@@ -1155,12 +1156,20 @@ class PriceBook:
         return _charged(total, version, matched)
 
     def worst_case_nanos(
-        self, model: str, *, at: datetime, input_tokens: int, max_output_tokens: int
+        self,
+        model: str,
+        *,
+        at: datetime,
+        input_tokens: int,
+        max_output_tokens: int,
+        units: Mapping[str, int] | None = None,
     ) -> int:
         """The enforcer's pre-forward estimate: the prompt at the input price (long-context
-        tier included) plus ``max_output_tokens`` at the output price; 0 when unpriced."""
+        tier included) plus ``max_output_tokens`` at the output price, plus the billed
+        units the request can cost at most (``units``, known before it is sent) at their
+        unit prices; 0 when unpriced."""
         return self.price(
-            model, at=at, input_tokens=input_tokens, output_tokens=max_output_tokens
+            model, at=at, input_tokens=input_tokens, output_tokens=max_output_tokens, units=units
         ).cost_nanos
 
     def unpriced_models(self, models: Iterable[str], at: datetime) -> list[str]:

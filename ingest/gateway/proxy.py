@@ -377,7 +377,13 @@ class Gateway:
         )
 
     def context(
-        self, call: _Call, request_bytes: int, max_output: int | None, *, api: str | None = None
+        self,
+        call: _Call,
+        request_bytes: int,
+        max_output: int | None,
+        *,
+        api: str | None = None,
+        units: tuple[tuple[str, int], ...] = (),
     ) -> Any:
         principal = call.vk.principal
         return self.gate.context(
@@ -394,6 +400,9 @@ class Gateway:
             model=call.model,
             request_bytes=request_bytes,
             max_output_tokens=max_output,
+            # the units the request can cost at most (a server tool's max_uses...): the
+            # worst case holds them too
+            units=units or None,
         )
 
     # -- one request -----------------------------------------------------------------------
@@ -426,7 +435,7 @@ class Gateway:
             call.session_id = self.sessions.session_id(
                 vk, request.headers.get(self.config.sessions.header)
             )
-            ctx = self.context(call, len(body), info.max_output_tokens)
+            ctx = self.context(call, len(body), info.max_output_tokens, units=info.unit_caps)
         except (ValueError, SpendbusError) as exc:
             self.metrics.requests.labels(route.family, "invalid").inc()
             return error_response(route.family, 400, f"Invalid request: {exc}")

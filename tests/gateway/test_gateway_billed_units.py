@@ -54,3 +54,32 @@ async def test_server_web_searches_reach_the_ledger_and_are_priced_per_unit(
         assert e["cache_read_tokens"] == e["cache_write_tokens"] == 0  # no cache_ratio
         tokens = e["input_tokens"] * 3_000 + e["output_tokens"] * 15_000
         assert book.price_event(e).cost_nanos == tokens + 10_000_000  # + $0.01 a search
+
+
+async def test_the_worst_case_holds_a_server_tools_max_uses(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Org "broke" has $5 and nothing spent: 600 web searches at most ($6 at the shipped
+    $0.01) cannot fit whatever the tokens, so the request is refused before it is sent;
+    5 searches at most fit."""
+    from gateway_kit import KEY_OF
+
+    async with gateway_stack(
+        kafka_bootstrap, topics, tmp_path, upstream=FakeUpstreamConfig(port=0, seed=5)
+    ) as stack:
+        async with aiohttp.ClientSession() as session:
+            path, body, _ = request_for("anthropic-messages", False)
+            headers = {"x-api-key": KEY_OF["sk-anthropic-broke"], "anthropic-version": "2023-06-01"}
+            statuses = []
+            for uses in (600, 5):
+                body["tools"] = [
+                    {"type": "web_search_20250305", "name": "web_search", "max_uses": uses}
+                ]
+                async with session.post(stack.url + path, json=body, headers=headers) as resp:
+                    statuses.append((resp.status, await resp.json()))
+        stats = await stack.upstream_stats()
+    (refused, answer), (allowed, _) = statuses
+    assert (refused, allowed) == (402, 200)
+    assert answer["reason"] == "request_too_large"
+    assert answer["request_nanos"] > 6_000_000_000
+    assert stats["requests"] == 1  # the refused request never reached the provider
