@@ -61,6 +61,7 @@ from schemas.billed_units import MAX_UNITS_PER_EVENT, valid_unit_name
 from schemas.budgets import UNPRICED_REFUSE, Budget
 from schemas.ids import CASE_INSENSITIVE_ATTRIBUTES, MAX_ID_LENGTH, canonical_id, compose
 from schemas.periods import from_micros, period_end, period_key
+from schemas.raises import BudgetRaise
 from schemas.usage import (
     ALLOWED,
     FAILED_CLOSED,
@@ -697,9 +698,13 @@ class CounterStatus:
     __slots__ = (
         "counter_id",
         "end_us",
+        "granted",
         "held_nanos",
         "held_requests",
         "held_tokens",
+        "limit_nanos",
+        "limit_requests",
+        "limit_tokens",
         "period",
         "plan",
         "spent_nanos",
@@ -722,6 +727,11 @@ class CounterStatus:
     held_requests: int
     #: the state as an index into STATE_NAMES (what the hot path compares)
     state_i: int
+    #: the limits checked: the budget's, or those of the raise it has now (``granted``)
+    limit_nanos: int | None
+    limit_tokens: int | None
+    limit_requests: int | None
+    granted: BudgetRaise | None
 
     def __init__(
         self,
@@ -737,6 +747,10 @@ class CounterStatus:
         held_tokens: int,
         held_requests: int,
         state_i: int,
+        limit_nanos: int | None,
+        limit_tokens: int | None,
+        limit_requests: int | None,
+        granted: BudgetRaise | None,
     ) -> None:
         self.plan = plan
         self.counter_id = counter_id
@@ -750,6 +764,10 @@ class CounterStatus:
         self.held_tokens = held_tokens
         self.held_requests = held_requests
         self.state_i = state_i
+        self.limit_nanos = limit_nanos
+        self.limit_tokens = limit_tokens
+        self.limit_requests = limit_requests
+        self.granted = granted
 
     @property
     def state(self) -> str:
@@ -778,15 +796,14 @@ class CounterStatus:
 
     def used_fraction(self) -> float:
         """The largest spent/limit over the budget's limits (verdict spend, holds excluded)."""
-        return _used_fraction(self.plan, self.spent_nanos, self.spent_tokens, self.spent_requests)
+        return _used_fraction(self, self.spent_nanos, self.spent_tokens, self.spent_requests)
 
     def remaining(self) -> dict[str, int | None]:
         """What is left under each limit after verdict spend and holds (None: no such limit)."""
-        plan = self.plan
         return {
-            "nanos": _left(plan.limit_nanos, self.spent_nanos + self.held_nanos),
-            "tokens": _left(plan.limit_tokens, self.spent_tokens + self.held_tokens),
-            "requests": _left(plan.limit_requests, self.spent_requests + self.held_requests),
+            "nanos": _left(self.limit_nanos, self.spent_nanos + self.held_nanos),
+            "tokens": _left(self.limit_tokens, self.spent_tokens + self.held_tokens),
+            "requests": _left(self.limit_requests, self.spent_requests + self.held_requests),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -806,9 +823,13 @@ class CounterStatus:
             "held_nanos": self.held_nanos,
             "held_tokens": self.held_tokens,
             "held_requests": self.held_requests,
-            "limit_nanos": plan.limit_nanos,
-            "limit_tokens": plan.limit_tokens,
-            "limit_requests": plan.limit_requests,
+            "limit_nanos": self.limit_nanos,
+            "limit_tokens": self.limit_tokens,
+            "limit_requests": self.limit_requests,
+            "base_limit_nanos": plan.limit_nanos,
+            "base_limit_tokens": plan.limit_tokens,
+            "base_limit_requests": plan.limit_requests,
+            "raise": None if self.granted is None else self.granted.to_json(),
             "remaining": self.remaining(),
             "used_pct": round(self.used_fraction() * 100, 2),
             "reset_at": refusals.iso(self.reset_at),
@@ -817,14 +838,16 @@ class CounterStatus:
         }
 
 
-def _used_fraction(plan: Plan, spent_nanos: int, spent_tokens: int, spent_requests: int) -> float:
-    """The largest spent / limit over the plan's limits (0.0 for none)."""
+def _used_fraction(
+    row: CounterStatus, spent_nanos: int, spent_tokens: int, spent_requests: int
+) -> float:
+    """The largest spent / limit over the counter's limits (0.0 for none)."""
     used = 0.0
-    if (limit := plan.limit_nanos) and spent_nanos / limit > used:
+    if (limit := row.limit_nanos) and spent_nanos / limit > used:
         used = spent_nanos / limit
-    if (limit := plan.limit_tokens) and spent_tokens / limit > used:
+    if (limit := row.limit_tokens) and spent_tokens / limit > used:
         used = spent_tokens / limit
-    if (limit := plan.limit_requests) and spent_requests / limit > used:
+    if (limit := row.limit_requests) and spent_requests / limit > used:
         used = spent_requests / limit
     return used
 
@@ -942,7 +965,7 @@ class Decision:
             state = r.state_i
             if state in (ALERT_I, EXCEEDED_I) and r.verdict is not None:
                 plan = r.plan
-                used = _used_fraction(plan, r.spent_nanos, r.spent_tokens, r.spent_requests)
+                used = _used_fraction(r, r.spent_nanos, r.spent_tokens, r.spent_requests)
                 # the header reads the plan, the state, the period end and the whole percent
                 key = (state, r.end_us, int(used * 100))
                 cache = plan.spend_headers
@@ -1288,6 +1311,8 @@ class Checker:
         """
         verdicts = self.state.verdicts
         ahead = self.state.ahead
+        raises = self.state.raises
+        raised = raises.by_budget
         holds_held = self.holds.held
         # holds are looked up only when some are outstanding; what was found is handed to
         # reserve (no second lookup of the same (counter, period))
@@ -1358,11 +1383,21 @@ class Checker:
                 end_us = plan.period_end_us
             else:
                 period, end_us = plan.current_period(now_us)
-            ln = plan.limit_nanos
-            lt = plan.limit_tokens
-            lr = plan.limit_requests
             next_key = 1
             while True:
+                # the limits checked: the budget's, or its counter's raise now (raised lists
+                # the budgets with raises: one dict lookup when none of them has one)
+                granted = None
+                if raised and plan.budget_id in raised:
+                    granted = raises.active(plan.budget_id, cid[1:], now_us)
+                if granted is None:
+                    ln = plan.limit_nanos
+                    lt = plan.limit_tokens
+                    lr = plan.limit_requests
+                else:
+                    ln, lt, lr = granted.limits(
+                        plan.limit_nanos, plan.limit_tokens, plan.limit_requests
+                    )
                 verdict = verdicts.get(cid)
                 if verdict is not None and verdict.period == period:
                     sn = verdict.spent_nanos
@@ -1456,7 +1491,24 @@ class Checker:
                         rated = []
                     rated.append(len(rows))
                 rows.append(
-                    CounterStatus(plan, cid, period, end_us, verdict, sn, st, sr, hn, ht, hr, state)
+                    CounterStatus(
+                        plan,
+                        cid,
+                        period,
+                        end_us,
+                        verdict,
+                        sn,
+                        st,
+                        sr,
+                        hn,
+                        ht,
+                        hr,
+                        state,
+                        ln,
+                        lt,
+                        lr,
+                        granted,
+                    )
                 )
                 if many is None or next_key >= len(many):
                     break
@@ -1646,11 +1698,11 @@ class Checker:
             plan = row.plan
             if not plan.holdable:
                 continue
-            lt = plan.limit_tokens
+            lt = row.limit_tokens
             if lt is not None:
                 room = (lt - row.spent_tokens) // share - row.held_tokens - input_tokens
                 guess = min(guess, room)
-            ln = plan.limit_nanos
+            ln = row.limit_nanos
             if ln is not None and slope > 0:
                 room_nanos = (ln - row.spent_nanos) / share - row.held_nanos - base
                 guess = min(guess, int(room_nanos / slope))
@@ -1689,16 +1741,16 @@ class Checker:
                 continue
             if row.state_i == EXCEEDED_I:
                 return False
-            lr = plan.limit_requests
+            lr = row.limit_requests
             if lr is not None and row.spent_requests + share * (row.held_requests + 1) > lr:
                 return False
-            lt = plan.limit_tokens
+            lt = row.limit_tokens
             if (
                 lt is not None
                 and row.spent_tokens + share * (row.held_tokens + input_tokens + output) > lt
             ):
                 return False
-            ln = plan.limit_nanos
+            ln = row.limit_nanos
             if ln is not None:
                 if nanos < 0:
                     nanos = self.state.prices.worst_case_nanos(
@@ -1729,7 +1781,17 @@ class Checker:
                 first = len(rows)
             if reserve:
                 plan.counts[state] += 1
-            rows.append(CounterStatus(plan, cid, period, end_us, None, 0, 0, 0, 0, 0, 0, state))
+            granted = self.state.raises.active(plan.budget_id, cid[1:], now_us)
+            ln, lt, lr = (
+                (plan.limit_nanos, plan.limit_tokens, plan.limit_requests)
+                if granted is None
+                else granted.limits(plan.limit_nanos, plan.limit_tokens, plan.limit_requests)
+            )
+            rows.append(
+                CounterStatus(
+                    plan, cid, period, end_us, None, 0, 0, 0, 0, 0, 0, state, ln, lt, lr, granted
+                )
+            )
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s (%s) for org %r", STATE_NAMES[state], reason, ctx.org_id)
         if closed:

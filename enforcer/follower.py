@@ -52,7 +52,7 @@ from enforcer.errors import TopicsMissing
 from enforcer.holds import Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import EnforcerState
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT, Codec
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE, VERDICT, Codec
 from schemas.errors import ContractError
 from schemas.generations import GenerationSwitch
 from schemas.topics import CONTROL_KEY, Topics
@@ -175,12 +175,16 @@ class Follower:
             self.topics.budget_policies: (BUDGET_POLICY, state.apply_policy),
             self.topics.pricing: (PRICE_TABLE, state.apply_price),
             self.topics.budget_verdicts: (VERDICT, state.apply_verdict),
+            self.topics.budget_raises: (BUDGET_RAISE, state.apply_raise),
         }
         self._key_field = {
             self.topics.budget_policies: "budget_id",
             self.topics.pricing: "version",
             self.topics.budget_verdicts: "counter_key",
+            self.topics.budget_raises: "raise_id",
         }
+        #: followed when they exist (a stack created before them has none: no raises)
+        self._optional = {self.topics.budget_raises}
         #: the exception that ended the follow loop, if any
         self.failure: BaseException | None = None
 
@@ -270,7 +274,7 @@ class Follower:
             # the consumer's own cluster view only knows assigned topics: ask for all
             cluster = await consumer._client.fetch_all_metadata()
             partitions = {t: cluster.partitions_for_topic(t) for t in wanted}
-            missing = [t for t, ps in partitions.items() if not ps]
+            missing = [t for t, ps in partitions.items() if not ps and t not in self._optional]
             if not missing:
                 break
             if time.monotonic() > deadline:

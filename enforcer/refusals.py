@@ -232,12 +232,12 @@ def _request_text(decision: Decision) -> str:
 
 def _left_text(decision: Decision, refusing: CounterStatus) -> str:
     """What is left under the limits the request passes, and this replica's share of it."""
-    plan, share = refusing.plan, decision.replicas
+    share = decision.replicas
     parts = []
     for limit, spent, held, unit in (
-        (plan.limit_nanos, refusing.spent_nanos, refusing.held_nanos, "nanos"),
-        (plan.limit_tokens, refusing.spent_tokens, refusing.held_tokens, "tokens"),
-        (plan.limit_requests, refusing.spent_requests, refusing.held_requests, "requests"),
+        (refusing.limit_nanos, refusing.spent_nanos, refusing.held_nanos, "nanos"),
+        (refusing.limit_tokens, refusing.spent_tokens, refusing.held_tokens, "tokens"),
+        (refusing.limit_requests, refusing.spent_requests, refusing.held_requests, "requests"),
     ):
         if limit is None:
             continue
@@ -277,20 +277,27 @@ def _left_fields(decision: Decision, refusing: CounterStatus) -> dict[str, Any]:
 
 def _default_body(value: str, refusing: CounterStatus) -> dict[str, Any]:
     plan = refusing.plan
-    return {
+    body: dict[str, Any] = {
         "error": value,
         "budget_id": plan.budget_id,
         "counter": refusing.counter,
         "period": refusing.period,
-        "limit_nanos": plan.limit_nanos,
+        "limit_nanos": refusing.limit_nanos,
         "spent_nanos": refusing.spent_nanos,
         "reset_at": iso_us(refusing.end_us),
-        "limit_tokens": plan.limit_tokens,
+        "limit_tokens": refusing.limit_tokens,
         "spent_tokens": refusing.spent_tokens,
-        "limit_requests": plan.limit_requests,
+        "limit_requests": refusing.limit_requests,
         "spent_requests": refusing.spent_requests,
         "held_nanos": refusing.held_nanos,
     }
+    if refusing.granted is not None:
+        # a raised counter: its base limits and the raise, beside the limits checked
+        body["base_limit_nanos"] = plan.limit_nanos
+        body["base_limit_tokens"] = plan.limit_tokens
+        body["base_limit_requests"] = plan.limit_requests
+        body["raise"] = refusing.granted.to_json()
+    return body
 
 
 def _throttled(decision: Decision, refusing: CounterStatus, style: str | None) -> Response:
@@ -348,7 +355,7 @@ def _seed000(
     limit in whole cents rounded down, the spend rounded up, so an exhausted budget reads
     spentCents >= limitCents; null for a budget without a USD limit. The message stays in
     an ``X-Spend-Refusal`` header (the body has no room for it)."""
-    limit = refusing.plan.limit_nanos
+    limit = refusing.limit_nanos
     spent = refusing.spent_nanos
     body = {
         "error": BUDGET_EXCEEDED,

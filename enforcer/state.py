@@ -33,6 +33,7 @@ from schemas.errors import ContractError
 from schemas.ids import decompose
 from schemas.periods import Window, from_micros, period_end, period_key, to_micros
 from schemas.pricing import PriceBook, PriceTable
+from schemas.raises import RaiseBook
 
 Record = Mapping[str, Any]
 #: a time after every period's end (µs)
@@ -120,6 +121,8 @@ class EnforcerState:
         self.policy_version = 0
         self.prices = PriceBook()
         self.price_version = 0
+        #: temporary raises of budget limits (budget.raises), looked up per counter
+        self.raises = RaiseBook()
         #: counter id (decomposed counter key) -> its last verdict
         self.verdicts: dict[CounterId, CounterVerdict] = {}
         #: counter id -> a verdict of a period our clock has not reached yet (see above)
@@ -148,6 +151,11 @@ class EnforcerState:
             return
         self.budgets[budget_id] = Budget.from_record(record)
         self.policy_version += 1
+
+    # --- budget.raises ---------------------------------------------------------------
+    def apply_raise(self, raise_id: str, record: Record | None) -> None:
+        """Add, replace (a revocation) or remove one raise. Raises on a bad record."""
+        self.raises.apply(raise_id, record)
 
     # --- pricing ---------------------------------------------------------------------
     def apply_price(self, version: str, record: Record | None) -> None:

@@ -113,6 +113,7 @@ def _enforcer_reads(
         *_topic(topics.budget_policies, *_READ),
         *_topic(topics.pricing, *_READ),
         *_topic(topics.generations, *_READ),
+        *_topic(topics.budget_raises, *_READ),
     ]
 
 
@@ -182,6 +183,7 @@ def role_bindings(
             base.counter_snapshots,
             base.gateway_keys,
             base.notify_deliveries,
+            base.budget_raises,
         ]
         derived = [base.usage_priced, base.budget_verdicts, base.shared_alerts, app]
         entries = [

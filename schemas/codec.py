@@ -50,6 +50,7 @@ SCHEMA_NAMES: Final = (
     "DeadLetter",
     "VirtualKey",
     "GenerationSwitch",
+    "BudgetRaise",
 )
 NAMESPACE: Final = "spendbus"
 
@@ -672,6 +673,7 @@ ALERT: Final = codec_for("Alert")
 DEAD_LETTER: Final = codec_for("DeadLetter")
 GATEWAY_KEY: Final = codec_for("VirtualKey")
 GENERATION_SWITCH: Final = codec_for("GenerationSwitch")
+BUDGET_RAISE: Final = codec_for("BudgetRaise")
 
 
 def _priced_tail() -> tuple[Any, bool]:

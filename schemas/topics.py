@@ -141,6 +141,12 @@ class Topics:
         return f"{self.prefix}budget.alerts"
 
     @property
+    def budget_raises(self) -> str:
+        """Compacted: temporary raises of budget limits by raise id (schemas/raises.py); a
+        revocation rewrites its record, so every raise stays on the topic."""
+        return f"{self.prefix}budget.raises"
+
+    @property
     def notify_deliveries(self) -> str:
         """Compacted: what ``spendbus notify`` delivered, key (webhook id, alert_id), and where
         each webhook started (key (webhook id,)): read back whole at each start (notify/)."""
@@ -184,6 +190,7 @@ class Topics:
             TopicSpec(self.shared_alerts, "counter_key", "Alert", DELETE_CONFIG, 1),
             TopicSpec(self.generations, "current", "GenerationSwitch", COMPACTED_CONFIG, 1),
             TopicSpec(self.gateway_keys, "key_sha256", "VirtualKey", COMPACTED_CONFIG, 1),
+            TopicSpec(self.budget_raises, "raise_id", "BudgetRaise", COMPACTED_CONFIG, 1),
             TopicSpec(self.notify_deliveries, "webhook|alert_id", "JSON", COMPACTED_CONFIG, 1),
             TopicSpec(
                 self.counter_snapshots, "snapshot|partition|counter", "JSON", COMPACTED_CONFIG, 1

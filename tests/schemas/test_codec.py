@@ -16,6 +16,7 @@ from schemas import codec as codec_module
 from schemas.codec import (
     ALERT,
     BUDGET_POLICY,
+    BUDGET_RAISE,
     DEAD_LETTER,
     GATEWAY_KEY,
     GENERATION_SWITCH,
@@ -193,6 +194,20 @@ FIXTURES = {
         "previous_retired": False,
         "switched_at": NOW,
     },
+    "BudgetRaise": {
+        "raise_id": "r-0123456789ab",
+        "budget_id": "acme-monthly",
+        "scope_values": ["acme"],
+        "mode": "by",
+        "raise_nanos": 100 * 10**9,
+        "raise_tokens": None,
+        "raise_requests": 500,
+        "starts_at": NOW,
+        "until": NOW,
+        "reason": "launch week",
+        "created_by": "ops",
+        "revoked_at": None,
+    },
 }
 
 
@@ -255,6 +270,7 @@ def test_codec_constants_are_the_named_codecs() -> None:
             DEAD_LETTER,
             GATEWAY_KEY,
             GENERATION_SWITCH,
+            BUDGET_RAISE,
         )
     ] == [
         "UsageEvent",
@@ -266,6 +282,7 @@ def test_codec_constants_are_the_named_codecs() -> None:
         "DeadLetter",
         "VirtualKey",
         "GenerationSwitch",
+        "BudgetRaise",
     ]
 
 
