@@ -48,6 +48,7 @@ from schemas.codec import (
 from schemas.errors import ContractError
 from schemas.ids import ids_are_canonical, with_canonical_ids
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
+from schemas.raises import BudgetRaise, raised_budget
 from schemas.topics import store_row_value
 from schemas.usage import billed_tokens, validate_usage_event
 
@@ -245,6 +246,8 @@ class BatchProcessor:
         self._budgets_version = -1
         self._applicable = ApplicableCache()
         self._counts = CountCache()
+        #: (id of a budget of the reference, raise id) -> the budget as raised
+        self._raised: dict[tuple[int, str], Budget] = {}
 
     def forget(self) -> None:
         """Partitions moved. Nothing of a partition's state is cached here (readers own it)."""
@@ -254,7 +257,15 @@ class BatchProcessor:
             budgets = sorted(self.reference.budgets.values(), key=lambda b: b.budget_id)
             self._applicable.reset(budgets)
             self._counts.reset()
+            self._raised.clear()
             self._budgets_version = self.reference.version
+
+    def _raised_budget(self, budget: Budget, granted: BudgetRaise) -> Budget:
+        cache_key = (id(budget), granted.raise_id)
+        found = self._raised.get(cache_key)
+        if found is None:
+            found = self._raised[cache_key] = raised_budget(budget, granted)
+        return found
 
     def process(
         self,
@@ -270,6 +281,8 @@ class BatchProcessor:
         self._refresh_budgets()
         lookup = self._applicable.lookup
         price_event = self.reference.prices.price_event
+        raises = self.reference.raises
+        raised = raises.by_budget
         # each counter is read once per batch; its state object is updated in place
         states: dict[str, CounterState] = {}
         seen_in_batch: dict[str, str] = {}
@@ -354,6 +367,12 @@ class BatchProcessor:
             for budget, key, scope_values, _ in found:
                 period = periods[n]
                 n += 1
+                if raised and budget.budget_id in raised:
+                    # a raise in force at the event's time: its state labels and alerts
+                    # measure the raised limits (by event time: a replay decides alike)
+                    granted = raises.active(budget.budget_id, scope_values, occurred_us)
+                    if granted is not None:
+                        budget = self._raised_budget(budget, granted)
                 state = states.get(key)
                 if state is None:
                     raw = counters(partition, key)

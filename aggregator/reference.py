@@ -1,6 +1,7 @@
-"""Reference data every worker needs whole: the budgets and the price versions.
+"""Reference data every worker needs whole: the budgets, the price versions and the
+temporary raises (budget.raises, when the stack has that topic).
 
-Both topics are compacted and small; each worker reads them from the start
+The topics are compacted and small; each worker reads them from the start
 into memory (no Faust table: they are not partitioned by org) and follows
 them live. Processing of usage waits until they are caught up to the end
 offsets seen at start, so no event is priced against a half-loaded book.
@@ -15,10 +16,11 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.budgets import Budget
-from schemas.codec import BUDGET_POLICY, PRICE_TABLE
-from schemas.errors import ContractError
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE
+from schemas.errors import ConfigError, ContractError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from schemas.pricing import PriceBook, PriceTable
+from schemas.raises import RaiseBook
 from schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class Reference:
 
     budgets: dict[str, Budget] = field(default_factory=dict)
     prices: PriceBook = field(default_factory=PriceBook)
+    raises: RaiseBook = field(default_factory=RaiseBook)
     #: bumped on every change, so callers can cache derived lookups
     version: int = 0
     rejected: int = 0
@@ -48,6 +51,19 @@ class Reference:
                 self.rejected += 1
                 log.warning("skipping unreadable budget %r: %s", budget_id, exc)
                 return
+        self.version += 1
+
+    def apply_raise(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            self.rejected += 1
+            return
+        raise_id = key.decode("utf-8", "replace")
+        try:
+            self.raises.apply(raise_id, None if value is None else BUDGET_RAISE.decode(value))
+        except ContractError as exc:
+            self.rejected += 1
+            log.warning("skipping unreadable raise %r: %s", raise_id, exc)
+            return
         self.version += 1
 
     def apply_price_table(self, key: bytes | None, value: bytes | None) -> None:
@@ -96,6 +112,12 @@ class ReferenceFollower:
         partitions = await topic_partitions(
             self.bootstrap, self.topics.budget_policies, self.topics.pricing, security=self.security
         )
+        try:
+            partitions += await topic_partitions(
+                self.bootstrap, self.topics.budget_raises, security=self.security
+            )
+        except ConfigError as exc:  # a stack created before raises existed
+            log.warning("temporary raises not followed: %s", exc)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
@@ -118,6 +140,8 @@ class ReferenceFollower:
                     try:
                         if tp.topic == self.topics.budget_policies:
                             self.reference.apply_policy(message.key, message.value)
+                        elif tp.topic == self.topics.budget_raises:
+                            self.reference.apply_raise(message.key, message.value)
                         else:
                             self.reference.apply_price_table(message.key, message.value)
                     except Exception:  # a record the book cannot use must not stop the worker

@@ -148,6 +148,7 @@ def role_bindings(
             *_topic(base.budget_policies, *_READ),
             *_topic(base.pricing, *_READ),
             *_topic(base.generations, *_READ),
+            *_topic(base.budget_raises, *_READ),
             *_topic(base.usage_dlq, *_WRITE),
             # derived per generation; Faust declares (CREATE) the topics its agents use and
             # the sink reads usage.priced back; a replay generation's alert relay reads its

@@ -15,10 +15,11 @@ the topic (the audit trail).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
+from schemas.budgets import Budget
 from schemas.errors import ContractError
 from schemas.ids import canonical_id
 from schemas.periods import from_micros, to_micros
@@ -157,6 +158,14 @@ class RaiseBook:
             if not r.scope_values and wide is None:
                 wide = r
         return wide
+
+
+def raised_budget(budget: Budget, granted: BudgetRaise) -> Budget:
+    """``budget`` with the limits ``granted`` gives it (what the aggregator counts against)."""
+    nanos, tokens, requests = granted.limits(
+        budget.limit_nanos, budget.limit_tokens, budget.limit_requests
+    )
+    return replace(budget, limit_nanos=nanos, limit_tokens=tokens, limit_requests=requests)
 
 
 #: the attribute of each scope value after the org (canonical ids: schemas/ids.py)
