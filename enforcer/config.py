@@ -84,6 +84,11 @@ class EnforcerConfig(BaseModel):
     #: head is in (408 after)
     sidecar_header_timeout_s: float = Field(default=30.0, gt=0)
     sidecar_body_timeout_s: float = Field(default=60.0, gt=0)
+    #: sidecar: holds of one key (the context's ``secret_id``) in flight at once (None: no
+    #: limit); a check past it is refused ``throttled`` (429, Retry-After) before deciding
+    sidecar_max_in_flight_per_key: int | None = Field(default=None, ge=1)
+    #: sidecar: the Retry-After of that refusal, seconds
+    sidecar_throttle_retry_after_s: int = Field(default=1, ge=1)
     #: sidecar: publish a refusal UsageEvent to usage.raw for every refused check
     publish_refusals: bool = True
 

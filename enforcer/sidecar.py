@@ -51,6 +51,7 @@ from schemas.codec import USAGE_EVENT
 from schemas.errors import ContractError
 from schemas.periods import from_micros
 from schemas.topics import Topics
+from schemas.usage import THROTTLED
 
 log = logging.getLogger("spendbus.enforcer.sidecar")
 
@@ -174,6 +175,86 @@ def _error(status: int, error: str, message: str, **extra: Any) -> web.Response:
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
+class InFlight:
+    """Holds in flight per key (the context's ``secret_id``), for the optional limit.
+
+    A hold leaves when its request is settled or released, or when the enforcer no longer
+    has it (expired after ``hold_timeout_s``: looked up only when a key is at its limit,
+    so a proxy that never settles cannot wedge its key for longer than that).
+    """
+
+    def __init__(self, enforcer: Enforcer, config: EnforcerConfig) -> None:
+        self.enforcer = enforcer
+        assert config.sidecar_max_in_flight_per_key is not None
+        self.limit = config.sidecar_max_in_flight_per_key
+        self.retry_after_s = config.sidecar_throttle_retry_after_s
+        self.by_key: dict[str, set[int]] = {}
+        self.key_of: dict[int, str] = {}
+        self.refused = 0
+
+    def admits(self, key: str) -> bool:
+        held = self.by_key.get(key)
+        if held is None or len(held) < self.limit:
+            return True
+        for hold_id in [h for h in held if self.enforcer.holds.get(h) is None]:
+            self.done(hold_id)  # expired in the enforcer
+        return len(self.by_key.get(key, ())) < self.limit
+
+    def add(self, key: str, hold_id: int) -> None:
+        self.by_key.setdefault(key, set()).add(hold_id)
+        self.key_of[hold_id] = key
+
+    def done(self, hold_id: int) -> None:
+        key = self.key_of.pop(hold_id, None)
+        if key is None:
+            return
+        held = self.by_key[key]
+        held.discard(hold_id)
+        if not held:
+            del self.by_key[key]
+
+    def refusal(self, key: str) -> dict[str, Any]:
+        """A refused decision as /v1/check answers one: 429 ``throttled``, Retry-After."""
+        self.refused += 1
+        retry = self.retry_after_s
+        message = (
+            f"throttled: key {key!r} has {self.limit} requests in flight, the most it may "
+            f"(sidecar_max_in_flight_per_key); retry in {retry} s."
+        )
+        return {
+            "allowed": False,
+            "decision": THROTTLED,
+            "outcome": "refused",
+            "status": 429,
+            "budget_id": None,
+            "reason": "in_flight_per_key",
+            "retry_after": retry,
+            "headers": [
+                ["content-type", "application/json"],
+                ["retry-after", str(retry)],
+                ["retry-after-ms", str(retry * 1000)],
+                ["x-should-retry", "true"],
+            ],
+            "body": {
+                "error": THROTTLED,
+                "reason": "in_flight_per_key",
+                "secret_id": key,
+                "limit": self.limit,
+                "retry_after_ms": retry * 1000,
+                "message": message,
+            },
+            "hold_id": None,
+            "over_budget": False,
+            "job_over_budget": False,
+            "exceeded_budgets": [],
+            "usage_fields": {
+                "outcome": "refused",
+                "decision": THROTTLED,
+                "decision_budget_id": None,
+            },
+        }
+
+
 def routes(
     enforcer: Enforcer,
     publisher: RefusalPublisher | None = None,
@@ -189,6 +270,7 @@ def routes(
     # Enforcer.check is this call (compiled) behind an interpreted method: call it directly
     decide = enforcer.checker.check
     body_timeout_s = config.sidecar_body_timeout_s
+    in_flight = InFlight(enforcer, config) if config.sidecar_max_in_flight_per_key else None
 
     async def receive(request: web.BaseRequest) -> bytes:
         """The body within the body deadline and MAX_BODY, else a 408/413 that closes the
@@ -260,7 +342,11 @@ def routes(
             ctx = Context.from_mapping(data)
         except InvalidContext as exc:
             return _error(400, "invalid_context", str(exc), field=exc.field)
+        if in_flight is not None and reserve and not in_flight.admits(ctx.secret_id):
+            return _json(in_flight.refusal(ctx.secret_id))
         decision = decide(ctx, reserve=reserve)
+        if in_flight is not None and decision.hold_id is not None:
+            in_flight.add(ctx.secret_id, decision.hold_id)
         counters = bool(request.query_string) and request.query.get("counters") == "1"
         if publisher is not None and reserve and not decision.allowed:
             out = decision.to_json(counters=counters)
@@ -282,6 +368,8 @@ def routes(
         hold_id = data.get("hold_id")
         if type(hold_id) is not int:
             return _error(400, "invalid_settle", "hold_id must be the integer /v1/check returned")
+        if in_flight is not None:
+            in_flight.done(hold_id)
         if data.get("release") is True:
             return _json({"settled": False, "released": enforcer.release(hold_id)})
         usage = data.get("usage")

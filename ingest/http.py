@@ -84,7 +84,9 @@ def build_app(
 ) -> web.Application:
     """The ingest app over a publisher the caller starts and stops (see :func:`create_app`)."""
     if not token:
-        raise ConfigError("the HTTP ingest needs a bearer token (--token or SPENDBUS_INGEST_TOKEN)")
+        raise ConfigError(
+            "the HTTP ingest needs a bearer token (--token-file or SPENDBUS_INGEST_TOKEN)"
+        )
     expected = token.encode("utf-8")
     registry = publisher.metrics.registry
     requests = Counter(

@@ -210,6 +210,8 @@ def gateway_config(upstream_url: str) -> dict[str, Any]:
     apis = ("openai", "anthropic", "gemini", "bedrock")
     return {
         "gateway_id": "demo-gateway",
+        # the answers' lengths and cuts the demo asks the fake providers for
+        "forward_request_headers": ["x-fake-"],
         "upstreams": {api: {"api": api, "base_url": upstream_url} for api in apis},
         "secrets": {
             secret: {"upstream": list(apis), "api_key": "demo-upstream-credential"}

@@ -13,6 +13,8 @@ SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
 SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
 SPENDBUS_WEB_TOKEN_FILE    a file holding the worker's web bearer token     $SPENDBUS_HOME/web.token
 SPENDBUS_WEB_TOKEN         the token itself (prefer the _FILE form)         (none)
+SPENDBUS_KEY_SECRET_FILE   the secret virtual-key digests are keyed with    $SPENDBUS_HOME/keys.secret
+SPENDBUS_KEY_SECRET        the key secret itself (prefer the _FILE form)    (none)
 CLICKHOUSE_CA_FILE         https:// DSN: PEM CA(s) of the server's cert     the system CAs
 CLICKHOUSE_VERIFY          https:// DSN: verify the server's certificate    true
 CLICKHOUSE_CLIENT_CERT     https:// DSN, mutual TLS: the client's cert      (none)
@@ -48,7 +50,9 @@ The worker's web token and an https:// ClickHouse server take ``web_token``,
 ``web_token_file``, ``clickhouse_ca_file``, ``clickhouse_verify``,
 ``clickhouse_client_cert``, ``clickhouse_client_key``, ``clickhouse_password`` and
 ``clickhouse_password_file`` in the file too (``Settings.clickhouse_access``; the
-token: ``spendbus.stack.web_token``). Secrets are ``SecretStr``: never printed.
+token: ``spendbus.stack.web_token``), and so do the virtual keys' digest secret
+(``key_secret``, ``key_secret_file``: ``spendbus.stack.key_secret``). Secrets are
+``SecretStr``: never printed.
 """
 
 from __future__ import annotations
@@ -91,6 +95,9 @@ class Settings(BaseModel):
     #: page does when the worker binds anything but loopback
     web_token: SecretStr | None = None
     web_token_file: Path | None = None
+    #: what virtual keys' digests are keyed with (spendbus/stack/key_secret.py)
+    key_secret: SecretStr | None = None
+    key_secret_file: Path | None = None
     clickhouse_ca_file: Path | None = None
     clickhouse_verify: bool = True
     clickhouse_client_cert: Path | None = None
@@ -197,6 +204,8 @@ _ENV = {
     "KAFKA_SSL_KEYFILE": "kafka_ssl_keyfile",
     "SPENDBUS_WEB_TOKEN": "web_token",
     "SPENDBUS_WEB_TOKEN_FILE": "web_token_file",
+    "SPENDBUS_KEY_SECRET": "key_secret",
+    "SPENDBUS_KEY_SECRET_FILE": "key_secret_file",
     "CLICKHOUSE_CA_FILE": "clickhouse_ca_file",
     "CLICKHOUSE_VERIFY": "clickhouse_verify",
     "CLICKHOUSE_CLIENT_CERT": "clickhouse_client_cert",

@@ -18,19 +18,31 @@ from .config import (
     Principal,
     Upstream,
     VirtualKey,
+    key_bits,
     key_digest,
+    key_hmac,
+    keyed_digest,
     load_config,
     parse_config,
     parse_key_entries,
+    weak_key_problem,
 )
 from .gate import BudgetGate, GateDecision, UsageSink
 from .identity import KeyStore, SessionTracker, presented_key
-from .keys_topic import KeysNotReady, KeysTopicFollower, key_from_record, key_record
+from .keys_topic import (
+    KEYED_PREFIX,
+    KeysNotReady,
+    KeysTopicFollower,
+    key_from_record,
+    key_record,
+    record_key,
+)
 from .proxy import Gateway, upstream_headers
 from .routes import REALTIME_API, Route, resolve
 from .server import GatewayServer
 
 __all__ = [
+    "KEYED_PREFIX",
     "REALTIME_API",
     "BudgetGate",
     "GateDecision",
@@ -46,13 +58,18 @@ __all__ = [
     "Upstream",
     "UsageSink",
     "VirtualKey",
+    "key_bits",
     "key_digest",
     "key_from_record",
+    "key_hmac",
     "key_record",
+    "keyed_digest",
     "load_config",
     "parse_config",
     "parse_key_entries",
     "presented_key",
+    "record_key",
     "resolve",
     "upstream_headers",
+    "weak_key_problem",
 ]

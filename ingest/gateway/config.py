@@ -11,6 +11,9 @@ this module never reads the environment.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import itertools
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -29,8 +32,62 @@ DEFAULT_SESSION_HEADER = "X-Spend-Session"
 
 
 def key_digest(key: str) -> str:
-    """The SHA-256 (hex) a virtual key is stored and looked up by."""
+    """The plain SHA-256 (hex) of a virtual key: the legacy stored form (``key_sha256``)."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def keyed_digest(secret: bytes, sha256_hex: str) -> str:
+    """The HMAC-SHA256 (hex), under the server-side key secret, of a key's SHA-256.
+
+    Keyed over the SHA-256 rather than the key itself so that a legacy ``key_sha256``
+    converts to its keyed form without the key (``spendbus keys migrate``); what is
+    stored is useless without the secret, so a leaked topic or config file cannot be
+    searched offline for weak keys.
+    """
+    return hmac.new(secret, bytes.fromhex(sha256_hex), hashlib.sha256).hexdigest()
+
+
+def key_hmac(secret: bytes, key: str) -> str:
+    """The keyed digest (``key_hmac``) a virtual key is stored and looked up by."""
+    return keyed_digest(secret, key_digest(key))
+
+
+#: the least estimated entropy of a key given in clear (what ``spendbus keys new`` makes: 256)
+MIN_KEY_BITS = 128
+
+
+def key_bits(key: str) -> float:
+    """A conservative estimate of a key's entropy in bits.
+
+    Each character counts log2 of the alphabet its classes span (lower, upper, digits,
+    others); a character that repeats or continues a run of its predecessor (``aaaa``,
+    ``0123``, ``dcba``) counts one bit. It cannot see dictionary words: it only refuses
+    keys that are certainly too weak.
+    """
+    if not key:
+        return 0.0
+    alphabet = (
+        26 * any(c.islower() for c in key)
+        + 26 * any(c.isupper() for c in key)
+        + 10 * any(c.isdigit() for c in key)
+        + 33 * any(not c.isalnum() for c in key)
+    )
+    per_char = math.log2(max(alphabet, 2))
+    bits = per_char
+    for prev, cur in itertools.pairwise(key):
+        bits += 1.0 if abs(ord(cur) - ord(prev)) <= 1 else per_char
+    return bits
+
+
+def weak_key_problem(key: str) -> str | None:
+    """Why ``key`` is too weak to be a virtual key, or None."""
+    bits = key_bits(key)
+    if bits < MIN_KEY_BITS:
+        return (
+            f"too weak: about {bits:.0f} bits of entropy, at least {MIN_KEY_BITS} needed "
+            "(make one with `spendbus keys new`)"
+        )
+    return None
 
 
 class _Frozen(BaseModel):
@@ -132,23 +189,43 @@ class Principal(_Frozen):
 
 
 class VirtualKey(_Frozen):
-    """A key clients present; only its digest needs to be stored."""
+    """A key clients present; only its digest needs to be stored.
+
+    ``key_hmac`` (keyed with the server-side key secret) is the stored form;
+    ``key_sha256`` is the legacy unsalted one, still read (converted with the secret
+    when loaded); ``key`` in clear is for local setups and tests.
+    """
 
     #: a name for logs, metrics and the automatic session ids (unique)
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._@-]+$")
     key: str | None = Field(default=None, min_length=16)
+    key_hmac: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     principal: Principal
 
     @model_validator(mode="after")
     def _one_key(self) -> VirtualKey:
-        if (self.key is None) == (self.key_sha256 is None):
-            raise ValueError("give exactly one of key and key_sha256")
+        if sum(v is not None for v in (self.key, self.key_hmac, self.key_sha256)) != 1:
+            raise ValueError("give exactly one of key, key_hmac and key_sha256")
         return self
 
     @property
-    def digest(self) -> str:
-        return self.key_sha256 or key_digest(self.key or "")
+    def identity(self) -> str:
+        """What tells two entries of one form apart without the secret (duplicates)."""
+        if self.key_hmac is not None:
+            return f"hmac:{self.key_hmac}"
+        return f"sha256:{self.key_sha256 or key_digest(self.key or '')}"
+
+    @property
+    def legacy(self) -> bool:
+        """Stored as the unsalted SHA-256 (``spendbus keys migrate`` rewrites it)."""
+        return self.key_sha256 is not None
+
+    def digest(self, secret: bytes) -> str:
+        """The keyed digest this key is looked up by, under ``secret``."""
+        if self.key_hmac is not None:
+            return self.key_hmac
+        return keyed_digest(secret, self.key_sha256 or key_digest(self.key or ""))
 
 
 class Sessions(_Frozen):
@@ -199,10 +276,35 @@ class GatewayConfig(_Frozen):
     #: connections to the upstreams open at once; a request waits at most
     #: ``connect_timeout_s`` for one (then 502, released, not charged)
     max_upstream_connections: int = Field(default=1024, ge=1)
+    #: requests of one virtual key in flight at once (None: no limit); one more is
+    #: answered 429 ``throttled`` with Retry-After, never forwarded nor charged
+    max_in_flight_per_key: int | None = Field(default=None, ge=1)
+    #: the Retry-After of that answer, seconds
+    throttle_retry_after_s: int = Field(default=1, ge=1)
+    #: request headers forwarded to the upstreams beside the per-provider allowlist
+    #: (headers.py): names, or prefixes ending in ``-`` (e.g. OpenRouter's ``x-title``)
+    forward_request_headers: tuple[str, ...] = ()
     #: what the other rooms are configured with (validated by the composition)
     kafka: dict[str, Any] = Field(default_factory=dict)
     enforcer: dict[str, Any] = Field(default_factory=dict)
     publisher: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("forward_request_headers")
+    @classmethod
+    def _forwardable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from .headers import NEVER_FORWARDED
+
+        out = tuple(v.strip().lower() for v in value)
+        for name in out:
+            if not name or not all(c.isalnum() or c == "-" for c in name):
+                raise ValueError(f"{name!r} is not a header name (or a prefix ending in '-')")
+            if name in NEVER_FORWARDED or any(
+                n.startswith(name) for n in NEVER_FORWARDED if name.endswith("-")
+            ):
+                raise ValueError(
+                    f"{name!r} is never forwarded (credentials, cookies, framing, account)"
+                )
+        return out
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:
@@ -219,7 +321,7 @@ class GatewayConfig(_Frozen):
                     )
                 apis.add(api)
         names: set[str] = set()
-        digests: set[str] = set()
+        identities: set[str] = set()
         for i, vk in enumerate(self.keys):
             if vk.principal.secret_id not in self.secrets:
                 raise ValueError(
@@ -227,11 +329,19 @@ class GatewayConfig(_Frozen):
                 )
             if vk.name in names:
                 raise ValueError(f"keys.{i}.name: {vk.name!r} is used twice")
-            if vk.digest in digests:
+            if vk.identity in identities:
                 raise ValueError(f"keys.{i}: the same key is given twice")
             names.add(vk.name)
-            digests.add(vk.digest)
+            identities.add(vk.identity)
         return self
+
+    def weak_keys(self) -> list[tuple[str, str]]:
+        """(name, problem) of every key given in clear that is too weak to guess-proof."""
+        return [
+            (vk.name, problem)
+            for vk in self.keys
+            if vk.key is not None and (problem := weak_key_problem(vk.key)) is not None
+        ]
 
     def credentials(self, environ: Mapping[str, str], source: str = "<gateway>") -> dict[str, str]:
         """secret_id -> upstream credential; a missing variable raises ConfigError."""
@@ -297,11 +407,11 @@ def parse_key_entries(data: Any, source: str = "<keys>") -> tuple[VirtualKey, ..
             raise ConfigError(
                 f"{source}: {label}: field 'name': {vk.name!r} is used by entry {names[vk.name]} too"
             )
-        if vk.digest in digests:
+        if vk.identity in digests:
             raise ConfigError(
-                f"{source}: {label}: the same key is given by entry {digests[vk.digest]} too"
+                f"{source}: {label}: the same key is given by entry {digests[vk.identity]} too"
             )
-        names[vk.name] = digests[vk.digest] = i
+        names[vk.name] = digests[vk.identity] = i
         out.append(vk)
     return tuple(out)
 

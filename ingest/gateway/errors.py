@@ -24,6 +24,7 @@ _ANTHROPIC: Final = {
     404: "not_found_error",
     408: "invalid_request_error",
     413: "request_too_large",
+    429: "rate_limit_error",
     502: "api_error",
     503: "overloaded_error",
 }
@@ -34,10 +35,11 @@ _OPENAI: Final = {
     404: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    429: "throttled",
     502: "server_error",
     503: "server_error",
 }
-_OPENAI_CODES: Final = {401: "invalid_api_key", 404: "unknown_url"}
+_OPENAI_CODES: Final = {401: "invalid_api_key", 404: "unknown_url", 429: "throttled"}
 _GOOGLE: Final = {
     400: "INVALID_ARGUMENT",
     401: "UNAUTHENTICATED",
@@ -45,6 +47,7 @@ _GOOGLE: Final = {
     404: "NOT_FOUND",
     408: "DEADLINE_EXCEEDED",
     413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
     502: "UNAVAILABLE",
     503: "UNAVAILABLE",
 }
@@ -55,6 +58,7 @@ _BEDROCK: Final = {
     404: "ResourceNotFoundException",
     408: "ValidationException",
     413: "ValidationException",
+    429: "ThrottlingException",
     502: "ServiceUnavailableException",
     503: "ServiceUnavailableException",
 }
@@ -84,8 +88,11 @@ def error_body(
     }, []
 
 
-def error_response(family: Api | None, status: int, message: str) -> web.Response:
+def error_response(
+    family: Api | None, status: int, message: str, extra: tuple[tuple[str, str], ...] = ()
+) -> web.Response:
     body, headers = error_body(family, status, message)
+    headers = [*headers, *extra]
     response = web.Response(
         body=json.dumps(body).encode(), status=status, content_type="application/json"
     )

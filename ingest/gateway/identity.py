@@ -2,8 +2,10 @@
 
 A client proves who it is with a virtual key, presented where its SDK puts a
 provider key (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key`` or
-Gemini's ``?key=``). Keys are stored and looked up by SHA-256, so the
-configuration never needs to hold them in clear. Nothing else a client sends
+Gemini's ``?key=``). Keys are stored and looked up by an HMAC-SHA256 keyed with
+a server-side secret (``key_hmac``), so neither the configuration nor the keys
+topic needs to hold them in clear, and what they hold cannot be searched offline;
+legacy unsalted SHA-256 digests are read too, converted under the secret. Nothing else a client sends
 changes the principal (DESIGN invariant 3); the one thing it may name is its
 session (the job an agent framework runs), and that name is scoped by org so
 one tenant can never reach another's session counter.
@@ -11,6 +13,7 @@ one tenant can never reach another's session counter.
 
 from __future__ import annotations
 
+import secrets as random_secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -18,7 +21,7 @@ from datetime import UTC, datetime
 
 from schemas.ids import MAX_ID_LENGTH
 
-from .config import Principal, VirtualKey, key_digest
+from .config import Principal, VirtualKey, key_hmac, keyed_digest
 
 #: where SDKs put the API key, in the order they are looked at
 KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
@@ -39,18 +42,42 @@ def presented_key(headers: Mapping[str, str], query: Mapping[str, str]) -> str |
     return in_query.strip() if in_query and in_query.strip() else None
 
 
-class KeyStore:
-    """Virtual keys by digest. ``replace`` swaps the whole set atomically."""
+#: bytes of a key secret made when none is given (a store of keys in clear or legacy form)
+KEY_SECRET_BYTES = 32
 
-    def __init__(self, keys: Iterable[VirtualKey] = ()) -> None:
+
+class KeyStore:
+    """Virtual keys by keyed digest. ``replace`` swaps the whole set atomically.
+
+    ``secret`` is the server-side key secret the digests are keyed with; without one a
+    random secret of this process is used, which serves keys given in clear or as
+    legacy SHA-256 (both converted here) but can match no ``key_hmac``: such a store
+    refuses them.
+    """
+
+    def __init__(self, keys: Iterable[VirtualKey] = (), *, secret: bytes | None = None) -> None:
+        self.keyed = secret is not None
+        self.secret = secret if secret is not None else random_secrets.token_bytes(KEY_SECRET_BYTES)
         self._by_digest: dict[str, VirtualKey] = {}
         self.replace(keys)
 
+    def digest(self, vk: VirtualKey) -> str:
+        if vk.key_hmac is not None and not self.keyed:
+            raise ValueError(
+                f"key {vk.name!r} is given as key_hmac: the gateway needs the key secret "
+                "it was made with"
+            )
+        return vk.digest(self.secret)
+
+    def digest_of_sha256(self, sha256_hex: str) -> str:
+        """The keyed digest of a legacy SHA-256 digest."""
+        return keyed_digest(self.secret, sha256_hex)
+
     def replace(self, keys: Iterable[VirtualKey]) -> None:
-        self._by_digest = {vk.digest: vk for vk in keys}
+        self._by_digest = {self.digest(vk): vk for vk in keys}
 
     def put(self, vk: VirtualKey) -> None:
-        self._by_digest[vk.digest] = vk
+        self._by_digest[self.digest(vk)] = vk
 
     def remove(self, digest: str) -> None:
         self._by_digest.pop(digest, None)
@@ -58,7 +85,12 @@ class KeyStore:
     def lookup(self, key: str | None) -> VirtualKey | None:
         if not key:
             return None
-        return self._by_digest.get(key_digest(key))
+        return self._by_digest.get(key_hmac(self.secret, key))
+
+    @property
+    def legacy(self) -> int:
+        """Keys held in the legacy unsalted form where they are stored."""
+        return sum(vk.legacy for vk in self._by_digest.values())
 
     def __len__(self) -> int:
         return len(self._by_digest)

@@ -1,7 +1,10 @@
 """Virtual keys from the compacted keys topic (``Topics.gateway_keys``), followed live.
 
-Each record is keyed by the SHA-256 hex of a virtual key (the key itself is
-never on the topic); its value is a ``VirtualKey`` Avro record (the key
+Each record is keyed by ``hmac-sha256:`` and the keyed digest of a virtual key
+(``key_hmac``: HMAC-SHA256 under the server-side key secret; the key itself is
+never on the topic), or, written before keyed digests, by the plain SHA-256 hex
+(still read: converted under the secret; ``spendbus keys migrate`` rewrites
+them); its value is a ``VirtualKey`` Avro record (the key
 entry's name and principal), and a tombstone revokes the key.
 
 The follower reads the topic from the start and is ready once it reached the
@@ -42,8 +45,15 @@ from .identity import KeyStore
 
 log = logging.getLogger("spendbus.gateway.keys")
 
-#: a record key: the SHA-256 hex of a virtual key
-DIGEST_PATTERN: Final = re.compile(r"[0-9a-f]{64}")
+#: the record key of a keyed digest: this prefix, then the HMAC-SHA256 hex
+KEYED_PREFIX: Final = "hmac-sha256:"
+#: a record key: a keyed digest, or (legacy) the plain SHA-256 hex of a virtual key
+DIGEST_PATTERN: Final = re.compile(r"(?:hmac-sha256:)?[0-9a-f]{64}")
+
+
+def record_key(vk_digest: str) -> str:
+    """The topic record key of a keyed digest."""
+    return KEYED_PREFIX + vk_digest
 
 
 class KeysNotReady(SpendbusError):
@@ -66,11 +76,15 @@ def key_record(vk: VirtualKey, applied_at: datetime) -> dict[str, Any]:
     }
 
 
-def key_from_record(digest: str, record: dict[str, Any]) -> VirtualKey:
-    """The VirtualKey a topic record names; pydantic's ValidationError when a field is invalid."""
+def key_from_record(key: str, record: dict[str, Any]) -> VirtualKey:
+    """The VirtualKey a topic record (its record key and value) names; pydantic's
+    ValidationError when a field is invalid."""
+    keyed = key.startswith(KEYED_PREFIX)
+    hex_digest = key.removeprefix(KEYED_PREFIX)
     return VirtualKey(
         name=record["name"],
-        key_sha256=digest,
+        key_hmac=hex_digest if keyed else None,
+        key_sha256=None if keyed else hex_digest,
         principal=Principal(
             org_id=record["org_id"],
             secret_id=record["secret_id"],
@@ -107,12 +121,14 @@ class KeysTopicFollower:
         self.store = store
         self.client_id = client_id
         self._secrets = frozenset(config.secrets)
-        self._file_keys = {vk.digest: vk for vk in config.keys}
-        self._file_names = {vk.name: vk.digest for vk in config.keys}
+        self._file_keys = {store.digest(vk): vk for vk in config.keys}
+        self._file_names = {vk.name: store.digest(vk) for vk in config.keys}
         #: the topic's usable keys by digest (what the store holds besides the file's keys)
         self.topic_keys: dict[str, VirtualKey] = {}
         #: name -> digest of the topic's usable keys (a name conflict is one lookup)
         self._topic_names: dict[str, str] = {}
+        #: digest -> the record key (keyed or legacy form) its live record came from
+        self._record_keys: dict[str, str] = {}
         self.skipped: collections.Counter[str] = collections.Counter()
         self.applied = 0
         self.revoked = 0
@@ -232,13 +248,24 @@ class KeysTopicFollower:
         """Apply one record of the topic (public for the follower's unit tests)."""
         where = f"{message.topic}[{message.partition}]@{message.offset}"
         raw_key = message.key
-        digest = raw_key.decode("ascii", "replace") if isinstance(raw_key, bytes) else ""
-        if not DIGEST_PATTERN.fullmatch(digest):
-            self._skip("bad_key", where, "record key is not the SHA-256 hex of a key", None)
+        key = raw_key.decode("ascii", "replace") if isinstance(raw_key, bytes) else ""
+        if not DIGEST_PATTERN.fullmatch(key):
+            self._skip("bad_key", where, "record key is not the digest of a key", None)
             return
+        digest = (
+            key.removeprefix(KEYED_PREFIX)
+            if key.startswith(KEYED_PREFIX)
+            else self.store.digest_of_sha256(key)
+        )
         if digest in self._file_keys:
             if message.value is not None:
                 self._skip("shadowed_by_file", where, "the config file defines this key", None)
+            return
+        holder_key = self._record_keys.get(digest, key)
+        if holder_key != key and holder_key.startswith(KEYED_PREFIX):
+            # the legacy record of a key already migrated (`keys migrate`, `keys apply`):
+            # its tombstone or an older value must not revoke or replace the keyed one
+            self._records.labels("superseded").inc()
             return
         if message.value is None:
             if self._drop(digest):
@@ -246,7 +273,7 @@ class KeysTopicFollower:
                 self._records.labels("revoked").inc()
             return
         try:
-            vk = key_from_record(digest, GATEWAY_KEY.decode(message.value))
+            vk = key_from_record(key, GATEWAY_KEY.decode(message.value))
         except DecodeError as exc:
             self._skip(exc.reason, where, str(exc), digest)
             return
@@ -270,6 +297,7 @@ class KeysTopicFollower:
         self._drop(digest)  # an update may rename the key
         self.topic_keys[digest] = vk
         self._topic_names[vk.name] = digest
+        self._record_keys[digest] = key
         self.store.put(vk)
         self.applied += 1
         self._records.labels("applied").inc()
@@ -280,6 +308,7 @@ class KeysTopicFollower:
         if vk is None:
             return False
         self._topic_names.pop(vk.name, None)
+        self._record_keys.pop(digest, None)
         self.store.remove(digest)
         return True
 
@@ -299,8 +328,10 @@ class KeysTopicFollower:
 
 __all__ = [
     "DIGEST_PATTERN",
+    "KEYED_PREFIX",
     "KeysNotReady",
     "KeysTopicFollower",
     "key_from_record",
     "key_record",
+    "record_key",
 ]

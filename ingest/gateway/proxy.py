@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from ingest.receive import BodyRefused, close_after, read_body, server_options
@@ -47,60 +47,23 @@ from schemas.usage import new_usage_event
 from .config import Api, GatewayConfig, Upstream, VirtualKey
 from .errors import error_response
 from .gate import BudgetGate, GateDecision, UsageSink
+from .headers import forwarded_request_headers, relayed_response_headers
 from .identity import KeyStore, SessionTracker, presented_key
 from .routes import Route, resolve
 
 log = logging.getLogger("spendbus.gateway")
 
-#: request headers never forwarded: hop-by-hop, the client's credentials, spendbus's own,
-#: and the ones that would pick which provider organisation the operator's key bills
-_DROP_REQUEST = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-        "x-api-key",
-        "x-goog-api-key",
-        "cookie",
-        "openai-organization",
-        "openai-project",
-    }
-)
-#: response headers never relayed (hop-by-hop; aiohttp frames the body itself)
-_DROP_RESPONSE = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
 #: where each provider says which request it was
 _REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-amzn-requestid", "x-goog-request-id")
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-def upstream_headers(headers: Mapping[str, str], family: Api, credential: str) -> CIMultiDict[str]:
-    """The client's headers minus what must not pass, plus the upstream credential."""
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in _DROP_REQUEST or lower.startswith("x-spend-"):
-            continue
-        out.add(name, value)
+def upstream_headers(
+    headers: Mapping[str, str], family: Api, credential: str, also: tuple[str, ...] = ()
+) -> CIMultiDict[str]:
+    """The client's headers ``family``'s allowlist passes (headers.py; ``also``: the
+    config's ``forward_request_headers``), plus the upstream credential."""
+    out = forwarded_request_headers(headers, family, also)
     if family == "anthropic":
         out["x-api-key"] = credential
         out.setdefault("anthropic-version", ANTHROPIC_VERSION)
@@ -243,6 +206,7 @@ class Gateway:
         *,
         credentials: Mapping[str, str],
         keys: KeyStore | None = None,
+        key_secret: bytes | None = None,
         sessions: SessionTracker | None = None,
         estimator: EstimatorConfig | None = None,
         registry: CollectorRegistry | None = None,
@@ -254,7 +218,8 @@ class Gateway:
         self.gate = gate
         self.sink = sink
         self.credentials = dict(credentials)
-        self.keys = keys if keys is not None else KeyStore(config.keys)
+        #: keyed digests under ``key_secret`` (the server-side key secret; identity.py)
+        self.keys = keys if keys is not None else KeyStore(config.keys, secret=key_secret)
         self.sessions = sessions or SessionTracker(
             config.sessions.idle_ttl_s, config.sessions.max_tracked, auto=config.sessions.auto
         )
@@ -263,6 +228,9 @@ class Gateway:
         self._client: aiohttp.ClientSession | None = None
         #: accounting that outlives a cancelled handler
         self._pending: set[asyncio.Task[None]] = set()
+        #: key name -> its requests in flight (only with max_in_flight_per_key; an entry
+        #: goes at 0, so the map holds at most the keys with a request in flight)
+        self.in_flight: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -414,6 +382,42 @@ class Gateway:
         if isinstance(who, web.Response):
             return who
         vk, upstream = who
+        limit = self.config.max_in_flight_per_key
+        if limit is None:
+            return await self._handle_identified(request, route, vk, upstream)
+        name = vk.name
+        held = self.in_flight.get(name, 0)
+        if held >= limit:
+            return self._throttled(route.family, name, limit)
+        self.in_flight[name] = held + 1
+        try:
+            return await self._handle_identified(request, route, vk, upstream)
+        finally:
+            left = self.in_flight[name] - 1
+            if left:
+                self.in_flight[name] = left
+            else:
+                del self.in_flight[name]
+
+    def _throttled(self, family: Api, name: str, limit: int) -> web.Response:
+        """429 ``throttled``: this key has ``limit`` requests in flight already."""
+        self.metrics.requests.labels(family, "throttled").inc()
+        retry_after = self.config.throttle_retry_after_s
+        return error_response(
+            family,
+            429,
+            f"throttled: key {name!r} has {limit} requests in flight, the most it may "
+            f"(max_in_flight_per_key); retry in {retry_after} s.",
+            (
+                ("Retry-After", str(retry_after)),
+                ("retry-after-ms", str(retry_after * 1000)),
+                ("x-should-retry", "true"),
+            ),
+        )
+
+    async def _handle_identified(
+        self, request: web.Request, route: Route, vk: VirtualKey, upstream: Upstream
+    ) -> web.StreamResponse:
         try:
             body = await read_body(
                 request,
@@ -480,7 +484,12 @@ class Gateway:
                     "POST",
                     self._url(request, call.upstream),
                     data=call.body,
-                    headers=upstream_headers(request.headers, call.family, credential),
+                    headers=upstream_headers(
+                        request.headers,
+                        call.family,
+                        credential,
+                        self.config.forward_request_headers,
+                    ),
                     allow_redirects=False,
                 )
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -508,7 +517,7 @@ class Gateway:
         extra = decision.headers  # X-Spend-Budget warnings
         cut: str | None = "client_disconnected"  # until the relay says otherwise
         try:
-            cut, response = await self._relay(request, upstream, tap.feed, extra)
+            cut, response = await self._relay(request, upstream, call.family, tap.feed, extra)
             return response
         finally:
             if cut == "client_disconnected":
@@ -528,7 +537,7 @@ class Gateway:
         if isinstance(upstream, web.Response):
             return upstream
         try:
-            _, response = await self._relay(request, upstream, None, ())
+            _, response = await self._relay(request, upstream, call.family, None, ())
             return response
         finally:
             upstream.release()
@@ -537,12 +546,13 @@ class Gateway:
         self,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
+        family: Api,
         feed: Any,
         extra: tuple[tuple[str, str], ...],
     ) -> tuple[str | None, web.StreamResponse]:
         """Copy the upstream response to the client chunk by chunk; returns the cut
         (None: it ended normally) and the response."""
-        headers = _response_headers(upstream.headers, extra)
+        headers = relayed_response_headers(upstream.headers.items(), family, extra)
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=headers
         )
@@ -645,18 +655,6 @@ class Gateway:
             log.exception("usage event %s not published", event.get("event_id"))
         else:
             self.metrics.published_ok.inc()
-
-
-def _response_headers(
-    upstream: CIMultiDictProxy[str], extra: tuple[tuple[str, str], ...]
-) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.items():
-        if name.lower() not in _DROP_RESPONSE:
-            out.add(name, value)
-    for name, value in extra:
-        out.add(name, value)
-    return out
 
 
 def _elapsed_ms(started: float) -> int:

@@ -72,7 +72,9 @@ class RealtimeRelay:
         if not decision.allowed:
             return await gw._refuse(call, decision)
         credential = gw.credentials[vk.principal.secret_id]
-        headers = upstream_headers(request.headers, "openai", credential)
+        headers = upstream_headers(
+            request.headers, "openai", credential, gw.config.forward_request_headers
+        )
         for name in ("Sec-WebSocket-Key", "Sec-WebSocket-Version", "Sec-WebSocket-Extensions"):
             headers.popall(name, None)
         url = f"{upstream.base_url}/v1/realtime"

@@ -39,10 +39,16 @@ def enforcer() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
 @click.option("--port", default=8787, show_default=True, type=int, help="Listen port (0: any).")
 @click.option(
+    "--token-file",
+    default=None,
+    help=f"A file whose first line is the bearer token required on /v1/* (`-`: standard "
+    f"input); or ${TOKEN_ENV}. Needed off loopback.",
+)
+@click.option(
     "--token",
     envvar=TOKEN_ENV,
     default=None,
-    help=f"Bearer token required on /v1/* (or ${TOKEN_ENV}); needed off loopback.",
+    hidden=True,  # the variable's home; as an argument it is refused (ps shows argv)
 )
 @click.option("--fail-mode", type=click.Choice(["open", "closed"]), default=None)
 @click.option("--grace", type=float, default=None, help="Seconds of verdict staleness allowed.")
@@ -81,12 +87,19 @@ def enforcer() -> None:
     default=None,
     help="Enforce USD budgets, a model without a price: refuse (default) or admit at $0.",
 )
+@click.option(
+    "--max-in-flight-per-key",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Holds of one secret_id in flight at once; a check past it: 429 throttled.",
+)
 @click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
 @click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str,
     port: int,
+    token_file: str | None,
     token: str | None,
     fail_mode: str | None,
     grace: float | None,
@@ -98,12 +111,22 @@ def serve(
     max_replicas: int | None,
     membership_grace: float | None,
     unpriced_models: str | None,
+    max_in_flight_per_key: int | None,
     gateway_id: str | None,
     no_publish_refusals: bool,
     log_level: str,
 ) -> None:
     """Serve /v1/check, /v1/settle, /v1/usage, /healthz, /readyz and /metrics."""
     from enforcer import serve as run_sidecar
+    from spendbus.secret_input import read_secret, refuse_on_command_line
+
+    refuse_on_command_line(
+        "token", f"use --token-file FILE (or -, standard input) or set {TOKEN_ENV}"
+    )
+    if token_file is not None:
+        if token:
+            raise click.UsageError(f"--token-file and {TOKEN_ENV} are both set: keep one")
+        token = read_secret(token_file, "bearer token")
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -123,6 +146,7 @@ def serve(
             max_replicas=max_replicas,
             membership_grace_s=membership_grace,
             unpriced_models=unpriced_models,
+            sidecar_max_in_flight_per_key=max_in_flight_per_key,
             gateway_id=gateway_id,
             publish_refusals=not no_publish_refusals,
         )

@@ -107,13 +107,19 @@ async def serve(
     port: int | None = None,
     on_started: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
+    key_secret: bytes | None = None,
 ) -> None:
-    """Run the gateway until ``stop`` is set (or SIGINT/SIGTERM)."""
+    """Run the gateway until ``stop`` is set (or SIGINT/SIGTERM). ``key_secret``: what
+    the virtual keys' digests are keyed with (default: spendbus.stack.key_secret's)."""
     from enforcer import Enforcer, NotReady
     from ingest.gateway import BudgetGate, Gateway, KeysTopicFollower, UsageSink
     from ingest.publisher import UsagePublisher
     from schemas.topics import Topics
+    from spendbus.settings import load_settings
+    from spendbus.stack.key_secret import key_secret as settings_key_secret
 
+    if key_secret is None:
+        key_secret = settings_key_secret(load_settings())
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -129,7 +135,15 @@ async def serve(
         try:
             gate: BudgetGate = enforcer  # mypy checks that the enforcer fits the protocol
             sink: UsageSink = publisher
-            gateway = Gateway(gateway_config, gate, sink, credentials=credentials)
+            gateway = Gateway(
+                gateway_config, gate, sink, credentials=credentials, key_secret=key_secret
+            )
+            if gateway.keys.legacy:
+                log.warning(
+                    "%d virtual keys are stored as unsalted SHA-256 (key_sha256): "
+                    "`spendbus keys migrate` prints their key_hmac",
+                    gateway.keys.legacy,
+                )
             follower: KeysTopicFollower | None = None
             if gateway_config.keys_topic.follow:
                 follower = KeysTopicFollower(
@@ -177,6 +191,19 @@ async def _listen(
         await server.stop()
 
 
+def _check_key_strength(config: Any, config_path: Path, listen_host: str) -> None:
+    """A key given in clear that is too weak: refused off loopback, a warning on it."""
+    from schemas.net import is_loopback
+
+    for name, problem in config.weak_keys():
+        if not is_loopback(listen_host):
+            raise ConfigError(
+                f"{config_path}: key {name!r}: {problem}; a gateway listening on "
+                f"{listen_host} takes no weak key"
+            )
+        log.warning("%s: key %r: %s (accepted on loopback only)", config_path, name, problem)
+
+
 @click.group()
 def gateway() -> None:
     """The reference gateway: an LLM proxy that checks budgets and meters every call."""
@@ -202,6 +229,7 @@ def run(config_path: Path, host: str | None, port: int | None, log_level: str) -
     )
     try:
         config = load_config(config_path)
+        _check_key_strength(config, config_path, host or config.listen.host)
         credentials = config.credentials(os.environ, source=str(config_path))
         enforcer_config, publisher_config = compose_configs(config, str(config_path))
     except SpendbusError as exc:

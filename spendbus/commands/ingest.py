@@ -191,9 +191,14 @@ def ingest_file_command(
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
+    "--token-file",
+    help="A file whose first line is the bearer token clients must send (`-`: standard "
+    "input); or $SPENDBUS_INGEST_TOKEN. Required.",
+)
+@click.option(
     "--token",
     envvar="SPENDBUS_INGEST_TOKEN",
-    help="Bearer token clients must send (or $SPENDBUS_INGEST_TOKEN). Required.",
+    hidden=True,  # the variable's home; as an argument it is refused (ps shows argv)
 )
 @click.option(
     "--max-body-bytes", type=click.IntRange(min=1024), default=4 * 1024 * 1024, show_default=True
@@ -223,6 +228,7 @@ def ingest_file_command(
 def serve(
     host: str,
     port: int,
+    token_file: str | None,
     token: str | None,
     max_body_bytes: int,
     ack_timeout: float,
@@ -236,9 +242,19 @@ def serve(
 ) -> None:
     """Serve POST /v1/usage (JSON arrays of UsageEvents), /healthz and /metrics."""
     from ingest.http import run
+    from spendbus.secret_input import read_secret, refuse_on_command_line
 
+    refuse_on_command_line(
+        "token", "use --token-file FILE (or -, standard input) or set SPENDBUS_INGEST_TOKEN"
+    )
+    if token_file is not None:
+        if token:
+            raise ConfigError("--token-file and SPENDBUS_INGEST_TOKEN are both set: keep one")
+        token = read_secret(token_file, "bearer token")
     if not token:
-        raise ConfigError("the HTTP ingest needs a bearer token: --token or SPENDBUS_INGEST_TOKEN")
+        raise ConfigError(
+            "the HTTP ingest needs a bearer token: --token-file or SPENDBUS_INGEST_TOKEN"
+        )
     config = _publisher_config(
         bootstrap=bootstrap,
         topic_prefix=topic_prefix,

@@ -657,13 +657,39 @@ def _check_fmt(fmt: str) -> None:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
+#: what real providers also answer about the account and the edge: organisation and
+#: project ids, a load balancer's cookie, rate limits (constants: the draws stay as they were)
+_ACCOUNT_HEADERS: dict[str, dict[str, str]] = {
+    "anthropic": {
+        "anthropic-organization-id": "6f1d3c2a-0b9e-4f7a-8c5d-fake0organis",
+        "anthropic-ratelimit-requests-limit": "4000",
+        "anthropic-ratelimit-requests-remaining": "3999",
+        "anthropic-ratelimit-tokens-remaining": "399000",
+        "set-cookie": "__cf_bm=fake-edge-cookie; path=/; HttpOnly; Secure",
+        "cf-ray": "8f00fake0000-AMS",
+    },
+    "openai": {
+        "openai-organization": "org-fake-operator",
+        "openai-project": "proj_fake_operator",
+        "openai-version": "2020-10-01",
+        "x-ratelimit-limit-requests": "10000",
+        "x-ratelimit-remaining-requests": "9999",
+        "x-ratelimit-remaining-tokens": "29999000",
+        "x-ratelimit-reset-requests": "6ms",
+        "set-cookie": "__cf_bm=fake-edge-cookie; path=/; HttpOnly; Secure",
+        "cf-ray": "8f00fake0000-AMS",
+    },
+}
+
+
 def _headers(fmt: str, rng: random.Random) -> dict[str, str]:
     if fmt == "anthropic-messages":
-        return {"request-id": "req_" + _id(rng, 24)}
+        return {"request-id": "req_" + _id(rng, 24), **_ACCOUNT_HEADERS["anthropic"]}
     if fmt in ("openai-chat", "openai-responses"):
         return {
             "x-request-id": "req_" + _hex(rng, 32),
             "openai-processing-ms": str(rng.randint(80, 2_000)),
+            **_ACCOUNT_HEADERS["openai"],
         }
     if fmt == "gemini":
         return {"server": "scaffolding on HTTPServer2", "x-content-type-options": "nosniff"}

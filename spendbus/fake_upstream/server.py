@@ -18,6 +18,11 @@
 ``GET /healthz``                                       ``ok``
 =====================================================  ==================================
 
+Answers carry the headers real providers send, account ids and an edge cookie included
+(``openai-organization``, ``anthropic-organization-id``, ``set-cookie``, rate limits), so
+a proxy in front can be checked for what it lets through; ``FakeUpstream.request_headers``
+keeps the header names of the latest 1,000 requests (what such a proxy forwarded).
+
 Usage is picked deterministically from the seed and the request body
 (:func:`~spendbus.fake_upstream.responses.usage_for_request`: input about
 bytes / 4, output within ``output_tokens``, cache hits with probability
@@ -43,6 +48,7 @@ a metering pipeline can be checked against.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import math
@@ -223,6 +229,11 @@ class FakeUpstream:
     def __init__(self, config: FakeUpstreamConfig | None = None) -> None:
         self.config = config or FakeUpstreamConfig()
         self.stats = Stats()
+        #: (route, the request's header names, lower case) of the latest requests: what a
+        #: gateway in front forwarded
+        self.request_headers: collections.deque[tuple[str, frozenset[str]]] = collections.deque(
+            maxlen=1000
+        )
         self._arrivals = 0
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -361,6 +372,7 @@ class FakeUpstream:
         stats = self.stats
         stats.add(call.route, "requests")
         stats.add(call.route, "bytes_in", len(body))
+        self.request_headers.append((call.route, frozenset(n.lower() for n in request.headers)))
         forced = _Forced.read(request) if config.honor_headers else _Forced()
 
         try:

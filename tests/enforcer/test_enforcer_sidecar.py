@@ -343,3 +343,51 @@ async def test_a_slow_sender_gets_408_or_is_disconnected_and_decides_nothing(how
             assert await send_then_stall(url, b"POST /v1/check HTTP/1.1\r\nHost: x\r\n") == b""
         assert len(e.holds) == 0 and sum(e.metrics.decisions.values()) == 0
         assert (await c.post("/v1/check", json=CTX, headers=AUTH)).status == 200
+
+
+@SERVED
+async def test_a_key_past_its_in_flight_limit_is_throttled_429_until_one_settles(
+    how: str,
+) -> None:
+    """Issue 21: ``sidecar_max_in_flight_per_key`` holds of one secret at once; the next
+    check is refused 429 ``throttled`` with Retry-After (nothing held, nothing decided),
+    another key is not affected, and a settle, a release or an expiry frees a place."""
+    e, clock = loaded_enforcer(
+        [ORG],
+        [verdict(ORG, ["acme"], spent_nanos=0)],
+        sidecar_max_in_flight_per_key=2,
+        sidecar_throttle_retry_after_s=3,
+        hold_timeout_s=60,
+    )
+    async with TestClient(served(how, e, TOKEN)) as c:
+
+        async def check(secret: str = "sk-1") -> dict[str, Any]:
+            r = await c.post("/v1/check", json={**CTX, "secret_id": secret}, headers=AUTH)
+            assert r.status == 200
+            return await r.json()  # type: ignore[no-any-return]
+
+        first, second = await check(), await check()
+        assert first["allowed"] and second["allowed"]
+        decided = sum(e.metrics.decisions.values())
+        refused = await check()
+        assert not refused["allowed"] and refused["status"] == 429
+        assert refused["decision"] == "throttled" and refused["reason"] == "in_flight_per_key"
+        assert ["retry-after", "3"] in refused["headers"] and refused["retry_after"] == 3
+        assert refused["body"]["error"] == "throttled" and refused["body"]["limit"] == 2
+        assert refused["hold_id"] is None and len(e.holds) == 2
+        assert sum(e.metrics.decisions.values()) == decided  # refused before deciding
+        assert (await check("sk-2"))["allowed"]  # per key
+        # a peek holds nothing and is never throttled
+        r = await c.post("/v1/check", json={**CTX, "reserve": False}, headers=AUTH)
+        assert (await r.json())["allowed"]
+        r = await c.post(
+            "/v1/settle", json={"hold_id": first["hold_id"], "release": True}, headers=AUTH
+        )
+        assert (await r.json())["released"]
+        third = await check()
+        assert third["allowed"]
+        assert not (await check())["allowed"]
+        # holds the proxy never settles expire in the enforcer: the key is free again
+        clock.advance(120)
+        e.holds.expire(int(clock() * 1_000_000))
+        assert (await check())["allowed"]

@@ -53,6 +53,9 @@ KEYS = {
     "vk-broke-anthropic-0123456789": ("broke-anthropic", "broke", "sk-anthropic-broke"),
 }
 KEY_OF = {secret: key for key, (_, _, secret) in KEYS.items()}
+#: the server-side secret the stacks' key digests are keyed with (SPENDBUS_KEY_SECRET of
+#: the CLI commands the tests run beside them)
+KEY_SECRET = b"test-key-secret-0123456789abcdef"
 UPSTREAM_OF_SECRET = {
     "sk-openai": "openai",
     "sk-anthropic": "anthropic",
@@ -75,6 +78,8 @@ def gateway_config(upstream_url: str, **overrides: Any) -> dict[str, Any]:
     """A gateway config document (what gateway.yaml parses to)."""
     data: dict[str, Any] = {
         "gateway_id": "test-gateway",
+        # the fake providers' fault headers (x-fake-status, x-fake-cut-after, ...)
+        "forward_request_headers": ["x-fake-"],
         "upstreams": {
             api: {"api": api, "base_url": upstream_url}
             for api in ("openai", "anthropic", "gemini", "bedrock")
@@ -212,7 +217,9 @@ async def gateway_stack(
         await gate.wait_ready(60)
         await publisher.start()
         try:
-            gw = Gateway(config, gate, publisher, credentials=config.credentials({}))
+            gw = Gateway(
+                config, gate, publisher, credentials=config.credentials({}), key_secret=KEY_SECRET
+            )
             runner = web.AppRunner(
                 gw.app(), access_log=None, handle_signals=False, **gw.server_options()
             )

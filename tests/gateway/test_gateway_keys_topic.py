@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +16,15 @@ import aiohttp
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from gateway_kit import BROKE, KEY_OF, PROMPT, exhausted_verdict, gateway_config, gateway_stack
+from gateway_kit import (
+    BROKE,
+    KEY_OF,
+    KEY_SECRET,
+    PROMPT,
+    exhausted_verdict,
+    gateway_config,
+    gateway_stack,
+)
 
 from ingest.gateway import (
     KeysNotReady,
@@ -39,7 +48,23 @@ CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": PROMPT}]}
 
 
 def digest(key: str) -> str:
+    """The legacy (unsalted) digest of a key."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def keyed(key: str) -> str:
+    """The keyed digest the gateways look ``key`` up by (under the stacks' KEY_SECRET)."""
+    return hmac.new(KEY_SECRET, hashlib.sha256(key.encode()).digest(), "sha256").hexdigest()
+
+
+def published_as(key: str) -> bytes:
+    """The record key `keys apply` publishes ``key`` under."""
+    return f"hmac-sha256:{keyed(key)}".encode()
+
+
+def strong(label: str) -> str:
+    """A key strong enough for `keys apply` (deterministic: named by ``label``)."""
+    return f"vk-{label}-{hashlib.sha256(label.encode()).hexdigest()[:40]}"
 
 
 def entry(name: str, key: str, secret: str = "sk-openai", **principal: Any) -> dict[str, Any]:
@@ -56,14 +81,20 @@ def write(tmp_path: Path, data: Any, name: str = "keys.yaml") -> Path:
     return path
 
 
-def keys_cli(bootstrap: str, topics: Topics, *args: str) -> Result:
-    env = {"KAFKA_BOOTSTRAP": bootstrap, "SPENDBUS_TOPIC_PREFIX": topics.prefix}
-    return CliRunner().invoke(cli, ["keys", *args], env=env)
+def keys_cli(bootstrap: str, topics: Topics, *args: str, stdin: str | None = None) -> Result:
+    env = {
+        "KAFKA_BOOTSTRAP": bootstrap,
+        "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+        "SPENDBUS_KEY_SECRET": KEY_SECRET.decode(),
+    }
+    return CliRunner().invoke(cli, ["keys", *args], env=env, input=stdin)
 
 
-async def keys_cli_async(bootstrap: str, topics: Topics, *args: str) -> Result:
+async def keys_cli_async(
+    bootstrap: str, topics: Topics, *args: str, stdin: str | None = None
+) -> Result:
     """The command runs its own event loop: in a thread beside the test's."""
-    return await asyncio.to_thread(keys_cli, bootstrap, topics, *args)
+    return await asyncio.to_thread(keys_cli, bootstrap, topics, *args, stdin=stdin)
 
 
 async def chat(url: str, key: str) -> int:
@@ -93,6 +124,7 @@ async def serving(
             port=0,
             on_started=started.set_result,
             stop=stop,
+            key_secret=KEY_SECRET,
         )
     )
     try:
@@ -111,11 +143,7 @@ async def until(predicate: Any, timeout: float = 20.0) -> None:
 async def test_applied_keys_authenticate_revocation_and_new_keys_apply_live(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    first, second, later = (
-        "vk-globex-ana-0123456789",
-        "vk-globex-bob-0123456789",
-        "vk-globex-cy-0123456789",
-    )
+    first, second, later = strong("globex-ana"), strong("globex-bob"), strong("globex-cy")
     applied = await keys_cli_async(
         kafka_bootstrap,
         topics,
@@ -150,7 +178,7 @@ async def test_applied_keys_authenticate_revocation_and_new_keys_apply_live(
         ) as follower:
             await follower.wait_ready(30)
             # ready means caught up: every key is in the store when wait_ready returns
-            assert set(follower.topic_keys) == {digest(first), digest(second)}
+            assert set(follower.topic_keys) == {keyed(first), keyed(second)}
             assert stack.gateway.keys.lookup(first) is not None
             assert stack.gateway.keys.lookup(second) is not None
             assert await chat(stack.url, first) == 200
@@ -170,20 +198,30 @@ async def test_applied_keys_authenticate_revocation_and_new_keys_apply_live(
 
             listed = await keys_cli_async(kafka_bootstrap, topics, "list")
             assert listed.exit_code == 0, listed.output
-            assert digest(first)[:12] in listed.output and "globex-bob" in listed.output
-            assert first not in listed.output and digest(first) not in listed.output
+            # bob was given as a legacy key_sha256: published under its keyed digest all the same
+            assert keyed(first)[:12] in listed.output and keyed(second)[:12] in listed.output
+            assert "globex-bob" in listed.output and "legacy" not in listed.output
+            assert first not in listed.output and keyed(first) not in listed.output
 
-            revoked = await keys_cli_async(kafka_bootstrap, topics, "revoke", first)
+            # the key itself only on standard input, never as an argument
+            on_argv = await keys_cli_async(kafka_bootstrap, topics, "revoke", first)
+            assert on_argv.exit_code == 2 and "never taken as an argument" in on_argv.output
+            assert follower.revoked == 0
+            revoked = await keys_cli_async(
+                kafka_bootstrap, topics, "revoke", "--key-file", "-", stdin=first + "\n"
+            )
             assert revoked.exit_code == 0, revoked.output
             assert first not in revoked.output
             await until(lambda: follower.revoked == 1)
             assert await chat(stack.url, first) == 401
             # by the prefix `keys list` shows
-            revoked = await keys_cli_async(kafka_bootstrap, topics, "revoke", digest(second)[:12])
+            revoked = await keys_cli_async(kafka_bootstrap, topics, "revoke", keyed(second)[:12])
             assert revoked.exit_code == 0, revoked.output
             await until(lambda: follower.revoked == 2)
             assert await chat(stack.url, second) == 401
-            again = await keys_cli_async(kafka_bootstrap, topics, "revoke", first)
+            again = await keys_cli_async(
+                kafka_bootstrap, topics, "revoke", "--key-file", "-", stdin=first
+            )
             assert again.exit_code == 1 and "no live key matches" in again.output
 
             new = write(tmp_path, {"keys": [entry("globex-cy", later)]}, "later.yaml")
@@ -206,7 +244,7 @@ async def test_applied_keys_authenticate_revocation_and_new_keys_apply_live(
         ([entry("short", "vk-short")], "entry 0 ('short'): field 'key'"),
         (
             [{**entry("both", "vk-both-0123456789"), "key_sha256": "ab" * 32}],
-            "entry 0 ('both'): field '<config>': give exactly one of key and key_sha256",
+            "entry 0 ('both'): field '<config>': give exactly one of key, key_hmac and key_sha256",
         ),
         (
             [entry("x", "vk-x-0123456789ab", team="a")],
@@ -239,42 +277,45 @@ def test_checks_against_a_gateway_config_and_live_names(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     gateway_file = write(tmp_path, gateway_config("http://127.0.0.1:9"), "gateway.yaml")
-    unknown = write(tmp_path, [entry("x", "vk-x-0123456789ab", secret="sk-nope")])
+    unknown = write(tmp_path, [entry("x", strong("x"), secret="sk-nope")])
     result = keys_cli(
         kafka_bootstrap, topics, "apply", str(unknown), "--gateway-config", str(gateway_file)
     )
     assert result.exit_code == 1
     assert "entry 0 ('x'): field 'principal.secret_id': no secret named 'sk-nope'" in result.output
-    shadowed = write(tmp_path, [entry("acme-openai", "vk-other-0123456789")])
+    shadowed = write(tmp_path, [entry("acme-openai", strong("other"))])
     result = keys_cli(
         kafka_bootstrap, topics, "apply", str(shadowed), "--gateway-config", str(gateway_file)
     )
     assert result.exit_code == 1 and "defines this key or name itself" in result.output
     assert asyncio.run(read_compacted(kafka_bootstrap, topics.gateway_keys)) == {}
 
-    first = write(tmp_path, [entry("taken", "vk-taken-0123456789")], "first.yaml")
+    first = write(tmp_path, [entry("taken", strong("taken"))], "first.yaml")
     assert keys_cli(kafka_bootstrap, topics, "apply", str(first)).exit_code == 0
-    clash = write(tmp_path, [entry("taken", "vk-other-0123456789")], "clash.yaml")
+    clash = write(tmp_path, [entry("taken", strong("other"))], "clash.yaml")
     result = keys_cli(kafka_bootstrap, topics, "apply", str(clash))
     assert result.exit_code == 1
     assert "entry 0 ('taken'): field 'name': already the name of live key" in result.output
     live = asyncio.run(read_compacted(kafka_bootstrap, topics.gateway_keys))
-    assert list(live) == [digest("vk-taken-0123456789").encode()]
+    assert list(live) == [published_as(strong("taken"))]
     # re-applying the same key (a changed principal) is an update, not a clash
-    update = write(tmp_path, [entry("taken", "vk-taken-0123456789", user_id="u1")], "u.yaml")
+    update = write(tmp_path, [entry("taken", strong("taken"), user_id="u1")], "u.yaml")
     assert keys_cli(kafka_bootstrap, topics, "apply", str(update)).exit_code == 0
     live = asyncio.run(read_compacted(kafka_bootstrap, topics.gateway_keys))
-    value = live[digest("vk-taken-0123456789").encode()]
+    value = live[published_as(strong("taken"))]
     assert value is not None and GATEWAY_KEY.decode(value)["user_id"] == "u1"
 
 
 async def test_the_topic_never_holds_a_plaintext_key(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    plain = ["vk-secret-alpha-0123456789", "vk-secret-beta-0123456789"]
+    plain = [strong("secret-alpha"), strong("secret-beta")]
     path = write(tmp_path, [entry(f"k{i}", k) for i, k in enumerate(plain)])
     assert (await keys_cli_async(kafka_bootstrap, topics, "apply", str(path))).exit_code == 0
-    assert (await keys_cli_async(kafka_bootstrap, topics, "revoke", plain[0])).exit_code == 0
+    key_file = tmp_path / "revoke.key"
+    key_file.write_text(plain[0] + "\n")
+    revoked = await keys_cli_async(kafka_bootstrap, topics, "revoke", "--key-file", str(key_file))
+    assert revoked.exit_code == 0, revoked.output
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
@@ -293,7 +334,7 @@ async def test_the_topic_never_holds_a_plaintext_key(
                     records.extend(messages)
     finally:
         await consumer.stop()
-    assert [r.key for r in records] == [digest(k).encode() for k in (*plain, plain[0])]
+    assert [r.key for r in records] == [published_as(k) for k in (*plain, plain[0])]
     assert records[2].value is None
     for record in records:
         raw = record.key + (record.value or b"")
@@ -356,7 +397,7 @@ async def test_unusable_records_are_skipped_logged_and_counted_never_fatal(
                 "name_conflict": 1,
                 "malformed": 1,
             }
-            assert set(follower.topic_keys) == {digest(good)}
+            assert set(follower.topic_keys) == {keyed(good)}
             assert await chat(stack.url, good) == 200
             assert await chat(stack.url, dropped) == 401  # its last record is unusable
             assert await chat(stack.url, "vk-clash-0123456789") == 401
@@ -396,7 +437,7 @@ async def test_the_command_listens_only_once_caught_up(
 ) -> None:
     """`spendbus gateway run`'s composition: a key applied before start works on the very first
     request, and a missing keys topic stops the start with its name."""
-    many = [entry(f"bulk-{i}", f"vk-bulk-{i:04d}-0123456789") for i in range(300)]
+    many = [entry(f"bulk-{i}", strong(f"bulk-{i}")) for i in range(300)]
     path = write(tmp_path, many)
     assert (await keys_cli_async(kafka_bootstrap, topics, "apply", str(path))).exit_code == 0
     async with FakeUpstream(FakeUpstreamConfig(port=0)) as upstream:
@@ -409,8 +450,8 @@ async def test_the_command_listens_only_once_caught_up(
         config = parse_config(data, "gateway.yaml")
         enforcer_config, publisher_config = compose_configs(config, "gateway.yaml")
         async with serving(config, enforcer_config, publisher_config, 60) as url:
-            assert await chat(url, "vk-bulk-0299-0123456789") == 200
-            assert await chat(url, "vk-bulk-0000-0123456789") == 200
+            assert await chat(url, strong("bulk-299")) == 200
+            assert await chat(url, strong("bulk-0")) == 200
 
 
 async def test_a_missing_topic_or_a_follower_not_started_is_named(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from gateway_kit import gateway_config
+from gateway_kit import KEY_SECRET, gateway_config
 from kafka_security_kit import SecuredKafka
-from test_gateway_keys_topic import chat, entry, serving, write
+from test_gateway_keys_topic import chat, entry, serving, strong, write
 
 from ingest.gateway import parse_config
 from schemas.codec import USAGE_EVENT
@@ -29,13 +29,17 @@ def test_the_gateway_follows_keys_and_publishes_as_the_gateway_principal(
     topics = Topics(prefix=f"g{unique}.")
     admin = secured_kafka.security("admin")
     asyncio.run(ensure_topics(secured_kafka.bootstrap, topics, 2, security=admin))
-    operator_env = {**secured_kafka.env("admin"), "SPENDBUS_TOPIC_PREFIX": topics.prefix}
+    operator_env = {
+        **secured_kafka.env("admin"),
+        "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+        "SPENDBUS_KEY_SECRET": KEY_SECRET.decode(),  # the one the gateway below keys with
+    }
     runner = CliRunner()
     granted = runner.invoke(
         cli, ["acls", "--role", "gateway", "--principal", "User:gw", "--apply"], env=operator_env
     )
     assert granted.exit_code == 0, granted.output
-    key = "vk-secured-0123456789abcdef"
+    key = strong("secured")
     applied = runner.invoke(
         cli, ["keys", "apply", str(write(tmp_path, [entry("secured", key)]))], env=operator_env
     )

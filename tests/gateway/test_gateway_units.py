@@ -48,15 +48,21 @@ def test_public_names() -> None:
         "Upstream",
         "UsageSink",
         "VirtualKey",
+        "KEYED_PREFIX",
+        "key_bits",
         "key_digest",
         "key_from_record",
+        "key_hmac",
         "key_record",
+        "keyed_digest",
         "load_config",
         "parse_config",
         "parse_key_entries",
         "presented_key",
+        "record_key",
         "resolve",
         "upstream_headers",
+        "weak_key_problem",
     }
 
 

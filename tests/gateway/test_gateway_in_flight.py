@@ -1,0 +1,61 @@
+"""The optional per-key limit of requests in flight (issue 21): one more is 429
+``throttled`` with Retry-After in the provider's shape, never forwarded nor charged (real
+broker and enforcer, the fake providers only)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+from gateway_kit import KEY_OF, eventually, gateway_stack, request_for
+
+from schemas.topics import Topics
+from spendbus.fake_upstream import FakeUpstreamConfig
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_key_past_its_in_flight_limit_is_throttled_and_never_forwarded(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        upstream=FakeUpstreamConfig(port=0, seed=5, latency_ms=1500),
+        gateway={"max_in_flight_per_key": 2, "throttle_retry_after_s": 2},
+    ) as stack:
+        path, body, key = request_for("openai-chat", False)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with aiohttp.ClientSession() as session:
+
+            async def call(with_key: str = key) -> tuple[int, dict[str, str], str]:
+                async with session.post(
+                    stack.url + path, json=body, headers={"Authorization": f"Bearer {with_key}"}
+                ) as resp:
+                    return resp.status, dict(resp.headers), await resp.text()
+
+            slow = [asyncio.create_task(call()) for _ in range(2)]
+            await eventually(lambda: stack.gateway.in_flight.get("acme-openai") == 2)
+            status, got, text = await call()
+            assert status == 429, text
+            assert got["Retry-After"] == "2" and got["x-should-retry"] == "true"
+            assert '"code": "throttled"' in text and "max_in_flight_per_key" in text
+            # another key of the same org is not throttled by this one's requests
+            other = await asyncio.create_task(call(KEY_OF["sk-anthropic"]))
+            assert other[0] == 403  # (its credential is for another API: it got past the limit)
+            # the SDK raises its usual rate-limit error
+            client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0)
+            with pytest.raises(openai.RateLimitError):
+                await client.chat.completions.create(**body)
+            assert [(await t)[0] for t in slow] == [200, 200]
+            assert stack.gateway.in_flight == {}
+            async with session.post(stack.url + path, json=body, headers=headers) as resp:
+                assert resp.status == 200
+        stats = await stack.upstream_stats()
+        assert stats["requests"] == 3  # the throttled ones never went out
+        events = await stack.events(3)
+        assert len(events) == 3 and all(e["outcome"] == "allowed" for e in events)
