@@ -1,4 +1,4 @@
-"""usage_events rows the engine reads itself: PricedUsage bodies as one Avro container.
+"""Rows the engine reads itself: PricedUsage (or Verdict) bodies as one Avro container.
 
 The cheapest way into ``usage_events`` that stays exact (bench/bench_insert_formats.py:
 ~3.8x Python rows, the ids being canonical already) is to hand the engine the Avro bytes
@@ -25,12 +25,13 @@ import io
 import os
 import tempfile
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 from typing import Final
 
 from fastavro import parse_schema, schemaless_writer, writer
 
-from schemas.codec import HEADER_LEN, PRICED_USAGE, expanded_schemas
+from aggregator.sink.batch import bodies
+from schemas.codec import HEADER_LEN, expanded_schemas
 
 #: the sync marker of every container this module writes (any 16 bytes will do; fixed, so
 #: the same bodies always make the same file)
@@ -38,10 +39,10 @@ SYNC_MARKER: Final = b"spendbus-sink-v1"
 _LONG: Final = parse_schema("long")
 
 
-@lru_cache(maxsize=1)
-def _container_header() -> bytes:
+@cache
+def _container_header(schema_name: str) -> bytes:
     head = io.BytesIO()
-    writer(head, parse_schema(expanded_schemas()["PricedUsage"]), [], sync_marker=SYNC_MARKER)
+    writer(head, parse_schema(expanded_schemas()[schema_name]), [], sync_marker=SYNC_MARKER)
     return head.getvalue()
 
 
@@ -51,35 +52,47 @@ def _long(value: int) -> bytes:
     return out.getvalue()
 
 
-def container(messages: Sequence[bytes]) -> bytes:
-    """One Avro object-container file of PricedUsage ``messages`` (single-object encoded,
-    every one written with the current schema: the caller checks ``PRICED_USAGE.header``)."""
-    # a slice copies ~250 bytes; joining memoryviews instead costs 10x more
-    bodies = [message[HEADER_LEN:] for message in messages]
-    size = sum(len(body) for body in bodies)
-    return b"".join((_container_header(), _long(len(bodies)), _long(size), *bodies, SYNC_MARKER))
+def container(messages: Sequence[bytes], schema_name: str = "PricedUsage") -> bytes:
+    """One Avro object-container file of ``messages``, single-object encoded, every one
+    written with the current ``schema_name`` schema (the caller checks their header)."""
+    parts, size = bodies(messages, HEADER_LEN)
+    return b"".join(
+        (_container_header(schema_name), _long(len(parts)), _long(size), *parts, SYNC_MARKER)
+    )
 
 
-def insert_select(table: str, columns: Sequence[tuple[str, str]], path: str) -> str:
+@cache
+def _sources(schema_name: str) -> dict[str, str]:
+    """Column name -> the container's column holding it: a field by its name, a field of
+    a nested record by its path (PricedUsage's ``event.secret_id``)."""
+    fields = expanded_schemas()[schema_name]["fields"]
+    sources: dict[str, str] = {}
+    for field in fields:
+        kind = field["type"]
+        if isinstance(kind, dict) and kind.get("type") == "record":
+            for nested in kind["fields"]:
+                sources.setdefault(nested["name"], f"{field['name']}.{nested['name']}")
+    sources.update((field["name"], field["name"]) for field in fields)
+    return sources
+
+
+def insert_select(
+    table: str, columns: Sequence[tuple[str, str]], path: str, schema_name: str = "PricedUsage"
+) -> str:
     """``INSERT INTO table (columns) SELECT ... FROM file(path, 'Avro')``: each column is
-    the PricedUsage field of its name, or the event's (``event.<name>``), cast to its
-    column type (``columns`` are (name, ClickHouse type) pairs).
+    the ``schema_name`` field of its name, or a nested record's (``event.<name>``), cast
+    to its column type (``columns`` are (name, ClickHouse type) pairs).
 
     The casts are explicit because the insert's own conversion of the same values is
     slower: Avro's enums and strings into LowCardinality columns cost ~2x the whole parse
     that way (issue 19, bench/bench_sink.py), while a ``CAST`` in the select reads them
     as a column once."""
-    event_fields = {f["name"] for f in expanded_schemas()["UsageEvent"]["fields"]}
-    priced_fields = {f["name"] for f in PRICED_USAGE.schema["fields"]}
+    sources = _sources(schema_name)
     exprs = []
     for name, kind in columns:
-        if name in priced_fields:
-            source = f"`{name}`"
-        elif name in event_fields:
-            source = f"`event.{name}`"
-        else:
-            raise ValueError(f"usage_events column {name!r} is no PricedUsage or event field")
-        exprs.append(f"CAST({source}, {_quoted(kind)}) AS `{name}`")
+        if name not in sources:
+            raise ValueError(f"{table} column {name!r} is no {schema_name} field")
+        exprs.append(f"CAST(`{sources[name]}`, {_quoted(kind)}) AS `{name}`")
     return (
         f"INSERT INTO {table} ({', '.join(f'`{name}`' for name, _ in columns)}) "
         f"SELECT {', '.join(exprs)} FROM file({_quoted(path)}, 'Avro')"
@@ -97,12 +110,17 @@ class ContainerFile:
     runs in one stream (``max_insert_threads=1``: one part a month) and takes most of the
     time, so more files measured no faster (bench/bench_sink.py, issue 19)."""
 
-    def __init__(self, messages: Sequence[bytes], directory: str | None = None) -> None:
+    def __init__(
+        self,
+        messages: Sequence[bytes],
+        directory: str | None = None,
+        schema_name: str = "PricedUsage",
+    ) -> None:
         handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed here, removed in __exit__)
-            prefix="usage-", suffix=".avro", dir=directory, delete=False
+            prefix=f"{schema_name.lower()}-", suffix=".avro", dir=directory, delete=False
         )
         try:
-            handle.write(container(messages))
+            handle.write(container(messages, schema_name))
         finally:
             handle.close()
         self.path = handle.name

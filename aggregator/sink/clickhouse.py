@@ -30,7 +30,6 @@ Flush order (aggregator/sink/README.md, enforced by tests): 1. insert rows,
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -44,10 +43,11 @@ from clickhouse_connect.driver._chdbclient import ChdbClient
 from clickhouse_connect.driver.client import Client
 
 from aggregator.sink.avro_rows import ContainerFile, insert_select
+from aggregator.sink.batch import FenceKey, Item, avro_items, fresh, runs, tops_token_rows
 from aggregator.sink.errors import SinkRejected, translate
 from schemas.codec import PRICED_USAGE, VERDICT, DecodeError
 from schemas.ids import canonical_id
-from schemas.topics import STORE_ROW_HEADER, parse_store_row, store_row_value
+from schemas.topics import store_row_value
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,7 @@ _PRICING: Final = itemgetter(
 )
 _COUNT: Final = itemgetter(*COUNT_FIELDS)
 _PRICED_HEADER: Final = PRICED_USAGE.header
+_VERDICT_HEADER: Final = VERDICT.header
 
 
 def rows_from_priced(records: Iterable[Record]) -> list[Row]:
@@ -248,11 +249,10 @@ def month_of(ts: datetime) -> int:
     return ts.year * 100 + ts.month
 
 
-FenceKey = tuple[int, int]  # (source_partition, YYYYMM)
-#: one row to store: its (partition, month) fence key, its source offset, the row as a tuple
-#: (USAGE_COLUMNS order) or, for the engine to decode, its PricedUsage message, and its
-#: position as STORE_ROW bytes (what the INSERT's deduplication token is made of)
-_Item = tuple[FenceKey, int, Any, bytes]
+#: one row to store (aggregator/sink/batch.py Item): its (partition, month) fence key, its
+#: source offset, the row as a tuple (USAGE_COLUMNS order) or, for the engine to decode,
+#: its PricedUsage message, and its position as STORE_ROW bytes (the token is made of them)
+_Item = Item
 
 
 class PricedMessage(Protocol):
@@ -262,17 +262,6 @@ class PricedMessage(Protocol):
     def value(self) -> bytes | None: ...
     @property
     def headers(self) -> Sequence[tuple[str, bytes]]: ...
-
-
-def store_row_header(message: PricedMessage) -> bytes | None:
-    """The record's store-row header when its value is a current PricedUsage message."""
-    value = message.value
-    if value is None or not value.startswith(_PRICED_HEADER):
-        return None
-    for name, data in message.headers:
-        if name == STORE_ROW_HEADER:
-            return data
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,20 +276,8 @@ class _Insert:
 
     @classmethod
     def of(cls, items: Sequence[_Item], table: str, *, avro: bool) -> _Insert:
-        tops: dict[FenceKey, int] = {}
-        digest = hashlib.sha256(table.encode())
-        positions = []
-        for key, offset, _, position in items:
-            if offset > tops.get(key, -1):
-                tops[key] = offset
-            positions.append(position)
-        digest.update(b"".join(positions))
-        return cls(
-            rows=[row for _, _, row, _ in items],
-            tops=tops,
-            token=f"spendbus-{digest.hexdigest()}",
-            avro=avro,
-        )
+        tops, token, rows = tops_token_rows(items, table)
+        return cls(rows=rows, tops=tops, token=token, avro=avro)
 
     def decoded(self) -> _Insert:
         """The same INSERT (same token) with its messages decoded into tuples."""
@@ -449,15 +426,15 @@ class ClickHouseSink:
         stored from its bytes by the engine; any other is decoded here (SinkRejected when
         it does not decode: a record of usage.priced that no reader can store).
         """
+        scanned = avro_items(messages, _PRICED_HEADER) if self.avro_inserts else None
+        if scanned is not None and None not in scanned:  # the usual batch: all from bytes
+            return self._write(scanned, [True] * len(scanned))  # type: ignore[arg-type]
         items: list[_Item] = []
         kinds: list[bool] = []
-        avro = self.avro_inserts
-        for message in messages:
-            header = store_row_header(message) if avro else None
-            position = None if header is None else parse_store_row(header)
-            if position is not None:
-                partition, offset, month = position
-                items.append(((partition, month), offset, message.value, header))  # type: ignore[arg-type]
+        for n, message in enumerate(messages):
+            item = None if scanned is None else scanned[n]
+            if item is not None:
+                items.append(item)
                 kinds.append(True)
                 continue
             try:
@@ -477,30 +454,10 @@ class ClickHouseSink:
             # a failed insert goes first, identical: the token makes it land once
             if self._pending is not None:
                 written += self._insert(self._pending)
-            fresh, fresh_kinds = self._fresh(items, kinds)
-            for run, avro in _runs(fresh, fresh_kinds, self.max_rows_per_insert):
+            new, new_kinds = fresh(items, kinds, self._fences)
+            for run, avro in runs(new, new_kinds, self.max_rows_per_insert):
                 written += self._insert(_Insert.of(run, self.table, avro=avro))
             return written
-
-    def _fresh(
-        self, items: Sequence[_Item], kinds: Sequence[bool] | None
-    ) -> tuple[list[_Item], list[bool] | None]:
-        """Items above their fence, first occurrence of each (partition, offset) only, with
-        their kinds."""
-        fences = self._fences
-        seen: set[tuple[int, int]] = set()
-        fresh: list[_Item] = []
-        fresh_kinds: list[bool] | None = None if kinds is None else []
-        for n, item in enumerate(items):
-            key, offset = item[0], item[1]
-            position = (key[0], offset)
-            if offset <= fences.get(key, -1) or position in seen:
-                continue
-            seen.add(position)
-            fresh.append(item)
-            if fresh_kinds is not None:
-                fresh_kinds.append(kinds[n])  # type: ignore[index]
-        return fresh, fresh_kinds
 
     def _insert(self, insert: _Insert) -> int:
         """The flush steps for one INSERT, in the order README.md gives."""
@@ -553,7 +510,28 @@ class ClickHouseSink:
     # -- budget_state ---------------------------------------------------------------
 
     def write_verdict_messages(self, messages: Sequence[PricedMessage]) -> int:
-        """``write_verdicts`` for budget.verdicts records as read from Kafka."""
+        """``write_verdicts`` for budget.verdicts records as read from Kafka: with
+        ``avro_inserts``, a batch of current Verdict bodies is decoded by the engine (a
+        verdict is stored as it was sent, nothing to canonicalise)."""
+        values = [m.value for m in messages]
+        if self.avro_inserts and values and all(_is_current_verdict(v) for v in values):
+            doing = f"inserting {len(values)} rows into {self.verdict_table}"
+            try:
+                with ContainerFile(values, self.spool_dir, "Verdict") as path:  # type: ignore[arg-type]
+                    self.client.command(
+                        insert_select(self.verdict_table, VERDICT_COLUMNS, path, "Verdict"),
+                        settings={"async_insert": 0},
+                    )
+                return len(values)
+            except Exception as exc:
+                error = translate(exc, doing)
+                if not isinstance(error, SinkRejected):
+                    raise error from exc
+                log.warning(
+                    "the engine refused %d Avro verdicts (%s); inserting them decoded",
+                    len(values),
+                    error,
+                )
         try:
             records = [VERDICT.decode(m.value) for m in messages]  # type: ignore[arg-type]
         except DecodeError as exc:
@@ -582,22 +560,10 @@ class ClickHouseSink:
         return len(rows)
 
 
+def _is_current_verdict(value: bytes | None) -> bool:
+    return value is not None and value.startswith(_VERDICT_HEADER)
+
+
 def _row_item(row: Row) -> _Item:
     partition, offset, month = row[_PARTITION], row[_OFFSET], month_of(row[_OCCURRED_AT])
     return ((partition, month), offset, row, store_row_value(partition, offset, month))
-
-
-def _runs(
-    items: list[_Item], kinds: list[bool] | None, step: int
-) -> Iterable[tuple[list[_Item], bool]]:
-    """The items in order as INSERTs: runs of one kind (Avro or tuples), at most ``step``
-    rows each."""
-    start = 0
-    while start < len(items):
-        avro = kinds[start] if kinds is not None else False
-        end = start + 1
-        limit = min(len(items), start + step)
-        while end < limit and (kinds[end] if kinds is not None else False) == avro:
-            end += 1
-        yield items[start:end], avro
-        start = end
