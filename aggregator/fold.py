@@ -97,8 +97,10 @@ class Change(NamedTuple):
     new_alerts: tuple[float, ...]
 
 
-def counts_request(budget: Budget, outcome: str) -> bool:
-    return outcome in COUNTED_OUTCOMES or budget.count_denied
+def counts_request(budget: Budget, outcome: str, charge_of: str | None = None) -> bool:
+    """Whether an event counts as a request of ``budget``: an allowed one (or any, with
+    count_denied), unless it is a further charge of another call (``charge_of``)."""
+    return charge_of is None and (outcome in COUNTED_OUTCOMES or budget.count_denied)
 
 
 def apply(
@@ -134,7 +136,13 @@ def apply(
                 del periods[old]
     if tokens is None:
         tokens = billed_tokens(event)
-    requests = 1 if event["outcome"] in COUNTED_OUTCOMES or budget.count_denied else 0
+    # a further charge of another call (UsageEvent v3 charge_of) is no request of its own
+    requests = (
+        1
+        if (event["outcome"] in COUNTED_OUTCOMES or budget.count_denied)
+        and event.get("charge_of") is None
+        else 0
+    )
     if window.kind == "rolling":
         _add_rolling(totals, window, occurred_us, cost_nanos, tokens, requests)
     else:

@@ -174,9 +174,9 @@ class ApplicableCache:
         self._tags: tuple[str, ...] = ()
         self._groups = False
         self._cache: dict[tuple[Any, ...], Applicable] = {}
-        #: (id of an Applicable of ``_cache``, occurred µs // grain, counted) -> its counts;
-        #: cleared with ``_cache``, so an id always names a live list
-        self.counts: dict[tuple[int, int, bool], EventCounts] = {}
+        #: (id of an Applicable of ``_cache``, occurred µs // grain, counted, a further
+        #: charge) -> its counts; cleared with ``_cache``, so an id always names a live list
+        self.counts: dict[tuple[int, int, bool, bool], EventCounts] = {}
         #: the time within which every period key and rolling bucket stays the same
         self.grain_us = _HOUR_US
 
@@ -351,14 +351,18 @@ class BatchProcessor:
             cost_nanos += cost
             tokens = billed_tokens(event)
             counted = event["outcome"] in COUNTED_OUTCOMES
+            # a further charge of another call (UsageEvent v3) is no request of its own
+            charge = event.get("charge_of") is not None
             found = lookup(event)
             # every counter the event counts in travels with its priced record, so the
             # sink stores the exact budget history once per event (infra/clickhouse);
             # the periods and those bytes are the same for a whole grain of time
-            where = (id(found), occurred_us // grain_us, counted)
+            where = (id(found), occurred_us // grain_us, counted, charge)
             counts = event_counts.get(where)
             if counts is None:
-                counts = self._event_counts(found, occurred_us, event["occurred_at"], counted)
+                counts = self._event_counts(
+                    found, occurred_us, event["occurred_at"], counted, charge
+                )
                 if len(event_counts) >= 100_000:
                     event_counts.clear()
                 event_counts[where] = counts
@@ -454,7 +458,12 @@ class BatchProcessor:
         return self._dead_letter(record, ContractError(detail, reason=FUTURE_EVENT), now)
 
     def _event_counts(
-        self, found: Applicable, occurred_us: int, occurred_at: datetime, counted: bool
+        self,
+        found: Applicable,
+        occurred_us: int,
+        occurred_at: datetime,
+        counted: bool,
+        charge: bool = False,
     ) -> EventCounts:
         periods: list[str] = []
         entries: list[CountEntry] = []
@@ -468,7 +477,7 @@ class BatchProcessor:
                     scope_values,
                     period,
                     occurred_us // width if width else 0,
-                    1 if counted or budget.count_denied else 0,
+                    1 if (counted or budget.count_denied) and not charge else 0,
                 )
             )
         occurred = from_micros(occurred_us)

@@ -489,8 +489,27 @@ def read(data: bytes, pos: int) -> tuple[dict[str, Any], int]:
         pos = e142
         f138 = u140
     else: raise NotPlain
-    return {'event_id': f1, 'occurred_at': f5, 'provider': f7, 'api': f11, 'model': f15, 'secret_id': f19, 'org_id': f23, 'project_id': f27, 'grant_id': f33, 'permission_id': f39, 'user_id': f45, 'groups': f51, 'session_id': f58, 'tags': f64, 'input_tokens': f75, 'cache_read_tokens': f77, 'cache_write_tokens': f79, 'cache_write_1h_tokens': f81, 'output_tokens': f83, 'reasoning_tokens': f85, 'usage_source': f87, 'estimate_reason': f91, 'outcome': f97, 'decision': f101, 'decision_budget_id': f105, 'status_code': f111, 'stream': f113, 'gateway_id': f115, 'request_id': f119, 'latency_ms': f125, 'units': f129, 'service_tier': f138}, pos
+    f144: str | None
+    b145 = data[pos]
+    pos += 1
+    if b145 == 0: f144 = None
+    elif b145 == 2:
+        u146: str
+        b149 = data[pos]
+        if b149 < 0x80 and not b149 & 1:
+            n147 = b149 >> 1
+            pos += 1
+        else:
+            n147, pos = _read_varint(data, pos)
+            if n147 < 0: raise NotPlain
+        e148 = pos + n147
+        if e148 > size: raise NotPlain
+        u146 = data[pos:e148].decode()
+        pos = e148
+        f144 = u146
+    else: raise NotPlain
+    return {'event_id': f1, 'occurred_at': f5, 'provider': f7, 'api': f11, 'model': f15, 'secret_id': f19, 'org_id': f23, 'project_id': f27, 'grant_id': f33, 'permission_id': f39, 'user_id': f45, 'groups': f51, 'session_id': f58, 'tags': f64, 'input_tokens': f75, 'cache_read_tokens': f77, 'cache_write_tokens': f79, 'cache_write_1h_tokens': f81, 'output_tokens': f83, 'reasoning_tokens': f85, 'usage_source': f87, 'estimate_reason': f91, 'outcome': f97, 'decision': f101, 'decision_budget_id': f105, 'status_code': f111, 'stream': f113, 'gateway_id': f115, 'request_id': f119, 'latency_ms': f125, 'units': f129, 'service_tier': f138, 'charge_of': f144}, pos
 
 
 #: the message header (writer schema) this reader reads
-HEADER: Final = b'\xc3\x01\xa3\xd7\x96M\x1bh\xe4,'
+HEADER: Final = b'\xc3\x01\x8e\xf2\xd2l\x9a\xf4o&'

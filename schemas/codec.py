@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,6 +40,8 @@ from schemas.errors import DecodeError
 
 MAGIC: Final = b"\xc3\x01"
 HEADER_LEN: Final = 10
+#: a Python object's default repr in an error text (``from <_io.BytesIO object at 0x...>``)
+_OBJECT_REPR: Final = re.compile(r" from <[^<>]* at 0x[0-9a-fA-F]+>")
 #: load order: a schema comes after the schemas whose named types it uses
 SCHEMA_NAMES: Final = (
     "UsageEvent",
@@ -620,8 +623,11 @@ class Codec:
         try:
             record = schemaless_reader(body, writer, reader)
         except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError, ...
+            # fastavro names the stream it read ("cannot read boolean from <_io.BytesIO
+            # object at 0x7f...>"): an address, different for every reader of the same bytes
+            detail = _OBJECT_REPR.sub("", str(exc))
             raise DecodeError(
-                f"malformed {self.name} body: {type(exc).__name__}: {exc}", reason="malformed"
+                f"malformed {self.name} body: {type(exc).__name__}: {detail}", reason="malformed"
             ) from None
         if body.tell() != len(data):
             raise DecodeError(

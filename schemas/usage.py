@@ -135,6 +135,7 @@ def new_usage_event(
         "latency_ms": None,
         "units": {},
         "service_tier": None,
+        "charge_of": None,
     }
     unknown = set(optional) - set(record)
     if unknown:
@@ -222,7 +223,13 @@ def _plainly_valid(event: Record) -> bool:
     elif units is not None and type(units) is not dict:
         return False
     tier = get("service_tier")
-    return tier is None or (type(tier) is str and SERVICE_TIER_NAME.fullmatch(tier) is not None)
+    if tier is not None and (type(tier) is not str or SERVICE_TIER_NAME.fullmatch(tier) is None):
+        return False
+    # v3
+    charge_of = get("charge_of")
+    return charge_of is None or (
+        type(charge_of) is str and 0 < len(charge_of) <= MAX_ID_LENGTH and charge_of.isprintable()
+    )
 
 
 def _explain_invalid(event: Record) -> None:
@@ -310,6 +317,18 @@ def _explain_invalid(event: Record) -> None:
     if tier is not None and not valid_service_tier(tier):
         raise InvalidRecord(
             "service_tier", f"null or a short lower-case word, got {tier!r}", record_id=event_id
+        )
+    charge_of = event.get("charge_of")
+    if charge_of is not None and (
+        not isinstance(charge_of, str)
+        or not 0 < len(charge_of) <= MAX_ID_LENGTH
+        or not charge_of.isprintable()
+    ):
+        raise InvalidRecord(
+            "charge_of",
+            f"null or the event_id of the call it is a charge of (<= {MAX_ID_LENGTH} printable "
+            "characters)",
+            record_id=event_id,
         )
 
 

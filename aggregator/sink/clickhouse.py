@@ -112,6 +112,8 @@ USAGE_COLUMNS: Final = (
     # UsageEvent v2: billed units beyond tokens and the serving tier (ddl/006_billed_units.sql)
     ("units", "Map(String, Int64)"),
     ("service_tier", "LowCardinality(Nullable(String))"),
+    # UsageEvent v3: the call this event is a further charge of (ddl/008_charge_of.sql)
+    ("charge_of", "Nullable(String)"),
 )
 #: the fields of one ``counts`` item, in the column's tuple order
 COUNT_FIELDS: Final = (
@@ -230,6 +232,7 @@ def rows_from_priced(records: Iterable[Record]) -> list[Row]:
                 [_COUNT(count) for count in rec.get("counts") or ()],
                 dict(ev.get("units") or {}),
                 ev.get("service_tier"),
+                ev.get("charge_of"),
             )
         )
     return rows

@@ -640,6 +640,30 @@ class Gateway:
             return
         self.gate.settle(decision.hold_id, event)
         self._publish_soon(event)
+        for number, charge in enumerate(result.separate_charges, 1):
+            # billed apart at its own model (a declined fallback hop that wrote output):
+            # an event of its own that names the call (charge_of) and counts no request
+            try:
+                extra = new_usage_event(
+                    **{
+                        **{k: event[k] for k in _CHARGE_COPIED},
+                        "event_id": f"{event['event_id']}.charge-{number}",
+                        "model": charge.model or event["model"],
+                        "input_tokens": charge.input_tokens,
+                        "output_tokens": charge.output_tokens,
+                        "cache_read_tokens": charge.cache_read_tokens,
+                        "cache_write_tokens": charge.cache_write_tokens,
+                        "cache_write_1h_tokens": charge.cache_write_1h_tokens,
+                        "reasoning_tokens": charge.reasoning_tokens,
+                        "usage_source": charge.usage_source,
+                        "charge_of": event["event_id"],
+                    }
+                )
+            except InvalidRecord:
+                self.metrics.published.labels("invalid").inc()
+                log.exception("separate charge of %s not built", event["event_id"])
+                continue
+            self._publish_soon(extra)
 
     def _publish_soon(self, event: dict[str, Any]) -> None:
         """Publish in a task of its own, tracked until done (``drain``)."""
@@ -655,6 +679,31 @@ class Gateway:
             log.exception("usage event %s not published", event.get("event_id"))
         else:
             self.metrics.published_ok.inc()
+
+
+#: the fields a separate charge takes from the call's event (who, where, when, how)
+_CHARGE_COPIED = (
+    "occurred_at",
+    "provider",
+    "api",
+    "secret_id",
+    "org_id",
+    "gateway_id",
+    "project_id",
+    "grant_id",
+    "permission_id",
+    "user_id",
+    "groups",
+    "session_id",
+    "tags",
+    "outcome",
+    "decision",
+    "decision_budget_id",
+    "status_code",
+    "stream",
+    "request_id",
+    "service_tier",
+)
 
 
 def _elapsed_ms(started: float) -> int:

@@ -45,7 +45,7 @@ from .base import (
 from .estimate import EstimatorConfig
 from .request import RequestInfo
 from .shapes import AnthropicTextDelta
-from .usage import InvalidUsage, Usage, sub, tok
+from .usage import InvalidUsage, TapResult, Usage, sub, tok
 
 _SKIP = frozenset({b"ping", b"content_block_stop"})
 _START = frozenset({("message", "usage"), ("message", "model")})
@@ -95,6 +95,29 @@ def served_by_iterations(usage: Any) -> str | None:
             if isinstance(model, str) and model:
                 served = model
     return served
+
+
+def declined_hops(usage: Any) -> list[tuple[str, Any]]:
+    """The ``usage.iterations`` entries of hops that were declined after writing output,
+    as (model, entry): every entry before the last ``fallback_message`` (the hop that
+    served, charged as the call) with output tokens. Anthropic bills each at its own
+    model's rates; a hop declined before any output is not billed."""
+    iterations = usage.get("iterations") if isinstance(usage, dict) else None
+    if not isinstance(iterations, list):
+        return []
+    served = -1
+    for i, item in enumerate(iterations):
+        if isinstance(item, dict) and item.get("type") == "fallback_message":
+            served = i
+    hops: list[tuple[str, Any]] = []
+    for item in iterations[: max(served, 0)]:
+        if not isinstance(item, dict):
+            continue
+        model = item.get("model")
+        output = item.get("output_tokens")
+        if isinstance(model, str) and model and output != 0 and output is not None:
+            hops.append((model[:200], item))
+    return hops
 
 
 def fallback_target(block: Any) -> str | None:
@@ -260,8 +283,19 @@ class AnthropicHandler(Handler):
         self.count_units(counts)
         self.set_service_tier(self._usage.get("service_tier"))
 
+    def _read_declined_hops(self) -> None:
+        """Each declined hop that wrote output, as a charge of its own at its model."""
+        for index, (model, entry) in enumerate(declined_hops(self._usage)):
+            try:
+                usage = usage_from(entry)
+            except InvalidUsage as exc:
+                self.problem(f"invalid_usage: iterations[{index}]: {exc}")
+                continue
+            self.charges.append(TapResult.from_usage(model, usage, "reported"))
+
     def final_usage(self, cut: str | None) -> Usage | None:
         self._read_units()
+        self._read_declined_hops()
         if not self._usage:
             return None
         usage = self.map_usage(self._usage)

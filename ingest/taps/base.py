@@ -27,7 +27,7 @@ from .estimate import EstimatorConfig, Observed
 from .fastjson import SHALLOW_SIZE, fast_decode, shallow
 from .request import RequestInfo
 from .shapes import LARGE
-from .usage import InvalidUsage, Usage
+from .usage import InvalidUsage, TapResult, Usage
 
 Cut = Literal["client_disconnected", "upstream_cut"]
 CUTS: frozenset[str] = frozenset({"client_disconnected", "upstream_cut"})
@@ -271,6 +271,8 @@ class Handler(ABC):
         #: billed units beyond tokens the response counted, and the tier that served it
         self.units: dict[str, int] = {}
         self.service_tier: str | None = None
+        #: charges billed apart from the response's own, each at its model
+        self.charges: list[TapResult] = []
         #: False once the tap knows the body is one JSON document.
         self.streaming = True
         self.parse_deltas = config.delta_text == "parsed"

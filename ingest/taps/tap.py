@@ -284,6 +284,7 @@ class Tap:
                     upstream_error=error,
                     units=handler.units,
                     service_tier=handler.service_tier,
+                    separate_charges=tuple(handler.charges),
                 )
             return TapResult(self._model(), usage_source="none", upstream_error=error)
         usage = handler.final_usage(cut)
@@ -295,6 +296,7 @@ class Tap:
                 upstream_error=handler.upstream_error,
                 units=handler.units,
                 service_tier=handler.service_tier,
+                separate_charges=tuple(handler.charges),
             )
         if usage is not None:  # complete, but something was unreadable: a floor
             handler.partial = usage
@@ -321,6 +323,7 @@ class Tap:
             upstream_error=handler.upstream_error,
             units=handler.units,
             service_tier=handler.service_tier,
+            separate_charges=tuple(handler.charges),
         )
 
     def _fallback(self, reason: str) -> TapResult:

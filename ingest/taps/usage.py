@@ -77,6 +77,9 @@ class TapResult:
     units: tuple[tuple[str, int], ...]
     #: the service tier the response says served it, as it says it
     service_tier: str | None
+    #: charges billed apart from this one, each at its own model (an Anthropic declined
+    #: fallback hop that had written output): one more UsageEvent each
+    separate_charges: tuple[TapResult, ...]
 
     def __init__(
         self,
@@ -92,6 +95,7 @@ class TapResult:
         upstream_error: str | None = None,
         units: dict[str, int] | tuple[tuple[str, int], ...] | None = None,
         service_tier: str | None = None,
+        separate_charges: tuple[TapResult, ...] = (),
     ) -> None:
         _set_counts(
             self,
@@ -113,6 +117,7 @@ class TapResult:
         pairs = units.items() if isinstance(units, dict) else units  # replace() passes pairs
         object.__setattr__(self, "units", tuple(sorted(pairs)) if pairs else ())
         object.__setattr__(self, "service_tier", service_tier)
+        object.__setattr__(self, "separate_charges", separate_charges)
 
     @property
     def total_tokens(self) -> int:
@@ -144,6 +149,8 @@ class TapResult:
             out["units"] = dict(self.units)
         if self.service_tier is not None:
             out["service_tier"] = self.service_tier
+        if self.separate_charges:
+            out["separate_charges"] = [charge.as_dict() for charge in self.separate_charges]
         return out
 
     @classmethod
@@ -157,6 +164,7 @@ class TapResult:
         upstream_error: str | None = None,
         units: dict[str, int] | None = None,
         service_tier: str | None = None,
+        separate_charges: tuple[TapResult, ...] = (),
     ) -> TapResult:
         return TapResult(
             model,
@@ -171,6 +179,7 @@ class TapResult:
             upstream_error,
             units,
             service_tier,
+            separate_charges,
         )
 
 

@@ -41,7 +41,7 @@ def test_v2_adds_defaulted_fields_only() -> None:
     v2 = USAGE_EVENT.schema
     assert [f["name"] for f in v2["fields"]][: len(V1_FIELDS)] == V1_FIELDS
     added = {f["name"]: f for f in v2["fields"][len(V1_FIELDS) :]}
-    assert set(added) == {"units", "service_tier"}
+    assert set(added) == {"units", "service_tier", "charge_of"}  # v2, then v3
     assert added["units"]["default"] == {} and added["service_tier"]["default"] is None
     assert codec_module.fingerprint(V1) in USAGE_EVENT.writers
 
@@ -54,6 +54,7 @@ def test_v1_bytes_decode_with_the_defaults_by_both_readers() -> None:
     by_fold = decode_usage_event(data)
     assert by_codec == by_fold
     assert by_codec["units"] == {} and by_codec["service_tier"] is None
+    assert by_codec["charge_of"] is None
     assert {k: by_codec[k] for k in V1_FIELDS} == {k: record[k] for k in V1_FIELDS}
 
 

@@ -69,6 +69,7 @@ def usage_events(draw: st.DrawFn) -> dict[str, Any]:
         "latency_ms": draw(st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1))),
         "units": draw(st.dictionaries(TEXT, LONGS, max_size=4)),
         "service_tier": draw(optional),
+        "charge_of": draw(optional),
     }
 
 

@@ -607,3 +607,32 @@ def test_gemini_odd_modality_details_and_queries_charge_tokens_only() -> None:
     chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": "q"}
     r = tap("gemini", sse((None, chunk), crlf=True))
     assert dict(r.units) == {"grounded_prompt": 1, "output_audio_tokens": 5}
+
+
+def test_anthropic_declined_hops_are_charged_apart_only_when_they_wrote_output() -> None:
+    """Every iteration before the serving fallback_message with output is a separate charge
+    at its model; no output: not billed; a bad count in one: invalid_usage."""
+    served = {
+        "type": "fallback_message",
+        "model": "claude-b",
+        "input_tokens": 9,
+        "output_tokens": 4,
+    }
+    hops = [
+        {"type": "message", "model": "claude-a", "input_tokens": 7, "output_tokens": 0},
+        {"type": "message", "model": "claude-c", "input_tokens": 8, "output_tokens": 3},
+    ]
+    usage = {"input_tokens": 9, "output_tokens": 4, "iterations": [*hops, served]}
+    r = tap("anthropic-messages", anthropic_stream({"input_tokens": 9, "output_tokens": 1}, usage))
+    assert r.model == "claude-b" and r.usage_source == "reported"
+    assert [(c.model, c.input_tokens, c.output_tokens) for c in r.separate_charges] == [
+        ("claude-c", 8, 3)
+    ]
+    # no fallback_message: iterations are not hops of a fallback
+    plain = {"input_tokens": 9, "output_tokens": 4, "iterations": hops}
+    r = tap("anthropic-messages", anthropic_stream({"input_tokens": 9, "output_tokens": 1}, plain))
+    assert r.separate_charges == ()
+    bad = {**usage, "iterations": [{**hops[1], "output_tokens": -2}, served]}
+    r = tap("anthropic-messages", anthropic_stream({"input_tokens": 9, "output_tokens": 1}, bad))
+    assert r.usage_source == "estimated"
+    assert r.estimate_reason == "invalid_usage: iterations[0]: output_tokens is negative: -2"
