@@ -40,6 +40,7 @@ from aggregator.config import AggregatorConfig
 from aggregator.counting import CountingStage
 from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor
+from aggregator.raise_audit import RaiseAudit
 from aggregator.reference import Reference, ReferenceFollower
 from aggregator.sink import (
     ClickHouseSink,
@@ -122,6 +123,18 @@ class ClickHouseWriter:
                 log.warning("ClickHouse insert failed (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    async def insert_until_done(
+        self, table: str, columns: Sequence[str], rows: list[list[Any]]
+    ) -> None:
+        """Insert the worker's own ``rows`` into ``table`` (the raises' audit), retrying."""
+        sink = await self.open()
+
+        def insert(batch: list[list[Any]]) -> int:
+            sink.client.insert(table, batch, column_names=list(columns))
+            return len(batch)
+
+        await self._until_done(insert, rows)
 
     async def read(self, sql: str) -> list[Sequence[Any]]:
         """Rows of ``sql``, the worker's own query (the alert publisher's), on the sink's
@@ -248,6 +261,19 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 config.bootstrap, topics, security=config.kafka_security
             ),
         )
+
+        # every raise into budget_raises, the audit table (aggregator/raise_audit.py)
+        audit = RaiseAudit(reference, writer.read, writer.insert_until_done)
+
+        @app.task
+        async def audit_raises() -> None:
+            await writer.open()
+            while True:
+                try:
+                    await audit.run(follower.ready)
+                except SinkError as exc:  # ClickHouse away: again
+                    log.warning("raise audit: %s; starting again in 5s", exc)
+                    await asyncio.sleep(5)
 
         @app.task
         async def publish_alerts() -> None:
