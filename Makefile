@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install native demo test test-faults check bench broker clean
+.PHONY: install native demo test test-faults test-fuzz check bench broker clean
 
 # The hot modules compiled with mypyc (pyproject.toml [tool.spendbus.compiled]).
 COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(sum(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled'].values(), [])))")
@@ -54,6 +54,12 @@ test-faults: broker
 	SPENDBUS_CH_DOWN_SECONDS=$${SPENDBUS_CH_DOWN_SECONDS:-60} \
 	SPENDBUS_BROKER_DOWN_SECONDS=$${SPENDBUS_BROKER_DOWN_SECONDS:-20} \
 	$(BIN)/python -m pytest -m faults -p no:cacheprovider
+
+# The fuzz suite at its larger setting: thousands of hostile requests per surface
+# (`make test` runs SPENDBUS_FUZZ_EXAMPLES=200 of them).
+test-fuzz: broker
+	SPENDBUS_FUZZ_EXAMPLES=$${SPENDBUS_FUZZ_EXAMPLES:-3000} \
+	$(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
 check: install
 	$(BIN)/ruff format --check .

@@ -1,0 +1,185 @@
+"""Hostile HTTP requests for the fuzz suite (issue 21): hypothesis strategies of raw
+requests, a raw-socket sender, and the servers run as their commands run them.
+
+``SPENDBUS_FUZZ_EXAMPLES`` sets how many requests each surface gets (``make test``: the
+default, a bounded few hundred; ``make test-fuzz``: thousands).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+#: requests per surface (each example is one request)
+EXAMPLES = int(os.environ.get("SPENDBUS_FUZZ_EXAMPLES", "200"))
+#: the most a server's resident memory may grow over a whole fuzz run
+RSS_GROWTH_BOUND = 200 * 1024 * 1024
+
+METHODS = st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "FOO"])
+CONTENT_TYPES = st.sampled_from(
+    [
+        "application/json",
+        "text/plain",
+        "application/octet-stream",
+        "multipart/form-data; boundary=x",
+        "application/x-www-form-urlencoded",
+        "application/json; charset=latin-1",
+        "\x00\x01garbage",
+    ]
+)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner),
+    max_leaves=20,
+)
+
+
+@st.composite
+def bodies(draw: st.DrawFn, shapes: Sequence[dict[str, object]]) -> bytes:
+    """Malformed JSON, deep nesting, binary bytes, wrong shapes, near-valid documents."""
+    kind = draw(st.sampled_from(["json", "near", "deep", "binary", "text", "huge", "empty"]))
+    if kind == "json":
+        return json.dumps(draw(JSON_VALUES)).encode()
+    if kind == "near":  # a valid shape with fields replaced by hostile values
+        doc = dict(draw(st.sampled_from(list(shapes))))
+        for field in draw(st.lists(st.sampled_from(sorted(doc) or ["x"]), max_size=3)):
+            doc[field] = draw(JSON_VALUES)
+        return json.dumps(doc).encode()
+    if kind == "deep":
+        depth = draw(st.integers(1_000, 200_000))
+        opener = draw(st.sampled_from(["[", '{"a":']))
+        return (opener * depth).encode()
+    if kind == "binary":
+        return draw(st.binary(max_size=2048))
+    if kind == "text":
+        return draw(st.text(max_size=200)).encode("utf-8", "surrogatepass")
+    if kind == "huge":
+        return b'{"model": "' + b"x" * draw(st.integers(10_000, 600_000)) + b'"}'
+    return b""
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    data: bytes
+    #: bytes left unsent (a slow sender stops there and waits)
+    stall: bool = False
+    #: shut the sending side once sent (a hostile request: the server sees the end of its
+    #: bytes at once); a well-formed one keeps it open, as clients do
+    half_close: bool = True
+
+
+@st.composite
+def requests(
+    draw: st.DrawFn,
+    paths: Sequence[str],
+    shapes: Sequence[dict[str, object]],
+    auth: Sequence[dict[str, str]],
+) -> RawRequest:
+    method = draw(st.sampled_from(["POST"] * 4) | METHODS)
+    path = draw(
+        st.sampled_from(list(paths))
+        | st.text(alphabet="/abcdefgh.%?=&-_~:", min_size=1, max_size=60).map(lambda p: "/" + p)
+    )
+    headers = dict(draw(st.sampled_from(list(auth))))
+    headers["Content-Type"] = draw(CONTENT_TYPES)
+    body = draw(bodies(shapes))
+    extra = draw(st.sampled_from(["none", "none", "huge_header", "many_headers", "bad_length"]))
+    if extra == "huge_header":
+        headers["X-Huge"] = "h" * draw(st.integers(4_000, 40_000))
+    elif extra == "many_headers":
+        for i in range(draw(st.integers(50, 300))):
+            headers[f"X-H{i}"] = "v"
+    length = len(body)
+    if extra == "bad_length":
+        length = draw(st.sampled_from([-1, 0, len(body) // 2, 10**12]))
+    head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {length}"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1", "replace") + body
+    stall = draw(st.integers(0, 99)) < 2  # a few slow senders: cut short, then silence
+    if stall:
+        data = data[: max(1, len(data) // 2)]
+    return RawRequest(data, stall)
+
+
+def send(port: int, request: RawRequest, timeout: float = 30.0) -> int | None:
+    """The status the server answers ``request`` with; None when it closed without one (or,
+    for a slow sender, had not answered within 2 s: it may hold one until its deadline)."""
+    if request.stall:
+        timeout = 2.0
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(request.data)
+        if not request.stall and request.half_close:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        try:
+            while b"\r\n" not in answer:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        except (ConnectionResetError, TimeoutError):
+            if not request.stall and not answer:
+                raise
+    if not answer.startswith(b"HTTP/1."):
+        return None
+    return int(answer.split(b" ", 2)[1])
+
+
+def rss(pid: int) -> int:
+    """The resident memory of process ``pid``, bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def get(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.status  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def command(args: list[str], env: dict[str, str], ready_url: str, log: Path) -> Iterator[int]:
+    """``spendbus ARGS`` as a process until the block ends; yields its pid once
+    ``ready_url`` answers."""
+    out = log.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "spendbus", *args],
+        env={**os.environ, **env},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                get(ready_url)
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"not ready:\n{log.read_text()}") from None
+                time.sleep(0.3)
+        yield process.pid
+        assert process.poll() is None, f"the server died:\n{log.read_text()[-4000:]}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        out.close()
