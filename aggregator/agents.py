@@ -303,7 +303,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                     return _unauthorized(self, "a valid bearer token is required")
                 try:
                     body = json.loads(await request.read())
-                except ValueError:
+                except (ValueError, RecursionError):  # nested too deeply too: a 400, not a 500
                     return self.json(
                         {"error": 'the body must be JSON: {"sql": "SELECT ..."}'}, status=400
                     )

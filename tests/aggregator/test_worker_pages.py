@@ -432,3 +432,12 @@ def test_off_loopback_every_page_needs_the_token(
         assert token not in worker.log_tail(10_000)
     finally:
         worker.stop()
+
+
+def test_a_body_nested_too_deeply_is_400_not_500(pipeline: Pipeline) -> None:
+    """Issue 21: json.loads raised RecursionError, which the page answered with a 500."""
+    for body in (b"[" * 200_000, b'{"sql":' * 100_000):
+        status, answer = request(pipeline.worker.web_port, "/sql", body, token_of(pipeline))
+        assert status == 400, answer
+        assert "must be JSON" in answer["error"]
+    assert sql(pipeline, "SELECT 1", token_of(pipeline))[0] == 200
