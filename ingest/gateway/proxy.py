@@ -113,6 +113,17 @@ class GatewayMetrics:
             for family in ("openai", "anthropic", "gemini", "bedrock")
         }
         self.published_ok = self.published.labels("ok")
+        self.realtime_frames_refused = Counter(
+            "spendbus_gateway_realtime_frames_refused",
+            "Realtime client frames not forwarded because the gateway cannot read them",
+            ["reason"],  # binary, not_json, too_deep, duplicate_key, no_type
+            registry=self.registry,
+        )
+        self.realtime_server_refused = Counter(
+            "spendbus_gateway_realtime_server_responses_refused",
+            "Realtime responses the server started (voice activity) refused and cancelled",
+            registry=self.registry,
+        )
         self.upstream_errors = Counter(
             "spendbus_gateway_upstream_unreachable",
             "Requests whose upstream could not be reached (hold released, not charged)",

@@ -5,20 +5,29 @@ A session is many responses, each charged on its own:
 1. **Open**: identify the key, then check once (the hold covers the first
    response). A refusal is the gate's HTTP answer before any upgrade, and the
    upstream is never contacted.
-2. **Relay** both ways, message by message, unmodified. Each client
-   ``response.create`` beyond the first is checked first: a refused one is
-   answered with an ``error`` event in OpenAI's shape (``insufficient_quota``)
-   and published as a refusal; it never reaches the upstream.
-3. **Account**: the realtime tap turns every ``response.done`` into a result;
-   each is published and settles the oldest open hold (responses the server
-   starts by itself, e.g. voice activity, are charged without one).
-4. **Close**: responses still open are estimated (``client_disconnected``
-   when the client left first) and charged; unused holds are released.
+2. **Relay** both ways, message by message, unmodified. Every client frame is
+   read first; one the gateway cannot read (binary, not JSON, no string ``type``,
+   a key given twice, nested too deeply) is refused with an ``error`` event and
+   never forwarded. Each client ``response.create`` is checked before it is
+   forwarded (the first one takes the connect-time hold).
+3. **Every response is admitted**, client- or server-started: at its
+   ``response.created`` a response no admitted ``response.create`` accounts for
+   (voice activity, on by default, starts responses by itself) is checked then.
+   A refused response is cancelled upstream (``response.cancel``), its events
+   are not relayed, and the client gets an ``error`` event in OpenAI's shape
+   (``insufficient_quota``); when the budget is spent (not merely busy with
+   requests in flight) the session is closed (1008). Each refusal is published.
+4. **Account**: the realtime tap turns every ``response.done`` into a result
+   (cancelled ones carry usage too); each is published and settles the hold of
+   its response.
+5. **Close**: responses still open are estimated and charged; unused holds are
+   released.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -26,11 +35,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from ingest.taps import TapResult, open_realtime_tap
 from schemas.errors import InvalidRecord, SpendbusError
-from schemas.usage import new_usage_event
+from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED, new_usage_event
 
 from .errors import error_response
 from .routes import REALTIME_API, Route
@@ -125,16 +134,22 @@ class _Session:
         self.call = call
         self.ctx = ctx
         self.tap = open_realtime_tap(model=call.model, estimator=gateway.estimator)
-        #: the connect-time hold, waiting for the first response.create
+        #: the connect-time hold, waiting for the first response (client- or server-started)
         self.spare: GateDecision | None = first
-        #: holds of responses asked for and not yet charged, oldest first
-        self.open: deque[GateDecision] = deque()
+        #: holds of admitted client response.create events not yet started, oldest first
+        self.requested: deque[GateDecision] = deque()
+        #: response id -> the hold it was admitted with, until its response.done
+        self.holds: dict[str, GateDecision] = {}
+        #: responses refused at their start: cancelled upstream, their events not relayed
+        self.refused: set[str] = set()
         self.first = first
         self.cut: str | None = None
+        self.client: web.WebSocketResponse | None = None
 
     async def relay(
         self, client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse
     ) -> None:
+        self.client = client
         to_upstream = asyncio.ensure_future(self._from_client(client, upstream))
         to_client = asyncio.ensure_future(self._from_upstream(upstream, client))
         done, pending = await asyncio.wait(
@@ -158,17 +173,26 @@ class _Session:
             if msg.type == WSMsgType.TEXT:
                 text: str = msg.data
                 self.tap.feed_client_message(text)
-                kind = _client_event_type(text)
-                if kind is _TOO_DEEP:
-                    # unreadable here, so never passed on unchecked: refused in OpenAI's shape
-                    await client.send_str(_error_event("invalid_request_error", _TOO_DEEP, None))
+                event, problem = _read_client_event(text)
+                if problem is not None:
+                    # unreadable here, so never passed on unchecked
+                    self.gw.metrics.realtime_frames_refused.labels(problem).inc()
+                    await client.send_str(
+                        _error_event("invalid_request_error", _UNREADABLE[problem], None)
+                    )
                     continue
-                if kind == "response.create" and not await self._admit(client, text):
-                    continue
+                if event.get("type") == "response.create":
+                    decision = self._admit_requested()
+                    if not decision.allowed:
+                        await self._refused(client, decision, event.get("event_id"))
+                        continue
                 await upstream.send_str(text)
             elif msg.type == WSMsgType.BINARY:
                 self.tap.feed_client_message(msg.data)
-                await upstream.send_bytes(msg.data)
+                self.gw.metrics.realtime_frames_refused.labels("binary").inc()
+                await client.send_str(
+                    _error_event("invalid_request_error", _UNREADABLE["binary"], None)
+                )
             elif msg.type in (
                 WSMsgType.CLOSE,
                 WSMsgType.CLOSING,
@@ -182,9 +206,20 @@ class _Session:
     ) -> None:
         async for msg in upstream:
             if msg.type == WSMsgType.TEXT:
-                await client.send_str(msg.data)
-                for result in self.tap.feed_message(msg.data):
-                    await self._charge(result)
+                text: str = msg.data
+                kind, response_id = _response_event(text, self.refused)
+                relay = response_id is None or response_id not in self.refused
+                if kind == "response.created" and response_id is not None and relay:
+                    relay = await self._started(response_id, client, upstream)
+                if relay:
+                    await client.send_str(text)
+                decision = None
+                if kind == "response.done" and response_id is not None:
+                    decision = self.holds.pop(response_id, None)
+                    self.refused.discard(response_id)
+                for result in self.tap.feed_message(text):
+                    await self._charge(result, decision)
+                    decision = None
             elif msg.type == WSMsgType.BINARY:
                 await client.send_bytes(msg.data)
             else:
@@ -192,16 +227,48 @@ class _Session:
         if self.cut is None and upstream.close_code not in (1000, None):
             self.cut = "upstream_cut"
 
-    async def _admit(self, client: web.WebSocketResponse, text: str) -> bool:
-        """Check a response.create; False when it is refused (answered here, not forwarded)."""
+    def _admit_requested(self) -> GateDecision:
+        """A client response.create: the connect-time hold, else a check of its own."""
         if self.spare is not None:
-            self.open.append(self.spare)
-            self.spare = None
-            return True
-        decision = self.gw.gate.check(self.ctx)
+            decision, self.spare = self.spare, None
+        else:
+            decision = self.gw.gate.check(self.ctx)
         if decision.allowed:
-            self.open.append(decision)
+            self.requested.append(decision)
+        return decision
+
+    async def _started(
+        self,
+        response_id: str,
+        client: web.WebSocketResponse,
+        upstream: aiohttp.ClientWebSocketResponse,
+    ) -> bool:
+        """A response started: the hold of the response.create that asked for it, else
+        (started by the server itself) the connect-time hold or a check now. False when
+        refused: it is cancelled upstream and not relayed."""
+        if self.requested:
+            decision = self.requested.popleft()
+        elif self.spare is not None:
+            decision, self.spare = self.spare, None
+        else:
+            decision = self.gw.gate.check(self.ctx)
+        if decision.allowed:
+            self.holds[response_id] = decision
             return True
+        self.refused.add(response_id)
+        self.gw.metrics.realtime_server_refused.inc()
+        with contextlib.suppress(ConnectionError):
+            await upstream.send_str(
+                json.dumps({"type": "response.cancel", "response_id": response_id})
+            )
+        await self._refused(client, decision, None)
+        return False
+
+    async def _refused(
+        self, client: web.WebSocketResponse, decision: GateDecision, client_event: Any
+    ) -> None:
+        """A refused response: published, answered with an error event; a spent budget
+        (not requests in flight, not a rate) closes the session."""
         self.gw._refusal_event(self.call, decision)
         message = "Spend limit reached for this key; the response was not started."
         body = decision.body or {}
@@ -210,12 +277,13 @@ class _Session:
             message = nested["message"]
         elif isinstance(body.get("message"), str):
             message = body["message"]
-        client_event = json.loads(text).get("event_id")  # read whole by _client_event_type
-        await client.send_str(_error_event("insufficient_quota", message, client_event))
-        return False
+        with contextlib.suppress(ConnectionError):
+            await client.send_str(_error_event("insufficient_quota", message, client_event))
+        if decision.usage_fields().get("decision") in (BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED):
+            self.cut = SPENT_CUT
+            await client.close(code=WSCloseCode.POLICY_VIOLATION, message=b"spend limit reached")
 
-    async def _charge(self, result: TapResult) -> None:
-        decision = self.open.popleft() if self.open else None
+    async def _charge(self, result: TapResult, decision: GateDecision | None) -> None:
         principal = self.call.vk.principal
         fields = (decision or self.first).usage_fields()
         try:
@@ -255,31 +323,83 @@ class _Session:
             self.gw.gate.settle(decision.hold_id, event)
 
     async def close(self) -> None:
+        # responses still open: estimated, each settling a hold still waiting (oldest first)
+        waiting = deque([*self.holds.values(), *self.requested])
         for result in self.tap.finish(cut=self.cut):
-            await self._charge(result)
-        for decision in (*self.open, *((self.spare,) if self.spare else ())):
+            await self._charge(result, waiting.popleft() if waiting else None)
+        for decision in (*waiting, *((self.spare,) if self.spare else ())):
             self.gw.gate.release(decision.hold_id)
-        self.open.clear()
+        self.holds.clear()
+        self.requested.clear()
         self.spare = None
 
 
-#: what a client message nested too deeply to parse is answered (and not forwarded)
-_TOO_DEEP = "The event is nested too deeply to read; it was not sent."
+#: the cut of a session the gateway closed because the budget is spent
+SPENT_CUT = "stream_incomplete: the gateway closed the session (spend limit reached)"
+#: why a client frame was not forwarded (the metric's label) -> what the client is told
+_UNREADABLE = {
+    "binary": "Binary frames are not read by this gateway (send JSON text events); "
+    "the frame was not sent.",
+    "not_json": "The event is not JSON; it was not sent.",
+    "too_deep": "The event is nested too deeply to read; it was not sent.",
+    "duplicate_key": "The event gives a key twice (ambiguous); it was not sent.",
+    "no_type": "The event is not an object with a string type; it was not sent.",
+}
 
 
-def _client_event_type(text: str) -> str | None:
-    """A client message's ``type`` (read structurally: every message is parsed, so neither
-    size nor JSON escapes can slip a response.create past the check); None when it has
-    none or is not JSON (the upstream answers that), ``_TOO_DEEP`` when too deeply nested
-    to parse."""
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey
+    return obj
+
+
+def _read_client_event(text: str) -> tuple[dict[str, Any], str | None]:
+    """A client event read structurally, whole (neither size nor JSON escapes slip a
+    response.create past the check), and (event, None), or ({}, why it cannot be read):
+    a key given twice is refused, as the upstream may read the other one."""
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey:
+        return {}, "duplicate_key"
+    except RecursionError:
+        return {}, "too_deep"
+    except ValueError:
+        return {}, "not_json"
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        return {}, "no_type"
+    return obj, None
+
+
+#: the server events the gateway reads itself (the tap reads the rest)
+_RESPONSE_EVENTS = ("response.created", "response.done")
+
+
+def _response_event(text: str, refused: set[str]) -> tuple[str | None, str | None]:
+    """(type, response id) of a server event that starts or ends a response, or that
+    belongs to a refused one; (None, None) otherwise. The provider's text is searched
+    for the type names (or a refused id) only to skip parsing the rest (audio deltas);
+    what it finds is then parsed and confirmed."""
+    if not any(name in text for name in _RESPONSE_EVENTS) and not any(
+        rid in text for rid in refused
+    ):
+        return None, None
     try:
         obj = json.loads(text)
-    except ValueError:
-        return None
-    except RecursionError:
-        return _TOO_DEEP
-    kind = obj.get("type") if isinstance(obj, dict) else None
-    return kind if isinstance(kind, str) else None
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    kind = obj.get("type")
+    response = obj.get("response")
+    rid = response.get("id") if isinstance(response, dict) else obj.get("response_id")
+    if not isinstance(rid, str):
+        return None, None
+    return (kind if kind in _RESPONSE_EVENTS else None), rid
 
 
 def _error_event(code: str, message: str, client_event: Any) -> str:

@@ -6,6 +6,17 @@ What a session does, as the real API does it:
 - ``session.update`` → ``session.updated``; ``conversation.item.create`` →
   ``conversation.item.created`` (its text joins the conversation);
   ``input_audio_buffer.append`` counts its audio as input;
+- server voice activity detection (``turn_detection: server_vad``, on by default, as in
+  the real API; ``session.update`` with ``turn_detection: null`` turns it off): each
+  ``input_audio_buffer.append`` is taken as one spoken turn, so the server answers
+  ``input_audio_buffer.speech_started`` / ``speech_stopped`` / ``committed``,
+  ``conversation.item.created`` and **starts a response by itself** (no client
+  ``response.create``); with it off, ``input_audio_buffer.commit`` commits and the
+  client asks for the response;
+- ``response.cancel`` (``response_id``) stops a response between two deltas: its
+  ``response.done`` has ``status: cancelled`` and bills what was generated so far
+  (a response runs as a task of its own, so the session reads client events while
+  it streams; ``chunk_latency_ms`` paces its deltas);
 - ``response.create`` → ``response.created``, ``response.output_text.delta``
   events (with ``response_id``), ``response.output_text.done``, then
   ``response.done`` whose ``response.usage`` bills the **whole conversation**
@@ -17,11 +28,14 @@ What a session does, as the real API does it:
 Faults: ``x-fake-cut-after: N`` on the upgrade request drops the connection
 after N deltas of the first response (before its ``response.done``). Stats
 (route ``/v1/realtime``): sessions as requests, usage billed per
-``response.done`` (``usage_unreported`` for a response cut short).
+``response.done`` (``usage_unreported`` for a response cut short), ``responses``
+started (by the client or by voice activity), ``cancels`` honoured, and
+``client_events`` / ``binary_in`` (text and binary frames received).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -47,6 +61,12 @@ class _Session:
         self.context_tokens = 0  # the conversation so far, in tokens
         self.cached_tokens = 0  # of it, what an earlier response already read
         self.responses = 0
+        #: server voice activity detection (the real API's default)
+        self.server_vad = True
+        #: the response streaming now (one at a time, as the real API) and its cancel flag
+        self.task: asyncio.Task[bool] | None = None
+        self.current: str | None = None
+        self.cancelled: set[str] = set()
 
     def event_id(self) -> str:
         return "event_" + "".join(self.rng.choices("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789", k=20))
@@ -78,17 +98,42 @@ async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamRespo
     stats.status(REALTIME, 101)
     session = _Session(random.Random(f"{config.seed}|realtime|{model}"), model)
 
+    sending = asyncio.Lock()  # the session and its response task both send
+
     async def send(obj: dict[str, Any]) -> None:
         text = json.dumps({"event_id": session.event_id(), **obj})
         stats.add(REALTIME, "bytes_out", len(text))
-        await ws.send_str(text)
+        async with sending:
+            await ws.send_str(text)
 
     await send({"type": "session.created", "session": _session_object(session)})
+
+    async def start(limit: int | None) -> bool:
+        """Run one response (waiting for the one before); False when it was cut."""
+        nonlocal cut_after
+        if session.task is not None and not await session.task:
+            return False
+        cut = cut_after
+        cut_after = None
+
+        async def run() -> bool:
+            finished = await _respond(upstream, session, send, limit, cut)
+            if not finished:  # cut short: the connection is dropped
+                await ws.close()
+            return finished
+
+        session.task = asyncio.ensure_future(run())
+        return True
+
     try:
         async for msg in ws:
+            if msg.type == WSMsgType.BINARY:
+                stats.add(REALTIME, "binary_in")
+                continue
             if msg.type != WSMsgType.TEXT:
                 continue
             stats.add(REALTIME, "bytes_in", len(msg.data))
+            stats.add(REALTIME, "client_events")
             try:
                 event = json.loads(msg.data)
             except ValueError:
@@ -96,9 +141,15 @@ async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamRespo
                 continue
             kind = event.get("type") if isinstance(event, dict) else None
             if kind == "session.update":
-                limit = (event.get("session") or {}).get("max_response_output_tokens")
+                update = event.get("session") or {}
+                limit = update.get("max_response_output_tokens")
                 if type(limit) is int and limit > 0:
                     session.max_output = limit
+                if "turn_detection" in update:
+                    detection = update["turn_detection"]
+                    session.server_vad = (
+                        isinstance(detection, dict) and detection.get("type") == "server_vad"
+                    )
                 await send({"type": "session.updated", "session": _session_object(session)})
             elif kind == "conversation.item.create":
                 item = event.get("item") or {}
@@ -112,19 +163,37 @@ async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamRespo
             elif kind == "input_audio_buffer.append":
                 audio = event.get("audio") or ""
                 session.context_tokens += math.ceil(len(audio) / AUDIO_CHARS_PER_TOKEN)
+                if session.server_vad:  # the turn ends with this append: the server answers
+                    item_id = f"item_audio_{session.event_id()[-8:]}"
+                    for name in ("speech_started", "speech_stopped", "committed"):
+                        await send({"type": f"input_audio_buffer.{name}", "item_id": item_id})
+                    await send(
+                        {
+                            "type": "conversation.item.created",
+                            "item": {"id": item_id, "type": "message", "role": "user"},
+                        }
+                    )
+                    if not await start(None):
+                        await ws.close()
+                        return ws
+            elif kind == "input_audio_buffer.commit":
+                await send({"type": "input_audio_buffer.committed", "item_id": "item_commit"})
+            elif kind == "response.cancel":
+                target = event.get("response_id") or session.current
+                if isinstance(target, str) and target == session.current:
+                    session.cancelled.add(target)
             elif kind == "response.create":
                 limit = (event.get("response") or {}).get("max_output_tokens")
-                finished = await _respond(
-                    upstream, session, send, limit if type(limit) is int else None, cut_after
-                )
-                if not finished:
+                if not await start(limit if type(limit) is int else None):
                     await ws.close()
                     return ws
-                cut_after = None
             else:
                 await send(_error("invalid_request_error", f"Unknown event type {kind!r}."))
     except ConnectionError:
         stats.add(REALTIME, "client_disconnects")
+    finally:
+        if session.task is not None and not session.task.done():
+            session.task.cancel()
     return ws
 
 
@@ -139,7 +208,9 @@ async def _respond(
     config = upstream.config
     rng = session.rng
     session.responses += 1
+    upstream.stats.add(REALTIME, "responses")
     response_id = f"resp_{session.responses:04d}{rng.randrange(10**8):08d}"
+    session.current = response_id
     lo, hi = config.output_tokens
     output = rng.randint(lo, hi)
     cap = limit or session.max_output
@@ -158,7 +229,21 @@ async def _respond(
     )
     dlo, dhi = DELTA_CHARS["openai-chat"]
     pieces = split_text(make_text(rng, output * CHARS_PER_TOKEN), rng, dlo, dhi) if output else []
+    status = "completed"
     for n, piece in enumerate(pieces):
+        if response_id in session.cancelled:
+            # what was generated before the cancel is billed
+            status = "cancelled"
+            upstream.stats.add(REALTIME, "cancels")
+            usage = FakeUsage(
+                input_tokens=usage.input_tokens,
+                cache_read_tokens=usage.cache_read_tokens,
+                output_tokens=max(1, math.ceil(len("".join(pieces[:n])) / CHARS_PER_TOKEN)),
+            )
+            pieces = pieces[:n]
+            break
+        if n and config.chunk_latency_ms:
+            await asyncio.sleep(config.chunk_latency_ms / 1000)
         if cut_after is not None and n >= cut_after:
             upstream.stats.add(REALTIME, "cuts")
             upstream.stats.billed(REALTIME, usage, reported=False)
@@ -182,7 +267,7 @@ async def _respond(
             "response": {
                 "id": response_id,
                 "object": "realtime.response",
-                "status": "completed",
+                "status": status,
                 "usage": {
                     "total_tokens": usage.total_tokens,
                     "input_tokens": usage.input_tokens + usage.cache_read_tokens,
@@ -198,9 +283,10 @@ async def _respond(
         }
     )
     upstream.stats.billed(REALTIME, usage, reported=True)
+    session.current = None
     # the next response rereads all of this one from the cache, and its output too
     session.cached_tokens = session.context_tokens
-    session.context_tokens += output
+    session.context_tokens += usage.output_tokens
     return True
 
 
@@ -210,6 +296,7 @@ def _session_object(session: _Session) -> dict[str, Any]:
         "object": "realtime.session",
         "model": session.model,
         "modalities": ["text"],
+        "turn_detection": {"type": "server_vad"} if session.server_vad else None,
         "max_response_output_tokens": session.max_output or "inf",
     }
 

@@ -126,6 +126,11 @@ class RouteStats:
     cuts: int = 0
     stream_errors: int = 0
     client_disconnects: int = 0
+    #: Realtime: responses started, cancels honoured, client text and binary frames
+    responses: int = 0
+    cancels: int = 0
+    client_events: int = 0
+    binary_in: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_USAGE_FIELDS, 0))
     usage_unreported: dict[str, int] = field(
@@ -141,6 +146,10 @@ class RouteStats:
             "cuts": self.cuts,
             "stream_errors": self.stream_errors,
             "client_disconnects": self.client_disconnects,
+            "responses": self.responses,
+            "cancels": self.cancels,
+            "client_events": self.client_events,
+            "binary_in": self.binary_in,
             "statuses": dict(sorted(self.statuses.items())),
             "usage": dict(self.usage),
             "usage_unreported": dict(self.usage_unreported),

@@ -178,3 +178,123 @@ async def test_a_message_nested_too_deeply_is_refused_and_the_session_goes_on(
             len(events) == 1
             and events[0]["output_tokens"] == done["response"]["usage"]["output_tokens"]
         )
+
+
+async def _events_until_closed(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
+    """Every server event until the session closes."""
+    seen = []
+    async for msg in ws:
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            seen.append(json.loads(msg.data))
+    return seen
+
+
+def _speak() -> str:
+    """One spoken turn: with server voice activity detection (the default) the provider
+    starts a response by itself, without a client response.create."""
+    return json.dumps({"type": "input_audio_buffer.append", "audio": "UklGRg" * 2_000})
+
+
+async def test_a_response_the_server_starts_is_admitted_and_refused_once_the_budget_is_spent(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    from gateway_kit import eventually, exhausted_verdict
+
+    from schemas.codec import VERDICT
+    from spendbus.stack.compacted import publish
+
+    budget = Budget(
+        budget_id="realtime-spend",
+        scope="secret",
+        window=parse_window("day"),
+        match={"secret_id": ("sk-openai",)},
+        limit_nanos=1_000_000_000,
+    )
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        budgets=[budget],
+        upstream=FakeUpstreamConfig(port=0, seed=5, output_tokens=(1500, 1500), chunk_latency_ms=2),
+    ) as stack:
+        realtime = stack.upstream.stats.routes
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"{stack.url}/v1/realtime?model={MODEL}",
+                headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}"},
+            ) as ws,
+        ):
+            await until(ws, "session.created")
+            await ws.send_str(_speak())  # the first turn: the connect-time hold admits it
+            first = await until(ws, "response.created")
+            done = await until(ws, "response.done")
+            assert done["response"]["id"] == first["response"]["id"]
+
+            # the budget is spent elsewhere (its verdict arrives mid-session)
+            spent = exhausted_verdict(budget, ["acme", "sk-openai"])
+            await publish(
+                kafka_bootstrap,
+                topics.budget_verdicts,
+                [(v["counter_key"].encode(), VERDICT.encode(v)) for v in [spent]],
+            )
+            ctx = stack.enforcer.context(
+                org_id="acme", secret_id="sk-openai", provider="openai", model=MODEL
+            )
+            await eventually(lambda: not stack.enforcer.peek(ctx).allowed)
+
+            await ws.send_str(_speak())  # the server starts a second response by itself
+            rest = await _events_until_closed(ws)
+            assert ws.close_code == 1008  # the session is closed: the budget is spent
+        errors = [e for e in rest if e["type"] == "error"]
+        assert [e["error"]["code"] for e in errors] == ["insufficient_quota"]
+        assert "realtime-spend" in errors[0]["error"]["message"]
+        # the refused response never reached the client, and it was cancelled upstream
+        assert not [e for e in rest if e["type"].startswith("response.")]
+        await eventually(lambda: realtime["/v1/realtime"].cancels == 1)
+        assert realtime["/v1/realtime"].responses == 2
+        events = await stack.events(3)
+        outcomes = sorted(e["outcome"] for e in events)
+        assert outcomes == ["allowed", "allowed", "refused"]
+        refusal = next(e for e in events if e["outcome"] == "refused")
+        assert refusal["decision_budget_id"] == "realtime-spend"
+        # what the cancelled response generated before its cancel is charged all the same
+        assert sum(e["output_tokens"] for e in events if e["outcome"] == "allowed") > 1500
+        assert stack.gateway.metrics.realtime_server_refused._value.get() == 1
+
+
+async def test_frames_the_gateway_cannot_read_are_refused_and_never_forwarded(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(
+                f"{stack.url}/v1/realtime?model={MODEL}",
+                headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}"},
+            ) as ws,
+        ):
+            await until(ws, "session.created")
+            hostile = [
+                '{"type": "response.create", "type": "session.update"}',  # which one counts?
+                '{"type": "session.update", "type": "response.create"}',
+                '{"type": "response.create"',  # not JSON
+                '["response.create"]',  # no type
+                '{"type": {"nested": "response.create"}}',
+            ]
+            for text in hostile:
+                await ws.send_str(text)
+            await ws.send_bytes(b'{"type": "response.create"}')  # binary: not read
+            codes = []
+            for _ in range(len(hostile) + 1):
+                error = await until(ws, "error")
+                codes.append(error["error"]["code"])
+            assert codes == ["invalid_request_error"] * (len(hostile) + 1)
+            await ws.send_str(json.dumps({"type": "session.update", "session": {}}))
+            await until(ws, "session.updated")
+        served = stack.upstream.stats.routes["/v1/realtime"]
+        assert served.binary_in == 0 and served.client_events == 1  # only the session.update
+        assert served.responses == 0
+        metrics = stack.gateway.metrics.realtime_frames_refused
+        assert metrics.labels("duplicate_key")._value.get() == 2
+        assert metrics.labels("binary")._value.get() == 1
