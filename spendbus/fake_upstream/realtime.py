@@ -14,7 +14,7 @@ What a session does, as the real API does it:
   ``response.create``); with it off, ``input_audio_buffer.commit`` commits and the
   client asks for the response;
 - ``response.cancel`` (``response_id``) stops a response between two deltas: its
-  ``response.done`` has ``status: cancelled`` and bills what was generated so far
+  ``response.done`` has ``status: cancelled`` (``cancels`` counts each one honoured) and bills what was generated so far
   (a response runs as a task of its own, so the session reads client events while
   it streams; ``chunk_latency_ms`` paces its deltas);
 - ``response.create`` → ``response.created``, ``response.output_text.delta``
@@ -182,6 +182,7 @@ async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamRespo
                 target = event.get("response_id") or session.current
                 if isinstance(target, str) and target == session.current:
                     session.cancelled.add(target)
+                    stats.add(REALTIME, "cancels")
             elif kind == "response.create":
                 limit = (event.get("response") or {}).get("max_output_tokens")
                 if not await start(limit if type(limit) is int else None):
@@ -234,7 +235,6 @@ async def _respond(
         if response_id in session.cancelled:
             # what was generated before the cancel is billed
             status = "cancelled"
-            upstream.stats.add(REALTIME, "cancels")
             usage = FakeUsage(
                 input_tokens=usage.input_tokens,
                 cache_read_tokens=usage.cache_read_tokens,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,13 @@ MODEL = "gpt-4o-realtime-preview-2025-06-03"
 
 
 async def until(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, Any]:
-    """The next server event of one of ``kinds`` (others are skipped)."""
-    async for msg in ws:
-        assert msg.type == aiohttp.WSMsgType.TEXT, msg
-        event = json.loads(msg.data)
-        if event["type"] in kinds:
-            return event
+    """The next server event of one of ``kinds`` (others are skipped; at most 30 s)."""
+    async with asyncio.timeout(30):
+        async for msg in ws:
+            assert msg.type == aiohttp.WSMsgType.TEXT, msg
+            event = json.loads(msg.data)
+            if event["type"] in kinds:
+                return event
     raise AssertionError(f"the session closed before {kinds}")
 
 
@@ -181,11 +183,18 @@ async def test_a_message_nested_too_deeply_is_refused_and_the_session_goes_on(
 
 
 async def _events_until_closed(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
-    """Every server event until the session closes."""
-    seen = []
-    async for msg in ws:
-        if msg.type == aiohttp.WSMsgType.TEXT:
-            seen.append(json.loads(msg.data))
+    """Every server event until the session closes (at most 30 s: a test never hangs)."""
+    seen: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                seen.append(json.loads(msg.data))
+
+    try:
+        await asyncio.wait_for(read(), 30)
+    except TimeoutError:
+        raise AssertionError(f"the session stayed open; events seen: {seen}") from None
     return seen
 
 
