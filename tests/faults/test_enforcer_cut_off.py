@@ -34,7 +34,16 @@ async def test_broker_gone_then_back(local_broker: Any, fail_mode: str) -> None:
     topics = Topics(prefix=f"cut{uuid.uuid4().hex[:8]}.")
     await ensure_topics(local_broker.bootstrap, topics, partitions=2)
     budget = budgets_from_yaml(
-        [{"id": "org", "scope": "org", "window": "month", "limit_usd": "10"}]
+        # no price table here: the budget admits the unpriced checks this test makes
+        [
+            {
+                "id": "org",
+                "scope": "org",
+                "window": "month",
+                "limit_usd": "10",
+                "unpriced": "allow_free",
+            }
+        ]
     )[0]
     await publish(
         local_broker.bootstrap,
