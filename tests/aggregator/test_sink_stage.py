@@ -162,6 +162,10 @@ def test_two_sink_stages_split_the_partitions_and_store_each_record_once(
             while writers[0].metrics.sink_batches < 2:
                 await asyncio.sleep(0.05)
             await second.start()
+            # the rest once the group gave both stages partitions: each has records to store
+            # (a stage fast enough would otherwise store them all before the rebalance ends)
+            while not (first.assigned and second.assigned):
+                await asyncio.sleep(0.05)
             await publish_priced(kafka_bootstrap, topics, range(1_000, per_partition))
             await publish_verdicts(kafka_bootstrap, topics, 50)
             deadline = time.monotonic() + 180
