@@ -17,15 +17,13 @@ a log or an error message. It must be at least 16 characters.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
-import tempfile
 from pathlib import Path
 from typing import Final
 
 from schemas.errors import ConfigError
 from spendbus.settings import Settings
+from spendbus.stack.secret_file import create_once
 
 DEFAULT_KEY_SECRET_FILE: Final = "keys.secret"
 #: random bytes of a secret created here
@@ -50,21 +48,9 @@ def key_secret(settings: Settings) -> bytes:
     path = default_key_secret_file(settings)
     if path.exists():
         return _read(path, None)
-    path.parent.mkdir(parents=True, exist_ok=True)
     value = secrets.token_hex(SECRET_BYTES)
-    # written whole to a private file first, then linked into place: a reader never sees
-    # half a secret, and of two processes starting at once the first link wins
-    fd, staged = tempfile.mkstemp(prefix=".keys.secret.", dir=path.parent)  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(value + "\n")
-        try:
-            os.link(staged, path)
-        except FileExistsError:
-            return _read(path, None)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(staged)
+    if not create_once(path, value):
+        return _read(path, None)
     return value.encode()
 
 

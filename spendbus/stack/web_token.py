@@ -15,10 +15,7 @@ command line, into a log or into an error message.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
-import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -27,6 +24,7 @@ from pydantic import SecretStr
 from schemas.errors import ConfigError
 from schemas.net import is_loopback
 from spendbus.settings import Settings
+from spendbus.stack.secret_file import create_once
 from spendbus.stack.worker import DEFAULT_TOKEN_FILE
 
 #: bytes of randomness in a token created here (URL-safe base64: 43 characters)
@@ -82,21 +80,9 @@ def ensure_default_token(settings: Settings) -> SecretStr:
     path = default_token_file(settings)
     if path.exists():
         return _read(path, None)
-    path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(TOKEN_BYTES)
-    # written whole to a private file first, then linked into place: a reader never sees
-    # a half-written token, and of two processes starting at once the first link wins
-    fd, staged = tempfile.mkstemp(prefix=".web.token.", dir=path.parent)  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(token + "\n")
-        try:
-            os.link(staged, path)
-        except FileExistsError:
-            return _read(path, None)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(staged)
+    if not create_once(path, token):
+        return _read(path, None)
     return SecretStr(token)
 
 
