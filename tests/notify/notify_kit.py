@@ -44,10 +44,13 @@ class Received:
 @dataclass
 class Receiver:
     """Answers each POST by the plan of its path: ``fail_first[path]`` answers with
-    ``fail_status`` before the first success, ``failing`` paths fail until cleared."""
+    ``fail_status`` before the first success, ``failing`` paths fail until cleared,
+    ``fail_after[path]`` successes turn the path into a failing one (decided under the
+    lock as each request arrives, so a fast sender cannot slip past it)."""
 
     fail_first: dict[str, int] = field(default_factory=dict)
     failing: set[str] = field(default_factory=set)
+    fail_after: dict[str, int] = field(default_factory=dict)
     fail_status: int = 503
     status_for: dict[str, int] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
@@ -70,6 +73,11 @@ class Receiver:
                 status = self.fail_status
             else:
                 status = 200
+            if status == 200 and path in self.fail_after:
+                self.fail_after[path] -= 1
+                if self.fail_after[path] <= 0:
+                    del self.fail_after[path]
+                    self.failing.add(path)
             self.received.append(
                 Received(
                     path,
