@@ -58,9 +58,9 @@ def create_app(config: AggregatorConfig) -> faust.App:
         store=config.store,
         datadir=str(config.data_dir),
         autodiscover=False,
-        # at-least-once: Faust flushes the producer (changelogs, outputs) before it
-        # commits source offsets; the counters' offset fences make re-delivery harmless.
-        # exactly_once is avoided on purpose (DESIGN.md, lessons from the field).
+        # at-least-once: the app reads no topic of ours (the counting and sink stages
+        # commit their own offsets); exactly_once is avoided on purpose (docs/design.md,
+        # "Why it is built this way").
         processing_guarantee="at_least_once",
         topic_partitions=config.partitions,
         topic_replication_factor=replication_plan(config).replication_factor,

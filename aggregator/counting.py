@@ -10,9 +10,10 @@ paid per event is the decode, the fold and one append per output record. It runs
 inside the Faust worker (started by a service in ``agents.py``) beside the web
 pages and the sink stage (``sink_stage.py``).
 
-Delivery: at-least-once with offset-fenced, deduplicated state (DESIGN.md
+Delivery: at-least-once with offset-fenced, deduplicated state (docs/design.md
 invariant 1; Faust's exactly_once mode is avoided on purpose). A checkpoint, every
-``commit_seconds`` and before partitions are given up, runs in this order:
+``commit_seconds`` and before partitions are given up, runs in this order
+(docs/design.md invariant 2):
 
   1. send every verdict the coalescer still holds (a committed record never has its
      verdict waiting in memory), write each counter changed since the last cut to its

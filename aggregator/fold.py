@@ -6,7 +6,7 @@ rolling buckets of a rolling window, the thresholds already alerted in each
 period, a sequence number for its verdicts, and the *fence*: per source
 partition, the last ``usage.raw`` offset it applied. A re-delivered record
 (offset <= fence) is skipped, so at-least-once delivery charges each event
-once (DESIGN.md invariant 1). The fence lives in the same value as the totals
+once (docs/design.md invariant 1). The fence lives in the same value as the totals
 it protects: one table write updates both or neither.
 """
 

@@ -12,8 +12,8 @@ provider, one after the other, each on its own org and budget (same cap):
   what the verdict leaves.
 * ``baseline``: the same gateways and workload, the gate replaced by
   ``bench/overshoot_baseline.PollGate``: local spend flushed to a shared total
-  every 5 s, ``cached total < cap`` checked, nothing held (the design DESIGN.md's
-  "Lessons from the field" criticises).
+  every 5 s, ``cached total < cap`` checked, nothing held (the design docs/design.md's
+  "Why it is built this way" criticises).
 
 Clients (their own process, as real clients are; this one runs the gateways)
 stream Anthropic Messages (``claude-sonnet-4-5``, ``max_tokens`` 1024, prompts of

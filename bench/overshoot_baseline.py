@@ -1,6 +1,6 @@
 """The comparator of bench_overshoot: the polling budget gate spendbus's design criticises.
 
-What most gateways do (DESIGN.md, "Lessons from the field"): each replica adds
+What most gateways do (docs/design.md, "Why it is built this way"): each replica adds
 the cost of the calls it served to a local counter; every ``flush_interval_s``
 it adds that counter to a shared total (Redis ``INCRBY`` or a database row in
 real deployments; :class:`SharedTotal` here, an in-process stand-in, which only

@@ -2,7 +2,7 @@
 
 Shared by the aggregator (which adds events to counters) and the enforcer
 (which checks requests against the same counters), so that "how much is
-used?" always reads the counters enforcement uses (invariant 2).
+used?" always reads the counters enforcement uses (docs/design.md invariant 5).
 
 Scopes and the scope values that make one counter (all canonical ids):
 

@@ -6,7 +6,7 @@ Gemini's ``?key=``). Keys are stored and looked up by an HMAC-SHA256 keyed with
 a server-side secret (``key_hmac``), so neither the configuration nor the keys
 topic needs to hold them in clear, and what they hold cannot be searched offline;
 legacy unsalted SHA-256 digests are read too, converted under the secret. Nothing else a client sends
-changes the principal (DESIGN invariant 3); the one thing it may name is its
+changes the principal (docs/design.md invariant 6); the one thing it may name is its
 session (the job an agent framework runs), and that name is scoped by org so
 one tenant can never reach another's session counter.
 """

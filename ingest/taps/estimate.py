@@ -1,4 +1,4 @@
-"""Pessimistic estimates for responses whose usage is missing (invariant 4).
+"""Pessimistic estimates for responses whose usage is missing (docs/design.md invariant 7).
 
 Output: the text of the delta events / 4, at least 1 per delta event (the
 decoded body bytes / 4 when not streamed), capped at the request's max output

@@ -22,7 +22,7 @@ MAX_TOKENS = 10_000_000_000
 
 @dataclass(frozen=True, slots=True, init=False)
 class Usage:
-    """Normalised token counts (see DESIGN.md, "Normalised usage")."""
+    """Normalised token counts (see docs/design.md, "Normalised usage")."""
 
     input_tokens: int
     cache_read_tokens: int

@@ -2,7 +2,7 @@
 
 Everything here is pure and deterministic given a :class:`random.Random`: the
 same seed gives the same bytes. :func:`synthesize` encodes a
-:class:`FakeUsage` (the normalised meaning of DESIGN.md, "Normalised usage")
+:class:`FakeUsage` (the normalised meaning of docs/design.md, "Normalised usage")
 the way that provider reports it, which is the inverse of what a tap reads:
 
 ===================  =========================================================

@@ -1,4 +1,4 @@
-"""One test per provider fact in DESIGN.md ("Provider facts the mapping must get right")."""
+"""One test per provider fact in docs/design.md ("Provider facts the mapping must get right")."""
 
 from __future__ import annotations
 
