@@ -51,8 +51,7 @@ from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.usage import new_usage_event
-from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
-from spendbus.fake_upstream.responses import FakeUsage, build_request
+from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig, FakeUsage, build_request
 from spendbus.settings import Settings
 from spendbus.stack.compacted import publish
 from spendbus.stack.kafka import free_port

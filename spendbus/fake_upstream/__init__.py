@@ -12,24 +12,21 @@
     async with FakeUpstream(FakeUpstreamConfig(port=0, cut_rate=0.05)) as upstream:
         ...               # POST upstream.url + "/v1/messages", GET /stats
 
-``responses`` builds each provider's bytes (pure, seeded); ``server`` serves
-them on the providers' paths with latencies, errors and cut streams.
+``exchange`` assembles each provider's bytes (pure, seeded), built by the module named
+after the provider as in ``ingest/taps/`` (``anthropic``, ``openai_chat``,
+``openai_responses``, ``gemini``, ``bedrock``, ``bedrock_invoke``); ``server`` serves
+them on the providers' paths (``answer``: latencies, errors and cut streams;
+``realtime``: the Realtime WebSocket), counting what it served in ``stats``.
 """
 
 from __future__ import annotations
 
-from .responses import (
-    FORMATS,
-    FakeExchange,
-    FakeUsage,
-    build_request,
-    fit_usage,
-    random_usage,
-    synthesize,
-    synthesize_error,
-    usage_for_request,
-)
-from .server import ROUTES, FakeUpstream, FakeUpstreamConfig, make_app
+from .config import FakeUpstreamConfig
+from .exchange import FakeExchange, build_request, synthesize, synthesize_error
+from .formats import FORMATS
+from .routes import ROUTES
+from .server import FakeUpstream, make_app
+from .usage import FakeUsage, fit_usage, random_usage, usage_for_request
 
 __all__ = [
     "FORMATS",

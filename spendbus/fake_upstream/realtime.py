@@ -39,16 +39,17 @@ import asyncio
 import json
 import math
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from .responses import CHARS_PER_TOKEN, DELTA_CHARS, FakeUsage, make_text, split_text
+from .config import FakeUpstreamConfig
+from .formats import CHARS_PER_TOKEN, DELTA_CHARS
+from .routes import REALTIME
+from .stats import Stats
+from .text import make_text, split_text
+from .usage import FakeUsage
 
-if TYPE_CHECKING:
-    from .server import FakeUpstream
-
-REALTIME = "/v1/realtime"
 #: base64 audio characters per input token (24 kHz PCM16 is ~ 1.3k chars per 20 ms token)
 AUDIO_CHARS_PER_TOKEN = 1_300
 
@@ -72,9 +73,10 @@ class _Session:
         return "event_" + "".join(self.rng.choices("ABCDEFGHJKLMNPQRSTUVWXYZ0123456789", k=20))
 
 
-async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamResponse:
-    config = upstream.config
-    stats = upstream.stats
+async def serve(
+    request: web.Request, *, config: FakeUpstreamConfig, stats: Stats
+) -> web.StreamResponse:
+    """One Realtime session on the upgraded ``request``, until either side closes."""
     model = request.query.get("model", "")
     stats.add(REALTIME, "requests")
     if not model:
@@ -117,7 +119,7 @@ async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamRespo
         cut_after = None
 
         async def run() -> bool:
-            finished = await _respond(upstream, session, send, limit, cut)
+            finished = await _respond(config, stats, session, send, limit, cut)
             if not finished:  # cut short: the connection is dropped
                 await ws.close()
             return finished
@@ -199,17 +201,17 @@ async def serve(upstream: FakeUpstream, request: web.Request) -> web.StreamRespo
 
 
 async def _respond(
-    upstream: FakeUpstream,
+    config: FakeUpstreamConfig,
+    stats: Stats,
     session: _Session,
     send: Any,
     limit: int | None,
     cut_after: int | None,
 ) -> bool:
     """One response; False when it was cut (the connection is to be dropped)."""
-    config = upstream.config
     rng = session.rng
     session.responses += 1
-    upstream.stats.add(REALTIME, "responses")
+    stats.add(REALTIME, "responses")
     response_id = f"resp_{session.responses:04d}{rng.randrange(10**8):08d}"
     session.current = response_id
     lo, hi = config.output_tokens
@@ -245,8 +247,8 @@ async def _respond(
         if n and config.chunk_latency_ms:
             await asyncio.sleep(config.chunk_latency_ms / 1000)
         if cut_after is not None and n >= cut_after:
-            upstream.stats.add(REALTIME, "cuts")
-            upstream.stats.billed(REALTIME, usage, reported=False)
+            stats.add(REALTIME, "cuts")
+            stats.billed(REALTIME, usage, reported=False)
             return False
         await send(
             {
@@ -282,7 +284,7 @@ async def _respond(
             },
         }
     )
-    upstream.stats.billed(REALTIME, usage, reported=True)
+    stats.billed(REALTIME, usage, reported=True)
     session.current = None
     # the next response rereads all of this one from the cache, and its output too
     session.cached_tokens = session.context_tokens

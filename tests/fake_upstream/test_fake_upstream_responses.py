@@ -27,12 +27,9 @@ from spendbus.fake_upstream import (
     synthesize_error,
     usage_for_request,
 )
-from spendbus.fake_upstream.responses import (
-    CACHE_WRITES,
-    REASONING_APART,
-    event_stream_message,
-    make_text,
-)
+from spendbus.fake_upstream.eventstream import event_stream_message
+from spendbus.fake_upstream.formats import CACHE_WRITES, REASONING_APART
+from spendbus.fake_upstream.text import make_text
 
 MODELS = {
     "anthropic-messages": "claude-sonnet-4-5-20250929",

@@ -1,0 +1,242 @@
+"""One provider request answered over HTTP: the usage drawn from the seed and the body,
+faults drawn per arrival (or forced by ``x-fake-*`` headers), the exchange written paced
+or in 64 KiB batches, and what it billed counted in the stats."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+
+from .config import FakeUpstreamConfig
+from .exchange import FakeExchange, synthesize, synthesize_error
+from .formats import CHARS_PER_TOKEN, DELTA_CHARS
+from .request import server_tools
+from .routes import Call
+from .stats import Stats
+from .usage import usage_for_request
+
+
+async def answer(
+    request: web.Request,
+    call: Call,
+    body: bytes,
+    *,
+    config: FakeUpstreamConfig,
+    stats: Stats,
+    arrival: int,
+) -> web.StreamResponse:
+    """Answer ``request`` (its ``body`` read, the ``arrival``-th since the start)."""
+    fault = random.Random(f"{config.seed}|fault|{arrival}")
+    forced = Forced.read(request) if config.honor_headers else Forced()
+
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        parsed = None
+    model = call.model or (parsed.get("model") if isinstance(parsed, dict) else None)
+    status = forced.status
+    if not isinstance(parsed, dict) or not isinstance(model, str) or not model:
+        status, message = 400, "the body must be a JSON object naming a model"
+    else:
+        message = None
+        if status is None and fault.random() < config.error_rate:
+            status = fault.choice(config.error_statuses)
+    stream = (
+        call.stream
+        if call.stream is not None
+        else bool(isinstance(parsed, dict) and parsed.get("stream") is True)
+    )
+    if status is not None:
+        exchange = synthesize_error(
+            call.fmt,
+            status,
+            model=model if isinstance(model, str) and model else "unknown",
+            rng=fault,
+            stream=stream,
+            request=parsed if isinstance(parsed, dict) else {},
+            message=message,
+        )
+        stats.add(call.route, "errors")
+        return await send(request, call, exchange, config=config, stats=stats, declared=None)
+
+    assert isinstance(parsed, dict) and isinstance(model, str)
+    rng = random.Random(f"{config.seed}|{call.route}|{model}|{hashlib.sha256(body).hexdigest()}")
+    usage = usage_for_request(
+        call.fmt,
+        parsed,
+        size=len(body),
+        rng=rng,
+        cache_ratio=config.cache_ratio,
+        output_tokens=config.output_tokens,
+        model=model,
+    )
+    if forced.output_tokens is not None:
+        out = forced.output_tokens
+        usage = replace(usage, output_tokens=out, reasoning_tokens=min(usage.reasoning_tokens, out))
+    gzip_body = config.gzip and "gzip" in request.headers.get("Accept-Encoding", "").lower()
+    options: dict[str, Any] = {
+        "model": model,
+        "usage": usage,
+        "stream": stream,
+        "request": parsed,
+        "server_tools": server_tools(call.fmt, parsed),
+        "gemini_sse": call.gemini_sse,
+    }
+    state = rng.getstate()
+    exchange = synthesize(call.fmt, rng=rng, **options)
+    # Faults need the whole answer first: they fall before the usage arrives.
+    cut_after = forced.cut_after
+    error_after = forced.error_after
+    before = exchange.usage_after or len(exchange.chunks)
+    if cut_after is None and error_after is None:
+        if fault.random() < config.cut_rate:
+            cut_after = fault.randrange(1, before) if stream and before > 1 else 0
+        elif stream and fault.random() < config.stream_error_rate:
+            error_after = fault.randrange(0, before)
+    declared = None
+    if cut_after is not None or error_after is not None or gzip_body:
+        if cut_after is not None and not stream:
+            declared = len(exchange.body)  # Content-Length of the whole body
+        rng.setstate(state)
+        exchange = synthesize(
+            call.fmt,
+            rng=rng,
+            cut_after=cut_after,
+            error_after=error_after if stream else None,
+            gzip_body=gzip_body,
+            **options,
+        )
+        if declared is not None and gzip_body:
+            declared = 2 * len(exchange.body) + 1
+    if exchange.cut:
+        stats.add(call.route, "cuts")
+    if exchange.error:
+        stats.add(call.route, "stream_errors")
+    if not stream:
+        text_tokens = usage.output_tokens - usage.reasoning_tokens
+        lo, hi = DELTA_CHARS[call.fmt]
+        chunks = math.ceil(text_tokens * CHARS_PER_TOKEN / ((lo + hi) / 2))
+        generation = chunks * config.chunk_latency_ms
+    else:
+        generation = 0.0
+    return await send(
+        request,
+        call,
+        exchange,
+        config=config,
+        stats=stats,
+        declared=declared,
+        generation_ms=generation,
+    )
+
+
+async def send(
+    request: web.Request,
+    call: Call,
+    exchange: FakeExchange,
+    *,
+    config: FakeUpstreamConfig,
+    stats: Stats,
+    declared: int | None,
+    generation_ms: float = 0.0,
+) -> web.StreamResponse:
+    """Write ``exchange`` (cut, paced or batched) and count what it served and billed;
+    ``declared`` is the Content-Length a cut body promised."""
+    stats.status(call.route, exchange.status)
+    response = web.StreamResponse(status=exchange.status, headers=exchange.headers)
+    response.content_type = exchange.content_type.split(";")[0]
+    if "charset=" in exchange.content_type:
+        response.charset = exchange.content_type.split("charset=")[1]
+    if exchange.content_encoding:
+        response.headers["Content-Encoding"] = exchange.content_encoding
+    if exchange.stream and exchange.status == 200:
+        response.headers["Cache-Control"] = "no-cache"
+    else:
+        response.content_length = declared if declared is not None else len(exchange.body)
+    wait = (config.latency_ms + generation_ms) / 1000
+    if wait:
+        await asyncio.sleep(wait)
+    sent = 0
+    try:
+        await response.prepare(request)
+        paced = config.chunk_latency_ms > 0 and exchange.stream
+        for i, chunk in enumerate(exchange.chunks if paced else coalesce(exchange.chunks)):
+            if i and paced:
+                await asyncio.sleep(config.chunk_latency_ms / 1000)
+            await response.write(chunk)
+            sent += len(chunk)
+        if exchange.cut:
+            # The upstream goes away mid-body: no final chunk, no more bytes.
+            transport = request.transport
+            if transport is not None:
+                transport.abort()
+        else:
+            await response.write_eof()
+    except (ConnectionError, asyncio.CancelledError) as exc:
+        stats.add(call.route, "bytes_out", sent)
+        stats.add(call.route, "client_disconnects")
+        if exchange.status == 200:
+            stats.billed(call.route, exchange.usage, reported=False)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        return response
+    stats.add(call.route, "bytes_out", sent)
+    if exchange.status == 200:
+        stats.billed(call.route, exchange.usage, reported=exchange.reported)
+    return response
+
+
+#: Bytes per write when chunks are not paced (TCP re-splits them anyway).
+WRITE_SIZE = 64 * 1024
+
+
+def coalesce(chunks: list[bytes]) -> list[bytes]:
+    """``chunks`` joined into writes of about :data:`WRITE_SIZE` bytes."""
+    out: list[bytes] = []
+    pending: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        pending.append(chunk)
+        size += len(chunk)
+        if size >= WRITE_SIZE:
+            out.append(b"".join(pending))
+            pending, size = [], 0
+    if pending:
+        out.append(b"".join(pending))
+    return out
+
+
+@dataclass(frozen=True)
+class Forced:
+    """What a request forces with the ``x-fake-*`` headers (None: drawn as usual)."""
+
+    status: int | None = None
+    cut_after: int | None = None
+    error_after: int | None = None
+    output_tokens: int | None = None
+
+    @classmethod
+    def read(cls, request: web.Request) -> Forced:
+        def number(name: str, lo: int, hi: int) -> int | None:
+            raw = request.headers.get(name)
+            if raw is None:
+                return None
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                return None
+            return value if lo <= value <= hi else None
+
+        return cls(
+            status=number("x-fake-status", 400, 599),
+            cut_after=number("x-fake-cut-after", 0, 10**9),
+            error_after=number("x-fake-error-after", 0, 10**9),
+            output_tokens=number("x-fake-output-tokens", 0, 10_000_000),
+        )

@@ -1,0 +1,45 @@
+"""How the fake providers behave: :class:`FakeUpstreamConfig` (validated, immutable)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class FakeUpstreamConfig(BaseModel):
+    """How the fake providers behave (validated when built, immutable)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8790, ge=0, le=65535)
+    #: Time to the first byte (headers and first chunk), in milliseconds.
+    latency_ms: float = Field(default=0.0, ge=0)
+    #: Time between two chunks of a stream (a non-streamed answer waits as
+    #: long as its stream would have taken).
+    chunk_latency_ms: float = Field(default=0.0, ge=0)
+    error_rate: float = Field(default=0.0, ge=0, le=1)
+    #: Statuses an error is drawn from (each in the provider's error format).
+    error_statuses: tuple[int, ...] = (429, 500)
+    cut_rate: float = Field(default=0.0, ge=0, le=1)
+    stream_error_rate: float = Field(default=0.0, ge=0, le=1)
+    cache_ratio: float = Field(default=0.0, ge=0, le=1)
+    seed: int = 0
+    output_tokens: tuple[int, int] = (16, 512)
+    #: Gzip bodies for clients that accept it.
+    gzip: bool = False
+    #: Obey the x-fake-* request headers.
+    honor_headers: bool = True
+
+    @field_validator("error_statuses")
+    @classmethod
+    def _statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(not 400 <= s <= 599 for s in value):
+            raise ValueError("error_statuses must be non-empty 4xx/5xx statuses")
+        return value
+
+    @model_validator(mode="after")
+    def _output_range(self) -> FakeUpstreamConfig:
+        lo, hi = self.output_tokens
+        if not 0 <= lo <= hi:
+            raise ValueError("output_tokens must be (low, high) with 0 <= low <= high")
+        return self
