@@ -1,0 +1,146 @@
+"""The rooms' import rules, read from the source with ast (function-level imports too).
+
+Stages (ingest/, aggregator/, enforcer/, notify/) import no other part of the project
+but schemas/; schemas/ imports no stage and not the CLI.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("ingest", "aggregator", "enforcer", "notify")
+ROOMS = ("schemas", *STAGES, "spendbus")
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target, where it is written."""
+
+    importer: str  # the dotted module that imports
+    path: Path
+    line: int
+    target: str  # the dotted module imported
+
+
+def module_files(room: str) -> dict[str, Path]:
+    """Every module of a room by its dotted name (a package by its ``__init__``)."""
+    modules: dict[str, Path] = {}
+    for path in sorted((ROOT / room).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+ALL_MODULES: dict[str, Path] = {
+    name: path for room in ROOMS for name, path in module_files(room).items()
+}
+
+
+def imports_in(
+    source: str, module: str, is_package: bool, known: Collection[str] = ALL_MODULES.keys()
+) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import, nested ones included.
+
+    A relative import is resolved against the module's package; ``from pkg import name``
+    imports ``pkg.name`` when that is one of the ``known`` modules, else ``pkg``.
+    """
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for imported in dict.fromkeys(
+                f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target
+                for alias in node.names
+            ):
+                yield node.lineno, imported
+
+
+def room_imports(room: str) -> list[Import]:
+    found: list[Import] = []
+    for module, path in module_files(room).items():
+        source = path.read_text()
+        for line, target in imports_in(source, module, path.name == "__init__.py"):
+            found.append(Import(module, path, line, target))
+    return found
+
+
+def broken_rule(room: str, target: str) -> str | None:
+    """Which rule importing ``target`` from ``room`` breaks, if any."""
+    top = target.split(".")[0]
+    if top not in ROOMS or top == room:
+        return None
+    if room in STAGES and top != "schemas":
+        return "a stage imports only schemas/ of the project"
+    if room == "schemas":
+        return "schemas/ imports no stage and not the CLI"
+    return None
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_the_room_keeps_its_import_rules(room: str) -> None:
+    imports = room_imports(room)
+    assert imports, f"no imports read in {room}/"
+    broken = [
+        f"{found.path.relative_to(ROOT)}:{found.line} imports {found.target}: {rule}"
+        for found in imports
+        if (rule := broken_rule(room, found.target)) is not None
+    ]
+    assert not broken, "\n".join(broken)
+
+
+SAMPLE = """
+import enforcer.check
+from aggregator import counting, Worker
+from . import sibling
+from ..config import GatewayConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spendbus.cli import main
+
+def later() -> None:
+    from notify.service import Notifier
+"""
+
+
+def test_every_kind_of_import_is_read() -> None:
+    """Nested, relative, submodule-by-name and TYPE_CHECKING imports are all seen."""
+    known = {"aggregator.counting", "ingest.gateway.sibling"}
+    found = [t for _, t in imports_in(SAMPLE, "ingest.gateway.proxy", False, known)]
+    assert sorted(found) == [
+        "aggregator",
+        "aggregator.counting",
+        "enforcer.check",
+        "ingest.config",
+        "ingest.gateway.sibling",
+        "notify.service",
+        "spendbus.cli",
+        "typing",
+    ]
+    assert [t for _, t in imports_in("from . import x", "ingest.gateway", True, known)] == [
+        "ingest.gateway"
+    ]
+
+
+def test_the_rules_can_fail() -> None:
+    assert broken_rule("ingest", "enforcer.check") is not None
+    assert broken_rule("notify", "aggregator") is not None
+    assert broken_rule("ingest", "schemas.codec") is None
+    assert broken_rule("schemas", "spendbus.cli") is not None
+    assert broken_rule("spendbus", "aggregator") is None
+    assert broken_rule("spendbus", "schemas.codec") is None
