@@ -5,7 +5,8 @@
 - nothing cites the design document that used to live outside the repository;
 - every relative link in the repository's markdown reaches a file, and its #anchor a
   heading of that file;
-- every repository path a README or a docs/ page names in backticks exists.
+- every repository path a README or a docs/ page names in backticks exists;
+- every `spendbus ...` command the markdown shows exists, with the options it gives.
 """
 
 from __future__ import annotations
@@ -185,3 +186,57 @@ def test_every_path_the_readmes_and_docs_name_exists() -> None:
                 missing.append(f"{rel(page)}:{line}: `{token}`")
     assert checked > 100, "no paths were found: is the pattern still the one in use?"
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
+
+
+def command_mentions(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line, words) of each `spendbus <command> ...` a markdown file shows, in backticks
+    or in a code block (what follows a `#` on a code line is a comment)."""
+    text = path.read_text(encoding="utf-8")
+    spans = [(m.start(), m.group(0)[1:-1]) for m in INLINE_CODE.finditer(without_code(text))]
+    for block in FENCE.finditer(text):
+        offset = block.start()
+        for line in block.group(0).splitlines():
+            spans.append((offset, line.split("#", 1)[0]))
+            offset += len(line) + 1
+    for start, span in spans:
+        for match in re.finditer(r"(?:^|[\s(`|&;])(?:\.venv/bin/)?spendbus +([^`|;&)]*)", span):
+            if words := match.group(1).split():
+                yield text.count("\n", 0, start) + 1, words
+
+
+def test_every_command_the_docs_show_exists_with_its_options() -> None:
+    """`spendbus budgets raise ... --until 2d` in a README runs: each subcommand exists and
+    each --option is one of its command's (click's own resolution; nothing is run)."""
+    import click
+
+    from spendbus.cli import cli
+
+    wrong = []
+    checked = 0
+    for page in markdown_files():
+        for line, words in command_mentions(page):
+            command: click.Command = cli
+            path = ["spendbus"]
+            rest = list(words)
+            while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+                sub = command.get_command(click.Context(command), rest[0])
+                if sub is None:
+                    break
+                command, path = sub, [*path, rest.pop(0)]
+            where = f"{rel(page)}:{line}: `{' '.join(path)}"
+            if isinstance(command, click.Group) and rest and re.fullmatch(r"[a-z][a-z-]*", rest[0]):
+                # a lower-case word is a subcommand; `ingest FILE.jsonl` is an argument
+                wrong.append(f"{where} {rest[0]}`: no such command")
+                continue
+            if len(path) == 1:
+                continue
+            checked += 1
+            known = {"--help", "-h"}
+            for param in command.params:
+                known |= set(getattr(param, "opts", [])) | set(getattr(param, "secondary_opts", []))
+            for word in rest:
+                option = word.split("=", 1)[0]
+                if re.fullmatch(r"--[a-z][a-z0-9-]*", option) and option not in known:
+                    wrong.append(f"{where}` has no {option}")
+    assert checked > 30, "no commands were found: is the pattern still the one in use?"
+    assert not wrong, "commands the docs show that the CLI lacks:\n" + "\n".join(sorted(set(wrong)))
