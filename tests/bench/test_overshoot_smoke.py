@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_overshoot import Options, draw_chart, run
+from bench.bench_overshoot import run
+from bench.overshoot_report import draw_chart
+from bench.overshoot_setup import Options
 
 pytestmark = pytest.mark.integration
 
