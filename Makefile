@@ -18,7 +18,7 @@ TOUCH_EXTENSIONS := [ "$$SPENDBUS_PURE" = 1 ] || for m in $(COMPILED:.py=); do t
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip 'setuptools>=77' wheel  # build_ext reads pyproject's metadata
-	SPENDBUS_PURE=1 $(BIN)/pip install -q -e '.[test,dev]'
+	SPENDBUS_PURE=1 $(BIN)/pip install -q -e '.[test,dev,bench]'
 	$(BIN)/pip install -q -e . --no-deps --no-build-isolation
 	$(TOUCH_EXTENSIONS)
 	touch $(STAMP) $(NATIVE_STAMP)
@@ -64,10 +64,15 @@ test-fuzz: broker
 check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy schemas aggregator enforcer ingest spendbus
+	$(BIN)/mypy schemas aggregator enforcer ingest notify spendbus
 
+# The benches run on the environment as installed (`make install`, which brings the bench
+# extras) and built (`make native`, which rebuilds only extensions older than their
+# source): nothing is reinstalled or recompiled for a run.
 bench: broker
-	$(BIN)/pip install -q -e '.[bench]'
+	@$(BIN)/python -c "import matplotlib" 2>/dev/null || { \
+	  echo "make bench: matplotlib is missing from $(VENV) (the bench extras): $(BIN)/pip install -e '.[bench]'" >&2; \
+	  exit 1; }
 	$(BIN)/python bench/run_all.py
 
 clean:
