@@ -6,7 +6,8 @@
 - every relative link in the repository's markdown reaches a file, and its #anchor a
   heading of that file;
 - every repository path a README or a docs/ page names in backticks exists;
-- every `spendbus ...` command the markdown shows exists, with the options it gives.
+- every `spendbus ...` command the markdown shows exists, with the options it gives;
+- every module of a folder that has a README is in that README's module map.
 """
 
 from __future__ import annotations
@@ -240,3 +241,17 @@ def test_every_command_the_docs_show_exists_with_its_options() -> None:
                     wrong.append(f"{where}` has no {option}")
     assert checked > 30, "no commands were found: is the pattern still the one in use?"
     assert not wrong, "commands the docs show that the CLI lacks:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_every_module_is_in_its_folders_readme() -> None:
+    """A folder with a README maps its modules: each one's file name is in it (a module
+    added, moved or split updates the map in the same commit)."""
+    unmapped = []
+    for readme in markdown_files():
+        if readme.name != "README.md" or readme.parent == ROOT:
+            continue
+        text = readme.read_text(encoding="utf-8")
+        for module in sorted(readme.parent.glob("*.py")):
+            if module.name != "__init__.py" and module.name not in text:
+                unmapped.append(rel(module))
+    assert not unmapped, "modules missing from their folder's README map: " + ", ".join(unmapped)
