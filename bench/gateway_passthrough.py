@@ -65,6 +65,10 @@ def passthrough_app(upstream: str, burn_us: float = 0.0) -> web.Application:
 
 def serve_passthrough(upstream: str, port: int, burn_us: float = 0.0) -> None:
     """Run :func:`passthrough_app` on 127.0.0.1:``port`` (with ``/healthz``) until stopped."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     app = passthrough_app(upstream, burn_us)
-    app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+    app.router.add_get("/healthz", healthz)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)

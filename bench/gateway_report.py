@@ -32,7 +32,7 @@ def summarise(
             )
         return out
 
-    paths = {
+    paths: dict[str, dict[str, Any]] = {
         path: {
             key: round(med(path, key), 2)
             for key in (

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.gateway.gate import BudgetGate
+from ingest.gateway.gate import BudgetGate, CounterReport
 from schemas.pricing import PriceBook
 from schemas.usage import ALLOWED, BUDGET_EXCEEDED, new_usage_event
 
@@ -177,6 +177,18 @@ class PollGate:
 
     def release(self, hold_id: int | None) -> bool:
         return False  # nothing is ever held
+
+    def usage(self, ctx: PollContext) -> list[CounterReport]:
+        """``GET /v1/spend``: none; the baseline keeps one shared total, no counters."""
+        return []
+
+    @property
+    def ready(self) -> bool:
+        return True  # it decides from its cache from the start
+
+    @property
+    def stale(self) -> bool:
+        return False  # stale by design, never by state: its cache is always "current"
 
 
 def _fits_the_gateway(gate: PollGate) -> BudgetGate:

@@ -92,6 +92,17 @@ class EstimateProbe:
     def release(self, hold_id: int | None) -> bool:
         return self.enforcer.release(hold_id)
 
+    def usage(self, ctx: Any) -> list[Any]:
+        return list(self.enforcer.usage(ctx))
+
+    @property
+    def ready(self) -> bool:
+        return self.enforcer.ready
+
+    @property
+    def stale(self) -> bool:
+        return self.enforcer.stale
+
 
 def listen(
     enforcer: Enforcer,
