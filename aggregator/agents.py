@@ -155,7 +155,7 @@ class ClickHouseWriter:
             return await asyncio.to_thread(self.guard.run, sql)
 
 
-def bearer_check(token: str | None) -> Any:
+def bearer_check(token: str | None) -> Callable[[Any], bool]:
     """``allowed(request) -> bool``: does the request carry ``Authorization: Bearer <token>``?
 
     Constant-time; with no token nothing is allowed.
@@ -171,7 +171,7 @@ def bearer_check(token: str | None) -> Any:
     return allowed
 
 
-def _unauthorized(web: Any, detail: str, status: int = 401) -> Any:
+def _unauthorized(web: faust.web.View, detail: str, status: int = 401) -> faust.web.Response:
     return web.json(
         {"error": detail, "refused": "unauthorized"},
         status=status,
@@ -196,9 +196,11 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     stage = CountingStage(config, topics, processor, metrics, follower.ready)
     metrics.watch_lag(config.counting_group, stage.lag)
 
-    @app.task
+    # faust's App.task is @no_type_check: called, not a decorator, the tasks keep their types
     async def load_reference() -> None:
         await follower.start()
+
+    app.task(load_reference)
 
     @app.service
     class Counting(mode.Service):
@@ -265,7 +267,6 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         # every raise into budget_raises, the audit table (aggregator/raise_audit.py)
         audit = RaiseAudit(reference, writer.read, writer.insert_until_done)
 
-        @app.task
         async def audit_raises() -> None:
             await writer.open()
             while True:
@@ -275,7 +276,6 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                     log.warning("raise audit: %s; starting again in 5s", exc)
                     await asyncio.sleep(5)
 
-        @app.task
         async def publish_alerts() -> None:
             await writer.open()
             while True:
@@ -284,6 +284,9 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 except (SinkError, KafkaError) as exc:  # ClickHouse or Kafka away: again
                     log.warning("alert publisher: %s; starting again in 5s", exc)
                     await asyncio.sleep(5)
+
+        app.task(audit_raises)
+        app.task(publish_alerts)
 
         @app.page("/sql")
         class SqlView(faust.web.View):
@@ -323,7 +326,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 )
 
     @app.page("/stats")
-    async def stats(web: Any, request: Any) -> Any:
+    async def stats(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         if not pages_open and not authorized(request):
             return _unauthorized(web, "a valid bearer token is required off loopback")
         return web.json(
@@ -338,7 +341,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         )
 
     @app.page("/metrics")
-    async def prometheus(web: Any, request: Any) -> Any:
+    async def prometheus(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         if not pages_open and not authorized(request):
             return _unauthorized(web, "a valid bearer token is required off loopback")
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")

@@ -223,5 +223,8 @@ def _percentiles(values: deque[float]) -> dict[str, float] | None:
     if not values:
         return None
     ordered = sorted(values)
-    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
     return {"p50": round(at(0.5), 1), "p99": round(at(0.99), 1), "max": round(ordered[-1], 1)}

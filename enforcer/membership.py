@@ -67,7 +67,7 @@ def group_id(topics: Topics) -> str:
     return topics.enforcer_group
 
 
-class CountingAssignor(AbstractPartitionAssignor):
+class CountingAssignor(AbstractPartitionAssignor):  # type: ignore[misc]  # aiokafka has no types: the base is Any
     """Assigns the subscribed partitions to one member (nobody reads them) and tells
     every member how many members the generation has."""
 
@@ -77,7 +77,7 @@ class CountingAssignor(AbstractPartitionAssignor):
     def __init__(self, on_count: Callable[[int], None]) -> None:
         self.on_count = on_count
 
-    def assign(  # type: ignore[override]
+    def assign(
         self,
         cluster: ClusterMetadata,
         members: Mapping[str, ConsumerProtocolMemberMetadata],
@@ -98,17 +98,17 @@ class CountingAssignor(AbstractPartitionAssignor):
             for member in members
         }
 
-    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:  # type: ignore[override]
+    def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
         return ConsumerProtocolMemberMetadata(self.version, sorted(topics), b"")
 
-    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:  # type: ignore[override]
+    def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         if len(assignment.user_data) == _COUNT.size:
             self.on_count(_COUNT.unpack(assignment.user_data)[0])
         else:  # not our protocol's data: keep the count we had (and say so)
             log.warning("assignment without a member count (%d bytes)", len(assignment.user_data))
 
 
-class _Pause(ConsumerRebalanceListener):
+class _Pause(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka has no types: the base is Any
     """The member given the partition never fetches it."""
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:

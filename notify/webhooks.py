@@ -78,7 +78,7 @@ class RetryPolicy(BaseModel):
 
     def delay(self, attempt: int, jitter: float) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based); ``jitter`` in [0, 1)."""
-        full = min(self.max_seconds, self.base_seconds * 2 ** (attempt - 1))
+        full = min(self.max_seconds, self.base_seconds * 2.0 ** (attempt - 1))
         return full * (0.5 + jitter / 2)
 
 

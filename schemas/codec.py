@@ -73,7 +73,8 @@ def _avro_dir() -> Any:
 
 
 def _raw(name: str) -> dict[str, Any]:
-    return json.loads((_avro_dir() / f"{name}.avsc").read_text())
+    schema: dict[str, Any] = json.loads((_avro_dir() / f"{name}.avsc").read_text())
+    return schema
 
 
 def _expand(node: Any, defined: dict[str, Any], seen: set[str]) -> Any:

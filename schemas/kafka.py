@@ -104,9 +104,10 @@ class KafkaSecurity(BaseModel):
         from aiokafka.helpers import create_ssl_context
 
         try:
-            return create_ssl_context(
+            context: ssl.SSLContext = create_ssl_context(
                 cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
             )
+            return context
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(
                 f"cannot load the Kafka TLS files (KAFKA_SSL_CAFILE={self.ssl_cafile}, "

@@ -45,7 +45,8 @@ from clickhouse_connect.driver.client import Client
 from aggregator.sink.avro_rows import ContainerFile, insert_select
 from aggregator.sink.batch import FenceKey, Item, avro_items, fresh, runs, tops_token_rows
 from aggregator.sink.errors import SinkRejected, translate
-from schemas.codec import PRICED_USAGE, VERDICT, DecodeError
+from schemas.codec import PRICED_USAGE, VERDICT
+from schemas.errors import DecodeError
 from schemas.ids import canonical_id
 from schemas.topics import store_row_value
 

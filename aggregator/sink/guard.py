@@ -284,7 +284,7 @@ class FunctionCatalog:
             ).result_rows
         except Exception as exc:  # a server without categories cannot be vetted
             raise translate(exc, "reading the engine's function catalog for /sql") from exc
-        return cls([tuple(row) for row in functions], [row[0] for row in combinators])  # type: ignore[misc]
+        return cls([tuple(row) for row in functions], [row[0] for row in combinators])
 
     def _entry(self, name: str) -> tuple[str, frozenset[str], bool] | None:
         return self._exact.get(name) or self._folded.get(name.lower())
