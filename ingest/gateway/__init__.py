@@ -37,9 +37,10 @@ from .keys_topic import (
     key_record,
     record_key,
 )
-from .proxy import Gateway, upstream_headers
+from .proxy import Gateway
 from .routes import REALTIME_API, Route, resolve
 from .server import GatewayServer
+from .upstream import upstream_headers
 
 __all__ = [
     "KEYED_PREFIX",

@@ -30,267 +30,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import generate_latest
 
-from ingest.receive import BodyRefused, close_after, read_body, server_options
-from ingest.taps import EstimatorConfig, RequestInfo, TapResult, open_tap, read_request
+from ingest.receive import BodyRefused, close_after, read_body
+from ingest.taps import TapResult, open_tap, read_request
 from schemas.errors import InvalidRecord, SpendbusError
 from schemas.usage import new_usage_event
 
-from .config import Api, GatewayConfig, Upstream, VirtualKey
+from .call import Call, elapsed_ms
+from .config import Api, Upstream, VirtualKey
+from .core import GatewayCore
 from .errors import error_response
-from .gate import BudgetGate, GateDecision, UsageSink
-from .headers import forwarded_request_headers, relayed_response_headers
-from .identity import KeyStore, SessionTracker, presented_key
+from .gate import GateDecision
+from .headers import relayed_response_headers
+from .identity import presented_key
+from .realtime import RealtimeRelay
 from .routes import Route, resolve
+from .upstream import REQUEST_ID_HEADERS, ReadDeadline, upstream_headers, upstream_query
+from .usage_events import separate_charge_fields, tap_usage_event
 
 log = logging.getLogger("spendbus.gateway")
 
-#: where each provider says which request it was
-_REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-amzn-requestid", "x-goog-request-id")
-ANTHROPIC_VERSION = "2023-06-01"
 
-
-def upstream_headers(
-    headers: Mapping[str, str], family: Api, credential: str, also: tuple[str, ...] = ()
-) -> CIMultiDict[str]:
-    """The client's headers ``family``'s allowlist passes (headers.py; ``also``: the
-    config's ``forward_request_headers``), plus the upstream credential."""
-    out = forwarded_request_headers(headers, family, also)
-    if family == "anthropic":
-        out["x-api-key"] = credential
-        out.setdefault("anthropic-version", ANTHROPIC_VERSION)
-    elif family == "gemini":
-        out["x-goog-api-key"] = credential
-    else:  # openai, and Bedrock API keys (bearer tokens)
-        out["Authorization"] = f"Bearer {credential}"
-    # relayed untouched: never let the HTTP client ask for an encoding the client did not
-    out.setdefault("Accept-Encoding", "identity")
-    return out
-
-
-def _upstream_query(request: web.Request) -> str:
-    """The query string, minus Gemini's ``key`` (the virtual key, not for the upstream)."""
-    if "key" not in request.query:
-        return request.query_string
-    pairs = [(k, v) for k, v in request.query.items() if k != "key"]
-    from urllib.parse import urlencode
-
-    return urlencode(pairs)
-
-
-class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.registry = registry or CollectorRegistry()
-        self.requests = Counter(
-            "spendbus_gateway_requests",
-            "Requests by API family and outcome",
-            ["family", "outcome"],
-            registry=self.registry,
-        )
-        self.cuts = Counter(
-            "spendbus_gateway_cuts",
-            "Responses that did not end normally, by cause",
-            ["cut"],
-            registry=self.registry,
-        )
-        self.published = Counter(
-            "spendbus_gateway_events",
-            "Usage events by publish result",
-            ["result"],
-            registry=self.registry,
-        )
-        # the hot path's children, looked up once (a labels() call costs microseconds)
-        self.allowed = {
-            family: self.requests.labels(family, "allowed")
-            for family in ("openai", "anthropic", "gemini", "bedrock")
-        }
-        self.published_ok = self.published.labels("ok")
-        self.realtime_frames_refused = Counter(
-            "spendbus_gateway_realtime_frames_refused",
-            "Realtime client frames not forwarded because the gateway cannot read them",
-            ["reason"],  # binary, not_json, too_deep, duplicate_key, no_type
-            registry=self.registry,
-        )
-        self.realtime_server_refused = Counter(
-            "spendbus_gateway_realtime_server_responses_refused",
-            "Realtime responses the server started (voice activity) refused and cancelled",
-            registry=self.registry,
-        )
-        self.upstream_errors = Counter(
-            "spendbus_gateway_upstream_unreachable",
-            "Requests whose upstream could not be reached (hold released, not charged)",
-            ["family"],
-            registry=self.registry,
-        )
-
-
-class _Call:
-    """One metered request as it goes through the steps."""
-
-    __slots__ = (
-        "body",
-        "decision",
-        "family",
-        "info",
-        "model",
-        "route",
-        "session_id",
-        "started",
-        "stream",
-        "upstream",
-        "vk",
-    )
-
-    def __init__(self, route: Route, vk: VirtualKey, upstream: Upstream, body: bytes) -> None:
-        self.route = route
-        self.vk = vk
-        self.upstream = upstream
-        self.body = body
-        self.family: Api = route.family
-        self.started = time.monotonic()
-        self.model: str | None = None
-        self.stream = False
-        self.session_id: str | None = None
-        self.decision: GateDecision | None = None
-        #: the request as read once (the gate's context and the tap both use it)
-        self.info: RequestInfo | None = None
-
-
-class _ReadDeadline:
-    """The upstream read timeout of a response body, with one timer per body.
-
-    aiohttp's ``sock_read`` cancels and re-arms a timer for every chunk received,
-    which the gateway paid on every SSE event of every stream. Here the relay
-    only notes when it starts waiting (``since``, ``NOT_WAITING`` while it writes
-    to the client, so a slow client is not taken for a silent upstream); the one
-    timer, when it fires, re-arms itself at the current wait's deadline, and only
-    a wait that really lasted ``timeout`` seconds fails the read, with the
-    exception aiohttp's own read timeout raises.
-    """
-
-    NOT_WAITING = float("inf")
-    __slots__ = ("_content", "_handle", "_loop", "_timeout", "since")
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, timeout: float, content: aiohttp.StreamReader
-    ) -> None:
-        self._loop = loop
-        self._timeout = timeout
-        self._content = content
-        self.since = self.NOT_WAITING
-        self._handle: asyncio.TimerHandle | None = loop.call_at(loop.time() + timeout, self._expire)
-
-    def _expire(self) -> None:
-        now = self._loop.time()
-        due = self.since + self._timeout
-        if due > now:  # not waiting (inf), or waiting for less than the timeout
-            self._handle = self._loop.call_at(min(due, now + self._timeout), self._expire)
-            return
-        self._handle = None
-        self._content.set_exception(
-            aiohttp.SocketTimeoutError("Timeout on reading data from socket")
-        )
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-class Gateway:
+class Gateway(GatewayCore):
     """The reference gateway. ``app()`` is the aiohttp application; its startup and
     cleanup open and close the upstream connection pool."""
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        gate: BudgetGate,
-        sink: UsageSink,
-        *,
-        credentials: Mapping[str, str],
-        keys: KeyStore | None = None,
-        key_secret: bytes | None = None,
-        sessions: SessionTracker | None = None,
-        estimator: EstimatorConfig | None = None,
-        registry: CollectorRegistry | None = None,
-    ) -> None:
-        missing = sorted(set(config.secrets) - set(credentials))
-        if missing:
-            raise ValueError(f"no credential for secret(s) {', '.join(missing)}")
-        self.config = config
-        self.gate = gate
-        self.sink = sink
-        self.credentials = dict(credentials)
-        #: keyed digests under ``key_secret`` (the server-side key secret; identity.py)
-        self.keys = keys if keys is not None else KeyStore(config.keys, secret=key_secret)
-        self.sessions = sessions or SessionTracker(
-            config.sessions.idle_ttl_s, config.sessions.max_tracked, auto=config.sessions.auto
-        )
-        self.estimator = estimator or EstimatorConfig()
-        self.metrics = GatewayMetrics(registry)
-        self._client: aiohttp.ClientSession | None = None
-        #: accounting that outlives a cancelled handler
-        self._pending: set[asyncio.Task[None]] = set()
-        #: key name -> its requests in flight (only with max_in_flight_per_key; an entry
-        #: goes at 0, so the map holds at most the keys with a request in flight)
-        self.in_flight: dict[str, int] = {}
-
-    # -- lifecycle ---------------------------------------------------------------------
-    async def start(self) -> None:
-        if self._client is None:
-            self._client = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.config.max_upstream_connections, ttl_dns_cache=300
-                ),
-                auto_decompress=False,  # relay the provider's bytes as they are
-                # no sock_read: it re-arms a timer per chunk received; the read
-                # timeout is the headers' deadline (response_deadline) and the
-                # body's _ReadDeadline instead
-                # connect: the wait for a free pooled connection and the connecting
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=self.config.connect_timeout_s,
-                    sock_connect=self.config.connect_timeout_s,
-                ),
-            )
-
-    async def drain(self) -> None:
-        """Wait until every response that ended has been accounted (published, settled)."""
-        while self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
-
-    async def stop(self) -> None:
-        await self.drain()
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
-
-    def server_options(self) -> dict[str, Any]:
-        """What the aiohttp runner serving :meth:`app` needs (the header deadline)."""
-        return server_options(self.config.header_timeout_s)
-
-    def response_deadline(self) -> asyncio.Timeout:
-        """The wait for an upstream's response headers, bounded by the read timeout."""
-        return asyncio.timeout(self.config.read_timeout_s)
-
-    @property
-    def client(self) -> aiohttp.ClientSession:
-        if self._client is None:
-            raise RuntimeError("the gateway is not started")
-        return self._client
-
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
-        from .realtime import RealtimeRelay
-
         app.router.add_get("/v1/realtime", RealtimeRelay(self).handle)
         app.router.add_get("/v1/spend", self._spend)
         app.router.add_get("/healthz", self._healthz)
@@ -335,54 +106,6 @@ class Gateway:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
-
-    # -- identify --------------------------------------------------------------------------
-    def identify(
-        self, request: web.Request, family: Api | None
-    ) -> tuple[VirtualKey, Upstream] | web.Response:
-        vk = self.keys.lookup(presented_key(request.headers, request.query))
-        if vk is None:
-            self.metrics.requests.labels(family or "unknown", "unauthenticated").inc()
-            return error_response(family, 401, "Invalid or missing API key for this gateway.")
-        secret = self.config.secrets[vk.principal.secret_id]
-        upstreams = [self.config.upstreams[name] for name in secret.upstream_names]
-        for upstream in upstreams:
-            if family is None or upstream.api == family:
-                return vk, upstream
-        self.metrics.requests.labels(family or "unknown", "forbidden").inc()
-        apis = " and ".join(sorted({u.api for u in upstreams}))
-        return error_response(
-            family, 403, f"This key's credential is for the {apis} API, not {family}."
-        )
-
-    def context(
-        self,
-        call: _Call,
-        request_bytes: int,
-        max_output: int | None,
-        *,
-        api: str | None = None,
-        units: tuple[tuple[str, int], ...] = (),
-    ) -> Any:
-        principal = call.vk.principal
-        return self.gate.context(
-            org_id=principal.org_id,
-            secret_id=principal.secret_id,
-            project_id=principal.project_id,
-            grant_id=principal.grant_id,
-            user_id=principal.user_id,
-            groups=principal.groups,
-            tags=principal.tags,
-            session_id=call.session_id,
-            provider=call.upstream.provider_name,
-            api=api or call.route.fmt,
-            model=call.model,
-            request_bytes=request_bytes,
-            max_output_tokens=max_output,
-            # the units the request can cost at most (a server tool's max_uses...): the
-            # worst case holds them too
-            units=units or None,
-        )
 
     # -- one request -----------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -438,7 +161,7 @@ class Gateway:
         except BodyRefused as exc:
             self.metrics.requests.labels(route.family, f"body_{exc.status}").inc()
             return close_after(error_response(route.family, exc.status, exc.reason))
-        call = _Call(route, vk, upstream, body)
+        call = Call(route, vk, upstream, body)
         if not route.metered:
             self.metrics.requests.labels(route.family, "not_metered").inc()
             return await self._pass_through(request, call)
@@ -457,36 +180,16 @@ class Gateway:
         decision = self.gate.check(ctx)
         call.decision = decision
         if not decision.allowed:
-            return await self._refuse(call, decision)
+            return await self.refuse(call, decision)
         return await self._forward(request, call, decision)
-
-    async def _refuse(self, call: _Call, decision: GateDecision) -> web.Response:
-        """A refusal never reaches the provider; it is usage all the same."""
-        self.metrics.requests.labels(call.family, "refused").inc()
-        self._refusal_event(call, decision)
-        return web.Response(
-            body=_json_bytes(decision.body),
-            status=decision.status,
-            headers=CIMultiDict(decision.headers),
-        )
-
-    def _refusal_event(self, call: _Call, decision: GateDecision) -> None:
-        """Publish the refusal (its api is the context's: the gate names it)."""
-        event = decision.refusal_event(
-            gateway_id=self.config.gateway_id,
-            stream=call.stream,
-            latency_ms=_elapsed_ms(call.started),
-        )
-        if event is not None:
-            self._publish_soon(event)
 
     def _url(self, request: web.Request, upstream: Upstream) -> str:
         path = request.raw_path.split("?", 1)[0]
-        query = _upstream_query(request)
+        query = upstream_query(request)
         return f"{upstream.base_url}{path}{'?' + query if query else ''}"
 
     async def _open_upstream(
-        self, request: web.Request, call: _Call
+        self, request: web.Request, call: Call
     ) -> aiohttp.ClientResponse | web.Response:
         credential = self.credentials[call.vk.principal.secret_id]
         try:
@@ -509,7 +212,7 @@ class Gateway:
             return error_response(call.family, 502, "The upstream provider could not be reached.")
 
     async def _forward(
-        self, request: web.Request, call: _Call, decision: GateDecision
+        self, request: web.Request, call: Call, decision: GateDecision
     ) -> web.StreamResponse:
         upstream = await self._open_upstream(request, call)
         if isinstance(upstream, web.Response):
@@ -543,7 +246,7 @@ class Gateway:
             # no await from here on: a cancellation cannot interrupt the accounting
             self._account(call, decision, result, upstream)
 
-    async def _pass_through(self, request: web.Request, call: _Call) -> web.StreamResponse:
+    async def _pass_through(self, request: web.Request, call: Call) -> web.StreamResponse:
         upstream = await self._open_upstream(request, call)
         if isinstance(upstream, web.Response):
             return upstream
@@ -575,7 +278,7 @@ class Gateway:
         write = response.write
         loop = asyncio.get_running_loop()
         now = loop.time
-        deadline = _ReadDeadline(loop, self.config.read_timeout_s, content)
+        deadline = ReadDeadline(loop, self.config.read_timeout_s, content)
         try:
             while True:
                 deadline.since = now()
@@ -586,7 +289,7 @@ class Gateway:
                     if request.transport is not None:
                         request.transport.abort()
                     return "upstream_cut", response
-                deadline.since = _ReadDeadline.NOT_WAITING
+                deadline.since = ReadDeadline.NOT_WAITING
                 if not chunk:
                     break
                 if feed is not None:
@@ -604,45 +307,25 @@ class Gateway:
     # -- account ---------------------------------------------------------------------------
     def _account(
         self,
-        call: _Call,
+        call: Call,
         decision: GateDecision,
         result: TapResult,
         upstream: aiohttp.ClientResponse,
     ) -> None:
         """The response's UsageEvent: its hold settled to it now, its publishing started."""
-        principal = call.vk.principal
         request_id = next(
-            (upstream.headers[h] for h in _REQUEST_ID_HEADERS if h in upstream.headers), None
+            (upstream.headers[h] for h in REQUEST_ID_HEADERS if h in upstream.headers), None
         )
         try:
-            event = new_usage_event(
-                provider=call.upstream.provider_name,
+            event = tap_usage_event(
+                call,
+                result,
                 api=call.route.fmt or "unknown",
-                model=result.model or call.model or "unknown",
-                secret_id=principal.secret_id,
-                org_id=principal.org_id,
                 gateway_id=self.config.gateway_id,
-                input_tokens=result.input_tokens,
-                output_tokens=result.output_tokens,
-                cache_read_tokens=result.cache_read_tokens,
-                cache_write_tokens=result.cache_write_tokens,
-                cache_write_1h_tokens=result.cache_write_1h_tokens,
-                reasoning_tokens=result.reasoning_tokens,
-                usage_source=result.usage_source,
-                estimate_reason=result.estimate_reason,
-                units=dict(result.units),
-                service_tier=result.service_tier,
                 status_code=upstream.status,
-                project_id=principal.project_id,
-                grant_id=principal.grant_id,
-                user_id=principal.user_id,
-                groups=list(principal.groups),
-                tags=dict(principal.tags),
-                session_id=call.session_id,
-                stream=call.stream,
+                decision_fields=decision.usage_fields(),
                 request_id=request_id[:200] if request_id else None,
-                latency_ms=_elapsed_ms(call.started),
-                **decision.usage_fields(),
+                latency_ms=elapsed_ms(call.started),
             )
         except InvalidRecord:
             # cannot happen for a context the gate accepted; never let it pass silently
@@ -650,78 +333,12 @@ class Gateway:
             log.exception("usage event of %s not built", call.vk.name)
             return
         self.gate.settle(decision.hold_id, event)
-        self._publish_soon(event)
-        for number, charge in enumerate(result.separate_charges, 1):
-            # billed apart at its own model (a declined fallback hop that wrote output):
-            # an event of its own that names the call (charge_of) and counts no request
+        self.publish_soon(event)
+        for fields in separate_charge_fields(event, result):
             try:
-                extra = new_usage_event(
-                    **{
-                        **{k: event[k] for k in _CHARGE_COPIED},
-                        "event_id": f"{event['event_id']}.charge-{number}",
-                        "model": charge.model or event["model"],
-                        "input_tokens": charge.input_tokens,
-                        "output_tokens": charge.output_tokens,
-                        "cache_read_tokens": charge.cache_read_tokens,
-                        "cache_write_tokens": charge.cache_write_tokens,
-                        "cache_write_1h_tokens": charge.cache_write_1h_tokens,
-                        "reasoning_tokens": charge.reasoning_tokens,
-                        "usage_source": charge.usage_source,
-                        "charge_of": event["event_id"],
-                    }
-                )
+                extra = new_usage_event(**fields)
             except InvalidRecord:
                 self.metrics.published.labels("invalid").inc()
                 log.exception("separate charge of %s not built", event["event_id"])
                 continue
-            self._publish_soon(extra)
-
-    def _publish_soon(self, event: dict[str, Any]) -> None:
-        """Publish in a task of its own, tracked until done (``drain``)."""
-        task = asyncio.ensure_future(self._publish(event))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _publish(self, event: dict[str, Any]) -> None:
-        try:
-            await self.sink.publish(event)
-        except Exception:
-            self.metrics.published.labels("error").inc()
-            log.exception("usage event %s not published", event.get("event_id"))
-        else:
-            self.metrics.published_ok.inc()
-
-
-#: the fields a separate charge takes from the call's event (who, where, when, how)
-_CHARGE_COPIED = (
-    "occurred_at",
-    "provider",
-    "api",
-    "secret_id",
-    "org_id",
-    "gateway_id",
-    "project_id",
-    "grant_id",
-    "permission_id",
-    "user_id",
-    "groups",
-    "session_id",
-    "tags",
-    "outcome",
-    "decision",
-    "decision_budget_id",
-    "status_code",
-    "stream",
-    "request_id",
-    "service_tier",
-)
-
-
-def _elapsed_ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
-
-
-def _json_bytes(body: Any) -> bytes:
-    import json
-
-    return json.dumps(body, separators=(",", ":")).encode()
+            self.publish_soon(extra)

@@ -32,21 +32,22 @@ import json
 import logging
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from ingest.taps import TapResult, open_realtime_tap
 from schemas.errors import InvalidRecord, SpendbusError
-from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED, new_usage_event
+from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
 
+from .call import Call
+from .core import GatewayCore
 from .errors import error_response
+from .gate import GateDecision
 from .routes import REALTIME_API, Route
-
-if TYPE_CHECKING:
-    from .gate import GateDecision
-    from .proxy import Gateway, _Call
+from .upstream import upstream_headers
+from .usage_events import tap_usage_event
 
 log = logging.getLogger("spendbus.gateway.realtime")
 #: the WebSocket status of a realtime session, written on its usage events
@@ -55,19 +56,19 @@ _MAX_MESSAGE = 64 * 1024 * 1024
 
 
 class RealtimeRelay:
-    def __init__(self, gateway: Gateway) -> None:
+    """``GET /v1/realtime``: one WebSocket session relayed and metered response by response."""
+
+    def __init__(self, gateway: GatewayCore) -> None:
         self.gateway = gateway
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        from .proxy import _Call, upstream_headers
-
         gw = self.gateway
         who = gw.identify(request, "openai")
         if isinstance(who, web.Response):
             return who
         vk, upstream = who
         route = Route("openai", None, model=request.query.get("model") or None, streaming=True)
-        call = _Call(route, vk, upstream, b"")
+        call = Call(route, vk, upstream, b"")
         call.model = route.model
         call.stream = True
         try:
@@ -79,7 +80,7 @@ class RealtimeRelay:
             return error_response("openai", 400, f"Invalid request: {exc}")
         decision = gw.gate.check(ctx)
         if not decision.allowed:
-            return await gw._refuse(call, decision)
+            return await gw.refuse(call, decision)
         credential = gw.credentials[vk.principal.secret_id]
         headers = upstream_headers(
             request.headers, "openai", credential, gw.config.forward_request_headers
@@ -115,8 +116,7 @@ class RealtimeRelay:
         finally:
             await upstream_ws.close()
             task = asyncio.ensure_future(session.close())
-            gw._pending.add(task)
-            task.add_done_callback(gw._pending.discard)
+            gw.track(task)
             await asyncio.shield(task)
         return client_ws
 
@@ -129,7 +129,7 @@ def _protocols(request: web.Request) -> tuple[str, ...]:
 
 
 class _Session:
-    def __init__(self, gateway: Gateway, call: _Call, ctx: Any, first: GateDecision) -> None:
+    def __init__(self, gateway: GatewayCore, call: Call, ctx: Any, first: GateDecision) -> None:
         self.gw = gateway
         self.call = call
         self.ctx = ctx
@@ -269,7 +269,7 @@ class _Session:
     ) -> None:
         """A refused response: published, answered with an error event; a spent budget
         (not requests in flight, not a rate) closes the session."""
-        self.gw._refusal_event(self.call, decision)
+        self.gw.refusal_event(self.call, decision)
         message = "Spend limit reached for this key; the response was not started."
         body = decision.body or {}
         nested = body.get("error")
@@ -284,41 +284,20 @@ class _Session:
             await client.close(code=WSCloseCode.POLICY_VIOLATION, message=b"spend limit reached")
 
     async def _charge(self, result: TapResult, decision: GateDecision | None) -> None:
-        principal = self.call.vk.principal
-        fields = (decision or self.first).usage_fields()
         try:
-            event = new_usage_event(
-                provider=self.call.upstream.provider_name,
+            event = tap_usage_event(
+                self.call,
+                result,
                 api=REALTIME_API,
-                model=result.model or self.call.model or "unknown",
-                secret_id=principal.secret_id,
-                org_id=principal.org_id,
                 gateway_id=self.gw.config.gateway_id,
-                input_tokens=result.input_tokens,
-                output_tokens=result.output_tokens,
-                cache_read_tokens=result.cache_read_tokens,
-                cache_write_tokens=result.cache_write_tokens,
-                cache_write_1h_tokens=result.cache_write_1h_tokens,
-                reasoning_tokens=result.reasoning_tokens,
-                usage_source=result.usage_source,
-                estimate_reason=result.estimate_reason,
-                units=dict(result.units),
-                service_tier=result.service_tier,
                 status_code=SWITCHING_PROTOCOLS,
-                project_id=principal.project_id,
-                grant_id=principal.grant_id,
-                user_id=principal.user_id,
-                groups=list(principal.groups),
-                tags=dict(principal.tags),
-                session_id=self.call.session_id,
-                stream=True,
-                **fields,
+                decision_fields=(decision or self.first).usage_fields(),
             )
         except InvalidRecord:
             self.gw.metrics.published.labels("invalid").inc()
             log.exception("realtime usage event not built")
             return
-        await self.gw._publish(event)
+        await self.gw.publish(event)
         if decision is not None:
             self.gw.gate.settle(decision.hold_id, event)
 

@@ -1,0 +1,53 @@
+"""The gateway's Prometheus counters (``GET /metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+
+class GatewayMetrics:
+    """Requests, cuts, publish results and realtime refusals, in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "spendbus_gateway_requests",
+            "Requests by API family and outcome",
+            ["family", "outcome"],
+            registry=self.registry,
+        )
+        self.cuts = Counter(
+            "spendbus_gateway_cuts",
+            "Responses that did not end normally, by cause",
+            ["cut"],
+            registry=self.registry,
+        )
+        self.published = Counter(
+            "spendbus_gateway_events",
+            "Usage events by publish result",
+            ["result"],
+            registry=self.registry,
+        )
+        # the hot path's children, looked up once (a labels() call costs microseconds)
+        self.allowed = {
+            family: self.requests.labels(family, "allowed")
+            for family in ("openai", "anthropic", "gemini", "bedrock")
+        }
+        self.published_ok = self.published.labels("ok")
+        self.realtime_frames_refused = Counter(
+            "spendbus_gateway_realtime_frames_refused",
+            "Realtime client frames not forwarded because the gateway cannot read them",
+            ["reason"],  # binary, not_json, too_deep, duplicate_key, no_type
+            registry=self.registry,
+        )
+        self.realtime_server_refused = Counter(
+            "spendbus_gateway_realtime_server_responses_refused",
+            "Realtime responses the server started (voice activity) refused and cancelled",
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "spendbus_gateway_upstream_unreachable",
+            "Requests whose upstream could not be reached (hold released, not charged)",
+            ["family"],
+            registry=self.registry,
+        )
