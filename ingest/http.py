@@ -214,7 +214,7 @@ def create_app(
     return app
 
 
-def run(
+def serve_http_ingest(
     config: PublisherConfig,
     *,
     token: str,
@@ -246,5 +246,5 @@ __all__ = [
     "build_app",
     "create_app",
     "event_error",
-    "run",
+    "serve_http_ingest",
 ]

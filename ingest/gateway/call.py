@@ -6,7 +6,8 @@ import time
 
 from ingest.taps import RequestInfo
 
-from .config import Api, Upstream, VirtualKey
+from .config import Upstream, VirtualKey
+from .families import Api
 from .gate import GateDecision
 from .routes import Route
 

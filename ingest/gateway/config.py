@@ -16,7 +16,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,10 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from schemas.errors import ConfigError
 from schemas.ids import MAX_ID_LENGTH
 
-#: The API families the gateway speaks (each a set of routes, see routes.py).
-Api = Literal["openai", "anthropic", "gemini", "bedrock"]
+from .families import Api
+from .headers import NEVER_FORWARDED
 
-#: Where each API family's credential goes on the upstream request.
 DEFAULT_SESSION_HEADER = "X-Spend-Session"
 
 
@@ -292,8 +291,6 @@ class GatewayConfig(_Frozen):
     @field_validator("forward_request_headers")
     @classmethod
     def _forwardable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from .headers import NEVER_FORWARDED
-
         out = tuple(v.strip().lower() for v in value)
         for name in out:
             if not name or not all(c.isalnum() or c == "-" for c in name):

@@ -20,8 +20,9 @@ from ingest.receive import server_options
 from ingest.taps import EstimatorConfig
 
 from .call import Call, elapsed_ms
-from .config import Api, GatewayConfig, Upstream, VirtualKey
+from .config import GatewayConfig, Upstream, VirtualKey
 from .errors import error_response
+from .families import Api
 from .gate import BudgetGate, GateDecision, UsageSink
 from .identity import KeyStore, SessionTracker, presented_key
 from .metrics import GatewayMetrics

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from .config import Api
+from .families import Api
 
 #: (status) -> the type names each provider uses for it
 _ANTHROPIC: Final = {

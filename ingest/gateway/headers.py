@@ -31,7 +31,7 @@ from typing import Final
 
 from multidict import CIMultiDict
 
-from .config import Api
+from .families import Api
 
 #: never forwarded, whatever a config's ``forward_request_headers`` says: credentials,
 #: cookies, hop-by-hop and framing headers, and what picks the operator's account

@@ -42,9 +42,10 @@ from schemas.errors import InvalidRecord, SpendbusError
 from schemas.usage import new_usage_event
 
 from .call import Call, elapsed_ms
-from .config import Api, Upstream, VirtualKey
+from .config import Upstream, VirtualKey
 from .core import GatewayCore
 from .errors import error_response
+from .families import Api
 from .gate import GateDecision
 from .headers import relayed_response_headers
 from .identity import presented_key

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from .config import Api
+from .families import Api
 
 #: The ``api`` written on events of a Realtime session.
 REALTIME_API = "openai-realtime"

@@ -11,7 +11,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from .config import Api
+from .families import Api
 from .headers import forwarded_request_headers
 
 #: where each provider says which request it was

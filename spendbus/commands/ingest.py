@@ -24,7 +24,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from ingest.errors import PublishTimeout
+from ingest import InvalidLines, PublishTimeout, ingest_file, serve_http_ingest
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.errors import ConfigError
 
@@ -129,8 +129,6 @@ def ingest_file_command(
     spool_full_policy: str | None,
 ) -> None:
     """Validate FILE (JSON lines, one UsageEvent each) and publish its events."""
-    from ingest.jsonl import InvalidLines, ingest_file
-
     config = _publisher_config(
         bootstrap=bootstrap,
         topic_prefix=topic_prefix,
@@ -241,7 +239,6 @@ def serve(
     spool_full_policy: str | None,
 ) -> None:
     """Serve POST /v1/usage (JSON arrays of UsageEvents), /healthz and /metrics."""
-    from ingest.http import run
     from spendbus.secret_input import read_secret, refuse_on_command_line
 
     refuse_on_command_line(
@@ -263,7 +260,7 @@ def serve(
         spool_max_bytes=spool_max_bytes,
         spool_full_policy=spool_full_policy,
     )
-    run(
+    serve_http_ingest(
         config,
         token=token,
         host=host,
