@@ -1,0 +1,42 @@
+"""What the pricing tests share: a Sonnet-like price with a long-context tier, one-table
+books, and the cost of a call at a price."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from schemas.pricing import (
+    LongContextTier,
+    ModelPrice,
+    PriceBook,
+    PriceTable,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+SONNET = ModelPrice.of(
+    "claude-sonnet-4",
+    "3.00",
+    "15.00",
+    long_context=LongContextTier(200_000, Decimal("6.00"), Decimal("22.50")),
+)
+
+
+def table(
+    *models: ModelPrice, version: str = "v1", at: datetime = T0, fallback: ModelPrice | None = None
+) -> PriceTable:
+    return PriceTable(version=version, effective_from=at, models=models, fallback=fallback)
+
+
+def book(*models: ModelPrice, fallback: ModelPrice | None = None) -> PriceBook:
+    return PriceBook([table(*models, fallback=fallback)])
+
+
+def cost(price: ModelPrice, **tokens: int) -> int:
+    return (
+        book(price)
+        .price("claude-sonnet-4-5" if price is SONNET else price.match, at=AT, **tokens)
+        .cost_nanos
+    )
