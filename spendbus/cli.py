@@ -13,8 +13,10 @@ from aiokafka.errors import (
 )
 
 from schemas.errors import ConfigError, SpendbusError
-from spendbus.commands.admin import budgets, fail, prices_apply_command, sql, usage, verify
+from spendbus.commands.admin import prices_apply_command, sql, usage, verify
 from spendbus.commands.aggregator import aggregator
+from spendbus.commands.budgets import budgets
+from spendbus.commands.output import fail
 from spendbus.commands.stack import demo, down, up
 from spendbus.commands.status import status
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from schemas.budgets import budget_from_yaml
-from spendbus.commands.admin import _budget_json, _rate
+from spendbus.commands.budgets import _budget_json, _rate
 
 
 def test_the_rate_column_and_the_json() -> None:

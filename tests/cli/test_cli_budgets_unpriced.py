@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from schemas.budgets import budget_from_yaml
 from schemas.pricing import ModelPrice, PriceBook, PriceTable
-from spendbus.commands.admin import unpriced_warnings
+from spendbus.commands.budgets import unpriced_warnings
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 BOOK = PriceBook(

@@ -148,7 +148,7 @@ async def test_members_count_each_other_as_they_join_and_leave(
         await eventually(lambda: counts(members) == [3, 3, 3])
         assert all(m.checker.replicas == 8 for m in members)  # all joined within the grace
         # `spendbus status` shows the group: its members are the replicas counted, no lag
-        from spendbus.commands.status import kafka_report
+        from spendbus.commands.status_kafka import kafka_report
 
         report = await kafka_report(kafka_bootstrap, topics, 30)
         [group] = [g for g in report["consumer_groups"] if g["group"] == group_id(topics)]

@@ -32,7 +32,7 @@ from aggregator.clickhouse_access import ClickHouseAccess
 from aggregator.sink.errors import SinkRejected
 from aggregator.sink.store import open_client
 from schemas.errors import ConfigError
-from spendbus.commands.status import clickhouse_report
+from spendbus.commands.status_services import clickhouse_report
 from spendbus.settings import load_settings
 from spendbus.stack.kafka import free_port
 from spendbus.stack.worker import WorkerError, WorkerProcess

@@ -1,0 +1,210 @@
+"""`spendbus budgets`: budget policies on the compacted budget.policies topic (apply, list,
+delete; the temporary raises are in budget_raises.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.table import Table
+
+from schemas.budgets import Budget, budgets_from_yaml
+from schemas.codec import BUDGET_POLICY, PRICE_TABLE
+from schemas.errors import ConfigError, SpendbusError
+from schemas.ids import canonical_id
+from schemas.pricing import PriceBook, PriceTable
+from spendbus.commands.budget_raises import budgets_raise, budgets_raises, budgets_revoke_raise
+from spendbus.commands.output import console, limits_text
+from spendbus.commands.store_queries import history_query
+from spendbus.settings import Settings, load_settings
+from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.local import bootstrap_or_fail
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+@click.group()
+def budgets() -> None:
+    """Budget policies on the compacted budget.policies topic."""
+
+
+@budgets.command("apply")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="A model your proxies route (repeatable): checked for a price beside those in use.",
+)
+def budgets_apply(file: Path, models: tuple[str, ...]) -> None:
+    """Validate FILE (a YAML list of budgets) and publish every budget in it.
+
+    Warns about every model without a price that a budget with limit_usd would see: the
+    models its ``match`` names, those given with --model, and those in usage_events over
+    the last 30 days (when ClickHouse answers)."""
+    parsed = budgets_from_yaml(_load_yaml(file), source=str(file))
+    settings = load_settings()
+    now = datetime.now(UTC)
+    bootstrap = bootstrap_or_fail(settings)
+    routed = list(models)
+    if any(b.limit_nanos is not None for b in parsed):
+        seen = _models_in_use(settings)
+        if seen is None:
+            console.print(
+                f"[yellow]note:[/yellow] {file}: the models in use were not checked for a "
+                "price (ClickHouse did not answer); name them with --model",
+                highlight=False,
+            )
+        else:
+            routed.extend(seen)
+    tables = asyncio.run(
+        read_compacted(bootstrap, settings.topics.pricing, security=settings.kafka_security)
+    )
+    book = PriceBook([PriceTable.from_record(PRICE_TABLE.decode(v)) for v in tables.values() if v])
+    for warning in unpriced_warnings(book, parsed, routed, now):
+        console.print(f"[yellow]warning:[/yellow] {file}: {warning}", highlight=False)
+    records = [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in parsed]
+    asyncio.run(
+        publish(
+            bootstrap, settings.topics.budget_policies, records, security=settings.kafka_security
+        )
+    )
+    click.echo(f"applied {len(parsed)} budgets from {file}")
+
+
+#: how far back ``budgets apply`` looks for the models in use, and how many it reads
+MODELS_IN_USE_DAYS = 30
+MODELS_IN_USE_LIMIT = 10_000
+
+
+def _models_in_use(settings: Settings) -> list[str] | None:
+    """The models of usage_events over the last MODELS_IN_USE_DAYS days; None when the
+    store does not answer."""
+    from aggregator.sink.errors import SinkError
+
+    try:
+        query = history_query(settings)
+        if query is None:
+            return None
+        rows = query(
+            "SELECT DISTINCT model FROM usage_events WHERE occurred_at >= now() - INTERVAL "
+            f"{MODELS_IN_USE_DAYS} DAY ORDER BY model LIMIT {MODELS_IN_USE_LIMIT}"
+        )
+    except (SpendbusError, SinkError, OSError, RuntimeError, ValueError):
+        return None
+    return [str(row[0]) for row in rows]
+
+
+def unpriced_warnings(
+    book: PriceBook, budgets: list[Budget], routed: list[str], now: datetime
+) -> list[str]:
+    """A warning per (budget with limit_usd, model it would see without a price): the
+    models its ``match`` names, and every routed model when its ``match`` allows it."""
+    warnings = []
+    for budget in budgets:
+        if budget.limit_nanos is None:
+            continue
+        named = budget.match.get("model", ())
+        candidates = list(named) + [
+            m for m in routed if not named or canonical_id(m, "model") in named
+        ]
+        for model in book.unpriced_models(candidates, now):
+            source = "named by its match" if model in named else "routed"
+            if budget.action != "enforce":
+                then = "a warn budget: its events count $0"
+            elif budget.unpriced == "allow_free":
+                then = "admitted and charged $0 (unpriced: allow_free)"
+            elif budget.unpriced == "refuse":
+                then = "its requests are refused (unpriced: refuse)"
+            else:
+                then = (
+                    "its requests are refused (the enforcer's default unpriced_models: refuse, "
+                    "unless configured allow_free: then charged $0)"
+                )
+            warnings.append(
+                f"budget {budget.budget_id!r}: limit_usd, and model {model!r} ({source}) has "
+                f"no price in the applied price versions: {then}"
+            )
+    return warnings
+
+
+@budgets.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def budgets_list(as_json: bool) -> None:
+    """The live budgets."""
+    settings = load_settings()
+    values = asyncio.run(
+        read_compacted(
+            bootstrap_or_fail(settings),
+            settings.topics.budget_policies,
+            security=settings.kafka_security,
+        )
+    )
+    live = [Budget.from_record(BUDGET_POLICY.decode(v)) for v in values.values() if v is not None]
+    live.sort(key=lambda b: b.budget_id)
+    if as_json:
+        click.echo(json.dumps([_budget_json(b) for b in live], indent=2))
+        return
+    table = Table("id", "scope", "match", "window", "limit", "action", "alerts")
+    for b in live:
+        table.add_row(
+            b.budget_id,
+            b.scope,
+            ", ".join(f"{k}={'|'.join(v)}" for k, v in b.match.items()) or "-",
+            " ".join([b.window.spec, *(f"{k}={v}" for k, v in b.window.calendar.items())]),
+            " · ".join(
+                part
+                for part in (limits_text(b.limit_nanos, b.limit_tokens, b.limit_requests), _rate(b))
+                if part
+            ),
+            b.action,
+            ", ".join(f"{t:g}" for t in b.alert_at) or "-",
+        )
+    console.print(table)
+
+
+@budgets.command("delete")
+@click.argument("budget_id")
+def budgets_delete(budget_id: str) -> None:
+    """Delete a budget (a tombstone on budget.policies)."""
+    settings = load_settings()
+    asyncio.run(
+        publish(
+            bootstrap_or_fail(settings),
+            settings.topics.budget_policies,
+            [(budget_id.encode(), None)],
+            security=settings.kafka_security,
+        )
+    )
+    click.echo(f"deleted budget {budget_id}")
+
+
+def _budget_json(b: Budget) -> dict[str, Any]:
+    record = b.to_record()
+    record.pop("applied_at")
+    return record
+
+
+def _rate(b: Budget) -> str:
+    """A budget's rate limits, e.g. ``600 req/min, 2,000 tok/s``."""
+    if b.rate is None:
+        return ""
+    short = {"requests": "req", "tokens": "tok"}
+    return ", ".join(
+        f"{count:,} {short[unit]}/{'s' if seconds == 1 else 'min'}"
+        for unit, count, seconds in b.rate.limits()
+    )
+
+
+for raise_command in (budgets_raise, budgets_revoke_raise, budgets_raises):
+    budgets.add_command(raise_command)
