@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -71,7 +71,13 @@ MATCH_ATTRIBUTES: Final = frozenset(
 _GROUPS: Final = "groups"
 
 
-def _values(attrs: Mapping[str, Any], attribute: str) -> list[str]:
+class Attributes(Protocol):
+    """What a budget reads of an event (a dict) or a request context: ``get(name)``."""
+
+    def get(self, name: str, /) -> Any: ...
+
+
+def _values(attrs: Attributes, attribute: str) -> list[str]:
     """Canonical values of ``attribute`` in an event or request context (0, 1 or many)."""
     if attribute.startswith("tag:"):
         value = (attrs.get("tags") or {}).get(attribute[4:])
@@ -142,13 +148,13 @@ class Budget:
         """The decision value a refusal by this budget carries."""
         return JOB_BUDGET_EXCEEDED if self.scope == "session" else BUDGET_EXCEEDED
 
-    def matches(self, attrs: Mapping[str, Any]) -> bool:
+    def matches(self, attrs: Attributes) -> bool:
         for attribute, allowed in self.match.items():
             if not any(v in allowed for v in _values(attrs, attribute)):
                 return False
         return True
 
-    def scope_values(self, attrs: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    def scope_values(self, attrs: Attributes) -> list[tuple[str, ...]]:
         """The scope values of every counter of this budget that ``attrs`` counts in."""
         orgs = _values(attrs, "org_id")
         if not orgs or not self.matches(attrs):
@@ -172,7 +178,7 @@ class Budget:
         }.get(scope, scope)  # tag:<name> is its own attribute
         return [(org, value) for value in dict.fromkeys(_values(attrs, attribute))]
 
-    def counter_keys(self, attrs: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    def counter_keys(self, attrs: Attributes) -> list[tuple[str, tuple[str, ...]]]:
         """(counter key, scope values) for every counter ``attrs`` counts in."""
         return [
             (counter_key(self.budget_id, values), values) for values in self.scope_values(attrs)
@@ -444,7 +450,7 @@ def budgets_from_yaml(items: Any, *, source: str = "<budgets>") -> list[Budget]:
 
 
 def applicable(
-    budgets: Iterable[Budget], attrs: Mapping[str, Any]
+    budgets: Iterable[Budget], attrs: Attributes
 ) -> list[tuple[Budget, str, tuple[str, ...]]]:
     """Every (budget, counter key, scope values) that ``attrs`` counts in."""
     return [(b, key, values) for b in budgets for key, values in b.counter_keys(attrs)]

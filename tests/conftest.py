@@ -72,7 +72,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield os.environ["KAFKA_BOOTSTRAP"]
         return
     if _docker_answers():
-        from testcontainers.community.kafka import KafkaContainer  # type: ignore[import-untyped]
+        from testcontainers.community.kafka import KafkaContainer
 
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
@@ -126,7 +126,7 @@ def clickhouse_server_dsn() -> Iterator[str | None]:
         yield os.environ["CLICKHOUSE_DSN"]
         return
     if _docker_answers():
-        from testcontainers.community.clickhouse import ClickHouseContainer  # type: ignore[import-untyped]
+        from testcontainers.community.clickhouse import ClickHouseContainer
 
         # clickhouse-connect speaks HTTP (8123, which the container exposes), not the native 9000
         with ClickHouseContainer() as container:

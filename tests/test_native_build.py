@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT, compiled_sources
+from conftest import ROOT, compiled_sources
 
 SOURCES = compiled_sources()
 

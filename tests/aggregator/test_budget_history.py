@@ -166,10 +166,8 @@ def test_history_and_alerts_equal_a_brute_force_recomputation(
     for i, org, secret, minutes, model, outcome, future in raw:
         if i in payloads:
             continue  # the same id always carries the same payload
-        when = (
-            {"occurred_at": NOW + SKEW + timedelta(minutes=minutes + 1)}
-            if future
-            else {"minutes": minutes}
+        when: dict[str, Any] = (
+            {"occurred_at": NOW + SKEW + timedelta(minutes=minutes + 1)} if future else {}
         )
         fields = (
             {"outcome": outcome, "input_tokens": 0, "output_tokens": 0}
@@ -178,8 +176,7 @@ def test_history_and_alerts_equal_a_brute_force_recomputation(
         )
         if outcome != "allowed":
             fields.update(decision="budget_exceeded", status_code=402)
-        minutes_arg = when.pop("minutes", 0)
-        payloads[i] = usage(i, org, secret, minutes_arg, model, **when, **fields)
+        payloads[i] = usage(i, org, secret, 0 if future else minutes, model, **when, **fields)
     publishes = [payloads[i] for i, *_ in raw]
     order = data.draw(st.permutations(range(len(publishes))))
     published = [publishes[n] for n in order]

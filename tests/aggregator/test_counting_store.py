@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -100,7 +101,7 @@ async def _recover(
     return store, stats
 
 
-def _contents(store: CountingStore) -> tuple[dict[str, object], dict[str, str]]:
+def _contents(store: CountingStore) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     counters = {k: s.to_json() for k, s in store.partitions[PARTITION].counters.items()}
     return counters, dict(store.event_ids(PARTITION))
 

@@ -21,8 +21,8 @@ def run(store: Store, processor: BatchProcessor, batch: list[RawRecord], now: da
     out = processor.process(batch, store.read_counter, store.read_seen, now=now)
     for (_, key), value in out.counter_writes.items():
         store.counters[key] = value
-    for (_, key), value in out.seen_writes.items():
-        store.seen[key] = value
+    for (_, key), position in out.seen_writes.items():
+        store.seen[key] = position
     return out
 
 

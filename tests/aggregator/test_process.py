@@ -95,8 +95,8 @@ class Store:
         out = processor.process(batch, self.read_counter, self.read_seen, now=now)
         for (_, key), value in out.counter_writes.items():
             self.counters[key] = value
-        for (_, key), value in out.seen_writes.items():
-            self.seen[key] = value
+        for (_, key), position in out.seen_writes.items():
+            self.seen[key] = position
         return out
 
     def totals(self, budget_id: str, *scope: str) -> tuple[int, int, int]:
@@ -320,7 +320,7 @@ EVENTS = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(EVENTS, st.integers(1, 7), st.data())
 def test_counters_equal_a_brute_force_recomputation(
-    raw: list, batch_size: int, data: st.DataObject
+    raw: list[tuple[int, str, str, int, int, int]], batch_size: int, data: st.DataObject
 ) -> None:
     ref = reference()
     evs = [

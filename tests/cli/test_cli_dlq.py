@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from pipeline_kit import Pipeline
@@ -69,7 +70,7 @@ def test_list_then_requeue_a_fixed_letter_charged_once(pipeline: Pipeline) -> No
         )
     )
     deadline = time.monotonic() + 60
-    letters: list = []
+    letters: list[dict[str, Any]] = []
     while len(letters) < 2 and time.monotonic() < deadline:
         letters = json.loads(spendbus(pipeline, "dlq", "list", "--json"))
         time.sleep(0.5)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pipeline_kit import poll
@@ -68,8 +69,9 @@ def spendbus(
     return done
 
 
-def worker_stats(env: dict[str, str]) -> dict:
-    return json.loads(spendbus(env, "status", "--json").stdout)["worker"]["stats"]
+def worker_stats(env: dict[str, str]) -> dict[str, Any]:
+    stats: dict[str, Any] = json.loads(spendbus(env, "status", "--json").stdout)["worker"]["stats"]
+    return stats
 
 
 def test_the_local_stack_from_the_command_line(

@@ -10,7 +10,7 @@ from enforcer_testkit import NOW, FakeClock, budget, ctx, loaded_enforcer, refre
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enforcer import Context, InvalidContext
+from enforcer import Context, Enforcer, InvalidContext
 from enforcer.check import Index
 from schemas.budgets import applicable
 from schemas.ids import canonical_id, counter_key
@@ -29,7 +29,7 @@ USD = 1_000_000_000
 ORG = budget("org-monthly", limit_usd=100)
 
 
-def apply(enforcer: Any, record: dict[str, Any]) -> bool:
+def apply(enforcer: Enforcer, record: dict[str, Any]) -> bool:
     return enforcer.state.apply_verdict(record["counter_key"], record)
 
 

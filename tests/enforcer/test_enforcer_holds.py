@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from enforcer_testkit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
 
-from enforcer.holds import Holds
+from enforcer.holds import CounterPeriod, Holds
 from schemas.usage import ALLOWED, IN_FLIGHT_BUDGET_EXCEEDED
 
 USD = 1_000_000_000
@@ -98,7 +98,9 @@ def test_token_budgets_hold_input_plus_max_output_or_the_cap() -> None:
     b = budget("tokens", limit_tokens=10_000)
     e, _ = loaded_enforcer([b], [verdict(b, ["acme"])], default_max_output_tokens=4000)
     d = e.check(ctx(input_tokens=None, request_bytes=3000, max_output_tokens=None))
-    assert d.allowed and e.holds.get(d.hold_id).tokens == 1000 + 4000  # type: ignore[union-attr]
+    assert d.allowed and d.hold_id is not None
+    hold = e.holds.get(d.hold_id)
+    assert hold is not None and hold.tokens == 1000 + 4000
     d2 = e.check(ctx(input_tokens=0, max_output_tokens=4999))
     assert d2.allowed  # 5000 + 4999 <= 10000
     assert e.check(ctx(input_tokens=0, max_output_tokens=1)).allowed  # reaches it exactly
@@ -143,7 +145,9 @@ def test_holds_agree_with_a_plain_model_under_a_random_workload(step_back: int) 
     import random
 
     rng = random.Random(5 + step_back)
-    cps = [((f"b{b}", "org", f"u{u}"), p) for b in range(3) for u in range(3) for p in ("p", "q")]
+    cps: list[CounterPeriod] = [
+        ((f"b{b}", "org", f"u{u}"), p) for b in range(3) for u in range(3) for p in ("p", "q")
+    ]
     holds = Holds(timeout_us=1_000)
     # hold id -> [nanos, tokens, requests, expires, counters, occurred or None, seqs]
     model: dict[int, list[Any]] = {}

@@ -342,7 +342,7 @@ async def test_hostile_ids_cannot_reach_another_counter(
         assert e.check(ctx(org_id="a", user_id="b")).decision == BUDGET_EXCEEDED
         assert e.check(ctx(org_id="a", user_id="x", session_id="c", secret_id="b")).allowed
         exhausted = {counter_key("per-user", ["a", "b"]), counter_key("job", ["a", "b", "c"])}
-        hostile = [
+        hostile: list[dict[str, Any]] = [
             {"org_id": "a", "user_id": "b,"},
             {"org_id": "a,1:b", "user_id": "x"},
             {"org_id": "1:a,", "user_id": "b"},

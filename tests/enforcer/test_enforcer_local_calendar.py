@@ -40,7 +40,7 @@ def test_the_23_hour_day_resets_at_new_york_midnight() -> None:
     d = e.check(ctx())
     assert d.decision == BUDGET_EXCEEDED
     assert d.retry_after == 22 * 3600 + 1800
-    assert d.body["reset_at"] == "2026-03-09T04:00:00Z"
+    assert d.body is not None and d.body["reset_at"] == "2026-03-09T04:00:00Z"
     assert d.counters[0].period == "d:2026-03-08"
     clock.set(datetime(2026, 3, 9, 3, 59, 59, tzinfo=UTC))  # 23:59:59 EDT
     refresh(e)
@@ -58,7 +58,7 @@ def test_the_25_hour_day_resets_an_hour_later() -> None:
     e, _ = exhausted_at(NEW_YORK_DAILY, datetime(2026, 11, 1, 4, 30, tzinfo=UTC))
     d = e.check(ctx())
     assert d.decision == BUDGET_EXCEEDED and d.retry_after == 24 * 3600 + 1800
-    assert d.body["reset_at"] == "2026-11-02T05:00:00Z"
+    assert d.body is not None and d.body["reset_at"] == "2026-11-02T05:00:00Z"
 
 
 def test_a_billing_cycle_in_berlin_opens_on_the_15th_at_local_midnight() -> None:
@@ -70,7 +70,11 @@ def test_a_billing_cycle_in_berlin_opens_on_the_15th_at_local_midnight() -> None
     e, clock = exhausted_at(cycle, datetime(2026, 3, 14, 22, 30, tzinfo=UTC))  # 23:30 CET
     d = e.check(ctx())
     assert d.decision == BUDGET_EXCEEDED and d.counters[0].period == "m:2026-02"
-    assert d.retry_after == 1800 and d.body["reset_at"] == "2026-03-14T23:00:00Z"
+    assert (
+        d.retry_after == 1800
+        and d.body is not None
+        and d.body["reset_at"] == "2026-03-14T23:00:00Z"
+    )
     clock.advance(1800)
     refresh(e)
     d = e.check(ctx())

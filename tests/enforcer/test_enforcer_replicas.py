@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from enforcer_testkit import NOW, budget, ctx, loaded_enforcer, verdict
 from pydantic import ValidationError
 
-from enforcer import Enforcer, EnforcerConfig, load_config
+from enforcer import Decision, Enforcer, EnforcerConfig, load_config
 from schemas.budgets import Budget
 from schemas.errors import ConfigError
 from schemas.usage import ALLOWED, IN_FLIGHT_BUDGET_EXCEEDED
@@ -27,7 +27,7 @@ ESTIMATE = 18_000_000
 PERIOD = "m:2026-11"
 
 
-def fleet(b: Budget, replicas: int, n: int = 3, **spent: int) -> list[Enforcer]:
+def fleet(b: Budget, replicas: int, n: int = 3, **spent: Any) -> list[Enforcer]:
     """``n`` enforcers fed the same budget and verdict (what n replicas see)."""
     return [
         loaded_enforcer([b], [verdict(b, ["acme"], **spent)], replicas=replicas)[0]
@@ -35,9 +35,9 @@ def fleet(b: Budget, replicas: int, n: int = 3, **spent: int) -> list[Enforcer]:
     ]
 
 
-def admit_until_refused(e: Enforcer, limit: int = 1000) -> list[Any]:
+def admit_until_refused(e: Enforcer, limit: int = 1000) -> list[Decision]:
     """Checks until the first refusal; the allowed decisions (the refusal must be in flight)."""
-    allowed = []
+    allowed: list[Decision] = []
     for _ in range(limit):
         d = e.check(ctx())
         if not d.allowed:
@@ -59,7 +59,7 @@ def admit_until_refused(e: Enforcer, limit: int = 1000) -> list[Any]:
     ],
 )
 def test_three_replicas_together_hold_at_most_the_headroom(
-    limits: dict[str, int], spent: dict[str, int], held_field: str, headroom: int, per_request: int
+    limits: dict[str, Any], spent: dict[str, Any], held_field: str, headroom: int, per_request: int
 ) -> None:
     b = budget("org", **limits)
 
@@ -170,7 +170,7 @@ def run_workload(seed: int, **config: Any) -> tuple[list[dict[str, Any]], list[s
     share_only = 0
     for step in range(600):
         roll = rng.random()
-        fields = {
+        fields: dict[str, Any] = {
             "org_id": rng.choice(["acme", "globex"]),
             "secret_id": rng.choice(["sk-1", "sk-2", "sk-3"]),
             "user_id": rng.choice(["ann", "bob"]),

@@ -39,11 +39,12 @@ class SidecarServer(BaseTestServer):
         return web.ServerRunner(create_server(self.enforcer, token=self.token), **kwargs)
 
 
-def served(how: str, e: Enforcer, token: str | None = None) -> BaseTestServer:
-    """The sidecar's routes served as ``serve`` serves them, or as an application."""
-    if how == "server":
-        return SidecarServer(e, token)
-    return TestServer(create_app(e, token=token))
+def served(how: str, e: Enforcer, token: str | None = None) -> TestClient[web.Request, None]:
+    """A client of the sidecar's routes served as ``serve`` serves them, or as an application."""
+    server: BaseTestServer = (
+        SidecarServer(e, token) if how == "server" else TestServer(create_app(e, token=token))
+    )
+    return TestClient(server)
 
 
 #: every test of the routes runs against both ways of serving them
@@ -51,9 +52,11 @@ SERVED = pytest.mark.parametrize("how", ["server", "app"])
 
 
 @pytest.fixture(params=["server", "app"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[tuple[TestClient, Any]]:  # type: ignore[type-arg]
+async def client(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[TestClient[web.Request, None], Enforcer]]:
     e, _clock = loaded_enforcer([ORG], [verdict(ORG, ["acme"], spent_nanos=USD // 2)])
-    async with TestClient(served(request.param, e, TOKEN)) as c:
+    async with served(request.param, e, TOKEN) as c:
         yield c, e
 
 
@@ -169,7 +172,7 @@ async def test_readyz_and_metrics(client) -> None:  # type: ignore[no-untyped-de
 @SERVED
 async def test_no_token_configured_means_open_on_loopback(how: str) -> None:
     e, _ = loaded_enforcer([ORG])
-    async with TestClient(served(how, e)) as c:
+    async with served(how, e) as c:
         assert (await c.post("/v1/check", json=CTX)).status == 200
 
 
@@ -324,7 +327,7 @@ async def test_a_slow_sender_gets_408_or_is_disconnected_and_decides_nothing(how
         sidecar_header_timeout_s=0.2,
         sidecar_body_timeout_s=0.2,
     )
-    async with TestClient(served(how, e, TOKEN)) as c:
+    async with served(how, e, TOKEN) as c:
         url = str(c.make_url("/"))
         # a body that never finishes: 408 with the reason, and the connection is closed
         partial = head(
@@ -359,7 +362,7 @@ async def test_a_key_past_its_in_flight_limit_is_throttled_429_until_one_settles
         sidecar_throttle_retry_after_s=3,
         hold_timeout_s=60,
     )
-    async with TestClient(served(how, e, TOKEN)) as c:
+    async with served(how, e, TOKEN) as c:
 
         async def check(secret: str = "sk-1") -> dict[str, Any]:
             r = await c.post("/v1/check", json={**CTX, "secret_id": secret}, headers=AUTH)

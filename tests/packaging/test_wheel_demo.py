@@ -13,8 +13,7 @@ import venv
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT
+from conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
