@@ -1,57 +1,12 @@
-"""One test per provider fact in docs/design.md ("Provider facts the mapping must get right")."""
+"""One test per provider fact in docs/design.md ("Provider facts the mapping must get right"):
+Anthropic, OpenAI Chat and Responses, Gemini here; Bedrock in test_taps_provider_facts_bedrock.py,
+billed units and service tiers in test_taps_provider_facts_units.py."""
 
 from __future__ import annotations
 
-import base64
 import json
-from typing import Any
 
-from ingest.taps import TapResult, open_tap
-from ingest.taps.eventstream import encode_message
-
-
-def sse(*events: tuple[str | None, Any], crlf: bool = False) -> bytes:
-    nl = "\r\n" if crlf else "\n"
-    out = ""
-    for name, obj in events:
-        if name:
-            out += f"event: {name}{nl}"
-        out += f"data: {obj if isinstance(obj, str) else json.dumps(obj)}{nl}{nl}"
-    return out.encode()
-
-
-def tap(
-    fmt: str,
-    body: bytes,
-    *,
-    streaming: bool = True,
-    cut: str | None = None,
-    model: str | None = None,
-) -> TapResult:
-    t = open_tap(fmt, {"model": "req-model"}, streaming=streaming, model=model)
-    t.feed(body)
-    return t.finish(cut=cut)
-
-
-def anthropic_stream(start_usage: dict[str, Any], *deltas: dict[str, Any]) -> bytes:
-    events: list[tuple[str | None, Any]] = [
-        (
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {"id": "msg_1", "model": "claude-x", "usage": start_usage},
-            },
-        ),
-    ]
-    for usage in deltas:
-        events.append(
-            (
-                "message_delta",
-                {"type": "message_delta", "delta": {"stop_reason": None}, "usage": usage},
-            )
-        )
-    events.append(("message_stop", {"type": "message_stop"}))
-    return sse(*events)
+from provider_facts_kit import USAGE, anthropic_stream, chat_chunk, gemini_chunk, sse, tap
 
 
 # -- Anthropic -----------------------------------------------------------------
@@ -200,25 +155,6 @@ def test_anthropic_thinking_tokens_above_output_are_invalid() -> None:
 
 
 # -- OpenAI Chat ---------------------------------------------------------------
-def chat_chunk(choices: Any, usage: Any = None, **extra: Any) -> dict[str, Any]:
-    return {
-        "id": "c1",
-        "object": "chat.completion.chunk",
-        "model": "gpt-x",
-        "choices": choices,
-        "usage": usage,
-        **extra,
-    }
-
-
-USAGE = {
-    "prompt_tokens": 1000,
-    "completion_tokens": 300,
-    "prompt_tokens_details": {"cached_tokens": 600},
-    "completion_tokens_details": {"reasoning_tokens": 200},
-}
-
-
 def test_openai_chat_usage_only_with_include_usage_in_last_chunk() -> None:
     text = [(None, chat_chunk([{"index": 0, "delta": {"content": "hi"}}]))]
     r = tap("openai-chat", sse(*text, (None, "[DONE]")))
@@ -320,16 +256,6 @@ def test_openai_responses_events_without_event_lines_are_read_by_type() -> None:
 
 
 # -- Gemini --------------------------------------------------------------------
-def gemini_chunk(text: str, usage: dict[str, Any] | None, finish: bool = False) -> dict[str, Any]:
-    cand: dict[str, Any] = {"content": {"parts": [{"text": text}], "role": "model"}, "index": 0}
-    if finish:
-        cand["finishReason"] = "STOP"
-    out: dict[str, Any] = {"candidates": [cand], "modelVersion": "gemini-x"}
-    if usage is not None:
-        out["usageMetadata"] = usage
-    return out
-
-
 def test_gemini_prompt_token_count_includes_cached_content() -> None:
     usage = {"promptTokenCount": 1000, "cachedContentTokenCount": 800, "candidatesTokenCount": 5}
     r = tap("gemini", sse((None, gemini_chunk("x", usage, True)), crlf=True))
@@ -377,69 +303,6 @@ def test_responses_and_gemini_the_served_model_wins_over_the_requested_one() -> 
     assert (r.model, r.usage_source) == ("gemini-2.5-flash-preview-09-2025", "reported")
 
 
-# -- Bedrock -------------------------------------------------------------------
-def frame(event: str, payload: dict[str, Any], kind: str = "event") -> bytes:
-    headers = {":message-type": kind, ":content-type": "application/json"}
-    headers[":exception-type" if kind == "exception" else ":event-type"] = event
-    return encode_message(headers, json.dumps(payload).encode())
-
-
-BEDROCK_USAGE = {
-    "inputTokens": 30,
-    "outputTokens": 12,
-    "totalTokens": 542,
-    "cacheReadInputTokens": 400,
-    "cacheWriteInputTokens": 100,
-}
-
-
-def test_bedrock_usage_is_in_the_final_metadata_event() -> None:
-    body = (
-        frame("messageStart", {"role": "assistant"})
-        + frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "hi"}})
-        + frame("messageStop", {"stopReason": "end_turn"})
-    )
-    r = tap("bedrock-converse", body, model="bedrock-model")
-    assert r.usage_source == "estimated"
-    assert r.model == "bedrock-model"
-    r = tap("bedrock-converse", body + frame("metadata", {"usage": BEDROCK_USAGE}))
-    assert (r.input_tokens, r.cache_read_tokens, r.cache_write_tokens, r.output_tokens) == (
-        30,
-        400,
-        100,
-        12,
-    )
-    assert r.usage_source == "reported"
-
-
-def test_bedrock_error_as_a_stream_event_after_200() -> None:
-    body = frame("messageStart", {"role": "assistant"}) + frame(
-        "throttlingException", {"message": "Too many tokens"}, kind="exception"
-    )
-    r = tap("bedrock-converse", body)
-    assert r.usage_source == "estimated"
-    assert r.upstream_error == "throttlingException: Too many tokens"
-    assert r.estimate_reason == "upstream_error: throttlingException: Too many tokens"
-
-
-def test_bedrock_error_message_type() -> None:
-    body = encode_message(
-        {":message-type": "error", ":error-code": "InternalFailure", ":error-message": "boom"}, b""
-    )
-    r = tap("bedrock-converse", body)
-    assert r.upstream_error == "InternalFailure: boom"
-
-
-def test_bedrock_cache_details_give_the_1h_part() -> None:
-    usage = {
-        **BEDROCK_USAGE,
-        "cacheWriteInputTokens": 100,
-        "cacheDetails": [{"ttl": "1h", "inputTokens": 60}, {"ttl": "5m", "inputTokens": 40}],
-    }
-    r = tap("bedrock-converse", frame("metadata", {"usage": usage}))
-    assert (r.cache_write_tokens, r.cache_write_1h_tokens) == (100, 60)
-
-
 def test_gemini_stream_ending_on_an_error_chunk_is_estimated() -> None:
     error = {"error": {"code": 500, "message": "Internal error", "status": "INTERNAL"}}
     body = sse(
@@ -465,174 +328,3 @@ def test_openai_chat_stream_ending_on_an_error_chunk_is_estimated() -> None:
         "server_error: The server had an error",
     )
     assert r.input_tokens == 50
-
-
-# -- Bedrock InvokeModel (Anthropic messages) -----------------------------------------
-def invoke_chunk(event: dict[str, Any] | str) -> bytes:
-    raw = event if isinstance(event, str) else base64.b64encode(json.dumps(event).encode()).decode()
-    return frame("chunk", {"bytes": raw, "p": "abc"})
-
-
-def test_bedrock_invoke_reads_the_anthropic_events_inside_chunks() -> None:
-    body = b"".join(
-        [
-            invoke_chunk(
-                {
-                    "type": "message_start",
-                    "message": {
-                        "model": "claude-body",
-                        "usage": {"input_tokens": 7, "output_tokens": 1},
-                    },
-                }
-            ),
-            invoke_chunk(
-                {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}}
-            ),
-            invoke_chunk({"type": "message_delta", "usage": {"output_tokens": 11}}),
-            invoke_chunk(
-                {"type": "message_stop", "amazon-bedrock-invocationMetrics": {"inputTokenCount": 7}}
-            ),
-        ]
-    )
-    r = tap("bedrock-invoke", body, model="global.anthropic.claude-sonnet-4-5-v1:0")
-    assert (r.model, r.input_tokens, r.output_tokens, r.usage_source) == (
-        "global.anthropic.claude-sonnet-4-5-v1:0",
-        7,
-        11,
-        "reported",
-    )
-
-
-def test_bedrock_invoke_chunk_that_is_not_base64_is_unreadable() -> None:
-    start = {"type": "message_start", "message": {"usage": {"input_tokens": 7, "output_tokens": 1}}}
-    body = (
-        invoke_chunk(start) + invoke_chunk("not base64!") + invoke_chunk({"type": "message_stop"})
-    )
-    r = tap("bedrock-invoke", body, model="anthropic.claude-x")
-    assert r.usage_source == "estimated"
-    assert r.estimate_reason == "unreadable: a chunk's bytes are not base64"
-    assert r.input_tokens == 7
-
-
-def test_bedrock_invoke_chunk_without_bytes_is_unreadable() -> None:
-    body = frame("chunk", {"p": "abc"})
-    r = tap("bedrock-invoke", body, model="anthropic.claude-x")
-    assert r.estimate_reason == "unreadable: a chunk carries no base64 bytes"
-
-
-# -- Billed units beyond tokens, service tiers -----------------------------------------
-def test_anthropic_server_tool_requests_are_units_latest_wins() -> None:
-    body = anthropic_stream(
-        {"input_tokens": 10, "output_tokens": 1, "server_tool_use": {"web_search_requests": 0}},
-        {"output_tokens": 5, "server_tool_use": {"web_search_requests": 2}},
-        {
-            "output_tokens": 9,
-            "server_tool_use": {"web_search_requests": 3, "web_fetch_requests": 1},
-            "service_tier": "batch",
-        },
-    )
-    r = tap("anthropic-messages", body)
-    assert (dict(r.units), r.service_tier, r.usage_source) == (
-        {"web_search": 3, "web_fetch": 1},
-        "batch",
-        "reported",
-    )
-
-
-def test_anthropic_a_bad_server_tool_count_is_invalid_usage() -> None:
-    body = anthropic_stream(
-        {"input_tokens": 10, "output_tokens": 1},
-        {"output_tokens": 9, "server_tool_use": {"web_search_requests": -1}},
-    )
-    r = tap("anthropic-messages", body)
-    assert r.usage_source == "estimated"
-    assert (
-        r.estimate_reason == "invalid_usage: server_tool_use: web_search_requests is negative: -1"
-    )
-
-
-def test_units_counted_before_a_cut_are_kept_on_the_estimate() -> None:
-    body = anthropic_stream(
-        {"input_tokens": 10, "output_tokens": 1},
-        {"output_tokens": 5, "server_tool_use": {"web_search_requests": 2}},
-    ).split(b"event: message_stop")[0]
-    r = tap("anthropic-messages", body, cut="upstream_cut")
-    assert (r.usage_source, dict(r.units)) == ("estimated", {"web_search": 2})
-
-
-def test_openai_chat_service_tier_of_the_usage_chunk() -> None:
-    last = {**chat_chunk([], USAGE), "service_tier": "flex"}
-    r = tap("openai-chat", sse((None, last), (None, "[DONE]")))
-    assert (r.service_tier, r.units) == ("flex", ())
-
-
-def test_gemini_grounding_is_one_grounded_prompt_and_its_queries() -> None:
-    chunk = gemini_chunk("x", {"promptTokenCount": 4, "candidatesTokenCount": 2}, True)
-    chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": ["a", "b"]}
-    r = tap("gemini", sse((None, gemini_chunk("a", None)), (None, chunk), crlf=True))
-    assert dict(r.units) == {"grounded_prompt": 1, "grounding_query": 2}
-    body = {**chunk, "usageMetadata": {
-        "promptTokenCount": 900, "candidatesTokenCount": 2,
-        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 100}, {"modality": "AUDIO", "tokenCount": 800}],
-    }}  # fmt: skip
-    r = tap("gemini", json.dumps(body).encode(), streaming=False)
-    assert dict(r.units) == {"grounded_prompt": 1, "grounding_query": 2, "input_audio_tokens": 800}
-
-
-def test_a_service_tier_that_is_not_a_word_is_ignored() -> None:
-    last = {**chat_chunk([], USAGE), "service_tier": "Not A Tier!"}
-    assert tap("openai-chat", sse((None, last), (None, "[DONE]"))).service_tier is None
-
-
-def test_gemini_odd_modality_details_and_queries_charge_tokens_only() -> None:
-    """A modality that is no string, a count that is no count, queries that are no list
-    or hold no strings: the totals are charged, those units left out, nothing raises."""
-    usage = {
-        "promptTokenCount": 50,
-        "candidatesTokenCount": 5,
-        "promptTokensDetails": [{"modality": ["AUDIO"], "tokenCount": 40}, "x", {"modality": "IMAGE", "tokenCount": -3}],
-        "candidatesTokensDetails": [{"modality": "AUDIO", "tokenCount": 5}],
-    }  # fmt: skip
-    chunk = gemini_chunk("x", usage, True)
-    chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": [1, None, "q", "q"]}
-    for streamed in (True, False):
-        body = sse((None, chunk), crlf=True) if streamed else json.dumps(chunk).encode()
-        r = tap("gemini", body, streaming=streamed)
-        assert (r.usage_source, r.input_tokens, r.output_tokens) == ("reported", 50, 5)
-        assert dict(r.units) == {
-            "grounded_prompt": 1,
-            "grounding_query": 1,
-            "output_audio_tokens": 5,
-        }
-    chunk["candidates"][0]["groundingMetadata"] = {"webSearchQueries": "q"}
-    r = tap("gemini", sse((None, chunk), crlf=True))
-    assert dict(r.units) == {"grounded_prompt": 1, "output_audio_tokens": 5}
-
-
-def test_anthropic_declined_hops_are_charged_apart_only_when_they_wrote_output() -> None:
-    """Every iteration before the serving fallback_message with output is a separate charge
-    at its model; no output: not billed; a bad count in one: invalid_usage."""
-    served = {
-        "type": "fallback_message",
-        "model": "claude-b",
-        "input_tokens": 9,
-        "output_tokens": 4,
-    }
-    hops = [
-        {"type": "message", "model": "claude-a", "input_tokens": 7, "output_tokens": 0},
-        {"type": "message", "model": "claude-c", "input_tokens": 8, "output_tokens": 3},
-    ]
-    usage = {"input_tokens": 9, "output_tokens": 4, "iterations": [*hops, served]}
-    r = tap("anthropic-messages", anthropic_stream({"input_tokens": 9, "output_tokens": 1}, usage))
-    assert r.model == "claude-b" and r.usage_source == "reported"
-    assert [(c.model, c.input_tokens, c.output_tokens) for c in r.separate_charges] == [
-        ("claude-c", 8, 3)
-    ]
-    # no fallback_message: iterations are not hops of a fallback
-    plain = {"input_tokens": 9, "output_tokens": 4, "iterations": hops}
-    r = tap("anthropic-messages", anthropic_stream({"input_tokens": 9, "output_tokens": 1}, plain))
-    assert r.separate_charges == ()
-    bad = {**usage, "iterations": [{**hops[1], "output_tokens": -2}, served]}
-    r = tap("anthropic-messages", anthropic_stream({"input_tokens": 9, "output_tokens": 1}, bad))
-    assert r.usage_source == "estimated"
-    assert r.estimate_reason == "invalid_usage: iterations[0]: output_tokens is negative: -2"
