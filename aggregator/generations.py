@@ -27,18 +27,19 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from aggregator.clickhouse_access import ClickHouseAccess
 from aggregator.fold import CounterState, apply
-from aggregator.snapshots import FoldState, read_topic
+from aggregator.snapshots import FoldState
 from schemas.budgets import Budget, applicable
 from schemas.codec import ALERT, VERDICT
 from schemas.errors import ConfigError, ContractError
 from schemas.generations import GenerationSwitch
 from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from schemas.topic_reader import TopicReader, read_latest_values
 from schemas.topics import CONTROL_KEY, Topics, check_generation
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ async def read_switch(
 ) -> GenerationSwitch | None:
     """The control topic's live value; None when no switch was ever made (default generation)."""
     try:
-        values = await read_topic(bootstrap, topics.generations, security=security)
+        values = await read_latest_values(bootstrap, topics.generations, security=security)
     except ConfigError:  # a stack created before generations existed
         return None
     raw = values.get(CONTROL_KEY)
@@ -298,25 +299,11 @@ class AlertRelay:
 async def topic_values(
     bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
 ) -> list[bytes | None]:
-    """Every value of a (delete-policy) topic up to its end now."""
-    partitions = await topic_partitions(bootstrap, topic, security=security)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, **security.client_kwargs()
-    )
-    await consumer.start()
+    """Every value of a (delete-policy) topic up to the end offsets seen at start."""
     out: list[bytes | None] = []
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        pending: set[TopicPartition] = {tp for tp in partitions if ends[tp] > 0}
-        while pending:
-            for tp, messages in (await consumer.getmany(*pending, timeout_ms=1000)).items():
-                out.extend(m.value for m in messages if m.offset < ends[tp])
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-    finally:
-        await consumer.stop()
+    async with TopicReader(bootstrap, topic, security=security) as reader:
+        async for _, messages in reader:
+            out.extend(m.value for m in messages)
     return out
 
 
@@ -350,7 +337,7 @@ async def verdict_views(
 ) -> dict[str, tuple[CounterView, int]]:
     """Each counter's live verdict as ((period, nanos, tokens, requests), seq)."""
     out: dict[str, tuple[CounterView, int]] = {}
-    for key, value in (await read_topic(bootstrap, topic, security=security)).items():
+    for key, value in (await read_latest_values(bootstrap, topic, security=security)).items():
         if value is None:
             out.pop(key.decode(), None)
             continue

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from schemas.budgets import Budget
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE
@@ -21,6 +22,7 @@ from schemas.errors import ConfigError, ContractError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from schemas.pricing import PriceBook, PriceTable
 from schemas.raises import RaiseBook
+from schemas.topic_reader import TopicReadStalled, read_until, start_at_beginning
 from schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,8 @@ class ReferenceFollower:
         self.ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        #: why loading has not finished, while a read to the ends makes no progress
+        self.stalled: TopicReadStalled | None = None
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
@@ -118,11 +122,19 @@ class ReferenceFollower:
             )
         except ConfigError as exc:  # a stack created before raises existed
             log.warning("temporary raises not followed: %s", exc)
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
+        ends = await start_at_beginning(consumer, partitions)
         self._task = asyncio.create_task(self._run(consumer, ends))
         self._task.add_done_callback(self._report_end)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Return once loaded; after ``timeout_s`` raise the stall that holds it up, if one
+        does, else TimeoutError."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout=timeout_s)
+        except TimeoutError:
+            if self.stalled is not None:
+                raise self.stalled from None
+            raise
 
     @staticmethod
     def _report_end(task: asyncio.Task[None]) -> None:
@@ -130,34 +142,38 @@ class ReferenceFollower:
             log.error("reference follower stopped: %r", task.exception())
 
     async def _run(self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> None:
-        pending = {tp for tp, end in ends.items() if end > 0}
-        if not pending:
-            self.ready.set()
+        while True:
+            try:
+                async for tp, messages in read_until(consumer, ends, max_records=1000):
+                    self._apply(tp, messages)
+                break
+            except TopicReadStalled as exc:  # a worker waits for its reference: say why, go on
+                self.stalled = exc
+                log.error("reference data not loaded yet: %s", exc)
+        self.stalled = None
+        log.info(
+            "reference data loaded: %d budgets, %d price versions",
+            len(self.reference.budgets),
+            len(self.reference.prices),
+        )
+        self.ready.set()
         while True:
             batches = await consumer.getmany(timeout_ms=500, max_records=1000)
             for tp, messages in batches.items():
-                for message in messages:
-                    try:
-                        if tp.topic == self.topics.budget_policies:
-                            self.reference.apply_policy(message.key, message.value)
-                        elif tp.topic == self.topics.budget_raises:
-                            self.reference.apply_raise(message.key, message.value)
-                        else:
-                            self.reference.apply_price_table(message.key, message.value)
-                    except Exception:  # a record the book cannot use must not stop the worker
-                        self.reference.rejected += 1
-                        log.exception("skipping %s@%d/%d", tp.topic, tp.partition, message.offset)
-            if pending:
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
-                if not pending:
-                    log.info(
-                        "reference data loaded: %d budgets, %d price versions",
-                        len(self.reference.budgets),
-                        len(self.reference.prices),
-                    )
-                    self.ready.set()
+                self._apply(tp, messages)
+
+    def _apply(self, tp: TopicPartition, messages: list[ConsumerRecord[Any, Any]]) -> None:
+        for message in messages:
+            try:
+                if tp.topic == self.topics.budget_policies:
+                    self.reference.apply_policy(message.key, message.value)
+                elif tp.topic == self.topics.budget_raises:
+                    self.reference.apply_raise(message.key, message.value)
+                else:
+                    self.reference.apply_price_table(message.key, message.value)
+            except Exception:  # a record the book cannot use must not stop the worker
+                self.reference.rejected += 1
+                log.exception("skipping %s@%d/%d", tp.topic, tp.partition, message.offset)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -53,6 +53,7 @@ from schemas.codec import PRICED_USAGE, USAGE_EVENT
 from schemas.errors import ConfigError, ContractError
 from schemas.ids import decompose
 from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from schemas.topic_reader import read_latest_values, read_until
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -61,6 +62,8 @@ Progress = Callable[[int, int], None]
 CounterListener = Callable[[str, dict[str, Any]], None]
 #: counters or dedupe entries per snapshot record (stays well under Kafka's 1 MB message limit)
 CHUNK: Final = 500
+#: per-partition fetch size of the ledger fold and the snapshot reads (large records, many)
+_FETCH_BYTES: Final = 8 * 1024 * 1024
 _STAT_FIELDS: Final = ("events", "charged", "duplicates", "dead_letters", "unpriced", "cost_nanos")
 
 
@@ -118,7 +121,7 @@ async def load_reference(
     follower = ReferenceFollower(bootstrap, topics, reference, security=security)
     await follower.start()
     try:
-        await asyncio.wait_for(follower.ready.wait(), timeout=timeout_s)
+        await follower.wait_ready(timeout_s)
     finally:
         await follower.stop()
     return reference
@@ -164,7 +167,7 @@ async def fold_ledger(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         group_id=None,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
+        max_partition_fetch_bytes=_FETCH_BYTES,
         **security.client_kwargs(),
     )
     await consumer.start()
@@ -175,39 +178,30 @@ async def fold_ledger(
             if until is not None
             else {tp.partition: end for tp, end in (await consumer.end_offsets(partitions)).items()}
         )
-        pending: set[TopicPartition] = set()
+        stops: dict[TopicPartition, int] = {}
         total = 0
         for tp in partitions:
             begin = state.fences.get(tp.partition, 0)
-            end = ends.get(tp.partition, 0)
+            end = stops[tp] = ends.get(tp.partition, 0)
             if begin > end:
                 raise ConfigError(
                     f"{tp.topic}[{tp.partition}]: start offset {begin} is past the end {end}"
                 )
             state.fences[tp.partition] = begin
             consumer.seek(tp, begin)
-            if begin < end:
-                pending.add(tp)
-                total += end - begin
+            total += end - begin
         read = 0
-        while pending:
-            fetched = await consumer.getmany(*pending, timeout_ms=1000, max_records=20_000)
-            for tp, messages in fetched.items():
-                end = ends[tp.partition]
-                messages = [m for m in messages if m.offset < end]
-                if messages:
-                    if on_counter is None:
-                        _fold(processor, state, messages, bounds)
-                    else:
-                        for message in messages:
-                            _fold(processor, state, [message], bounds, on_counter)
-                    state.fences[tp.partition] = messages[-1].offset + 1
-                    read += len(messages)
-                if state.fences[tp.partition] >= end or await consumer.position(tp) >= end:
-                    state.fences[tp.partition] = end
-                    pending.discard(tp)
+        async for tp, messages in read_until(consumer, stops, max_records=20_000):
+            if on_counter is None:
+                _fold(processor, state, messages, bounds)
+            else:
+                for message in messages:
+                    _fold(processor, state, [message], bounds, on_counter)
+            state.fences[tp.partition] = messages[-1].offset + 1
+            read += len(messages)
             if progress is not None:
                 progress(read, total)
+        state.fences.update((tp.partition, end) for tp, end in stops.items())
         return state
     finally:
         await consumer.stop()
@@ -324,42 +318,13 @@ def snapshot_from_records(values: dict[bytes, bytes | None]) -> tuple[str, FoldS
     return None
 
 
-async def read_topic(
-    bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
-) -> dict[bytes, bytes | None]:
-    """Every key's last value (None = tombstone) up to the end offsets seen at start."""
-    partitions = await topic_partitions(bootstrap, topic, security=security)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-        **security.client_kwargs(),
-    )
-    await consumer.start()
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        values: dict[bytes, bytes | None] = {}
-        pending = {tp for tp in partitions if ends[tp] > 0}
-        while pending:
-            for tp, messages in (await consumer.getmany(*pending, timeout_ms=1000)).items():
-                for m in messages:
-                    if m.key is not None and m.offset < ends[tp]:
-                        values[m.key] = m.value
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-        return values
-    finally:
-        await consumer.stop()
-
-
 async def latest_snapshot(
     bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
 ) -> tuple[str, FoldState] | None:
     return snapshot_from_records(
-        await read_topic(bootstrap, topics.counter_snapshots, security=security)
+        await read_latest_values(
+            bootstrap, topics.counter_snapshots, security=security, fetch_bytes=_FETCH_BYTES
+        )
     )
 
 
@@ -374,7 +339,9 @@ async def write_snapshot(
     """Publish ``state`` as a new snapshot (manifest last), then tombstone all but the
     newest ``keep`` complete snapshots. Returns the snapshot id."""
     snapshot_id = new_snapshot_id()
-    existing = await read_topic(bootstrap, topics.counter_snapshots, security=security)
+    existing = await read_latest_values(
+        bootstrap, topics.counter_snapshots, security=security, fetch_bytes=_FETCH_BYTES
+    )
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",

@@ -16,20 +16,18 @@ Two comparisons, each counted in the report:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
-
-from aiokafka import AIOKafkaConsumer
 
 from aggregator.fold import CounterState
 from aggregator.process import BatchProcessor, BatchStats, RawRecord
 from aggregator.reference import Reference, ReferenceFollower
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import ContractError
-from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.periods import ROLLING_BUCKETS
+from schemas.topic_reader import TopicReader
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -81,34 +79,15 @@ async def _read_to_end(
     security: KafkaSecurity = PLAINTEXT,
 ) -> int:
     """Read ``topic_list`` from the beginning to the end offsets seen at start, in batches."""
-    partitions = await topic_partitions(bootstrap, *topic_list, security=security)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
-        **security.client_kwargs(),
-    )
-    await consumer.start()
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        total = sum(ends.values())
-        pending = {tp for tp in partitions if ends[tp] > 0}
-        read = 0
-        while pending:
-            fetched = await consumer.getmany(*pending, timeout_ms=1000, max_records=5000)
-            for tp, messages in fetched.items():
-                messages = [m for m in messages if m.offset < ends[tp]]
-                batch(messages)
-                read += len(messages)
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
+    read = 0
+    async with TopicReader(bootstrap, *topic_list, security=security, max_records=5000) as reader:
+        total = sum(reader.ends.values())
+        async for _, messages in reader:
+            batch(messages)
+            read += len(messages)
             if progress is not None:
                 progress(read, total)
-        return read
-    finally:
-        await consumer.stop()
+    return read
 
 
 async def recompute(
@@ -123,7 +102,7 @@ async def recompute(
     follower = ReferenceFollower(bootstrap, topics, reference, security=security)
     await follower.start()
     try:
-        await asyncio.wait_for(follower.ready.wait(), timeout=60)
+        await follower.wait_ready(60)
     finally:
         await follower.stop()
     processor = BatchProcessor(reference, source_topic=topics.usage_raw, stage="verify")

@@ -37,13 +37,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
+from aiokafka import AIOKafkaProducer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from aggregator.generations import group_progress  # noqa: E402
 from aggregator.snapshots import fold_ledger, load_reference  # noqa: E402
 from bench.benchkit import apply_reference, events  # noqa: E402
-from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions  # noqa: E402
+from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
+from schemas.topic_reader import TopicReader  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from spendbus.commands.replay import GenerationReplay, Meter, StackPlace, progress_bar  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
@@ -75,26 +76,18 @@ async def setup(
 async def raw_consume(
     bootstrap: str, topics: Topics, *, security: KafkaSecurity = PLAINTEXT
 ) -> float:
-    partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-        **security.client_kwargs(),
-    )
-    await consumer.start()
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        total, read = sum(ends.values()), 0
+    read = 0
+    async with TopicReader(
+        bootstrap,
+        topics.usage_raw,
+        security=security,
+        max_records=20_000,
+        fetch_bytes=8 * 1024 * 1024,
+    ) as reader:
         started = time.perf_counter()
-        while read < total:
-            for messages in (await consumer.getmany(timeout_ms=1000, max_records=20_000)).values():
-                read += len(messages)
+        async for _, messages in reader:
+            read += len(messages)
         return read / (time.perf_counter() - started)
-    finally:
-        await consumer.stop()
 
 
 def _screen() -> Console:

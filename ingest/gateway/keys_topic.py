@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from schemas.codec import GATEWAY_KEY
 from schemas.errors import DecodeError, SpendbusError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from schemas.topic_reader import read_until, start_at_beginning
 
 from .config import GatewayConfig, Principal, VirtualKey
 from .identity import KeyStore
@@ -159,9 +160,7 @@ class KeysTopicFollower:
         )
         await consumer.start()
         try:
-            consumer.assign(partitions)
-            await consumer.seek_to_beginning(*partitions)
-            ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
+            ends = await start_at_beginning(consumer, partitions)
         except BaseException:
             await consumer.stop()
             raise
@@ -212,21 +211,16 @@ class KeysTopicFollower:
 
     # -- following -------------------------------------------------------------------------
     async def _follow(self, consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> None:
-        pending = {tp for tp, end in ends.items() if end > 0}
-        if not pending:
-            self._caught_up()
         try:
+            async for _, messages in read_until(consumer, ends):
+                for message in messages:
+                    self.apply(message)
+            self._caught_up()
             while True:
                 batches = await consumer.getmany(timeout_ms=1000)
                 for messages in batches.values():
                     for message in messages:
                         self.apply(message)
-                if pending:
-                    for tp in list(pending):
-                        if await consumer.position(tp) >= ends[tp]:
-                            pending.discard(tp)
-                    if not pending:
-                        self._caught_up()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # wait_ready reports it; a live gateway keeps the keys it has

@@ -17,9 +17,10 @@ from schemas.errors import ConfigError, ContractError
 from schemas.money import format_usd, usd_to_nanos
 from schemas.periods import from_micros, to_micros
 from schemas.raises import BudgetRaise, scope_values_of
+from schemas.topic_reader import read_latest_values
 from spendbus.commands.output import console, fail, limits_text
 from spendbus.settings import Settings, load_settings
-from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.compacted import publish
 from spendbus.stack.local import bootstrap_or_fail
 
 
@@ -44,7 +45,7 @@ def _raise_until(text: str, now: datetime) -> datetime:
 
 def _live_budget(settings: Settings, budget_id: str) -> Budget:
     values = asyncio.run(
-        read_compacted(
+        read_latest_values(
             bootstrap_or_fail(settings),
             settings.topics.budget_policies,
             security=settings.kafka_security,
@@ -58,7 +59,7 @@ def _live_budget(settings: Settings, budget_id: str) -> Budget:
 
 def _raises(settings: Settings) -> list[BudgetRaise]:
     values = asyncio.run(
-        read_compacted(
+        read_latest_values(
             bootstrap_or_fail(settings),
             settings.topics.budget_raises,
             security=settings.kafka_security,

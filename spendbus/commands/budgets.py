@@ -18,11 +18,12 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.ids import canonical_id
 from schemas.pricing import PriceBook, PriceTable
+from schemas.topic_reader import read_latest_values
 from spendbus.commands.budget_raises import budgets_raise, budgets_raises, budgets_revoke_raise
 from spendbus.commands.output import console, limits_text
 from spendbus.commands.store_queries import history_query
 from spendbus.settings import Settings, load_settings
-from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.compacted import publish
 from spendbus.stack.local import bootstrap_or_fail
 
 
@@ -68,7 +69,7 @@ def budgets_apply(file: Path, models: tuple[str, ...]) -> None:
         else:
             routed.extend(seen)
     tables = asyncio.run(
-        read_compacted(bootstrap, settings.topics.pricing, security=settings.kafka_security)
+        read_latest_values(bootstrap, settings.topics.pricing, security=settings.kafka_security)
     )
     book = PriceBook([PriceTable.from_record(PRICE_TABLE.decode(v)) for v in tables.values() if v])
     for warning in unpriced_warnings(book, parsed, routed, now):
@@ -144,7 +145,7 @@ def budgets_list(as_json: bool) -> None:
     """The live budgets."""
     settings = load_settings()
     values = asyncio.run(
-        read_compacted(
+        read_latest_values(
             bootstrap_or_fail(settings),
             settings.topics.budget_policies,
             security=settings.kafka_security,

@@ -18,7 +18,8 @@ from rich.table import Table
 
 from schemas.codec import DEAD_LETTER
 from schemas.errors import ContractError
-from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from schemas.kafka import PLAINTEXT, KafkaSecurity
+from schemas.topic_reader import TopicReader
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish
 from spendbus.stack.local import bootstrap_or_fail
@@ -29,42 +30,18 @@ console = Console()
 async def read_letters(
     bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
 ) -> list[tuple[int, int, dict[str, Any]]]:
-    """Every dead letter as (partition, offset, DeadLetter record), up to the current end."""
-    from aiokafka import AIOKafkaConsumer
-
-    partitions = await topic_partitions(bootstrap, topic, security=security)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
-        **security.client_kwargs(),
-    )
-    await consumer.start()
+    """Every dead letter as (partition, offset, DeadLetter record), up to the end offsets
+    seen at start."""
     letters: list[tuple[int, int, dict[str, Any]]] = []
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        pending = {tp for tp in partitions if ends[tp] > 0}
-        while pending:
-            for tp, messages in (await consumer.getmany(*pending, timeout_ms=1000)).items():
-                for m in messages:
-                    if m.offset >= ends[tp]:
-                        continue
-                    try:
-                        letters.append((m.partition, m.offset, DEAD_LETTER.decode(m.value)))
-                    except ContractError as exc:  # not ours: show it rather than hide it
-                        letters.append(
-                            (
-                                m.partition,
-                                m.offset,
-                                {"reason": "unreadable_letter", "detail": str(exc)},
-                            )
-                        )
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-    finally:
-        await consumer.stop()
+    async with TopicReader(bootstrap, topic, security=security) as reader:
+        async for _, messages in reader:
+            for m in messages:
+                try:
+                    letters.append((m.partition, m.offset, DEAD_LETTER.decode(m.value)))
+                except ContractError as exc:  # not ours: show it rather than hide it
+                    letters.append(
+                        (m.partition, m.offset, {"reason": "unreadable_letter", "detail": str(exc)})
+                    )
     return letters
 
 

@@ -27,9 +27,10 @@ from rich.table import Column, Table
 from schemas.codec import GATEWAY_KEY
 from schemas.errors import ConfigError, DecodeError, SpendbusError
 from schemas.kafka import PLAINTEXT, KafkaSecurity
+from schemas.topic_reader import read_latest_values
 from spendbus.secret_input import read_secret
 from spendbus.settings import load_settings
-from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.compacted import publish
 from spendbus.stack.key_secret import key_secret
 from spendbus.stack.local import bootstrap_or_fail
 
@@ -52,7 +53,7 @@ def _live_keys(
     bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(digest -> decoded record of every live key, digest -> problem of each undecodable one)."""
-    values = asyncio.run(read_compacted(bootstrap, topic, security=security))
+    values = asyncio.run(read_latest_values(bootstrap, topic, security=security))
     live: dict[str, dict[str, Any]] = {}
     problems: dict[str, str] = {}
     for raw_key, value in values.items():

@@ -68,7 +68,6 @@ from aggregator.snapshots import (
     latest_snapshot,
     ledger_ends,
     load_reference,
-    read_topic,
     seed_generation,
     snapshot_from_records,
     write_snapshot,
@@ -78,6 +77,7 @@ from schemas.errors import ConfigError, ContractError, SpendbusError
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
 from schemas.replication import FOLLOW_CLUSTER, ReplicationPolicy
+from schemas.topic_reader import read_latest_values
 from schemas.topics import Topics, check_generation
 from spendbus.stack.kafka import free_port
 from spendbus.stack.topics import ensure_topics
@@ -255,7 +255,9 @@ class GenerationReplay:
     def _latest_snapshot(self) -> tuple[str, FoldState]:
         """The newest complete snapshot; a clear error when there is none."""
         topic = self.place.topics.counter_snapshots
-        values = asyncio.run(read_topic(self.place.bootstrap, topic, security=self.place.security))
+        values = asyncio.run(
+            read_latest_values(self.place.bootstrap, topic, security=self.place.security)
+        )
         found = snapshot_from_records(values)
         if found is None:
             incomplete = incomplete_snapshots(values)

@@ -30,9 +30,10 @@ from ingest.gateway import (
     weak_key_problem,
 )
 from schemas.codec import GATEWAY_KEY
+from schemas.topic_reader import read_latest_values
 from schemas.topics import Topics
 from spendbus.cli import cli
-from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.compacted import publish
 
 PRINCIPAL: Any = {"org_id": "acme", "secret_id": "sk-1"}
 
@@ -193,7 +194,7 @@ async def test_legacy_records_are_served_then_migrated_without_a_gap(
                 assert await chat(stack.url, k) == 200
             live = {
                 k: v
-                for k, v in (await read_compacted(kafka_bootstrap, topics.gateway_keys)).items()
+                for k, v in (await read_latest_values(kafka_bootstrap, topics.gateway_keys)).items()
                 if v is not None
             }
             assert sorted(live) == sorted(

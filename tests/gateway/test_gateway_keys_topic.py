@@ -36,11 +36,12 @@ from ingest.gateway import (
 )
 from schemas.codec import GATEWAY_KEY, VERDICT
 from schemas.errors import ConfigError
+from schemas.topic_reader import read_latest_values
 from schemas.topics import Topics
 from spendbus.cli import cli
 from spendbus.commands.gateway import compose_configs, serve
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
-from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.compacted import publish
 
 pytestmark = pytest.mark.integration
 
@@ -270,7 +271,7 @@ def test_invalid_entries_are_refused_by_file_entry_and_field_and_nothing_is_publ
     result = keys_cli(kafka_bootstrap, topics, "apply", str(path))
     assert result.exit_code == 1
     assert f"{path}: {named}" in result.output
-    assert asyncio.run(read_compacted(kafka_bootstrap, topics.gateway_keys)) == {}
+    assert asyncio.run(read_latest_values(kafka_bootstrap, topics.gateway_keys)) == {}
 
 
 def test_checks_against_a_gateway_config_and_live_names(
@@ -288,7 +289,7 @@ def test_checks_against_a_gateway_config_and_live_names(
         kafka_bootstrap, topics, "apply", str(shadowed), "--gateway-config", str(gateway_file)
     )
     assert result.exit_code == 1 and "defines this key or name itself" in result.output
-    assert asyncio.run(read_compacted(kafka_bootstrap, topics.gateway_keys)) == {}
+    assert asyncio.run(read_latest_values(kafka_bootstrap, topics.gateway_keys)) == {}
 
     first = write(tmp_path, [entry("taken", strong("taken"))], "first.yaml")
     assert keys_cli(kafka_bootstrap, topics, "apply", str(first)).exit_code == 0
@@ -296,12 +297,12 @@ def test_checks_against_a_gateway_config_and_live_names(
     result = keys_cli(kafka_bootstrap, topics, "apply", str(clash))
     assert result.exit_code == 1
     assert "entry 0 ('taken'): field 'name': already the name of live key" in result.output
-    live = asyncio.run(read_compacted(kafka_bootstrap, topics.gateway_keys))
+    live = asyncio.run(read_latest_values(kafka_bootstrap, topics.gateway_keys))
     assert list(live) == [published_as(strong("taken"))]
     # re-applying the same key (a changed principal) is an update, not a clash
     update = write(tmp_path, [entry("taken", strong("taken"), user_id="u1")], "u.yaml")
     assert keys_cli(kafka_bootstrap, topics, "apply", str(update)).exit_code == 0
-    live = asyncio.run(read_compacted(kafka_bootstrap, topics.gateway_keys))
+    live = asyncio.run(read_latest_values(kafka_bootstrap, topics.gateway_keys))
     value = live[published_as(strong("taken"))]
     assert value is not None and GATEWAY_KEY.decode(value)["user_id"] == "u1"
 
@@ -422,7 +423,7 @@ async def test_unusable_records_are_skipped_logged_and_counted_never_fatal(
             assert f"record {garbage[:12]}:" in listed.output and "bad_magic" in listed.output
             revoked = await keys_cli_async(kafka_bootstrap, topics, "revoke", garbage)
             assert revoked.exit_code == 0 and "unreadable record" in revoked.output
-            live = await read_compacted(kafka_bootstrap, topics.gateway_keys)
+            live = await read_latest_values(kafka_bootstrap, topics.gateway_keys)
             assert live[garbage.encode()] is None
             # still following: a later key applies
             await publish(

@@ -16,8 +16,9 @@ from enforcer import Enforcer, EnforcerConfig
 from schemas.codec import DEAD_LETTER, VERDICT
 from schemas.ids import counter_key
 from schemas.periods import FUTURE_EVENT, period_end, period_key
+from schemas.topic_reader import read_latest_values
 from schemas.usage import BUDGET_EXCEEDED, new_usage_event
-from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.compacted import publish
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +75,7 @@ def test_one_event_from_the_future_does_not_lift_an_exhausted_budget(pipeline: P
             now = datetime.now(UTC)
             assert status.period == period_key(status.plan.window, now)
             # a verdict of March (an aggregator of before this fix) is kept aside
-            live = await read_compacted(pipeline.bootstrap, pipeline.topics.budget_verdicts)
+            live = await read_latest_values(pipeline.bootstrap, pipeline.topics.budget_verdicts)
             held = VERDICT.decode(live[key.encode()])
             forged = {
                 **held,

@@ -23,8 +23,9 @@ from test_thin_slice import make_events
 from enforcer import Enforcer, EnforcerConfig
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import GATEWAY_KEY
+from schemas.topic_reader import read_latest_values
 from schemas.topics import Topics
-from spendbus.stack.compacted import publish, read_compacted
+from spendbus.stack.compacted import publish
 from spendbus.stack.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -185,10 +186,10 @@ def test_the_gateway_role_publishes_reads_verdicts_and_keys_and_may_not_write_bu
             await producer.stop()
 
     asyncio.run(as_gateway())
-    assert asyncio.run(read_compacted(bootstrap, topics.budget_verdicts, security=gw)) == {
+    assert asyncio.run(read_latest_values(bootstrap, topics.budget_verdicts, security=gw)) == {
         b"c1": b"v1"
     }
-    keys = asyncio.run(read_compacted(bootstrap, topics.gateway_keys, security=gw))
+    keys = asyncio.run(read_latest_values(bootstrap, topics.gateway_keys, security=gw))
     assert GATEWAY_KEY.decode(keys[b"f" * 64])["name"] == "team-a"
 
     # the CLI as the gateway's principal: refused with a clear error, no password shown
@@ -199,7 +200,7 @@ def test_the_gateway_role_publishes_reads_verdicts_and_keys_and_may_not_write_bu
     assert done.returncode != 0
     assert "not authorized" in (done.stdout + done.stderr).lower()
     assert_no_password(secured_kafka, done.stdout, done.stderr)
-    policies = asyncio.run(read_compacted(bootstrap, topics.budget_policies, security=admin))
+    policies = asyncio.run(read_latest_values(bootstrap, topics.budget_policies, security=admin))
     assert b"b1" not in policies
 
 

@@ -19,7 +19,8 @@ from test_thin_slice import make_events, publish_events
 from aggregator.verify import verify
 from schemas.codec import VERDICT
 from schemas.ids import counter_key
-from spendbus.stack.compacted import publish, read_compacted
+from schemas.topic_reader import read_latest_values
+from spendbus.stack.compacted import publish
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +66,7 @@ def test_recomputed_counters_equal_the_live_verdicts(pipeline: Pipeline, tmp_pat
     # a verdict that lies (a newer seq, the wrong spend) is found
     key = counter_key("per-secret", (events[0]["org_id"], events[0]["secret_id"]))
     live: dict[bytes, Any] = asyncio.run(
-        read_compacted(pipeline.bootstrap, pipeline.topics.budget_verdicts)
+        read_latest_values(pipeline.bootstrap, pipeline.topics.budget_verdicts)
     )
     verdict = VERDICT.decode(live[key.encode()])
     forged = {**verdict, "seq": verdict["seq"] + 1, "spent_nanos": verdict["spent_nanos"] + 1}

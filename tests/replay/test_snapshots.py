@@ -15,9 +15,9 @@ from aggregator.snapshots import (
     fold_ledger,
     latest_snapshot,
     load_reference,
-    read_topic,
     write_snapshot,
 )
+from schemas.topic_reader import read_latest_values
 from schemas.topics import Topics
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ def test_snapshot_start_equals_full_replay(
 
     # a second snapshot supersedes the first; the old one's keys are tombstoned beyond `keep`
     second = asyncio.run(write_snapshot(kafka_bootstrap, topics, from_zero, keep=1))
-    live = asyncio.run(read_topic(kafka_bootstrap, topics.counter_snapshots))
+    live = asyncio.run(read_latest_values(kafka_bootstrap, topics.counter_snapshots))
     assert {k.split(b"|")[0] for k, v in live.items() if v is not None} == {second.encode()}
 
 
