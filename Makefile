@@ -36,7 +36,7 @@ native: $(STAMP) $(NATIVE_STAMP)
 
 # The Kafka broker's jars, fetched once from Maven Central into the cache.
 broker: native
-	$(BIN)/python -c "from spendbus.stack.kafka import ensure_broker_jars; print(ensure_broker_jars())"
+	$(BIN)/python -c "from spendbus.stack.broker_jars import ensure_broker_jars; print(ensure_broker_jars())"
 
 demo: broker
 	$(BIN)/spendbus demo

@@ -39,7 +39,8 @@ from bench.benchkit import apply_reference, events  # noqa: E402
 from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
-from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
+from spendbus.stack.broker_jars import ensure_broker_jars  # noqa: E402
+from spendbus.stack.kafka import LocalKafka  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 
 #: how often /stats is read while the burst is worked through

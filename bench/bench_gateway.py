@@ -89,7 +89,7 @@ async def measure(
     *,
     security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
-    from spendbus.stack.kafka import free_port
+    from spendbus.stack.broker_probe import free_port
 
     topics = await setup_topics(bootstrap, security=security)
     up_port, pass_port, twin_port, gw_port = free_port(), free_port(), free_port(), free_port()
@@ -274,7 +274,8 @@ def main() -> None:
     # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
     security = load_settings().kafka_security if bootstrap else PLAINTEXT
     if not bootstrap:
-        from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+        from spendbus.stack.broker_jars import ensure_broker_jars
+        from spendbus.stack.kafka import LocalKafka
 
         ensure_broker_jars()
         broker = LocalKafka(data_dir=Path(tempfile.mkdtemp(prefix="bench-kafka-")), port=0)

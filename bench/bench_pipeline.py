@@ -46,8 +46,9 @@ from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import new_usage_event  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
+from spendbus.stack.broker_jars import ensure_broker_jars  # noqa: E402
 from spendbus.stack.cluster import LocalCluster  # noqa: E402
-from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
+from spendbus.stack.kafka import LocalKafka  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 from spendbus.stack.worker import WorkerProcess  # noqa: E402
 

@@ -234,7 +234,8 @@ def main() -> None:
     # a cluster of your own: its KAFKA_* security settings; the bench's broker: plaintext
     security = load_settings().kafka_security if bootstrap else PLAINTEXT
     if not bootstrap:
-        from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+        from spendbus.stack.broker_jars import ensure_broker_jars
+        from spendbus.stack.kafka import LocalKafka
 
         ensure_broker_jars()
         broker = LocalKafka(data_dir=Path(tempfile.mkdtemp(prefix="bench-kafka-")), port=0)

@@ -59,7 +59,8 @@ from schemas.topics import Topics  # noqa: E402
 from schemas.usage import billed_tokens  # noqa: E402
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
-from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
+from spendbus.stack.broker_jars import ensure_broker_jars  # noqa: E402
+from spendbus.stack.kafka import LocalKafka  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -48,7 +48,8 @@ from schemas.topic_reader import TopicReader  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from spendbus.commands.replay import GenerationReplay, Meter, StackPlace, progress_bar  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
-from spendbus.stack.kafka import LocalKafka, ensure_broker_jars  # noqa: E402
+from spendbus.stack.broker_jars import ensure_broker_jars  # noqa: E402
+from spendbus.stack.kafka import LocalKafka  # noqa: E402
 from spendbus.stack.topics import ensure_topics  # noqa: E402
 
 

@@ -16,8 +16,8 @@ from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import default_price_file, load_price_file
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
-from spendbus.stack.kafka import free_port
 from spendbus.stack.worker import WorkerProcess
 
 #: three counters an event: secret/month, org/day, user/rolling 1h (limits never reached)

@@ -18,7 +18,7 @@ from schemas.budgets import Budget, budgets_from_yaml
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import PriceBook
 from schemas.topics import Topics
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 NANOS = 1_000_000_000

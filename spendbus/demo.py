@@ -60,8 +60,8 @@ from spendbus.demo_traffic import (
 )
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
 from spendbus.settings import Settings
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
-from spendbus.stack.kafka import free_port
 from spendbus.stack.local import LocalStack, worker_process
 
 console = Console()

@@ -77,7 +77,8 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+    from spendbus.stack.broker_jars import ensure_broker_jars
+    from spendbus.stack.kafka import LocalKafka
 
     ensure_broker_jars()
     broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka"), port=0)
@@ -91,7 +92,8 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def local_broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A broker of our own, for tests that stop and restart it (never the shared one)."""
-    from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+    from spendbus.stack.broker_jars import ensure_broker_jars
+    from spendbus.stack.kafka import LocalKafka
 
     ensure_broker_jars()
     broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka-own"), port=0)
@@ -107,8 +109,8 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Three local KRaft nodes (each a broker and a controller voter, spendbus/stack/cluster.py)
     for the tests that ask: fault tests kill, stop and restart its nodes; each such test
     leaves every node running again (``cluster.start()``) for the next."""
+    from spendbus.stack.broker_jars import ensure_broker_jars
     from spendbus.stack.cluster import LocalCluster
-    from spendbus.stack.kafka import ensure_broker_jars
 
     ensure_broker_jars()
     cluster = LocalCluster(tmp_path_factory.mktemp("kafka-cluster"), brokers=3)
@@ -186,7 +188,7 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     deny-by-default ACLs): see kafka_security_kit. Started only for the tests that ask."""
     from kafka_security_kit import start_secured_kafka
 
-    from spendbus.stack.kafka import ensure_broker_jars
+    from spendbus.stack.broker_jars import ensure_broker_jars
 
     ensure_broker_jars()
     secured = start_secured_kafka(tmp_path_factory.mktemp("kafka-sasl-ssl"))

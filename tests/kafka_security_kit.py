@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.kafka import KafkaSecurity
-from spendbus.stack.kafka import LocalKafka, SaslSslListener
+from spendbus.stack.broker_security import SaslSslListener
+from spendbus.stack.kafka import LocalKafka
 
 #: the users the broker knows: one super user (the operator's admin) and one per role
 USERS = ("admin", "gw", "worker", "sidecar", "ops")

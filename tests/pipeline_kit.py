@@ -17,8 +17,8 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.topics import Topics
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
-from spendbus.stack.kafka import free_port
 from spendbus.stack.worker import WorkerProcess
 
 T = TypeVar("T")

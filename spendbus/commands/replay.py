@@ -79,7 +79,7 @@ from schemas.money import format_usd
 from schemas.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.topic_reader import read_latest_values
 from schemas.topics import Topics, check_generation
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.topics import ensure_topics
 from spendbus.stack.worker import WorkerProcess
 

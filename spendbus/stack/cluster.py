@@ -22,13 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from schemas.replication import ReplicationPolicy
-from spendbus.stack.kafka import (
-    DEFAULT_INFRA_DIR,
-    BrokerStartError,
-    LocalKafka,
-    _free_ports,
-    _new_cluster_id,
-)
+from spendbus.stack.broker_jars import DEFAULT_INFRA_DIR
+from spendbus.stack.broker_probe import free_ports
+from spendbus.stack.broker_process import BrokerStartError, new_cluster_id
+from spendbus.stack.kafka import LocalKafka
 
 __all__ = ["CLUSTER_FILE", "LocalCluster"]
 
@@ -66,9 +63,9 @@ class LocalCluster:
         elif self.brokers < 1:
             raise BrokerStartError(f"a cluster needs at least one broker, not {self.brokers}")
         else:
-            ports = iter(_free_ports(2 * self.brokers))
+            ports = iter(free_ports(2 * self.brokers))
             state = {
-                "cluster_id": _new_cluster_id(),
+                "cluster_id": new_cluster_id(),
                 "nodes": {str(n): [next(ports), next(ports)] for n in range(1, self.brokers + 1)},
             }
             self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,9 @@ from pathlib import Path
 from schemas.errors import ConfigError
 from schemas.kafka import KafkaSecurity, preflight
 from spendbus.settings import Settings
+from spendbus.stack.broker_jars import ensure_broker_jars
 from spendbus.stack.cluster import CLUSTER_FILE, LocalCluster
-from spendbus.stack.kafka import LocalKafka, ensure_broker_jars
+from spendbus.stack.kafka import LocalKafka
 from spendbus.stack.topics import ensure_topics
 from spendbus.stack.web_token import default_token_file, worker_token
 from spendbus.stack.worker import WorkerProcess

@@ -26,7 +26,7 @@ from aggregator.sink.query import EXAMPLE_QUERIES, ROLLUP_DRIFT
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.usage import new_usage_event
 from spendbus.demo import ANALYST_QUERIES
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.worker import WorkerProcess
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import pytest
 from pipeline_kit import poll
 
 from schemas.pricing import default_price_file
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from pipeline_kit import Pipeline
 from schemas.codec import USAGE_EVENT
 from schemas.usage import new_usage_event
 from spendbus.commands.status_services import redact
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
-from spendbus.stack.kafka import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.codec import USAGE_EVENT
 from schemas.usage import new_usage_event
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
-from spendbus.stack.kafka import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import ALERT
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.topics import ensure_topics, replication_report
 from spendbus.stack.worker import WorkerProcess
 

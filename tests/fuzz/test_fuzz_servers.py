@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 
 from schemas.topics import Topics
 from schemas.usage import new_usage_event, usage_event_to_json
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
 

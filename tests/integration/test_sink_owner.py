@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pipeline_kit import Pipeline, poll
 
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from pipeline_kit import Pipeline, poll
 
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.usage import new_usage_event
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.worker import WorkerProcess
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from spendbus.stack.kafka import LocalKafka, broker_ready
+from spendbus.stack.broker_probe import broker_ready
+from spendbus.stack.kafka import LocalKafka
 
 pytestmark = pytest.mark.integration
 

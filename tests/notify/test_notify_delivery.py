@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from notify.webhooks import derived_webhook_id
 from schemas.topics import Topics
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 
 pytestmark = pytest.mark.integration
 

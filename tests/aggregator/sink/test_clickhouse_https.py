@@ -34,7 +34,7 @@ from aggregator.sink.store import open_client
 from schemas.errors import ConfigError
 from spendbus.commands.status_services import clickhouse_report
 from spendbus.settings import load_settings
-from spendbus.stack.kafka import free_port
+from spendbus.stack.broker_probe import free_port
 from spendbus.stack.worker import WorkerError, WorkerProcess
 from spendbus.stack.worker import _alive as worker_alive
 
