@@ -274,5 +274,5 @@ def _later(newest: dict[str, Any] | None, message: Any) -> dict[str, Any] | None
     except Exception:  # a record status cannot read says nothing about freshness
         return newest
     if newest is None or verdict["emitted_at"] > newest["emitted_at"]:
-        return verdict  # type: ignore[no-any-return]
+        return verdict
     return newest
