@@ -3,7 +3,7 @@
 ``schemas.codec.USAGE_EVENT.decode`` is the contract's reader (fastavro); it was a
 third of a worker's time. For a message written with the current schema this
 module reads the body with the reader generated from the schema
-(``schemas.codec.record_reader_source``), timestamps as integer microseconds (the
+(``schemas.avro_reader.record_reader_source``), timestamps as integer microseconds (the
 fold's unit), and builds ``occurred_at`` itself (the same aware UTC datetime).
 The generated reader is kept as a module, ``aggregator/usage_reader.py``, so mypyc
 compiles it with the rest of the fold (a test holds it equal to what the schema
@@ -21,11 +21,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from aggregator import usage_reader
-from schemas.codec import (
-    HEADER_LEN,
-    USAGE_EVENT,
-    BodyReader,
-)
+from schemas.avro_reader import BodyReader
+from schemas.codec import HEADER_LEN, USAGE_EVENT
 from schemas.periods import EPOCH, to_micros
 
 #: the generated reader module, beside this file

@@ -4,7 +4,7 @@ At a few thousand events a second most events send a Verdict (a quiet counter se
 at once), and ``VERDICT.encode(verdict_record(...))`` spent most of its time in
 fastavro's generic writer and in building datetimes only to turn them back into
 microseconds. This writer is the codec's own generated body writer
-(``schemas.codec.compile_record_writer``, held byte-identical to fastavro by the
+(``schemas.avro_writer.compile_record_writer``, held byte-identical to fastavro by the
 schemas tests) fed with integer microseconds, and ``reset_at`` is looked up per
 (window, period): every instant of a calendar period ends at the same time. Any
 value the generated writer does not take goes through ``VERDICT.encode``, so the
@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Final
 
 from aggregator.fold import CounterState, verdict_fields, verdict_record
+from schemas.avro_writer import BodyWriter, compile_record_writer
 from schemas.budgets import Budget
-from schemas.codec import VERDICT, BodyWriter, compile_record_writer
+from schemas.codec import VERDICT
 from schemas.periods import Window, from_micros, period_end, to_micros
 
 _writer = compile_record_writer(VERDICT.schema)

@@ -38,7 +38,8 @@ from fastavro import parse_schema, writer
 
 from aggregator.sink import apply_schema, open_client, rows_from_priced
 from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, USAGE_COLUMN_TYPES
-from schemas.codec import HEADER_LEN, PRICED_USAGE, expanded_schemas
+from schemas.avro_schemas import expanded_schemas
+from schemas.codec import HEADER_LEN, PRICED_USAGE
 
 CANDIDATES = ("rows", "columns", "arrow", "avro", "engine_raw")
 #: every stored column, in a fixed order: the equality check of a candidate's table

@@ -6,7 +6,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from schemas.codec import codec_for, reader_module_source
+from schemas.avro_reader import record_reader_source
+from schemas.codec import Codec, codec_for
+
+
+def reader_module_source(codec: Codec, *, raw_timestamps: bool = False) -> str:
+    """A module of :func:`record_reader_source` for ``codec``'s current schema, with the
+    message header it reads (``HEADER``), so its user can tell it is not stale."""
+    source = record_reader_source(
+        codec.schema,
+        raw_timestamps=raw_timestamps,
+        docstring=(
+            f"The {codec.name} body reader, generated from its schema by "
+            f"``python -m schemas.readergen``: do not edit.\n\n"
+            f"Timestamps are {'integer microseconds' if raw_timestamps else 'datetimes'}."
+        ),
+    )
+    if source is None:
+        raise ValueError(f"the {codec.name} schema has a type the reader generator does not read")
+    return (
+        f"{source}\n\n#: the message header (writer schema) this reader reads\n"
+        f"HEADER: Final = {codec.header!r}\n"
+    )
 
 
 def main() -> None:

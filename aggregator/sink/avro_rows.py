@@ -31,7 +31,8 @@ from typing import Final
 from fastavro import parse_schema, schemaless_writer, writer
 
 from aggregator.sink.batch import bodies
-from schemas.codec import HEADER_LEN, expanded_schemas
+from schemas.avro_schemas import expanded_schemas
+from schemas.codec import HEADER_LEN
 
 #: the sync marker of every container this module writes (any 16 bytes will do; fixed, so
 #: the same bodies always make the same file)

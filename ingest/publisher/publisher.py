@@ -30,7 +30,8 @@ from ingest.publisher.config import PublisherConfig
 from ingest.publisher.metrics import PublisherMetrics
 from ingest.publisher.sender import Sender
 from ingest.publisher.spool import Spool, frame
-from schemas.codec import USAGE_EVENT, expanded_schemas
+from schemas.avro_schemas import expanded_schemas
+from schemas.codec import USAGE_EVENT
 from schemas.errors import InvalidRecord
 from schemas.ids import MAX_ID_LENGTH, canonical_id
 from schemas.usage import validate_usage_event

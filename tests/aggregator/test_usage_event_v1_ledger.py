@@ -17,7 +17,7 @@ from test_process import COST, Store, event, records, reference
 
 from aggregator.decode import decode_usage_event
 from aggregator.process import BatchProcessor, RawRecord
-from schemas import codec as codec_module
+from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICED_USAGE, USAGE_EVENT
 
 V1 = json.loads(
@@ -28,7 +28,7 @@ V1_FIELDS = [f["name"] for f in V1["fields"]]
 
 def v1_bytes(record: dict[str, Any]) -> bytes:
     out = io.BytesIO()
-    out.write(MAGIC + codec_module.fingerprint(V1))
+    out.write(MAGIC + fingerprint(V1))
     schemaless_writer(out, parse_schema(V1), {name: record[name] for name in V1_FIELDS})
     return out.getvalue()
 
@@ -43,7 +43,7 @@ def test_v2_adds_defaulted_fields_only() -> None:
     added = {f["name"]: f for f in v2["fields"][len(V1_FIELDS) :]}
     assert set(added) == {"units", "service_tier", "charge_of"}  # v2, then v3
     assert added["units"]["default"] == {} and added["service_tier"]["default"] is None
-    assert codec_module.fingerprint(V1) in USAGE_EVENT.writers
+    assert fingerprint(V1) in USAGE_EVENT.writers
 
 
 def test_v1_bytes_decode_with_the_defaults_by_both_readers() -> None:

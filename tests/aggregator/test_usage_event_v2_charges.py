@@ -14,7 +14,7 @@ from test_process import COST, Store, event, records, reference
 
 from aggregator.decode import decode_usage_event
 from aggregator.process import BatchProcessor, RawRecord
-from schemas import codec as codec_module
+from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICED_USAGE, USAGE_EVENT
 
 V2 = json.loads(
@@ -25,7 +25,7 @@ V2_FIELDS = [f["name"] for f in V2["fields"]]
 
 def v2_bytes(record: dict[str, Any]) -> bytes:
     out = io.BytesIO()
-    out.write(MAGIC + codec_module.fingerprint(V2))
+    out.write(MAGIC + fingerprint(V2))
     schemaless_writer(out, parse_schema(V2), {name: record[name] for name in V2_FIELDS})
     return out.getvalue()
 

@@ -1,4 +1,4 @@
-"""The generated UsageEvent reader (schemas.codec.compile_record_reader) reads exactly what
+"""The generated UsageEvent reader (schemas.avro_reader.compile_record_reader) reads exactly what
 fastavro reads, and the hot-path decoder built on it (aggregator.decode) returns the codec's
 result or raises the codec's DecodeError (same reason, same message) for every input:
 well-formed events of every shape, and damaged ones (flipped, cut, extended bytes)."""
@@ -17,15 +17,11 @@ from hypothesis import strategies as st
 import aggregator.decode as hot
 from aggregator import usage_reader
 from aggregator.decode import decode_usage_event, read_usage_event
-from schemas.codec import (
-    HEADER_LEN,
-    USAGE_EVENT,
-    compile_record_reader,
-    reader_module_source,
-    record_reader_source,
-)
+from schemas.avro_reader import compile_record_reader, record_reader_source
+from schemas.codec import HEADER_LEN, USAGE_EVENT
 from schemas.errors import DecodeError
 from schemas.periods import to_micros
+from schemas.readergen import reader_module_source
 
 READ = compile_record_reader(USAGE_EVENT.schema)
 TEXT = st.text(max_size=12)  # any code point the UTF-8 encoder takes, multi-byte included

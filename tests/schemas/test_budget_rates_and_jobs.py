@@ -9,8 +9,9 @@ from io import BytesIO
 import pytest
 from fastavro import parse_schema, schemaless_writer
 
+from schemas.avro_schemas import fingerprint, history_versions
 from schemas.budgets import DEFAULT_REQUESTS_PER_JOB, Budget, RateLimit, budget_from_yaml
-from schemas.codec import BUDGET_POLICY, MAGIC, fingerprint, history_versions
+from schemas.codec import BUDGET_POLICY, MAGIC
 from schemas.errors import ConfigError
 
 NOW = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)

@@ -13,6 +13,7 @@ from fastavro.schema import fingerprint as avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
 from schemas import codec as codec_module
+from schemas.avro_schemas import SCHEMA_NAMES, expanded_schemas, fingerprint, history_versions
 from schemas.codec import (
     ALERT,
     BUDGET_POLICY,
@@ -23,12 +24,9 @@ from schemas.codec import (
     MAGIC,
     PRICE_TABLE,
     PRICED_USAGE,
-    SCHEMA_NAMES,
     USAGE_EVENT,
     VERDICT,
     codec_for,
-    expanded_schemas,
-    history_versions,
 )
 from schemas.errors import DecodeError
 from schemas.usage import new_usage_event
@@ -228,7 +226,7 @@ def test_header_is_the_crc64_fingerprint_of_the_canonical_form(name: str) -> Non
 
 def test_fingerprint_matches_the_avro_spec_test_vector() -> None:
     # The Avro spec's CRC-64-AVRO of the schema "int" is 0x7275d51a3f395c8f, little-endian on the wire.
-    assert codec_module.fingerprint("int") == (0x7275D51A3F395C8F).to_bytes(8, "little")  # type: ignore[arg-type]
+    assert fingerprint("int") == (0x7275D51A3F395C8F).to_bytes(8, "little")  # type: ignore[arg-type]
 
 
 def test_fingerprints_are_distinct() -> None:
@@ -325,7 +323,7 @@ def test_each_version_is_backward_compatible_with_the_previous(name: str) -> Non
         schemaless_reader(buf, parse_schema(older), parse_schema(newer))
     # and the codec itself decodes every shipped version's header
     for old in versions:
-        fp = codec_module.fingerprint(old)
+        fp = fingerprint(old)
         assert fp == codec_for(name).header[2:] or fp in codec_for(name).writers
 
 
@@ -341,14 +339,14 @@ def test_an_older_writer_version_decodes_through_the_codec(tmp_path, monkeypatch
     from fastavro import schemaless_writer
 
     buf = BytesIO()
-    buf.write(MAGIC + codec_module.fingerprint(v1))
+    buf.write(MAGIC + fingerprint(v1))
     schemaless_writer(buf, parse_schema(v1), FIXTURES["UsageEvent"])
     new_codec = codec_module.Codec(
         name="UsageEvent",
         schema=v2,
         parsed=parse_schema(v2),
-        header=MAGIC + codec_module.fingerprint(v2),
-        writers={codec_module.fingerprint(v1): parse_schema(v1)},
+        header=MAGIC + fingerprint(v2),
+        writers={fingerprint(v1): parse_schema(v1)},
     )
     decoded = new_codec.decode(buf.getvalue())
     assert decoded["region"] is None

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from fastavro import parse_schema, schemaless_writer
 
+from schemas.avro_schemas import fingerprint, history_versions
 from schemas.budgets import Budget, budget_from_yaml
-from schemas.codec import BUDGET_POLICY, MAGIC, fingerprint, history_versions
+from schemas.codec import BUDGET_POLICY, MAGIC
 from schemas.errors import ConfigError
 from schemas.periods import Window, parse_window, period_end, period_key, period_start
 

@@ -17,7 +17,7 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import codec as codec_module
+from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICE_TABLE
 from schemas.errors import ConfigError
 from schemas.pricing import PriceBook, PriceTable, load_price_file
@@ -197,7 +197,7 @@ def test_a_v1_price_record_reads_as_no_unit_prices() -> None:
         "fallback": None,
     }  # fmt: skip
     out = io.BytesIO()
-    out.write(MAGIC + codec_module.fingerprint(v1))
+    out.write(MAGIC + fingerprint(v1))
     schemaless_writer(out, parse_schema(v1), record)
     table = PriceTable.from_record(PRICE_TABLE.decode(out.getvalue()))
     assert table.models[0].unit_prices == () and table.models[0].service_tiers == ()
