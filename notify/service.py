@@ -53,6 +53,7 @@ from notify.webhooks import Webhook, redact_url
 from schemas.codec import ALERT, BUDGET_POLICY
 from schemas.errors import ContractError
 from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from schemas.topic_reader import TopicReader
 from schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -73,28 +74,12 @@ POLICY_REFRESH_SECONDS: Final = 10.0
 async def read_topic(
     bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
 ) -> list[tuple[bytes | None, bytes | None]]:
-    """Every (key, value) of ``topic`` up to its end now, in order per partition."""
-    partitions = await topic_partitions(bootstrap, topic, security=security)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
-        **security.client_kwargs(),
-    )
-    await consumer.start()
+    """Every (key, value) of ``topic`` up to the end offsets seen at start, in order per
+    partition."""
     out: list[tuple[bytes | None, bytes | None]] = []
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        pending = {tp for tp in partitions if ends[tp] > await consumer.position(tp)}
-        while pending:
-            for tp, messages in (await consumer.getmany(*pending, timeout_ms=1000)).items():
-                out.extend((m.key, m.value) for m in messages if m.offset < ends[tp])
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-    finally:
-        await consumer.stop()
+    async with TopicReader(bootstrap, topic, security=security) as reader:
+        async for _, messages in reader:
+            out.extend((m.key, m.value) for m in messages)
     return out
 
 
