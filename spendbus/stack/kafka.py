@@ -54,11 +54,9 @@ from spendbus.stack.broker_process import (
     tail_lines,
 )
 from spendbus.stack.broker_security import (
-    BROKER_USER,
-    SCRAM_MECHANISMS,
-    STANDARD_AUTHORIZER,
     SaslSslListener,
-    jaas_config,
+    sasl_ssl_properties,
+    scram_format_args,
 )
 
 __all__ = ["LocalKafka"]
@@ -348,7 +346,15 @@ class LocalKafka:
             "num.recovery.threads.per.data.dir": "1",
         }
         if self.sasl_ssl is not None:
-            props.update(self._sasl_ssl_properties(self.sasl_ssl))
+            props.update(
+                sasl_ssl_properties(
+                    self.sasl_ssl,
+                    port=self.port,
+                    sasl_ssl_port=self.sasl_ssl_port,
+                    controller_port=self.controller_port,
+                    secret=self._broker_secret(),
+                )
+            )
         props.update({k: str(v) for k, v in self.extra_config.items()})
         return props
 
@@ -359,45 +365,6 @@ class LocalKafka:
             secret = secrets.token_urlsafe(24)
             self._write_state(broker_secret=secret)
         return str(secret)
-
-    def _sasl_ssl_properties(self, listener: SaslSslListener) -> dict[str, str]:
-        port, sport, cport = self.port, self.sasl_ssl_port, self.controller_port
-        secret = self._broker_secret()
-        scram = jaas_config("scram.ScramLoginModule", BROKER_USER, secret)
-        props = {
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sport},"
-                f"CONTROLLER://127.0.0.1:{cport}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{sport}",
-            "listener.security.protocol.map": (
-                "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT"
-            ),
-            # the broker's own connections authenticate too: SCRAM between brokers, PLAIN to
-            # the controller (SCRAM credentials live in the metadata the controller serves)
-            "inter.broker.listener.name": "SASL_SSL",
-            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
-            "sasl.mechanism.controller.protocol": "PLAIN",
-            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.controller.plain.sasl.jaas.config": jaas_config(
-                "plain.PlainLoginModule", BROKER_USER, secret, **{f"user_{BROKER_USER}": secret}
-            ),
-            "listener.name.sasl_ssl.sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
-            **{
-                f"listener.name.sasl_ssl.{m.lower()}.sasl.jaas.config": scram
-                for m in SCRAM_MECHANISMS
-            },
-            "ssl.keystore.type": "PEM",
-            "ssl.keystore.location": str(listener.keystore),
-            "ssl.truststore.type": "PEM",
-            "ssl.truststore.location": str(listener.truststore),
-            "authorizer.class.name": STANDARD_AUTHORIZER,
-            "allow.everyone.if.no.acl.found": "false",
-            "super.users": ";".join(
-                f"User:{u}" for u in dict.fromkeys([BROKER_USER, *listener.super_users])
-            ),
-        }
-        return props
 
     def _write_properties(self) -> None:
         lines = [
@@ -461,8 +428,9 @@ class LocalKafka:
             cluster_id,
             "--config",
             str(self.properties_path),
-            *self._scram_format_args(),
         ]
+        if self.sasl_ssl is not None:  # the StorageTool takes SCRAM credentials only in argv
+            cmd += scram_format_args(self.sasl_ssl, self._broker_secret())
         proc = subprocess.run(
             cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False
         )
@@ -471,22 +439,6 @@ class LocalKafka:
                 f"formatting the broker storage in {self.log_dir} failed "
                 f"(exit {proc.returncode}):\n{(proc.stdout + proc.stderr).strip()}"
             )
-
-    def _scram_format_args(self) -> list[str]:
-        """``--add-scram`` for the broker's user and every listener user, both mechanisms.
-
-        The StorageTool takes credentials only as arguments: this short-lived local JVM, on a
-        test's own broker, is the one place spendbus passes a password in argv.
-        """
-        if self.sasl_ssl is None:
-            return []
-        users = {BROKER_USER: self._broker_secret(), **self.sasl_ssl.users}
-        return [
-            arg
-            for name, password in users.items()
-            for mechanism in SCRAM_MECHANISMS
-            for arg in ("--add-scram", f"{mechanism}=[name={name},password={password}]")
-        ]
 
     def _launch(self) -> None:
         libs = ensure_broker_jars(self.cache_dir, infra_dir=self.infra_dir)
