@@ -35,7 +35,7 @@ Progress = Callable[[int, int], None]
 
 
 #: runs one SQL query on the generation's ClickHouse store, returns its rows
-HistoryQuery = Callable[[str], list[Sequence[Any]]]
+HistoryQuery = Callable[[str], Sequence[Sequence[Any]]]
 HISTORY_QUERY: Final = (
     "SELECT counter_key, period, spent_nanos, spent_tokens, spent_requests, events "
     "FROM budget_history"

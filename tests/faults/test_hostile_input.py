@@ -153,9 +153,11 @@ def test_a_retry_storm_reusing_event_ids_is_charged_once(pipeline: Pipeline) -> 
     rng.shuffle(storm)
     # the first copy of each id must come first in its partition: a retry follows the original
     first_seen: set[str] = set()
-    ordered = [
-        e for e in storm if e["event_id"] not in first_seen and not first_seen.add(e["event_id"])
-    ]
+    ordered = []
+    for e in storm:
+        if e["event_id"] not in first_seen:
+            first_seen.add(e["event_id"])
+            ordered.append(e)
     ordered += [e for e in storm][len(ordered) :]
     asyncio.run(
         produce(

@@ -13,6 +13,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -55,7 +56,7 @@ async def test_a_raise_lets_an_exhausted_org_through_until_it_expires(
         auth = {"Authorization": f"Bearer {KEY_OF['sk-openai-broke']}"}
         #: (sent at, answered at, status, refusal body or None): a request was checked
         #: between the two instants
-        sent: list[tuple[float, float, int, dict | None]] = []
+        sent: list[tuple[float, float, int, dict[str, Any] | None]] = []
         raised_at: list[float] = []
 
         async def traffic(stop_at: float) -> None:

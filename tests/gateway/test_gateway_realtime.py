@@ -26,7 +26,7 @@ async def until(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, A
     async with asyncio.timeout(30):
         async for msg in ws:
             assert msg.type == aiohttp.WSMsgType.TEXT, msg
-            event = json.loads(msg.data)
+            event: dict[str, Any] = json.loads(msg.data)
             if event["type"] in kinds:
                 return event
     raise AssertionError(f"the session closed before {kinds}")

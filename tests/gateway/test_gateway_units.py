@@ -131,7 +131,7 @@ def test_unknown_paths_have_no_route(path: str) -> None:
 
 
 def key(name: str, secret: str = "kvalue-0123456789abcdef", org: str = "acme") -> VirtualKey:
-    return VirtualKey(name=name, key=secret, principal={"org_id": org, "secret_id": "sk-1"})  # type: ignore[arg-type]
+    return VirtualKey(name=name, key=secret, principal={"org_id": org, "secret_id": "sk-1"})
 
 
 def test_keys_are_found_by_digest_wherever_the_sdk_puts_them() -> None:
@@ -151,7 +151,7 @@ def test_keys_are_found_by_digest_wherever_the_sdk_puts_them() -> None:
     hashed = VirtualKey(
         name="h",
         key_sha256=key_digest("another-key-0123456789"),
-        principal={"org_id": "acme", "secret_id": "sk-1"},  # type: ignore[arg-type]
+        principal={"org_id": "acme", "secret_id": "sk-1"},
     )
     store.replace([hashed])
     assert store.lookup("another-key-0123456789") is hashed
@@ -163,7 +163,7 @@ def test_sessions_slide_per_key_and_headers_are_scoped_by_org() -> None:
     tracker = SessionTracker(idle_ttl_s=60, clock=lambda: now[0])
     a, b = key("a"), key("b", "other-0123456789abcdef", org="globex")
     first = tracker.session_id(a, None)
-    assert first.startswith("auto:a:")
+    assert first is not None and first.startswith("auto:a:")
     now[0] += 59
     assert tracker.session_id(a, None) == first  # still active: the window slides
     now[0] += 59

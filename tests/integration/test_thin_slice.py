@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,9 @@ async def publish_events(pipeline: Pipeline, spool: Path, events: list[dict[str,
         await publisher.flush()
 
 
-async def publish_raw(pipeline: Pipeline, records: list[tuple[bytes | None, bytes | None]]) -> None:
+async def publish_raw(
+    pipeline: Pipeline, records: Sequence[tuple[bytes | None, bytes | None]]
+) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=pipeline.bootstrap, acks="all")
     await producer.start()
     try:
@@ -154,7 +157,7 @@ def test_bad_records_go_to_the_dlq_with_reason_and_bytes_and_the_worker_goes_on(
     schemaless_writer(
         absurd, USAGE_EVENT.parsed, {**negative, "event_id": "bad-absurd", "output_tokens": 10**15}
     )
-    bad = [
+    bad: list[tuple[bytes | None, bytes | None]] = [
         (b"acme", b"\x00\x01garbage"),
         (b"acme", b"\xc3\x01" + b"\xee" * 8 + b"\x00"),
         (b"acme", USAGE_EVENT.header + b"\x02"),

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from notify_kit import (
     NotifierProcess,
+    Received,
     Receiver,
     deliveries,
     publish_alerts,
@@ -61,7 +62,7 @@ def _metrics(port: int) -> dict[tuple[str, str], float]:
     }
 
 
-def _per_key(received: list) -> collections.Counter[str]:
+def _per_key(received: list[Received]) -> collections.Counter[str | None]:
     return collections.Counter(r.idempotency_key for r in received)
 
 
@@ -230,8 +231,8 @@ def test_failing_webhook_does_not_hold_the_others(
     finally:
         notifier.stop()
     # a 404 is not retried: one attempt each, recorded failed
-    gone = _per_key(receiver.attempts("/gone"))
-    assert gone == {a["alert_id"]: 1 for a in alerts}
+    attempts_gone = _per_key(receiver.attempts("/gone"))
+    assert attempts_gone == {a["alert_id"]: 1 for a in alerts}
     failed = [d for d in deliveries(kafka_bootstrap, topics) if d.status == "failed"]
     assert {(d.attempts, d.http_status) for d in failed} == {(1, 404)}
 

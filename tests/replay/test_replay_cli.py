@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from pipeline_kit import Pipeline
-from replay_kit import make_events, publish
+from pipeline_kit import publish_usage as publish
+from replay_kit import make_events
 
 from schemas.topics import Topics
 from spendbus.cli import cli

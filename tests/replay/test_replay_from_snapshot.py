@@ -131,7 +131,7 @@ def test_an_incomplete_snapshot_is_refused_and_nothing_is_started(
     events = make_events(50, seed=43)
 
     async def publish_without_manifest() -> None:
-        from replay_kit import publish
+        from pipeline_kit import publish_usage as publish
 
         await publish(kafka_bootstrap, topics.usage_raw, events)
         reference = await load_reference(kafka_bootstrap, topics)
@@ -173,7 +173,7 @@ def test_seeding_a_generation_that_has_run_is_refused(
     )
 
     async def scenario() -> None:
-        from replay_kit import publish
+        from pipeline_kit import publish_usage as publish
 
         await publish(kafka_bootstrap, topics.usage_raw, make_events(40, seed=44))
         reference = await load_reference(kafka_bootstrap, topics)

@@ -136,7 +136,7 @@ def test_a_price_correction_replay_reports_exactly_the_changed_spend_and_alerts_
         report = run.report(settle_seconds=15)
         assert report.consistent, (report.vs_ledger[:5], (report.vs_clickhouse or [])[:5])
         assert {c.org_id: c.delta_nanos for c in report.org_changes} == dict(expected)
-        before = defaultdict(int)
+        before: defaultdict[str, int] = defaultdict(int)
         for e in events:
             before[e["org_id"]] += old_book.price_event(e).cost_nanos
         assert {c.org_id: c.before_nanos for c in report.org_changes} == dict(before)

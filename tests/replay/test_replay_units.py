@@ -10,8 +10,9 @@ from aggregator.config import AggregatorConfig
 from aggregator.generations import Difference, compare_views, generation_dsn
 from aggregator.process import BatchStats
 from aggregator.snapshots import CHUNK, FoldState, snapshot_from_records, snapshot_records
+from schemas.codec import GENERATION_SWITCH
 from schemas.errors import ConfigError, DecodeError
-from schemas.generations import GENERATION_SWITCH, GenerationSwitch
+from schemas.generations import GenerationSwitch
 from schemas.topics import Topics
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from pipeline_kit import Pipeline
-from replay_kit import BASE_TIME, make_events, publish
+from pipeline_kit import publish_usage as publish
+from replay_kit import BASE_TIME, make_events
 
 from aggregator.snapshots import (
     Bounds,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from io import BytesIO
+from typing import Any
 
 import pytest
 from fastavro import parse_schema, schemaless_writer
@@ -43,7 +44,7 @@ def test_rate_limits_parse_and_list_their_windows() -> None:
         ),
     ],
 )
-def test_bad_rates_name_the_field(item: dict, message: str) -> None:
+def test_bad_rates_name_the_field(item: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=r"budgets.yaml: budget 'b': " + message):
         parse(**item)
 
@@ -67,7 +68,7 @@ def test_job_budget_shorthand_defaults_to_500_requests_per_job() -> None:
         ({"job_budget": {"per_job": 3}}, r"field 'job_budget.per_job'"),
     ],
 )
-def test_bad_job_budgets_name_the_field(item: dict, message: str) -> None:
+def test_bad_job_budgets_name_the_field(item: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=r"budget 'jobs': " + message):
         budget_from_yaml({"id": "jobs", **item})
 

@@ -6,6 +6,8 @@ import itertools
 import json
 from datetime import UTC, datetime
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import pytest
 from fastavro import parse_schema
@@ -34,7 +36,7 @@ from schemas.usage import new_usage_event
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 
 
-def usage() -> dict:
+def usage() -> dict[str, Any]:
     return new_usage_event(
         provider="anthropic",
         api="anthropic-messages",
@@ -298,7 +300,7 @@ def test_current_schema_is_the_latest_released_version(name: str) -> None:
     )
 
 
-def _sample(schema: dict) -> dict:
+def _sample(schema: dict[str, Any]) -> dict[str, Any]:
     """A record for ``schema`` with every field present (defaults, or a typed placeholder)."""
     return FIXTURES[schema["name"]]
 
@@ -327,7 +329,9 @@ def test_each_version_is_backward_compatible_with_the_previous(name: str) -> Non
         assert fp == codec_for(name).header[2:] or fp in codec_for(name).writers
 
 
-def test_an_older_writer_version_decodes_through_the_codec(tmp_path, monkeypatch) -> None:
+def test_an_older_writer_version_decodes_through_the_codec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Simulate a v1 producer after a compatible v2 (a new optional field) ships."""
     v1 = json.loads(
         (resources.files("schemas") / "avro" / "history" / "UsageEvent" / "v1.avsc").read_text()

@@ -22,8 +22,10 @@ from schemas.periods import Window, parse_window, period_end, period_key, period
 NOW = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
 
 
-def utc(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def window(spec: str, **calendar: Any) -> Window:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -102,7 +103,7 @@ def test_canonical_ids() -> None:
     assert canonical_id(" Org-A ", "org_id") == "Org-A"
 
 
-def event(**over) -> dict:
+def event(**over: Any) -> dict[str, Any]:
     base = dict(
         provider="openai",
         api="openai-chat",
@@ -175,7 +176,7 @@ _EDGES: list[object] = [
 ]
 
 
-def _agrees(candidate: dict) -> None:
+def _agrees(candidate: dict[str, Any]) -> None:
     """The quick test never passes what the field-by-field reading refuses, and
     validate_usage_event names the same field as that reading."""
     from schemas.usage import _explain_invalid, _plainly_valid, validate_usage_event
@@ -206,5 +207,5 @@ def test_the_quick_validity_test_agrees_on_every_edge_of_every_field() -> None:
         st.sampled_from(sorted(event().keys())), st.sampled_from(_EDGES), min_size=2, max_size=5
     )
 )
-def test_the_quick_validity_test_agrees_on_combined_edges(changes: dict) -> None:
+def test_the_quick_validity_test_agrees_on_combined_edges(changes: dict[str, Any]) -> None:
     _agrees({**event(), **changes})

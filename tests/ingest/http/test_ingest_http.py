@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from http_testkit import DEAD_BOOTSTRAP, TOKEN, consume, json_event
 from slow_sender import head, send_then_stall
@@ -19,8 +21,10 @@ from schemas.topics import Topics
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-async def _client(publisher: UsagePublisher, **options: object) -> TestClient:
-    client = TestClient(TestServer(build_app(publisher, token=TOKEN, **options)))  # type: ignore[arg-type]
+async def _client(
+    publisher: UsagePublisher, **options: Any
+) -> TestClient[web.Request, web.Application]:
+    client = TestClient(TestServer(build_app(publisher, token=TOKEN, **options)))
     await client.start_server()
     return client
 
@@ -40,7 +44,9 @@ async def publisher(
 
 
 @pytest.fixture
-async def client(publisher: UsagePublisher) -> AsyncIterator[TestClient]:
+async def client(
+    publisher: UsagePublisher,
+) -> AsyncIterator[TestClient[web.Request, web.Application]]:
     client = await _client(publisher, max_body_bytes=256 * 1024, max_events=100)
     yield client
     await client.close()
@@ -57,7 +63,7 @@ async def client(publisher: UsagePublisher) -> AsyncIterator[TestClient]:
     ],
 )
 async def test_requests_without_the_token_are_refused(
-    client: TestClient, headers: dict[str, str]
+    client: TestClient[web.Request, web.Application], headers: dict[str, str]
 ) -> None:
     response = await client.post("/v1/usage", json=[json_event()], headers=headers)
     assert response.status == 401
@@ -65,7 +71,7 @@ async def test_requests_without_the_token_are_refused(
 
 
 async def test_bad_token_counts_name_the_event_and_field_and_nothing_is_published(
-    client: TestClient, publisher: UsagePublisher
+    client: TestClient[web.Request, web.Application], publisher: UsagePublisher
 ) -> None:
     good = json_event(0)
     negative = json_event(1, input_tokens=-5)
@@ -110,7 +116,7 @@ async def test_bad_token_counts_name_the_event_and_field_and_nothing_is_publishe
     ],
 )
 async def test_malformed_bodies_get_a_clear_answer(
-    client: TestClient, body: bytes, status: int, error: str
+    client: TestClient[web.Request, web.Application], body: bytes, status: int, error: str
 ) -> None:
     response = await client.post(
         "/v1/usage", data=body, headers={**AUTH, "Content-Type": "application/json"}
@@ -121,7 +127,10 @@ async def test_malformed_bodies_get_a_clear_answer(
 
 
 async def test_accepted_after_the_broker_acknowledged_and_idempotent_by_event_id(
-    client: TestClient, publisher: UsagePublisher, kafka_bootstrap: str, topics: Topics
+    client: TestClient[web.Request, web.Application],
+    publisher: UsagePublisher,
+    kafka_bootstrap: str,
+    topics: Topics,
 ) -> None:
     events = [json_event(i, org=("acme", "globex")[i % 2]) for i in range(50)]
     response = await client.post("/v1/usage", json=events, headers=AUTH)
@@ -140,7 +149,7 @@ async def test_accepted_after_the_broker_acknowledged_and_idempotent_by_event_id
     assert all(key == e["org_id"].encode() for key, e in got)
 
 
-async def test_health_and_metrics(client: TestClient) -> None:
+async def test_health_and_metrics(client: TestClient[web.Request, web.Application]) -> None:
     health = await client.get("/healthz")
     assert health.status == 200
     assert (await health.json())["status"] == "ok"

@@ -36,7 +36,7 @@ def outcome(encode: Any, record: dict[str, Any]) -> tuple[str, Any]:
 
 # text without lone surrogates (those cannot be UTF-8): ASCII, accents, CJK, emoji, and
 # now and then long enough for a length prefix of several bytes
-SHORT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+SHORT = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
 LONG = st.builds(
     lambda piece, times: piece * times,
     st.sampled_from(["a", "é", "漢", "😀"]),

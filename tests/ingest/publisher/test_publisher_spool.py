@@ -15,7 +15,7 @@ from ingest.publisher.spool import HEADER_LEN, Spool, frame, frames_of
 
 def read_all(spool: Spool, pos: int | None = None, chunk: int = 4096) -> list[tuple[bytes, bytes]]:
     pos = spool.acked if pos is None else pos
-    out = []
+    out: list[tuple[bytes, bytes]] = []
     while True:
         records, pos = spool.read(pos, chunk)
         if not records:

@@ -111,4 +111,5 @@ def gzipped(data: bytes) -> bytes:
 
 
 def case_id(case: dict[str, Any]) -> str:
-    return case["name"].split(":")[0].replace(" ", "-") + "-" + str(GOLDEN.index(case))
+    name: str = case["name"]
+    return name.split(":")[0].replace(" ", "-") + "-" + str(GOLDEN.index(case))
