@@ -55,6 +55,7 @@ from enforcer.state import EnforcerState
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE, VERDICT, Codec
 from schemas.errors import ContractError
 from schemas.generations import GenerationSwitch
+from schemas.topic_reader import read_until, start_at_beginning
 from schemas.topics import CONTROL_KEY, Topics
 
 log = logging.getLogger("spendbus.enforcer.follower")
@@ -110,26 +111,19 @@ class VerdictLoader:
                 log.warning("generation %r: waiting for topic %s", self.generation, topic)
                 await asyncio.sleep(1.0)
             tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            pending = {tp for tp in tps if ends[tp] > 0}
-            while pending:
-                batch = await consumer.getmany(*pending, timeout_ms=POLL_TIMEOUT_MS)
-                for messages in batch.values():
-                    for m in messages:
-                        if m.key is None:
-                            self.undecodable += 1
-                            continue
-                        try:
-                            value = None if m.value is None else VERDICT.decode(m.value)
-                        except ContractError:
-                            self.undecodable += 1
-                            continue
-                        self.records[m.key.decode("utf-8", "replace")] = value
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
+            ends = await start_at_beginning(consumer, tps)
+            # a stall (TopicReadStalled) fails this load: the follower logs it and loads again
+            async for _, messages in read_until(consumer, ends):
+                for m in messages:
+                    if m.key is None:
+                        self.undecodable += 1
+                        continue
+                    try:
+                        value = None if m.value is None else VERDICT.decode(m.value)
+                    except ContractError:
+                        self.undecodable += 1
+                        continue
+                    self.records[m.key.decode("utf-8", "replace")] = value
             self.positions = {tp: await consumer.position(tp) for tp in tps}
         finally:
             self._consumer = None
