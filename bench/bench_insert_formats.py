@@ -27,19 +27,24 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from bench_sink import priced_records
 from fastavro import parse_schema, writer
 
 from aggregator.sink import apply_schema, open_client, rows_from_priced
 from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, USAGE_COLUMN_TYPES
 from schemas.avro_schemas import expanded_schemas
 from schemas.codec import HEADER_LEN, PRICED_USAGE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.bench_sink`, run as a script
+
+from bench.bench_sink import priced_records
 
 CANDIDATES = ("rows", "columns", "arrow", "avro", "engine_raw")
 #: every stored column, in a fixed order: the equality check of a candidate's table

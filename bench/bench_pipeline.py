@@ -411,7 +411,10 @@ def latency(
     floor_lat = asyncio.run(
         measure(topics.usage_dlq, topics.usage_dlq, floor_record, lambda v: float(v))
     )
-    ms = lambda xs, q: round(pct(xs, q) * 1000, 2)  # noqa: E731
+
+    def ms(xs: list[float], q: float) -> float:
+        return round(pct(xs, q) * 1000, 2)
+
     return {
         "rate_events_per_s": rate,
         "seconds": seconds,
@@ -506,7 +509,7 @@ def main() -> None:
                     )
                 run["load_avg_1m"] = round(os.getloadavg()[0], 2)
                 runs.append(run)
-            result = {
+            result: dict[str, Any] = {
                 "bench": "pipeline",
                 # the first run (1 worker by default) also at the top, where `make bench` reads it
                 **{part: runs[0][part] for part in ("throughput", "latency") if part in runs[0]},

@@ -107,6 +107,17 @@ class AdmissionProbe:
     def release(self, hold_id: int | None) -> bool:
         return self.enforcer.release(hold_id)
 
+    def usage(self, ctx: Any) -> list[Any]:
+        return list(self.enforcer.usage(ctx))
+
+    @property
+    def ready(self) -> bool:
+        return self.enforcer.ready
+
+    @property
+    def stale(self) -> bool:
+        return self.enforcer.stale
+
 
 class TokenSink:
     """The replica's publisher, noting each allowed call's billed tokens and when."""

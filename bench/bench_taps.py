@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -216,7 +217,7 @@ def main() -> None:
         "parsed": EstimatorConfig(),
         "payload_bytes": EstimatorConfig(delta_text="payload_bytes"),
     }
-    formats: dict[str, object] = {}
+    formats: dict[str, dict[str, Any]] = {}
     for fmt, build in BUILDERS.items():
         request, events, body = build(args.tokens)
         gz = gzip.compress(b"".join(events))
@@ -225,7 +226,7 @@ def main() -> None:
             "stream_gzip": ([gz[i : i + 4096] for i in range(0, len(gz), 4096)], True, "gzip"),
             "body": ([body[i : i + 16384] for i in range(0, len(body), 16384)], False, None),
         }
-        entry: dict[str, object] = {}
+        entry: dict[str, Any] = {}
         for case, (chunks, streaming, encoding) in cases.items():
             modes = configs if streaming else {"parsed": configs["parsed"]}
             samples: dict[str, list[float]] = {"relay": [], "relay_socket": [], "python_floor": []}
@@ -260,10 +261,7 @@ def main() -> None:
             entry[case] = row
         formats[fmt] = entry
     summary = {
-        fmt: {
-            mode: entry["stream"][mode]["ratio_socket"]  # type: ignore[index]
-            for mode in configs
-        }
+        fmt: {mode: entry["stream"][mode]["ratio_socket"] for mode in configs}
         for fmt, entry in formats.items()
     }
     report = {
@@ -273,8 +271,7 @@ def main() -> None:
         "unit": "process CPU microseconds, median of interleaved repeats; per_mib over decoded bytes",
         "summary": {
             "stream_tap_added_in_aiohttp_relay": {
-                fmt: row["tap_added_ratio"]  # type: ignore[index]
-                for fmt, row in in_relay["formats"].items()  # type: ignore[attr-defined]
+                fmt: row["tap_added_ratio"] for fmt, row in in_relay["formats"].items()
             },
             "stream_ratio_socket": summary,
         },

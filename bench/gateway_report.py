@@ -19,7 +19,8 @@ def summarise(
     ramp_s: float,
 ) -> dict[str, Any]:
     def med(path: str, key: str) -> float:
-        return statistics.median(r[key] for r in rounds[path])
+        median: float = statistics.median(r[key] for r in rounds[path])
+        return median
 
     def added(
         path: str, base: str, of: dict[str, list[dict[str, Any]]] = rounds

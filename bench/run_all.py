@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -104,7 +105,7 @@ HEADLINES = [
 ]
 
 
-def dig(data: dict, path: str) -> object:
+def dig(data: object, path: str) -> object:
     for part in path.split("."):
         if not isinstance(data, dict) or part not in data:
             return "-"
@@ -116,7 +117,7 @@ def main() -> None:
     console = Console()
     out_dir = Path(__file__).resolve().parent / "results"
     out_dir.mkdir(exist_ok=True)
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, Any]] = {}
     for name, args in BENCHES.items():
         script = Path(__file__).resolve().parent / f"bench_{name}.py"
         with console.status(f"bench {name}..."):

@@ -219,7 +219,7 @@ class PairedRelay:
         realtime: bool = True,
         null_check: bool = False,
         spin_us: float = 0.0,
-    ) -> dict[str, object]:
+    ) -> dict[str, Any]:
         cpus = sorted(os.sched_getaffinity(0))
         realtime = realtime and _may_run_realtime()
         relay_cores: list[int | None] = [None, None]

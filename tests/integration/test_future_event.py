@@ -76,7 +76,9 @@ def test_one_event_from_the_future_does_not_lift_an_exhausted_budget(pipeline: P
             assert status.period == period_key(status.plan.window, now)
             # a verdict of March (an aggregator of before this fix) is kept aside
             live = await read_latest_values(pipeline.bootstrap, pipeline.topics.budget_verdicts)
-            held = VERDICT.decode(live[key.encode()])
+            value = live[key.encode()]
+            assert value is not None  # not a tombstone
+            held = VERDICT.decode(value)
             forged = {
                 **held,
                 "period": "m:2027-03",

@@ -155,7 +155,7 @@ def test_the_gateway_role_publishes_reads_verdicts_and_keys_and_may_not_write_bu
     assert f"WRITE on TOPIC {topics.usage_raw}" in printed
     assert f"WRITE on TOPIC {topics.budget_policies}" not in printed
     # what the operator and the aggregator would have written
-    key = {
+    key: dict[str, Any] = {
         "name": "team-a",
         "org_id": "acme",
         "secret_id": "sk-1",
@@ -190,7 +190,8 @@ def test_the_gateway_role_publishes_reads_verdicts_and_keys_and_may_not_write_bu
         b"c1": b"v1"
     }
     keys = asyncio.run(read_latest_values(bootstrap, topics.gateway_keys, security=gw))
-    assert GATEWAY_KEY.decode(keys[b"f" * 64])["name"] == "team-a"
+    value = keys[b"f" * 64]
+    assert value is not None and GATEWAY_KEY.decode(value)["name"] == "team-a"
 
     # the CLI as the gateway's principal: refused with a clear error, no password shown
     budget_file = Path(secured_kafka.folder) / f"{topics.prefix}budgets.yaml"

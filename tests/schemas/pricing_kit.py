@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import TypedDict, Unpack
 
 from schemas.pricing import (
     LongContextTier,
@@ -34,7 +35,17 @@ def book(*models: ModelPrice, fallback: ModelPrice | None = None) -> PriceBook:
     return PriceBook([table(*models, fallback=fallback)])
 
 
-def cost(price: ModelPrice, **tokens: int) -> int:
+class Tokens(TypedDict, total=False):
+    """The token counts ``PriceBook.price`` takes."""
+
+    input_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cache_write_1h_tokens: int
+    output_tokens: int
+
+
+def cost(price: ModelPrice, **tokens: Unpack[Tokens]) -> int:
     return (
         book(price)
         .price("claude-sonnet-4-5" if price is SONNET else price.match, at=AT, **tokens)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from pricing_kit import AT, SONNET, T0, book, cost, table
@@ -281,8 +282,8 @@ def test_times_need_a_zone() -> None:
 # --- events, worst case -------------------------------------------------------------
 
 
-def event(**kw: object) -> dict:
-    fields: dict = {
+def event(**kw: object) -> dict[str, Any]:
+    fields: dict[str, Any] = {
         "provider": "anthropic",
         "api": "anthropic-messages",
         "model": "claude-sonnet-4-5-20250929",

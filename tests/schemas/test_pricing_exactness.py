@@ -3,7 +3,6 @@ brute-force ``Fraction`` computation and ``money.line_cost`` over random prices 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 
@@ -67,7 +66,7 @@ thresholds = st.integers(min_value=0, max_value=4_000_000)
 
 
 @st.composite
-def model_prices(draw: Callable) -> ModelPrice:
+def model_prices(draw: st.DrawFn) -> ModelPrice:
     tier = None
     base = draw(usd_per_mtok)
     if Decimal(base) > 0 and draw(st.booleans()):
