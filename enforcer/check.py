@@ -68,6 +68,7 @@ from schemas.usage import (
     FAILED_OPEN,
     IN_FLIGHT_BUDGET_EXCEEDED,
     MAX_TOKENS_PER_EVENT,
+    PRICED_TOKEN_FIELDS,
     THROTTLED,
     billed_tokens,
     new_usage_event,
@@ -1809,16 +1810,7 @@ class Checker:
         if hold is None:
             return False
         occurred = event["occurred_at"]
-        tokens = {
-            name: event.get(name, 0)
-            for name in (
-                "input_tokens",
-                "cache_read_tokens",
-                "cache_write_tokens",
-                "cache_write_1h_tokens",
-                "output_tokens",
-            )
-        }
+        tokens = {name: event.get(name, 0) for name in PRICED_TOKEN_FIELDS}
         price = self.state.prices.price(
             event["model"],
             at=occurred,

@@ -51,7 +51,7 @@ from schemas.codec import USAGE_EVENT
 from schemas.errors import ContractError
 from schemas.periods import from_micros
 from schemas.topics import Topics
-from schemas.usage import THROTTLED
+from schemas.usage import PRICED_TOKEN_FIELDS, THROTTLED
 
 log = logging.getLogger("spendbus.enforcer.sidecar")
 
@@ -547,13 +547,7 @@ def _settle_event(usage: dict[str, Any], now_s: float) -> dict[str, Any]:
     if not isinstance(model, str) or not model:
         raise ContractError("model: required, the model the provider billed")
     event: dict[str, Any] = {"model": model, "occurred_at": at}
-    for name in (
-        "input_tokens",
-        "cache_read_tokens",
-        "cache_write_tokens",
-        "cache_write_1h_tokens",
-        "output_tokens",
-    ):
+    for name in PRICED_TOKEN_FIELDS:
         value = usage.get(name, 0)
         if type(value) is not int or value < 0:
             raise ContractError(f"{name}: must be an integer >= 0")

@@ -38,6 +38,8 @@ REFUSAL_DECISIONS: Final = frozenset(
 OUTCOMES: Final = ("allowed", "refused", "failed_open", "failed_closed")
 USAGE_SOURCES: Final = ("reported", "estimated", "none")
 
+#: the six token counts of a UsageEvent, in the order of its schema (and of the
+#: usage_events columns)
 TOKEN_FIELDS: Final = (
     "input_tokens",
     "cache_read_tokens",
@@ -46,6 +48,9 @@ TOKEN_FIELDS: Final = (
     "output_tokens",
     "reasoning_tokens",
 )
+#: the token counts a price applies to (``PriceBook.price``'s keywords): reasoning tokens
+#: are a part of output_tokens, priced with them
+PRICED_TOKEN_FIELDS: Final = TOKEN_FIELDS[:5]
 #: no single call bills this many tokens; a larger count is a bug or an attack
 MAX_TOKENS_PER_EVENT: Final = 100_000_000
 #: event times outside these bounds are refused (they would open absurd periods)
