@@ -49,6 +49,7 @@ from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import DecodeError
 from schemas.ids import canonical_id
 from schemas.topics import store_row_value
+from schemas.usage import TOKEN_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +80,7 @@ USAGE_COLUMNS: Final = (
     ("groups", "Array(String)"),
     ("session_id", "Nullable(String)"),
     ("tags", "Map(String, String)"),
-    ("input_tokens", "Int64"),
-    ("cache_read_tokens", "Int64"),
-    ("cache_write_tokens", "Int64"),
-    ("cache_write_1h_tokens", "Int64"),
-    ("output_tokens", "Int64"),
-    ("reasoning_tokens", "Int64"),
+    *((name, "Int64") for name in TOKEN_FIELDS),
     ("usage_source", "LowCardinality(String)"),
     ("estimate_reason", "Nullable(String)"),
     ("outcome", "LowCardinality(String)"),
