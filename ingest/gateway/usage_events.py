@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ingest.taps import TapResult
-from schemas.usage import new_usage_event
+from schemas.usage import TOKEN_FIELDS, new_usage_event
 
 from .call import Call
 
@@ -90,12 +90,7 @@ def separate_charge_fields(event: Mapping[str, Any], result: TapResult) -> Itera
             **{k: event[k] for k in _CHARGE_COPIED},
             "event_id": f"{event['event_id']}.charge-{number}",
             "model": charge.model or event["model"],
-            "input_tokens": charge.input_tokens,
-            "output_tokens": charge.output_tokens,
-            "cache_read_tokens": charge.cache_read_tokens,
-            "cache_write_tokens": charge.cache_write_tokens,
-            "cache_write_1h_tokens": charge.cache_write_1h_tokens,
-            "reasoning_tokens": charge.reasoning_tokens,
+            **{name: getattr(charge, name) for name in TOKEN_FIELDS},
             "usage_source": charge.usage_source,
             "charge_of": event["event_id"],
         }

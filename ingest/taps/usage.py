@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from schemas.usage import TOKEN_FIELDS
+
 UsageSource = Literal["reported", "estimated", "none"]
 
 #: Largest token count accepted in one field of one response: a larger value is
@@ -133,12 +135,7 @@ class TapResult:
         """The JSON object ``spendbus tap inspect`` prints."""
         out: dict[str, Any] = {
             "model": self.model,
-            "input_tokens": self.input_tokens,
-            "cache_read_tokens": self.cache_read_tokens,
-            "cache_write_tokens": self.cache_write_tokens,
-            "cache_write_1h_tokens": self.cache_write_1h_tokens,
-            "output_tokens": self.output_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
+            **{name: getattr(self, name) for name in TOKEN_FIELDS},
             "usage_source": self.usage_source,
         }
         if self.estimate_reason is not None:
