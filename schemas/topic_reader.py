@@ -77,11 +77,11 @@ async def read_until(
         fetched = await consumer.getmany(*pending, timeout_ms=_POLL_MS, max_records=max_records)
         for tp, messages in fetched.items():
             end = ends[tp]
-            below = [m for m in messages if m.offset < end]
-            if len(below) < len(messages):
+            if messages and messages[-1].offset >= end:  # a partition's records come in order
+                messages = [m for m in messages if m.offset < end]
                 consumer.seek(tp, end)  # what lies past the end is the follower's, not ours
-            if below:
-                yield tp, below
+            if messages:
+                yield tp, messages
         for tp in list(pending):
             position = await consumer.position(tp)
             if position >= ends[tp]:
