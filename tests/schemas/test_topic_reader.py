@@ -1,15 +1,19 @@
 """schemas.topic_reader against the real broker: empty, partitioned, compacted and
-truncated topics read to the ends seen at start, a follower going on from there, a stall."""
+truncated topics read to the ends seen at start, a follower going on from there, a stall
+(an end past the log), a broker gone mid-read."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 
 from schemas.topic_reader import (
+    Records,
     TopicReader,
     TopicReadStalled,
     read_latest_values,
@@ -168,3 +172,35 @@ async def test_a_read_that_cannot_reach_its_end_raises_naming_partition_and_offs
 async def test_a_topic_reader_is_read_inside_its_context(kafka_bootstrap: str) -> None:
     with pytest.raises(RuntimeError, match="async with"):
         TopicReader(kafka_bootstrap, "never-opened").__aiter__()
+
+
+async def test_a_read_whose_broker_goes_away_raises_rather_than_waits(
+    local_broker: Any, unique: str
+) -> None:
+    bootstrap = local_broker.bootstrap
+    topic = await _create(bootstrap, f"t{unique}.gone")
+    await _publish(bootstrap, topic, [(0, None, b"x"), (0, None, b"y")])
+    tp = TopicPartition(topic, 0)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+    )
+    await consumer.start()
+    try:
+        await start_at_beginning(consumer, [tp])
+        await asyncio.to_thread(local_broker.stop)
+        try:
+            with pytest.raises(TopicReadStalled) as stalled:
+                await asyncio.wait_for(
+                    _drain(read_until(consumer, {tp: 5}, stall_s=2.0)), timeout=60
+                )
+        finally:
+            await asyncio.to_thread(local_broker.start)  # for the next test that asks for it
+    finally:
+        await consumer.stop()
+    assert stalled.value.behind[tp][1] == 5
+    assert f"{topic}[0] at offset" in str(stalled.value)
+
+
+async def _drain(batches: AsyncIterator[tuple[TopicPartition, Records]]) -> None:
+    async for _ in batches:
+        pass
