@@ -43,8 +43,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from aggregator.changelogs import ensure_changelogs
 from aggregator.config import AggregatorConfig
-from aggregator.counting import ensure_changelogs
 from aggregator.fold import CounterState
 from aggregator.process import BatchProcessor, BatchStats, RawRecord, VerdictChange
 from aggregator.reference import Reference, ReferenceFollower

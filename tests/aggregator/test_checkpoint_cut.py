@@ -17,8 +17,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from aggregator.counting import _Outgoing
 from aggregator.fold import CounterState, PeriodTotals
+from aggregator.output_batches import Outgoing
 from aggregator.state import CountingStore, encode_counter
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ def test_a_cut_seals_batches_and_settles_only_its_epoch(kafka_bootstrap: str, un
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=0)
         await producer.start()
         try:
-            outgoing = _Outgoing(producer)
+            outgoing = Outgoing(producer)
             for n in range(300):  # before the cut, both partitions
                 outgoing.add(topic, n % 2, None, f"before-{n}".encode())
             epoch = outgoing.seal()
@@ -115,7 +115,7 @@ def test_a_topic_on_its_own_producer_keeps_the_epochs(kafka_bootstrap: str, uniq
         await shared.start()
         await own.start()
         try:
-            outgoing = _Outgoing(shared, own_producer={own_topic: own})
+            outgoing = Outgoing(shared, own_producer={own_topic: own})
             for n in range(300):
                 outgoing.add(shared_topic, n % 2, None, f"before-{n}".encode())
                 outgoing.add(own_topic, n % 2, None, f"before-{n}".encode())

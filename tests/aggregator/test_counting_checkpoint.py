@@ -15,7 +15,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from pipeline_kit import BUDGETS_YAML, price_book
 
 from aggregator.config import AggregatorConfig
-from aggregator.counting import CountingError, CountingStage
+from aggregator.counting import CountingStage
+from aggregator.counting_error import CountingError
 from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor
 from aggregator.reference import Reference
