@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_clickhouse_sink import (  # noqa: F401 (fixtures)
+from clickhouse_sink_kit import (
     WritePath,
-    client,
-    engine,
-    path,
     priced,
 )
 
 from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, rows_from_priced
 
 
-def test_units_and_tier_are_stored_and_listed_per_unit(client: Any, path: WritePath) -> None:  # noqa: F811
+def test_units_and_tier_are_stored_and_listed_per_unit(client: Any, path: WritePath) -> None:
     searched = priced(1, units={"web_search": 3, "web_fetch": 1}, service_tier="priority")
     plain = priced(2)
     assert path.write(path.sink(client), [searched, plain]) == 2
@@ -33,7 +30,7 @@ def test_units_and_tier_are_stored_and_listed_per_unit(client: Any, path: WriteP
     assert per_unit == [("web_fetch", 1, "priority"), ("web_search", 3, "priority")]
 
 
-def test_rows_stored_before_the_columns_read_empty(client: Any) -> None:  # noqa: F811
+def test_rows_stored_before_the_columns_read_empty(client: Any) -> None:
     """A row inserted without the v2 columns (as before ddl/006) reads the defaults."""
     names = [n for n in USAGE_COLUMN_NAMES if n not in ("units", "service_tier", "charge_of")]
     row = rows_from_priced([priced(5)])[0][: len(names)]
@@ -41,7 +38,7 @@ def test_rows_stored_before_the_columns_read_empty(client: Any) -> None:  # noqa
     assert client.query("SELECT units, service_tier FROM usage_events").result_rows == [({}, None)]
 
 
-def test_a_further_charge_names_its_call_on_both_insert_paths(client: Any, path: WritePath) -> None:  # noqa: F811
+def test_a_further_charge_names_its_call_on_both_insert_paths(client: Any, path: WritePath) -> None:
     """usage_events.charge_of (ddl/008): a declined fallback hop's own event names the
     call it is billed apart from; analysts count requests without those rows."""
     call = priced(1, model="claude-sonnet-4-5-20250929")
