@@ -163,7 +163,7 @@ def _period_totals(slot: dict[int, list[int]]) -> tuple[int, int, int, int]:
     )
 
 
-async def verify(
+async def verify_counters(
     bootstrap: str,
     topics: Topics,
     progress: Progress | None = None,

@@ -40,13 +40,14 @@ sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from aggregator.generation_replay import StackPlace  # noqa: E402
 from aggregator.generations import group_progress  # noqa: E402
 from aggregator.snapshots import fold_ledger, load_reference  # noqa: E402
 from bench.benchkit import apply_reference, events  # noqa: E402
 from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topic_reader import TopicReader  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
-from spendbus.commands.replay import GenerationReplay, Meter, StackPlace, progress_bar  # noqa: E402
+from spendbus.commands.replay import Meter, generation_replay, progress_bar  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
 from spendbus.stack.broker_jars import ensure_broker_jars  # noqa: E402
 from spendbus.stack.kafka import LocalKafka  # noqa: E402
@@ -120,7 +121,7 @@ def generation_rate(place: StackPlace, name: str, display: bool) -> dict[str, An
     (``place.dsn``) the run goes on until its sink stored every event, and
     ``to_clickhouse_events_per_s`` is the ledger over the time from serving to the last row
     stored: how fast a replay gives analysts a whole ClickHouse."""
-    replay = GenerationReplay(place, name)
+    replay = generation_replay(place, name)
     samples: list[tuple[float, int]] = []
     done = threading.Event()
 

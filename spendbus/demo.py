@@ -38,7 +38,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from aggregator.clickhouse_access import redact_dsn
+from aggregator import redact_dsn
 from enforcer import Enforcer, EnforcerConfig
 from ingest.gateway import Gateway, GatewayServer, parse_config
 from ingest.publisher import PublisherConfig, UsagePublisher

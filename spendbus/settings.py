@@ -64,7 +64,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from aggregator.clickhouse_access import ClickHouseAccess
+from aggregator import ClickHouseAccess
 from schemas.errors import ConfigError
 from schemas.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
 from schemas.replication import ReplicationPolicy

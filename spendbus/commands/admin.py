@@ -120,8 +120,7 @@ def sql(query: str, as_json: bool) -> None:
         result = worker.post("/sql", {"sql": query})
         columns, rows = result["columns"], result["rows"]
     else:
-        from aggregator.sink.query import run_query
-        from aggregator.sink.store import open_client
+        from aggregator import open_client, run_query
 
         client = open_client(current_store(settings), access=settings.clickhouse_access)
         columns, rows = run_query(client, query)
@@ -146,8 +145,7 @@ def verify(as_json: bool) -> None:
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from aggregator.generations import current_generation
-    from aggregator.verify import verify as run_verify
+    from aggregator import current_generation, verify_counters
 
     settings = load_settings()
     bootstrap = bootstrap_or_fail(settings)
@@ -168,7 +166,7 @@ def verify(as_json: bool) -> None:
     ) as bar:
         task = bar.add_task("ledger", total=None)
         report = asyncio.run(
-            run_verify(
+            verify_counters(
                 bootstrap,
                 topics,
                 lambda done, total: bar.update(task, completed=done, total=total),

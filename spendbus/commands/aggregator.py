@@ -39,10 +39,13 @@ def run(
 
     import faust
 
-    from aggregator.app import create_app
-    from aggregator.config import AggregatorConfig
-    from aggregator.generations import current_generation, generation_dsn
-    from aggregator.sink_owner import check_embedded_sink
+    from aggregator import (
+        AggregatorConfig,
+        check_embedded_sink,
+        create_app,
+        current_generation,
+        generation_dsn,
+    )
     from spendbus.stack.local import bootstrap_or_fail
     from spendbus.stack.web_token import worker_token
 

@@ -91,7 +91,7 @@ MODELS_IN_USE_LIMIT = 10_000
 def _models_in_use(settings: Settings) -> list[str] | None:
     """The models of usage_events over the last MODELS_IN_USE_DAYS days; None when the
     store does not answer."""
-    from aggregator.sink.errors import SinkError
+    from aggregator import SinkError
 
     try:
         query = history_query(settings)

@@ -38,7 +38,7 @@ def _delivery_log(settings: Settings) -> tuple[Any, Any] | None:
         return None
     from concurrent.futures import ThreadPoolExecutor
 
-    from aggregator.sink.store import apply_schema, open_client
+    from aggregator import apply_schema, open_client
     from notify.deliveries import Delivery
 
     client = open_client(settings.clickhouse_dsn, access=settings.clickhouse_access)

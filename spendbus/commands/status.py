@@ -53,7 +53,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aggregator.clickhouse_access import ClickHouseAccess
+from aggregator import ClickHouseAccess
 from schemas.errors import ConfigError
 from schemas.replication import ReplicationProblem
 from schemas.topics import Topics

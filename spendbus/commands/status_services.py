@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from aggregator.clickhouse_access import ClickHouseAccess, redact_dsn
+from aggregator import ClickHouseAccess, redact_dsn
 
 T = TypeVar("T")
 
@@ -115,7 +115,7 @@ def clickhouse_report(
 
 
 def _count_direct(dsn: str, query: str, access: ClickHouseAccess | None) -> int:
-    from aggregator.sink import open_client, run_query
+    from aggregator import open_client, run_query
 
     _, rows = run_query(open_client(dsn, access=access), query)
     return int(rows[0][0])

@@ -22,7 +22,7 @@ def current_store(settings: Settings) -> str:
     """
     from aiokafka.errors import KafkaError
 
-    from aggregator.generations import current_generation, generation_dsn
+    from aggregator import current_generation, generation_dsn
 
     try:
         bootstrap = bootstrap_or_fail(settings)
@@ -48,9 +48,7 @@ def history_query(settings: Any) -> Callable[[str], list[Any]] | None:
     worker = worker_process(settings)
     if worker.pid() is not None and settings.dsn.startswith("chdb://"):
         return lambda query: list(worker.post("/sql", {"sql": query})["rows"])
-    from aggregator.sink.errors import SinkError
-    from aggregator.sink.query import run_query
-    from aggregator.sink.store import open_client
+    from aggregator import SinkError, open_client, run_query
 
     try:
         client = open_client(current_store(settings), access=settings.clickhouse_access)

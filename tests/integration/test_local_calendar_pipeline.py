@@ -21,7 +21,7 @@ import pytest
 import yaml
 from pipeline_kit import PRICES_YAML, Pipeline, publish_usage
 
-from aggregator.verify import verify
+from aggregator.verify import verify_counters
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.pricing import price_table_from_yaml
@@ -224,7 +224,7 @@ def test_local_periods_agree_in_the_aggregator_clickhouse_verify_and_usage(
         assert {b: (p, _utc(r)) for b, p, r in verdicts} == resets
 
         # verify recomputes every counter from the ledger: the same periods, the same sums
-        report = asyncio.run(verify(kafka_bootstrap, topics, history_query=pipeline.sql))
+        report = asyncio.run(verify_counters(kafka_bootstrap, topics, history_query=pipeline.sql))
         assert report.ok, report.differences[:5]
         assert report.periods_compared == len(want)
 

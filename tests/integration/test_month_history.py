@@ -24,6 +24,7 @@ from budget_oracle import (
 )
 from pipeline_kit import PRICES_YAML, Pipeline, poll, publish_usage
 
+from aggregator.generation_replay import StackPlace
 from aggregator.generations import alert_ids as topic_alert_ids
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
@@ -31,7 +32,7 @@ from schemas.periods import MAX_FUTURE_SKEW_SECONDS
 from schemas.pricing import price_table_from_yaml
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
-from spendbus.commands.replay import GenerationReplay, StackPlace
+from spendbus.commands.replay import generation_replay
 from spendbus.stack.compacted import publish
 from spendbus.stack.worker import WorkerError
 
@@ -180,7 +181,7 @@ def test_the_month_ledger_is_exact_and_stays_exact_after_a_replay_with_cutover(
             home=tmp_path / "replay",
             partitions=4,
         )
-        run = GenerationReplay(place, "g2")
+        run = generation_replay(place, "g2")
         try:
             run.start()
             run.wait_caught_up()

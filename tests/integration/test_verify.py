@@ -16,7 +16,7 @@ import pytest
 from pipeline_kit import Pipeline
 from test_thin_slice import make_events, publish_events
 
-from aggregator.verify import verify
+from aggregator.verify import verify_counters
 from schemas.codec import VERDICT
 from schemas.ids import counter_key
 from schemas.topic_reader import read_latest_values
@@ -34,7 +34,9 @@ def test_recomputed_counters_equal_the_live_verdicts(pipeline: Pipeline, tmp_pat
     pipeline.sql_until(
         "SELECT count() FROM usage_events", lambda rows: int(rows[0][0]) >= len(events)
     )
-    report = asyncio.run(verify(pipeline.bootstrap, pipeline.topics, history_query=pipeline.sql))
+    report = asyncio.run(
+        verify_counters(pipeline.bootstrap, pipeline.topics, history_query=pipeline.sql)
+    )
     assert report.records == len(events) + 10
     assert report.stats.charged == len(events) and report.stats.duplicates == 10
     assert report.stats.cost_nanos == sum(pipeline.prices.price_event(e).cost_nanos for e in events)
@@ -77,7 +79,7 @@ def test_recomputed_counters_equal_the_live_verdicts(pipeline: Pipeline, tmp_pat
             [(key.encode(), VERDICT.encode(forged))],
         )
     )
-    report = asyncio.run(verify(pipeline.bootstrap, pipeline.topics))
+    report = asyncio.run(verify_counters(pipeline.bootstrap, pipeline.topics))
     assert [(d.counter_key, d.field, d.recomputed, d.live) for d in report.differences] == [
         (key, "spent_nanos", verdict["spent_nanos"], verdict["spent_nanos"] + 1)
     ]

@@ -11,8 +11,9 @@ from typing import Any
 from pipeline_kit import Pipeline
 from pipeline_kit import publish_usage as publish  # the replay tests' name for it
 
+from aggregator.generation_replay import GenerationReplay, StackPlace
 from schemas.usage import new_usage_event
-from spendbus.commands.replay import GenerationReplay, StackPlace
+from spendbus.commands.replay import generation_replay
 
 #: events happen in one month (the per-secret budget's period), spread over its first days
 BASE_TIME = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -55,4 +56,4 @@ def replay_beside(pipeline: Pipeline, home: Path, generation: str) -> Generation
         home=home,
         partitions=4,
     )
-    return GenerationReplay(place, generation)
+    return generation_replay(place, generation)

@@ -19,6 +19,7 @@ from pipeline_kit import Pipeline
 from replay_kit import make_events, publish_events
 
 from aggregator.config import AggregatorConfig
+from aggregator.generation_replay import StackPlace
 from aggregator.generations import fold_views, group_progress, verdict_views
 from aggregator.snapshots import (
     committed_offsets,
@@ -32,7 +33,7 @@ from aggregator.snapshots import (
 from schemas.errors import ConfigError
 from schemas.kafka import topic_partitions
 from schemas.topics import Topics
-from spendbus.commands.replay import GenerationReplay, StackPlace
+from spendbus.commands.replay import generation_replay
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +84,7 @@ def test_a_seeded_generation_equals_a_full_replay_and_reads_only_past_the_fences
     ends = asyncio.run(ledger_ends(bootstrap, topics))
     assert sum(ends.values()) == 610 + len(after)
 
-    run = GenerationReplay(
+    run = generation_replay(
         _place(bootstrap, topics, pipeline.dsn, tmp_path), "g2", from_snapshot=True
     )
     run.start()
@@ -147,7 +148,7 @@ def test_an_incomplete_snapshot_is_refused_and_nothing_is_started(
             await producer.stop()
 
     asyncio.run(publish_without_manifest())
-    run = GenerationReplay(
+    run = generation_replay(
         _place(kafka_bootstrap, topics, None, tmp_path), "g2", from_snapshot=True
     )
     with pytest.raises(ConfigError, match="without a manifest: incomplete"):

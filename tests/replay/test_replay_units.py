@@ -107,7 +107,7 @@ def test_comparisons_name_each_field_and_missing_counters() -> None:
 
 
 def test_a_moving_verdict_is_compared_with_the_fold_at_its_own_seq() -> None:
-    from spendbus.commands.replay import compare_with_history
+    from aggregator.replay_checks import compare_with_history
 
     history = {
         "k1": {4: ("m:2026-11", 40, 4, 4), 5: ("m:2026-11", 50, 5, 5)},
