@@ -50,7 +50,7 @@ import aiohttp  # noqa: E402
 
 from bench.benchkit import apply_reference  # noqa: E402
 from enforcer import Enforcer, EnforcerConfig  # noqa: E402
-from enforcer.check import BURST_FRACTION, MIN_REQUESTS_BURST  # noqa: E402
+from enforcer.rates import BURST_FRACTION, MIN_REQUESTS_BURST  # noqa: E402
 from ingest.gateway import Gateway, GatewayServer, parse_config  # noqa: E402
 from ingest.publisher import PublisherConfig, UsagePublisher  # noqa: E402
 from schemas.budgets import budgets_from_yaml  # noqa: E402

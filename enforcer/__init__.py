@@ -9,8 +9,10 @@ same over HTTP (``spendbus enforcer serve``). See README.md for its invariants.
 This module is the only public surface; everything else is private.
 """
 
-from enforcer.check import Context, CounterStatus, Decision
 from enforcer.config import EnforcerConfig, load_config
+from enforcer.context import Context
+from enforcer.counters import CounterStatus
+from enforcer.decision import Decision
 from enforcer.errors import EnforcerError, InvalidContext, NotReady, TopicsMissing
 from enforcer.service import Enforcer
 from enforcer.sidecar import RefusalPublisher, Sidecar, create_app, serve

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from enforcer.state import EnforcerState
 
 _P = "spendbus_enforcer_"
-#: the outcome label per counter state (enforcer.check.STATE_NAMES, "ok" reads "allowed")
+#: the outcome label per counter state (enforcer.plans.STATE_NAMES, "ok" reads "allowed")
 _OUTCOMES = (
     "allowed",
     "alert",
@@ -68,7 +68,7 @@ _OUTCOMES = (
 class EnforcerMetrics(Collector):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        #: budget id -> check counts per counter state (enforcer.check.STATE_NAMES order);
+        #: budget id -> check counts per counter state (enforcer.plans.STATE_NAMES order);
         #: the checker's plans bump these lists in place
         self.by_budget: dict[str, list[int]] = {}
         self.decisions: defaultdict[str, int] = defaultdict(int)

@@ -31,20 +31,15 @@ header per counter.
 
 from __future__ import annotations
 
-from datetime import datetime
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
-from urllib.parse import quote
+from typing import Any, Final, Protocol
 
+from enforcer.config import EnforcerConfig
+from enforcer.context import Context
+from enforcer.counters import CounterStatus
+from enforcer.response import Response, header_text, iso_us, spend_header_of
 from schemas.money import format_usd
-from schemas.periods import from_micros
 from schemas.usage import BUDGET_EXCEEDED, FAILED_CLOSED, JOB_BUDGET_EXCEEDED, THROTTLED
 
-if TYPE_CHECKING:
-    from enforcer.check import CounterStatus, Decision, Plan
-    from enforcer.config import EnforcerConfig
-
-SPEND_HEADER: Final = "X-Spend-Budget"
 RETRY_AFTER: Final = "Retry-After"
 #: not standard, but the openai and anthropic SDKs obey it over their own retry rules
 SHOULD_RETRY: Final = "x-should-retry"
@@ -68,36 +63,36 @@ NATIVE_DIALECTS: Final = {
     "aws-bedrock": "bedrock",
 }
 _JSON: Final = ("Content-Type", "application/json")
-# RFC 9110 token characters other than alphanumerics, minus the header's own separators
-_HEADER_SAFE: Final = "!#$%&'*+-.^_`|~:@/()[]{}<>?="
 
 
-class Response(NamedTuple):
-    """What the proxy answers (immutable; a tuple: built once per check, it must be cheap)."""
+class Decision(Protocol):
+    """What a refusal reads of a decision (``enforcer.decision.Decision``, which calls
+    :func:`respond` with itself: a shape here, so this module does not import it)."""
 
-    status: int
-    headers: tuple[tuple[str, str], ...]
-    body: dict[str, Any] | None
-    retry_after: int | None
+    ctx: Context
+    decision: str
+    reason: str | None
+    now_us: int
+    request_nanos: int
+    request_tokens: int
+    replicas: int
+    fitting_max_tokens: int | None
+    throttle: tuple[bool, int, int, int] | None
+
+    @property
+    def allowed(self) -> bool: ...
+
+    @property
+    def refusing(self) -> CounterStatus | None: ...
+
+    @property
+    def budget_id(self) -> str | None: ...
+
+    def warning_headers(self) -> tuple[tuple[str, str], ...]: ...
 
 
 #: an allowed request without warnings: the same answer every time
 _ALLOWED: Final = Response(200, (), None, None)
-
-
-def iso(ts: datetime | None) -> str | None:
-    return None if ts is None else ts.isoformat().replace("+00:00", "Z")
-
-
-@lru_cache(maxsize=4096)  # period ends repeat across requests
-def iso_us(us: int | None) -> str | None:
-    return None if us is None else iso(from_micros(us))
-
-
-@lru_cache(maxsize=4096)  # budget ids and scopes repeat
-def header_text(value: str) -> str:
-    """A value safe inside a header parameter (no CR/LF, no ``;`` or ``,``)."""
-    return quote(value, safe=_HEADER_SAFE)
 
 
 def dialect(provider: str | None) -> str | None:
@@ -106,20 +101,6 @@ def dialect(provider: str | None) -> str | None:
 
 def spend_header(status: CounterStatus) -> tuple[str, str]:
     return spend_header_of(status.plan, status.state, status.end_us, status.used_fraction())
-
-
-def spend_header_of(
-    plan: Plan, state: str, end_us: int | None, used_fraction: float
-) -> tuple[str, str]:
-    """The X-Spend-Budget header of one counter (``state``: a CounterStatus state name)."""
-    state = "exceeded" if state in ("exceeded", "in_flight") else state
-    reset = iso_us(end_us) or ("rolling" if plan.window.kind == "rolling" else "never")
-    used = int(used_fraction * 100)
-    return (
-        SPEND_HEADER,
-        f"{header_text(plan.budget_id)}; scope={header_text(plan.scope)}; "
-        f"used={used}%; state={state}; reset={reset}",
-    )
 
 
 def _seconds_until(end_us: int, now_us: int) -> int:

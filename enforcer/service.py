@@ -21,8 +21,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from enforcer.check import Checker, Context, CounterStatus, Decision
+from enforcer.check import Checker
 from enforcer.config import EnforcerConfig
+from enforcer.context import Context
+from enforcer.counters import CounterStatus
+from enforcer.decision import Decision
 from enforcer.errors import NotReady
 from enforcer.follower import Follower
 from enforcer.holds import Holds

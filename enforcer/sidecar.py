@@ -42,8 +42,9 @@ import msgspec
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
-from enforcer.check import Context, Decision
 from enforcer.config import EnforcerConfig
+from enforcer.context import Context
+from enforcer.decision import Decision
 from enforcer.errors import InvalidContext
 from enforcer.metrics import EnforcerMetrics
 from enforcer.service import Enforcer

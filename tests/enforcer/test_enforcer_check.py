@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from enforcer import Context, Enforcer, InvalidContext
-from enforcer.check import Index
+from enforcer.plans import Index
 from schemas.budgets import applicable
 from schemas.ids import canonical_id, counter_key
 from schemas.usage import (

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaProducer
 from enforcer_testkit import NOW, PRICES, FakeClock, ctx, loaded_enforcer, verdict
 
 from enforcer import Enforcer, EnforcerConfig
-from enforcer.check import BURST_FRACTION, MIN_REQUESTS_BURST
+from enforcer.rates import BURST_FRACTION, MIN_REQUESTS_BURST
 from schemas.budgets import Budget, RateLimit
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, VERDICT
 from schemas.periods import parse_window

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from enforcer_testkit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
 
-from enforcer.refusals import header_text
+from enforcer.response import header_text
 
 USD = 1_000_000_000
 ORG = budget("org-monthly", limit_usd=100)
