@@ -753,7 +753,7 @@ def work(what: str, ops: int) -> dict[str, Any]:
     """
     import msgspec
 
-    from enforcer.sidecar import decision_json
+    from enforcer.sidecar_json import decision_json
 
     e, contexts = loaded(counters=3000)
     bodies = [json.dumps(c.to_json()).encode() for c in contexts]

@@ -15,7 +15,7 @@ from enforcer.counters import CounterStatus
 from enforcer.decision import Decision
 from enforcer.errors import EnforcerError, InvalidContext, NotReady, TopicsMissing
 from enforcer.service import Enforcer
-from enforcer.sidecar import RefusalPublisher, Sidecar, create_app, serve
+from enforcer.sidecar import Sidecar, create_app, serve
 
 __all__ = [
     "Context",
@@ -26,7 +26,6 @@ __all__ = [
     "EnforcerError",
     "InvalidContext",
     "NotReady",
-    "RefusalPublisher",
     "Sidecar",
     "TopicsMissing",
     "create_app",

@@ -28,7 +28,7 @@ spendbus_enforcer_budgets                      gauge    budgets in force
 spendbus_enforcer_records_total                counter  topic: records read
 spendbus_enforcer_undecodable_total            counter  topic, reason: records skipped
 spendbus_enforcer_verdicts_ignored_total       counter  older seq or period than held
-spendbus_enforcer_refusals_published_total     counter  result (ok, error): sidecar only
+spendbus_enforcer_refusals_published_total     counter  result (ok: handed to the sink, error): sidecar only
 spendbus_enforcer_replicas                     gauge    the count the share is taken with
 spendbus_enforcer_group_members                gauge    membership: the group's last count
 spendbus_enforcer_group_rebalances_total       counter  membership: rebalances taken part in

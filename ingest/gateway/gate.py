@@ -1,7 +1,7 @@
 """What the gateway needs from a budget gate and from a usage sink, as protocols.
 
 ``enforcer.Enforcer`` satisfies :class:`BudgetGate` structurally and
-``ingest.publisher.UsagePublisher`` satisfies :class:`UsageSink`; the gateway
+``ingest.publisher.UsagePublisher`` satisfies ``schemas.usage_sink.UsageSink``; the gateway
 depends on these shapes only, so the ingest room never imports the enforcer
 (the composition in ``spendbus/commands/gateway.py`` wires the real ones, and
 mypy checks there that they fit).
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
+
+from schemas.usage_sink import UsageSink as UsageSink  # defined in schemas: the sidecar shares it
 
 
 class GateDecision(Protocol):
@@ -75,9 +77,3 @@ class BudgetGate(Protocol):
     def settle(self, hold_id: int | None, event: Mapping[str, Any]) -> bool: ...
 
     def release(self, hold_id: int | None) -> bool: ...
-
-
-class UsageSink(Protocol):
-    """Where usage events go (``ingest.publisher.UsagePublisher``)."""
-
-    async def publish(self, event: dict[str, Any]) -> None: ...

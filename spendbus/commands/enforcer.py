@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -95,6 +97,12 @@ def enforcer() -> None:
 )
 @click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
 @click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
+@click.option(
+    "--spool-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where refusal events wait for the broker (default: <home>/enforcer-spool/<port>).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def serve(
     host: str,
@@ -114,10 +122,10 @@ def serve(
     max_in_flight_per_key: int | None,
     gateway_id: str | None,
     no_publish_refusals: bool,
+    spool_dir: Path | None,
     log_level: str,
 ) -> None:
     """Serve /v1/check, /v1/settle, /v1/usage, /healthz, /readyz and /metrics."""
-    from enforcer import serve as run_sidecar
     from spendbus.secret_input import read_secret, refuse_on_command_line
 
     refuse_on_command_line(
@@ -156,12 +164,43 @@ def serve(
     def started(sidecar: Any) -> None:
         click.echo(json.dumps({"listening": f"http://{host}:{sidecar.port}"}), err=True)
 
+    spool = spool_dir or (load_settings().home / "enforcer-spool" / str(port))
     try:  # the sidecar serves many small requests: uvloop's event loop cuts their cost
         import uvloop
     except ImportError:
-        asyncio.run(run_sidecar(config, on_started=started))
+        asyncio.run(serve_publishing_refusals(config, spool.resolve(), started))
     else:
-        uvloop.run(run_sidecar(config, on_started=started))
+        uvloop.run(serve_publishing_refusals(config, spool.resolve(), started))
+
+
+async def serve_publishing_refusals(
+    config: Any, spool_dir: Path, on_started: Callable[[Any], None]
+) -> None:
+    """The sidecar, its refusal events going through the ingest publisher (spooled in
+    ``spool_dir``, sent with its retries: a refusal made while the broker is away arrives
+    once it is back); the publisher starts first and stops last."""
+    from enforcer import serve as run_sidecar
+    from ingest.publisher import PublisherConfig, UsagePublisher
+    from schemas.usage_sink import UsageSink
+
+    if not config.publish_refusals:
+        await run_sidecar(config, on_started=on_started)
+        return
+    publisher = UsagePublisher(
+        PublisherConfig(
+            bootstrap=config.bootstrap,
+            kafka_security=config.kafka_security,
+            topic_prefix=config.topic_prefix,
+            spool_dir=spool_dir,
+            client_id=f"{config.client_id}-refusals",
+        )
+    )
+    await publisher.start()
+    try:
+        refusals: UsageSink = publisher  # mypy checks that the publisher fits the protocol
+        await run_sidecar(config, refusals=refusals, on_started=on_started)
+    finally:
+        await publisher.stop()
 
 
 @click.command("check")

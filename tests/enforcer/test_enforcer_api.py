@@ -13,7 +13,6 @@ EXPECTED = [
     "EnforcerError",
     "InvalidContext",
     "NotReady",
-    "RefusalPublisher",
     "Sidecar",
     "TopicsMissing",
     "create_app",

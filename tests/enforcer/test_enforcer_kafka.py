@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ from click.testing import CliRunner
 from enforcer_testkit import NOW, PRICES, FakeClock, budget, ctx, verdict
 
 from enforcer import Enforcer, EnforcerConfig, InvalidContext, Sidecar
+from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT, VERDICT
 from schemas.ids import counter_key
 from schemas.topics import Topics
@@ -227,7 +229,7 @@ async def read_usage(bootstrap: str, topic: str, count: int, timeout: float = 15
 
 
 async def test_reserve_and_settle_stops_a_burst_through_the_sidecar(
-    kafka_bootstrap: str, topics: Topics
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     tight = budget("tight", limit_nanos=100_000_000)  # $0.10; each request's worst case $0.018
     await produce(
@@ -236,7 +238,13 @@ async def test_reserve_and_settle_stops_a_burst_through_the_sidecar(
     )
     clock = FakeClock()
     cfg = config(kafka_bootstrap, topics, sidecar_port=0, sidecar_token="tok")
-    sidecar = Sidecar(cfg, clock=clock)
+    publisher = UsagePublisher(
+        PublisherConfig(
+            bootstrap=kafka_bootstrap, topic_prefix=topics.prefix, spool_dir=tmp_path / "spool"
+        )
+    )
+    await publisher.start()
+    sidecar = Sidecar(cfg, clock=clock, refusals=publisher)
     await sidecar.start()
     try:
         await sidecar.enforcer.wait_ready(30)
@@ -306,8 +314,10 @@ async def test_reserve_and_settle_stops_a_burst_through_the_sidecar(
                 'spendbus_enforcer_checks_total{budget="tight",outcome="in_flight"} 15.0' in metrics
             )
             assert 'spendbus_enforcer_holds_dropped_total{reason="verdict"} 5.0' in metrics
+            assert 'spendbus_enforcer_refusals_published_total{result="ok"} 15.0' in metrics
     finally:
         await sidecar.stop()
+        await publisher.stop()
 
     # every refusal reached the usage stream as a zero-token event, keyed by org
     events = await read_usage(kafka_bootstrap, topics.usage_raw, 15)
@@ -418,7 +428,7 @@ def test_spendbus_check_exits_2_when_refused(kafka_bootstrap: str, topics: Topic
 
 
 async def test_enforcer_serve_command_runs_and_stops_on_sigterm(
-    kafka_bootstrap: str, topics: Topics
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     import os
     import signal
@@ -430,6 +440,7 @@ async def test_enforcer_serve_command_runs_and_stops_on_sigterm(
         "KAFKA_BOOTSTRAP": kafka_bootstrap,
         "SPENDBUS_TOPIC_PREFIX": topics.prefix,
         "SPENDBUS_ENFORCER_TOKEN": "from-env",
+        "SPENDBUS_HOME": str(tmp_path),  # the refusal spool's default place
     }
     code = "from spendbus.commands.enforcer import enforcer; enforcer(['serve', '--port', '0'])"
     proc = await asyncio.create_subprocess_exec(

@@ -12,7 +12,8 @@ from enforcer_testkit import NOW, budget, loaded_enforcer, refresh, verdict
 from slow_sender import head, send_then_stall
 
 from enforcer import Context, Enforcer, create_app
-from enforcer.sidecar import MAX_BODY, create_server
+from enforcer.sidecar import create_server
+from enforcer.sidecar_json import MAX_BODY
 
 USD = 1_000_000_000
 TOKEN = "t0ken"
@@ -224,7 +225,7 @@ def test_the_short_allowed_answer_is_byte_for_byte_the_full_one() -> None:
 
     import msgspec
 
-    from enforcer.sidecar import decision_json
+    from enforcer.sidecar_json import decision_json
     from schemas.usage import (
         ALLOWED,
         BUDGET_EXCEEDED,

@@ -1,0 +1,360 @@
+"""The sidecar's routes: /v1/check, /v1/settle, /v1/usage (/v1/spend), /healthz,
+/readyz and /metrics as low-level aiohttp handlers, the optional per-key in-flight
+limit, and the settle body's usage read into what ``settle`` takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from enforcer.config import EnforcerConfig
+from enforcer.context import Context
+from enforcer.errors import InvalidContext
+from enforcer.service import Enforcer
+from enforcer.sidecar_json import (
+    JSON_TYPE,
+    MAX_BODY,
+    body_refused,
+    decision_json,
+    error_response,
+    invalid_json,
+    json_response,
+    loads,
+)
+from schemas.errors import ContractError
+from schemas.periods import from_micros
+from schemas.usage import PRICED_TOKEN_FIELDS, THROTTLED
+from schemas.usage_sink import UsageSink
+
+log = logging.getLogger("spendbus.enforcer.sidecar")
+
+#: a route's handler (a low-level aiohttp handler: it reads only what BaseRequest has)
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class InFlight:
+    """Holds in flight per key (the context's ``secret_id``), for the optional limit.
+
+    A hold leaves when its request is settled or released, or when the enforcer no longer
+    has it (expired after ``hold_timeout_s``: looked up only when a key is at its limit,
+    so a proxy that never settles cannot wedge its key for longer than that).
+    """
+
+    def __init__(self, enforcer: Enforcer, config: EnforcerConfig) -> None:
+        self.enforcer = enforcer
+        assert config.sidecar_max_in_flight_per_key is not None
+        self.limit = config.sidecar_max_in_flight_per_key
+        self.retry_after_s = config.sidecar_throttle_retry_after_s
+        self.by_key: dict[str, set[int]] = {}
+        self.key_of: dict[int, str] = {}
+        self.refused = 0
+
+    def admits(self, key: str) -> bool:
+        held = self.by_key.get(key)
+        if held is None or len(held) < self.limit:
+            return True
+        for hold_id in [h for h in held if self.enforcer.holds.get(h) is None]:
+            self.done(hold_id)  # expired in the enforcer
+        return len(self.by_key.get(key, ())) < self.limit
+
+    def add(self, key: str, hold_id: int) -> None:
+        self.by_key.setdefault(key, set()).add(hold_id)
+        self.key_of[hold_id] = key
+
+    def done(self, hold_id: int) -> None:
+        key = self.key_of.pop(hold_id, None)
+        if key is None:
+            return
+        held = self.by_key[key]
+        held.discard(hold_id)
+        if not held:
+            del self.by_key[key]
+
+    def refusal(self, key: str) -> dict[str, Any]:
+        """A refused decision as /v1/check answers one: 429 ``throttled``, Retry-After."""
+        self.refused += 1
+        retry = self.retry_after_s
+        message = (
+            f"throttled: key {key!r} has {self.limit} requests in flight, the most it may "
+            f"(sidecar_max_in_flight_per_key); retry in {retry} s."
+        )
+        return {
+            "allowed": False,
+            "decision": THROTTLED,
+            "outcome": "refused",
+            "status": 429,
+            "budget_id": None,
+            "reason": "in_flight_per_key",
+            "retry_after": retry,
+            "headers": [
+                ["content-type", "application/json"],
+                ["retry-after", str(retry)],
+                ["retry-after-ms", str(retry * 1000)],
+                ["x-should-retry", "true"],
+            ],
+            "body": {
+                "error": THROTTLED,
+                "reason": "in_flight_per_key",
+                "secret_id": key,
+                "limit": self.limit,
+                "retry_after_ms": retry * 1000,
+                "message": message,
+            },
+            "hold_id": None,
+            "over_budget": False,
+            "job_over_budget": False,
+            "exceeded_budgets": [],
+            "usage_fields": {
+                "outcome": "refused",
+                "decision": THROTTLED,
+                "decision_budget_id": None,
+            },
+        }
+
+
+def routes(
+    enforcer: Enforcer,
+    refusals: UsageSink | None = None,
+    *,
+    token: str | None = None,
+) -> dict[tuple[str, str], Handler]:
+    """Every route of the sidecar, (method, path) → handler: what :func:`create_app` and
+    :func:`create_handler` both serve."""
+    config = enforcer.config
+    if token is None and config.sidecar_token is not None:
+        token = config.sidecar_token.get_secret_value()
+    expected = f"Bearer {token}".encode() if token else None
+    # Enforcer.check is this call (compiled) behind an interpreted method: call it directly
+    decide = enforcer.checker.check
+    body_timeout_s = config.sidecar_body_timeout_s
+    in_flight = InFlight(enforcer, config) if config.sidecar_max_in_flight_per_key else None
+    published = enforcer.metrics.published
+
+    async def publish_refusal(event: dict[str, Any]) -> None:
+        """Hand the refusal event to the sink (the ingest publisher spools it: it reaches
+        the broker when it can); a failure is counted and logged, the answer stays."""
+        assert refusals is not None
+        try:
+            await refusals.publish(event)
+        except Exception:
+            published["error"] += 1
+            log.exception("refusal event not published")
+        else:
+            published["ok"] += 1
+
+    async def receive(request: web.BaseRequest) -> bytes:
+        """The body within the body deadline and MAX_BODY, else a 408/413 that closes the
+        connection (nothing of the rest of the body is read)."""
+        declared = request.content_length
+        if declared is not None and declared > MAX_BODY:
+            raise body_refused(413, f"a body of {declared} bytes is over the {MAX_BODY}-byte limit")
+        try:
+            async with asyncio.timeout(body_timeout_s):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise body_refused(413, f"the body is over the {MAX_BODY}-byte limit") from None
+        except TimeoutError:
+            raise body_refused(
+                408, f"the body was not received within {body_timeout_s:g} s of its head"
+            ) from None
+
+    def unauthorized(request: web.BaseRequest) -> web.Response | None:
+        """A 401 unless the request carries the bearer token (checked inline: no middleware
+        layer on the hot path)."""
+        if expected is None:
+            return None
+        given = request.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(given, expected):
+            return None
+        response = error_response(401, "unauthorized", "a valid bearer token is required")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    def parse_json(raw: bytes) -> Any:
+        try:
+            return loads(raw)
+        except msgspec.DecodeError:
+            pass
+        except RecursionError:
+            raise invalid_json("nested too deeply to read") from None
+        # what msgspec refuses but the stdlib reads (NaN, ...) gets the same answer as
+        # before: the context's validation says which field is wrong
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise invalid_json("nested too deeply to read") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise invalid_json(str(exc)) from None
+
+    async def read_json(request: web.BaseRequest) -> Any:
+        return parse_json(await receive(request))
+
+    async def check(request: web.BaseRequest) -> web.Response:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        # the common case (the whole body came with the head) reads without a timer
+        content = request.content
+        if content.is_eof() and (request.content_length or 0) <= MAX_BODY:
+            raw = await request.read()
+        else:
+            raw = await receive(request)
+        try:  # the common case without a second coroutine (parse_json has the fallbacks)
+            data = loads(raw)
+        except (msgspec.DecodeError, RecursionError):
+            data = parse_json(raw)
+        reserve = True
+        if isinstance(data, dict) and "reserve" in data:
+            data = dict(data)
+            reserve = data.pop("reserve")
+            if not isinstance(reserve, bool):
+                return error_response(400, "invalid_context", "reserve must be true or false")
+        try:
+            ctx = Context.from_mapping(data)
+        except InvalidContext as exc:
+            return error_response(400, "invalid_context", str(exc), field=exc.field)
+        if in_flight is not None and reserve and not in_flight.admits(ctx.secret_id):
+            return json_response(in_flight.refusal(ctx.secret_id))
+        decision = decide(ctx, reserve=reserve)
+        if in_flight is not None and decision.hold_id is not None:
+            in_flight.add(ctx.secret_id, decision.hold_id)
+        counters = bool(request.query_string) and request.query.get("counters") == "1"
+        if refusals is not None and reserve and not decision.allowed:
+            out = decision.to_json(counters=counters)
+            event = decision.refusal_event()
+            if event is not None:
+                await publish_refusal(event)
+                out["published"] = True
+            return json_response(out)
+        return web.Response(body=decision_json(decision, counters=counters), content_type=JSON_TYPE)
+
+    async def settle(request: web.BaseRequest) -> web.Response:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        data = await read_json(request)
+        if not isinstance(data, dict):
+            return error_response(400, "invalid_settle", "expected a JSON object")
+        hold_id = data.get("hold_id")
+        if type(hold_id) is not int:
+            return error_response(
+                400, "invalid_settle", "hold_id must be the integer /v1/check returned"
+            )
+        if in_flight is not None:
+            in_flight.done(hold_id)
+        if data.get("release") is True:
+            return json_response({"settled": False, "released": enforcer.release(hold_id)})
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            return error_response(400, "invalid_settle", "give usage {...} or release: true")
+        try:
+            event = settle_event(usage, enforcer.clock())
+            settled = enforcer.settle(hold_id, event)
+        except ContractError as exc:
+            return error_response(400, "invalid_settle", str(exc))
+        return json_response({"settled": settled})
+
+    async def usage(request: web.BaseRequest) -> web.Response:
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        query = request.query
+        fields: dict[str, Any] = {}
+        tags: dict[str, str] = {}
+        for name, value in query.items():
+            if name == "group":
+                continue
+            if name.startswith("tag."):
+                tags[name[4:]] = value
+            elif name in ("input_tokens", "request_bytes", "max_output_tokens"):
+                try:
+                    fields[name] = int(value)
+                except ValueError:
+                    return error_response(400, "invalid_context", f"{name} must be an integer")
+            else:
+                fields[name] = value
+        fields["groups"] = query.getall("group", [])
+        fields["tags"] = tags
+        try:
+            ctx = Context.from_mapping(fields)
+        except InvalidContext as exc:
+            return error_response(400, "invalid_context", str(exc), field=exc.field)
+        counters = [c.to_json() for c in enforcer.usage(ctx)]
+        return json_response(
+            {"ready": enforcer.ready, "stale": enforcer.stale, "counters": counters}
+        )
+
+    async def healthz(request: web.BaseRequest) -> web.Response:
+        failure = enforcer.follower.failure
+        if failure is not None:
+            return json_response({"status": "failed", "error": repr(failure)}, 500)
+        return json_response({"status": "ok"})
+
+    async def readyz(request: web.BaseRequest) -> web.Response:
+        ready, stale = enforcer.ready, enforcer.stale
+        body = {
+            "ready": ready,
+            "stale": stale,
+            "counters": len(enforcer.state.verdicts),
+            "budgets": len(enforcer.state.budgets),
+        }
+        return json_response(body, 200 if ready and not stale else 503)
+
+    async def metrics(request: web.BaseRequest) -> web.Response:
+        return web.Response(
+            body=enforcer.metrics.render(),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    return {
+        ("POST", "/v1/check"): check,
+        ("POST", "/v1/settle"): settle,
+        ("GET", "/v1/usage"): usage,
+        ("GET", "/v1/spend"): usage,
+        ("GET", "/healthz"): healthz,
+        ("GET", "/readyz"): readyz,
+        ("GET", "/metrics"): metrics,
+    }
+
+
+def settle_event(usage: dict[str, Any], now_s: float) -> dict[str, Any]:
+    """The fields settle reads, from a JSON usage object (times RFC 3339 or µs)."""
+    occurred = usage.get("occurred_at")
+    if occurred is None:
+        at = from_micros(int(now_s * 1_000_000))
+    elif type(occurred) is int:
+        at = from_micros(occurred)
+    elif isinstance(occurred, str):
+        try:
+            at = datetime.fromisoformat(occurred.replace("Z", "+00:00"))
+        except ValueError:
+            raise ContractError(f"occurred_at: not an RFC 3339 time: {occurred!r}") from None
+        if at.tzinfo is None:
+            raise ContractError("occurred_at: needs a time zone (use Z for UTC)")
+    else:
+        raise ContractError("occurred_at: an RFC 3339 string or integer microseconds")
+    model = usage.get("model")
+    if not isinstance(model, str) or not model:
+        raise ContractError("model: required, the model the provider billed")
+    event: dict[str, Any] = {"model": model, "occurred_at": at}
+    for name in PRICED_TOKEN_FIELDS:
+        value = usage.get(name, 0)
+        if type(value) is not int or value < 0:
+            raise ContractError(f"{name}: must be an integer >= 0")
+        event[name] = value
+    units = usage.get("units")
+    if units is not None and not isinstance(units, dict):
+        raise ContractError("units: a map of unit name to count")
+    event["units"] = units  # checked by the price book (names, counts)
+    tier = usage.get("service_tier")
+    if tier is not None and not isinstance(tier, str):
+        raise ContractError("service_tier: a tier name")
+    event["service_tier"] = tier
+    event["outcome"] = usage.get("outcome", "allowed")
+    return event
