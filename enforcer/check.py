@@ -76,9 +76,8 @@ from enforcer.plans import (
     epoch_micros,
 )
 from enforcer.rates import RateBucket
-from enforcer.state import CounterId, CounterVerdict, EnforcerState
+from enforcer.state import CounterId, EnforcerState
 from enforcer.tally import Tally
-from schemas.raises import BudgetRaise
 from schemas.usage import (
     ALLOWED,
     FAILED_CLOSED,
@@ -236,9 +235,35 @@ class Checker:
     def _count(
         self, tally: Tally, plan: Plan, cid: CounterId, period: str, end_us: int | None
     ) -> None:
-        """One counter: its limits, spend and state; whether it refuses; its row."""
-        granted, ln, lt, lr = self._limits(tally, plan, cid)
-        verdict, sn, st, sr = self._spent(tally, cid, period)
+        """One counter: its limits, spend and state; whether it refuses; its row.
+
+        The limits checked are the budget's, or those of its counter's raise now
+        (``raised`` lists the budgets with raises: one dict lookup when none has one); the
+        spend is the verdict's, zero when the verdict is of another period. Both are read
+        inline: this runs once per counter of every check."""
+        granted = None
+        raised = tally.raised
+        if raised and plan.budget_id in raised:
+            granted = tally.raises.active(plan.budget_id, cid[1:], tally.now_us)
+        if granted is None:
+            ln = plan.limit_nanos
+            lt = plan.limit_tokens
+            lr = plan.limit_requests
+        else:
+            ln, lt, lr = granted.limits(plan.limit_nanos, plan.limit_tokens, plan.limit_requests)
+        verdict = tally.verdicts.get(cid)
+        if verdict is not None and verdict.period == period:
+            sn = verdict.spent_nanos
+            st = verdict.spent_tokens
+            sr = verdict.spent_requests
+        elif tally.ahead and (promoted := self.state.promote(cid, period)) is not None:
+            # a verdict received before our clock reached its period: current now
+            verdict = promoted
+            sn = verdict.spent_nanos
+            st = verdict.spent_tokens
+            sr = verdict.spent_requests
+        else:
+            sn = st = sr = 0
         hn = ht = hr = 0
         if (
             (ln is not None and sn >= ln)
@@ -252,7 +277,12 @@ class Checker:
                 state, hn, ht, hr = self._against_holds(
                     tally, plan, (cid, period), ln, lt, lr, sn, st, sr
                 )
-            if state == OK_I and alert_reached(plan, ln, lt, lr, sn, st, sr):
+            if (
+                state == OK_I
+                and (sn or st or sr)
+                and plan.alert_min is not None
+                and alert_reached(plan, ln, lt, lr, sn, st, sr)
+            ):
                 state = ALERT_I
         if tally.reserve:
             plan.counts[state] += 1
@@ -282,41 +312,6 @@ class Checker:
                 granted,
             )
         )
-
-    def _limits(
-        self, tally: Tally, plan: Plan, cid: CounterId
-    ) -> tuple[BudgetRaise | None, int | None, int | None, int | None]:
-        """(the raise in force or None, and the limits checked: the budget's, or those of
-        its counter's raise now)."""
-        raised = tally.raised
-        if raised and plan.budget_id in raised:
-            granted = tally.raises.active(plan.budget_id, cid[1:], tally.now_us)
-            if granted is not None:
-                ln, lt, lr = granted.limits(
-                    plan.limit_nanos, plan.limit_tokens, plan.limit_requests
-                )
-                return granted, ln, lt, lr
-        return None, plan.limit_nanos, plan.limit_tokens, plan.limit_requests
-
-    def _spent(
-        self, tally: Tally, cid: CounterId, period: str
-    ) -> tuple[CounterVerdict | None, int, int, int]:
-        """(the counter's verdict, and its nanos, tokens and requests spent in ``period``:
-        zero when the verdict is of another period)."""
-        verdict = tally.verdicts.get(cid)
-        if verdict is not None and verdict.period == period:
-            return verdict, verdict.spent_nanos, verdict.spent_tokens, verdict.spent_requests
-        if tally.ahead:
-            # a verdict received before our clock reached its period: current now
-            promoted = self.state.promote(cid, period)
-            if promoted is not None:
-                return (
-                    promoted,
-                    promoted.spent_nanos,
-                    promoted.spent_tokens,
-                    promoted.spent_requests,
-                )
-        return verdict, 0, 0, 0
 
     def _against_holds(
         self,
