@@ -5,7 +5,8 @@
   :class:`~aggregator.process.BatchProcessor`, keeps counters and dedupe in its
   changelogged store and sends priced events, verdicts, alerts and dead letters
   in record batches. It is not a Faust agent: Faust's per-message stream path
-  alone costs more than the whole fold (aggregator/README.md, Performance). A
+  alone costs more than the whole fold (docs/design.md, "Why it is built this way";
+  measured in bench/records/history_aggregator.md). A
   mode service starts and stops it with the worker.
 * the sink stage (``sink_stage.py``), for the same reason not a Faust agent either, reads
   usage.priced and budget.verdicts in large batches (group ``config.sink_app_id``) and

@@ -262,7 +262,7 @@ class _JobBudgetSpec(BaseModel):
 
 
 class _BudgetSpec(BaseModel):
-    """The YAML form of a budget (see the aggregator README)."""
+    """The YAML form of a budget (README.md, "Using it")."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 

@@ -123,7 +123,7 @@ GROUP BY counter_key
 ORDER BY counter_key"""
 
 #: days on which spend_daily disagrees with usage_events: empty unless a rollup
-#: missed an insert (see infra/clickhouse/README.md, "Rebuilding a rollup")
+#: missed an insert (see infra/clickhouse/README.md, "Checking and rebuilding a rollup")
 ROLLUP_DRIFT: Final = """\
 SELECT
     day,

@@ -7,7 +7,8 @@
   heading of that file;
 - every repository path a README or a docs/ page names in backticks exists;
 - every `spendbus ...` command the markdown shows exists, with the options it gives;
-- every module of a folder that has a README is in that README's module map.
+- every module of a folder that has a README is in that README's module map;
+- every `FILE.md, "Section"` reference names a heading (or bold lead) the file has.
 """
 
 from __future__ import annotations
@@ -255,3 +256,41 @@ def test_every_module_is_in_its_folders_readme() -> None:
             if module.name != "__init__.py" and module.name not in text:
                 unmapped.append(rel(module))
     assert not unmapped, "modules missing from their folder's README map: " + ", ".join(unmapped)
+
+
+SECTION = re.compile(r"((?:[\w.-]+/)*[\w-]+\.md)`?\)?(?:,| \(|: ) ?\(?\"([^\"\n]{3,80})\"")
+
+
+def heading_texts(path: Path) -> list[str]:
+    """The headings of a markdown file, and the bold leads of its paragraphs (the
+    history files name their steps so), as plain lower-case text."""
+    text = without_code(path.read_text(encoding="utf-8"))
+    found = [h for _, h in HEADING.findall(text)]
+    found += [" ".join(b.split()) for b in re.findall(r"^\*\*([^*]+)\*\*", text, re.MULTILINE)]
+    return [re.sub(r"[`*]", "", h).strip().lower() for h in found]
+
+
+def test_every_quoted_section_of_a_document_is_one_of_its_headings() -> None:
+    """`aggregator/README.md, "Several workers"` in a comment or a page names a heading that
+    file has (the start of it: "Rate limits" for "Rate limits (`rate:`)")."""
+    wrong = []
+    checked = 0
+    for path in project_files(".py", ".md"):
+        if path == Path(__file__).resolve():
+            continue
+        text = path.read_text(encoding="utf-8")
+        for match in SECTION.finditer(text):
+            name, section = match.group(1), match.group(2)
+            target = next(
+                (p for p in (ROOT / name, path.parent / name) if p.is_file()),
+                None,
+            )
+            if target is None:
+                continue  # not a file of the repository: the link and path tests judge it
+            checked += 1
+            wanted = re.sub(r"[`*]", "", section).strip().lower()
+            if not any(h.startswith(wanted) for h in heading_texts(target)):
+                line = text.count("\n", 0, match.start()) + 1
+                wrong.append(f'{rel(path)}:{line}: {name}, "{section}"')
+    assert checked > 5, "no section references were found: is the pattern still the one in use?"
+    assert not wrong, "sections cited that their document does not have:\n" + "\n".join(wrong)
