@@ -56,7 +56,7 @@ from enforcer.counters import CounterStatus
 from enforcer.decision import Decision
 from enforcer.estimates import PriceEstimates
 from enforcer.fitting import fitting_max_tokens
-from enforcer.holds import CounterHolds, CounterPeriod, Holds
+from enforcer.holds import CounterHolds, Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.plans import (
     ALERT_I,
@@ -194,8 +194,9 @@ class Checker:
     # --- one check, step by step ----------------------------------------------------------
     def _evaluate(self, ctx: Context, now_us: int, reserve: bool, in_flight: bool) -> Decision:
         """Every applicable counter against its budget (the table in the module docstring):
-        each counter counted (:meth:`_count`), then the refusal (:meth:`_refused`) or the
-        rate limits and holds of an admitted request (:meth:`_admit`).
+        each counter counted (:meth:`_count`: limits, spend, holds and estimate, state),
+        then the refusal (:meth:`_refused`) or the rate limits and holds of an admitted
+        request (:meth:`_admit`).
 
         ``in_flight=False`` reports verdict states only and holds nothing (usage).
         """
@@ -274,9 +275,58 @@ class Checker:
         else:
             state = OK_I
             if plan.holdable:
-                state, hn, ht, hr = self._against_holds(
-                    tally, plan, (cid, period), ln, lt, lr, sn, st, sr
-                )
+                # this request's worst case and this replica's holds, scaled to all
+                # replicas, within what is left; else refused as unpriced, too large or
+                # in flight (inline: a call per counter cost more than this reads)
+                cp = (cid, period)
+                held: CounterHolds | None = None
+                if tally.look_up_holds:
+                    held = tally.held.get(cp)
+                    if held is not None:
+                        hn = held.nanos
+                        ht = held.tokens
+                        hr = held.requests
+                if tally.in_flight:
+                    if tally.est_tokens < 0:
+                        tally.est_input, tally.est_output = self.estimate_tokens(tally.ctx)
+                        tally.est_tokens = tally.est_input + tally.est_output
+                    if ln is not None and tally.est_nanos < 0:
+                        tally.est_nanos = self.estimates.nanos(
+                            tally.ctx.model or "",
+                            tally.est_input,
+                            tally.est_output,
+                            tally.now_us,
+                            tally.ctx.units,
+                        )
+                    est_nanos = tally.est_nanos
+                    est_tokens = tally.est_tokens
+                    share = tally.share
+                    if (
+                        est_nanos == 0
+                        and plan.refuse_unpriced
+                        and self.estimates.unpriced(tally.ctx.model or "", tally.now_us)
+                    ):
+                        # a cost that cannot be priced cannot be held against the limit
+                        state = UNPRICED_I
+                    elif (
+                        (ln is not None and sn + share * (hn + est_nanos) > ln)
+                        or (lt is not None and st + share * (ht + est_tokens) > lt)
+                        or (lr is not None and sr + share * (hr + 1) > lr)
+                    ):
+                        # refused: because of what is in flight, or because this request's
+                        # worst case alone does not fit (then waiting for the holds to
+                        # settle cannot help)
+                        if (
+                            (ln is not None and sn + share * est_nanos > ln)
+                            or (lt is not None and st + share * est_tokens > lt)
+                            or (lr is not None and sr + share > lr)
+                        ):
+                            state = TOO_LARGE_I
+                        else:
+                            state = IN_FLIGHT_I
+                    else:
+                        tally.to_hold.append(cp)
+                        tally.found.append(held)
             if (
                 state == OK_I
                 and (sn or st or sr)
@@ -312,68 +362,6 @@ class Checker:
                 granted,
             )
         )
-
-    def _against_holds(
-        self,
-        tally: Tally,
-        plan: Plan,
-        cp: CounterPeriod,
-        ln: int | None,
-        lt: int | None,
-        lr: int | None,
-        sn: int,
-        st: int,
-        sr: int,
-    ) -> tuple[int, int, int, int]:
-        """(state, held nanos, tokens, requests) of a holdable counter below its limits:
-        this request's worst case and this replica's holds, scaled to all replicas,
-        within what is left, or refused as unpriced, too large or in flight. An admitted
-        counter is added to the holds to take."""
-        hn = ht = hr = 0
-        held: CounterHolds | None = None
-        if tally.look_up_holds:
-            held = tally.held.get(cp)
-            if held is not None:
-                hn = held.nanos
-                ht = held.tokens
-                hr = held.requests
-        if not tally.in_flight:
-            return OK_I, hn, ht, hr
-        ctx = tally.ctx
-        if tally.est_tokens < 0:
-            tally.est_input, tally.est_output = self.estimate_tokens(ctx)
-            tally.est_tokens = tally.est_input + tally.est_output
-        if ln is not None and tally.est_nanos < 0:
-            tally.est_nanos = self.estimates.nanos(
-                ctx.model or "", tally.est_input, tally.est_output, tally.now_us, ctx.units
-            )
-        est_nanos = tally.est_nanos
-        est_tokens = tally.est_tokens
-        share = tally.share
-        if (
-            est_nanos == 0
-            and plan.refuse_unpriced
-            and self.estimates.unpriced(ctx.model or "", tally.now_us)
-        ):
-            # a cost that cannot be priced cannot be held against the limit
-            return UNPRICED_I, hn, ht, hr
-        if (
-            (ln is not None and sn + share * (hn + est_nanos) > ln)
-            or (lt is not None and st + share * (ht + est_tokens) > lt)
-            or (lr is not None and sr + share * (hr + 1) > lr)
-        ):
-            # refused: because of what is in flight, or because this request's worst case
-            # alone does not fit (then waiting for the holds to settle cannot help)
-            if (
-                (ln is not None and sn + share * est_nanos > ln)
-                or (lt is not None and st + share * est_tokens > lt)
-                or (lr is not None and sr + share > lr)
-            ):
-                return TOO_LARGE_I, hn, ht, hr
-            return IN_FLIGHT_I, hn, ht, hr
-        tally.to_hold.append(cp)
-        tally.found.append(held)
-        return OK_I, hn, ht, hr
 
     def _refused(self, tally: Tally) -> Decision:
         """The refusal by the refusing row; one by what is left says what would fit."""
