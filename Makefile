@@ -61,10 +61,23 @@ test-fuzz: broker
 	SPENDBUS_FUZZ_EXAMPLES=$${SPENDBUS_FUZZ_EXAMPLES:-3000} \
 	$(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
+# mypy (strict: pyproject.toml) reads tests/ as pytest imports it: each folder of tests/
+# that is no package is a root, and a test module is named by its file (unique across
+# the tree); bench/ modules are bench.<name>, as the benches import each other. Every
+# folder's conftest.py is named conftest, so the nested ones are checked one run each;
+# the enforcer bench imports its siblings by bare name (SPENDBUS_BENCH_ROOT may put
+# another checkout's code first), so bench/ is their root.
+TEST_ROOTS = $(shell find tests -name '*.py' -printf '%h\n' | sort -u | while read d; do [ -e $$d/__init__.py ] || echo $$d; done | paste -sd: -)
+NESTED_CONFTESTS = $(shell find tests -mindepth 2 -name conftest.py | sort)
+BENCH_BY_NAME := bench/bench_enforcer.py bench/enforcer_bench_sidecar.py bench/enforcer_bench_state.py
+
 check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy schemas aggregator enforcer ingest notify spendbus
+	MYPYPATH=$(TEST_ROOTS) $(BIN)/mypy schemas aggregator enforcer ingest notify spendbus tests bench \
+	  --exclude '^tests/.+/conftest\.py$$' --exclude '^bench/(bench_enforcer|enforcer_bench_.+)\.py$$'
+	for conftest in $(NESTED_CONFTESTS); do MYPYPATH=$(TEST_ROOTS) $(BIN)/mypy $$conftest || exit 1; done
+	MYPYPATH=bench $(BIN)/mypy $(BENCH_BY_NAME)
 
 # The benches run on the environment as installed (`make install`, which brings the bench
 # extras) and built (`make native`, which rebuilds only extensions older than their

@@ -103,7 +103,7 @@ def test_ids_are_stored_canonical_as_the_counters_use_them(client: Any, path: Wr
 
 # -- the Avro path: bodies the engine decodes ------------------------------------------
 
-_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12)
 _optional_id = st.none() | _text.filter(lambda t: t == t.strip())
 
 
@@ -242,10 +242,21 @@ def test_the_engine_stores_verdict_bodies_exactly_as_python_rows(engine: str, da
     assert tables[0] == tables[1]
 
 
+def record_sends(spy: Any) -> list[str]:
+    """Replaces the spy's ``write``: each insert goes as it is, its method's name noted."""
+    sent: list[str] = []
+
+    def write(send: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(send.__name__)
+        return send(*args, **kwargs)
+
+    spy.write = write
+    return sent
+
+
 def test_verdicts_go_as_avro_bytes_unless_one_is_not_a_current_verdict(client: Any) -> None:
     spy: Any = FlakyClient(client)
-    sent: list[str] = []
-    spy.write = lambda send, *a, **k: (sent.append(send.__name__), send(*a, **k))[1]
+    sent = record_sends(spy)
     sink = ClickHouseSink(spy, avro_inserts=True)
     current = [Message(VERDICT.encode(verdict(key, 1))) for key in ("a,", "b,")]
     assert sink.write_verdict_messages(current) == 2
@@ -263,8 +274,7 @@ def test_records_without_the_header_are_decoded_in_order_between_avro_inserts(
     batch goes in as three INSERTs in its order, the fences see every row."""
     spy: Any = FlakyClient(client)
     sink = ClickHouseSink(spy, avro_inserts=True)
-    sent: list[str] = []
-    spy.write = lambda send, *a, **k: (sent.append(send.__name__), send(*a, **k))[1]
+    sent = record_sends(spy)
     records = [priced(o) for o in range(0, 10)]
     records += [priced(10, org_id=" acme ", user_id="Bob@Example.com")]
     records += [priced(o) for o in range(11, 20)]
@@ -283,10 +293,9 @@ def test_a_store_row_header_that_is_not_one_sends_the_record_the_decoded_way(
     client: Any,
 ) -> None:
     spy: Any = FlakyClient(client)
-    sent: list[str] = []
-    spy.write = lambda send, *a, **k: (sent.append(send.__name__), send(*a, **k))[1]
+    sent = record_sends(spy)
     good = as_message(priced(1))
-    bad_values = (b"", b"1:2:202601", b"\x00" * 15, b"\x00" * 17)
+    bad_values: tuple[bytes, ...] = (b"", b"1:2:202601", b"\x00" * 15, b"\x00" * 17)
     bad_values += (STORE_ROW.pack(-1, 1, 202601), STORE_ROW.pack(0, -1, 202601))
     bad_values += (STORE_ROW.pack(0, 1, 0), STORE_ROW.pack(0, 1, 2026011))
     for bad in bad_values:
