@@ -28,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -37,11 +37,9 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.rebalance import StageRebalance
+from aggregator.sink import ClickHouseSink
 from aggregator.sink_owner import sink_client_id
 from schemas.topics import Topics
-
-if TYPE_CHECKING:
-    from aggregator.agents import ClickHouseWriter
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +54,20 @@ RECORDS_PER_FETCH: Final = 4_000
 MAX_POLL_INTERVAL_MS: Final = 15 * 60 * 1000
 
 
+class BatchWriter(Protocol):
+    """What the stage needs of its writer (``aggregator.agents.ClickHouseWriter``): open
+    the store once, write a batch until it is stored."""
+
+    @property
+    def sink(self) -> ClickHouseSink | None: ...
+
+    async def open(self) -> ClickHouseSink: ...
+
+    async def write_messages_until_done(self, messages: Sequence[Any]) -> None: ...
+
+    async def write_verdict_messages_until_done(self, messages: Sequence[Any]) -> None: ...
+
+
 class SinkStage:
     """Owns the sink group's consumer on usage.priced and budget.verdicts."""
 
@@ -63,7 +75,7 @@ class SinkStage:
         self,
         config: AggregatorConfig,
         topics: Topics,
-        writer: ClickHouseWriter,
+        writer: BatchWriter,
         metrics: Metrics,
     ) -> None:
         self.config = config

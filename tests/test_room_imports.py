@@ -1,13 +1,17 @@
 """The rooms' import rules, read from the source with ast (function-level imports too).
 
 Stages (ingest/, aggregator/, enforcer/, notify/) import no other part of the project
-but schemas/; schemas/ imports no stage and not the CLI.
+but schemas/; schemas/ imports no stage and not the CLI; the CLI (spendbus/) reaches
+aggregator/, ingest/ and enforcer/ only through their public ``__init__`` (ingest's
+subpackages that export names with ``__all__`` are public too). Inside each
+room the modules import each other without a cycle, counting the imports written inside
+functions and under ``if TYPE_CHECKING:`` (both only hide one).
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +83,14 @@ def room_imports(room: str) -> list[Import]:
     return found
 
 
+#: the packages whose ``__init__`` the CLI imports a room through (their ``__all__``)
+PUBLIC_FACES = {
+    "aggregator": {"aggregator"},
+    "ingest": {"ingest", "ingest.gateway", "ingest.publisher", "ingest.taps"},
+    "enforcer": {"enforcer"},
+}
+
+
 def broken_rule(room: str, target: str) -> str | None:
     """Which rule importing ``target`` from ``room`` breaks, if any."""
     top = target.split(".")[0]
@@ -88,6 +100,8 @@ def broken_rule(room: str, target: str) -> str | None:
         return "a stage imports only schemas/ of the project"
     if room == "schemas":
         return "schemas/ imports no stage and not the CLI"
+    if room == "spendbus" and top in PUBLIC_FACES and target not in PUBLIC_FACES[top]:
+        return f"spendbus/ imports {top}/ only through {sorted(PUBLIC_FACES[top])}"
     return None
 
 
@@ -101,6 +115,79 @@ def test_the_room_keeps_its_import_rules(room: str) -> None:
         if (rule := broken_rule(room, found.target)) is not None
     ]
     assert not broken, "\n".join(broken)
+
+
+def import_cycles(graph: Mapping[str, Collection[str]]) -> list[list[str]]:
+    """Each set of modules that import each other in a ring, as one ring through them.
+
+    Tarjan's strongly connected components; a component of two or more modules, or one
+    that imports itself, holds a cycle, shown as the path that closes it.
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph.get(module, ())):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1 or module in graph.get(module, ()):
+                components.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [ring_through(graph, component) for component in components]
+
+
+def ring_through(graph: Mapping[str, Collection[str]], component: list[str]) -> list[str]:
+    """A path from the component's first module back to it, inside the component."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following: list[str] = []
+        for module in frontier:
+            for imported in sorted(graph.get(module, ())):
+                if imported == start:
+                    return [*paths[module], start]
+                if imported in members and imported not in paths:
+                    paths[imported] = [*paths[module], imported]
+                    following.append(imported)
+        frontier = following
+    raise AssertionError(f"no ring through {component}")
+
+
+def room_graph(room: str) -> dict[str, set[str]]:
+    """Which of the room's modules each of its modules imports."""
+    modules = module_files(room)
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for found in room_imports(room):
+        if found.target in modules:
+            graph[found.importer].add(found.target)
+    return graph
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_the_room_has_no_import_cycle(room: str) -> None:
+    cycles = import_cycles(room_graph(room))
+    assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
 
 
 SAMPLE = """
@@ -137,10 +224,16 @@ def test_every_kind_of_import_is_read() -> None:
     ]
 
 
-def test_the_rules_can_fail() -> None:
+def test_the_rules_and_the_cycle_finder_can_fail() -> None:
     assert broken_rule("ingest", "enforcer.check") is not None
     assert broken_rule("notify", "aggregator") is not None
     assert broken_rule("ingest", "schemas.codec") is None
     assert broken_rule("schemas", "spendbus.cli") is not None
     assert broken_rule("spendbus", "aggregator") is None
+    assert broken_rule("spendbus", "aggregator.counting") is not None
+    assert broken_rule("spendbus", "ingest.gateway") is None
+    assert broken_rule("spendbus", "ingest.gateway.proxy") is not None
     assert broken_rule("spendbus", "schemas.codec") is None
+    graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set(), "e": {"e"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
 import pkgutil
 import subprocess
@@ -33,25 +32,6 @@ def test_each_name_is_its_home_modules_object(name: str) -> None:
 def test_no_public_name_is_also_a_submodule() -> None:
     submodules = {info.name for info in pkgutil.iter_modules(aggregator.__path__)}
     assert not submodules & set(aggregator.__all__)
-
-
-def test_the_cli_imports_the_room_only_through_its_public_names() -> None:
-    """spendbus/ writes ``from aggregator import X``, never ``aggregator.<module>``."""
-    reached = []
-    for path in sorted((ROOT / "spendbus").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            else:
-                continue
-            reached += [
-                f"{path.relative_to(ROOT)}:{node.lineno} {name}"
-                for name in names
-                if name.startswith("aggregator.")
-            ]
-    assert reached == []
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
