@@ -67,6 +67,8 @@ Start = Literal["earliest", "latest"]
 RECORD_RETRY_SECONDS: Final = 1.0
 #: delivery rows the log could not take are offered again after this many seconds
 LOG_RETRY_SECONDS: Final = 5.0
+#: a stop waits this long for the delivery rows not yet in the log
+FLUSH_TIMEOUT_SECONDS: Final = 10.0
 #: the budget policies are read again at most this often when an alert names an unknown one
 POLICY_REFRESH_SECONDS: Final = 10.0
 
@@ -167,6 +169,7 @@ class Notifier:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self._flush_log()
             await self._producer.stop()
 
     # --- start ----------------------------------------------------------------------------
@@ -353,7 +356,21 @@ class Notifier:
             rows, self._unlogged = self._unlogged, []
             try:
                 await self.delivery_log(rows)
+            except asyncio.CancelledError:  # a stop mid-insert: _flush_log offers them again
+                self._unlogged = rows + self._unlogged
+                raise
             except Exception as exc:  # the log is a copy: keep the rows, offer them again
                 log.warning("delivery log refused %d row(s) (%s): retrying", len(rows), exc)
                 self._unlogged = rows + self._unlogged
                 await asyncio.sleep(LOG_RETRY_SECONDS)
+
+    async def _flush_log(self) -> None:
+        """On a stop, write the rows still waiting once, bounded: a query right after a
+        clean stop sees every delivery; rows it cannot write wait for the next start."""
+        if self.delivery_log is None or not self._unlogged:
+            return
+        rows, self._unlogged = self._unlogged, []
+        try:
+            await asyncio.wait_for(self.delivery_log(rows), FLUSH_TIMEOUT_SECONDS)
+        except Exception as exc:  # the records stay the truth: the next start catches up
+            log.warning("delivery log: %d row(s) left for the next start (%s)", len(rows), exc)
