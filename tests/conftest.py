@@ -11,9 +11,7 @@ Each test gets fresh topics (a unique prefix) and consumer group ids.
 from __future__ import annotations
 
 import asyncio
-import importlib.machinery
 import os
-import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,30 +19,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from native_kit import stale_extensions
 
 from schemas.topics import Topics
 from spendbus.stack.topics import ensure_topics
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def compiled_sources() -> list[Path]:
-    """The hot modules setup.py compiles with mypyc (pyproject.toml [tool.spendbus.compiled])."""
-    with open(ROOT / "pyproject.toml", "rb") as handle:
-        groups = tomllib.load(handle)["tool"]["spendbus"]["compiled"]
-    return [ROOT / path for paths in groups.values() for path in paths]
-
-
-def stale_extensions() -> list[str]:
-    """Extensions older than the source they were built from: CPython imports the
-    extension first, so the tests would run the old code."""
-    stale = []
-    for source in compiled_sources():
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            built = source.with_suffix(suffix)
-            if built.exists() and built.stat().st_mtime < source.stat().st_mtime:
-                stale.append(str(built.relative_to(ROOT)))
-    return stale
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

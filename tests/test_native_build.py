@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compiled_sources
+from native_kit import ROOT, compiled_sources
 
 SOURCES = compiled_sources()
 

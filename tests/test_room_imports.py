@@ -237,3 +237,18 @@ def test_the_rules_and_the_cycle_finder_can_fail() -> None:
     graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set(), "e": {"e"}}
     assert import_cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_imports_a_conftest_by_name() -> None:
+    """pytest loads every conftest.py as the one module ``conftest``, so ``from conftest
+    import X`` gets whichever conftest was collected last (a clean clone's CI saw the
+    sink folder's). Shared test helpers live in ``*_kit.py`` modules instead."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in ("tests", "bench")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line, target in imports_in(path.read_text(), path.stem, False, known=())
+        if target.split(".")[0] == "conftest"
+    ]
+    assert offenders == []
+    assert [t for _, t in imports_in("from conftest import ROOT", "x", False, ())] == ["conftest"]

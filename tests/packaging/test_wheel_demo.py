@@ -13,7 +13,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from native_kit import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
