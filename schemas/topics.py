@@ -164,7 +164,9 @@ class Topics:
 
     @property
     def gateway_keys(self) -> str:
-        """Compacted: the gateways' virtual keys by SHA-256 hex (never the key); null revokes."""
+        """Compacted: the gateways' virtual keys, keyed ``hmac-sha256:<hex>`` (HMAC-SHA256 under
+        the server-side key secret; never the key), legacy records by plain SHA-256 hex; null
+        revokes."""
         return f"{self.prefix}gateway.keys"
 
     @property
@@ -189,7 +191,7 @@ class Topics:
             TopicSpec(self.budget_verdicts, "counter_key", "Verdict", COMPACTED_CONFIG, partitions),
             TopicSpec(self.shared_alerts, "counter_key", "Alert", DELETE_CONFIG, 1),
             TopicSpec(self.generations, "current", "GenerationSwitch", COMPACTED_CONFIG, 1),
-            TopicSpec(self.gateway_keys, "key_sha256", "VirtualKey", COMPACTED_CONFIG, 1),
+            TopicSpec(self.gateway_keys, "key_digest", "VirtualKey", COMPACTED_CONFIG, 1),
             TopicSpec(self.budget_raises, "raise_id", "BudgetRaise", COMPACTED_CONFIG, 1),
             TopicSpec(self.notify_deliveries, "webhook|alert_id", "JSON", COMPACTED_CONFIG, 1),
             TopicSpec(
