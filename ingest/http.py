@@ -132,7 +132,7 @@ def build_app(
             try:
                 event = usage_event_from_json(obj)
             except InvalidRecord as exc:
-                publisher.metrics.rejected.labels(exc.field).inc()
+                publisher.metrics.rejected(exc.field)
                 errors.append(event_error(index, obj, exc))
                 continue
             try:

@@ -9,10 +9,21 @@ one process, as in tests, do not collide). A proxy exposing its own
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from schemas.avro_schemas import expanded_schemas
+
+#: the values ``spendbus_ingest_rejected_events_total{field}`` takes: the UsageEvent's
+#: fields and ``<event>`` (the record as a whole); any other name a client sent (an
+#: unknown field) is ``other``, so a client cannot mint label values (issue 21)
+REJECTED_FIELD_LABELS: Final = frozenset(
+    [f["name"] for f in expanded_schemas()["UsageEvent"]["fields"]] + ["<event>"]
+)
+OTHER_FIELD: Final = "other"
 
 
 class _CallbackCounter(Collector):
@@ -40,9 +51,10 @@ class PublisherMetrics:
             "producer batches handed to Kafka (published events / batches: events per request)",
             registry=registry,
         )
-        self.rejected = Counter(
+        self.rejected_by_field = Counter(
             "spendbus_ingest_rejected_events",
-            "events refused as invalid, by the field at fault",
+            "events refused as invalid, by the field at fault (a field the UsageEvent does "
+            "not have: other)",
             ["field"],
             registry=registry,
         )
@@ -94,3 +106,8 @@ class PublisherMetrics:
                 read,
             )
         )
+
+    def rejected(self, field: str) -> None:
+        """Count one event refused for ``field`` (a name outside the schema counts as other)."""
+        label = field if field in REJECTED_FIELD_LABELS else OTHER_FIELD
+        self.rejected_by_field.labels(label).inc()

@@ -263,7 +263,7 @@ class UsagePublisher:
         try:
             return prepare(event, max_record_bytes=self.config.max_record_bytes)
         except InvalidRecord as exc:
-            self.metrics.rejected.labels(exc.field).inc()
+            self.metrics.rejected(exc.field)
             raise
 
     async def publish(self, event: Record) -> None:
@@ -302,7 +302,7 @@ class UsagePublisher:
             for event in events:
                 prepared.append(prepare(event, max_record_bytes=limit))
         except InvalidRecord as exc:  # what self.prepare counts, without a call per event
-            self.metrics.rejected.labels(exc.field).inc()
+            self.metrics.rejected(exc.field)
             raise
         return await self.publish_prepared(prepared)
 

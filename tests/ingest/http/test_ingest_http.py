@@ -160,6 +160,22 @@ async def test_health_and_metrics(client: TestClient[web.Request, web.Applicatio
     assert "spendbus_ingest_spool_bytes" in metrics
 
 
+async def test_unknown_field_names_are_no_label_values(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    """A field the UsageEvent does not have is counted as ``other``: a client sending a new
+    name per request would otherwise make a new time series per request (issue 21)."""
+    for i in range(3):
+        response = await client.post(
+            "/v1/usage", json=[{**json_event(), f"client_chosen_{i}": 1}], headers=AUTH
+        )
+        assert response.status == 400
+        assert (await response.json())["events"][0]["field"] == f"client_chosen_{i}"
+    metrics = await (await client.get("/metrics")).text()
+    assert 'spendbus_ingest_rejected_events_total{field="other"} 3.0' in metrics
+    assert "client_chosen" not in metrics
+
+
 async def test_unreachable_broker_answers_503_and_keeps_the_events(tmp_path: Path) -> None:
     pub = UsagePublisher(PublisherConfig(bootstrap=DEAD_BOOTSTRAP, spool_dir=tmp_path))
     await pub.start()
