@@ -52,9 +52,7 @@ def extensions() -> list[Any]:
     for name, paths in groups.items():
         # the group's shared library is a top-level module (mypyc derives each module's
         # __file__ from its place); an editable install maps it when it built it
-        built += mypycify(
-            [*options, *paths], opt_level="3", group_name=f"spendbus_{name}_native"
-        )
+        built += mypycify([*options, *paths], opt_level="3", group_name=f"spendbus_{name}_native")
     return built
 
 
