@@ -46,7 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from ingest.errors import PublisherClosed, PublishTimeout, SpoolFull, reason_of
 from ingest.publisher import PublisherConfig, UsagePublisher
-from ingest.receive import BodyRefused, close_after, read_body, server_options
+from ingest.receive import BodyRefused, close_after, read_body, run_app, server_options
 from schemas.errors import ConfigError, InvalidRecord
 from schemas.usage import usage_event_from_json
 
@@ -226,11 +226,13 @@ def serve_http_ingest(
 ) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop the publisher."""
     app = create_app(config, token=token, **options)
-    web.run_app(
+    # answers a client that shut its sending side after a whole request (web.run_app's
+    # server closes such a connection without the answer: the client retries accepted events)
+    run_app(
         app,
         host=host,
         port=port,
-        print=print_fn,
+        print_fn=print_fn,
         access_log=None,
         **server_options(header_timeout_s),
     )

@@ -15,14 +15,24 @@ connection and a slow sender of headers are both let go after it.
 
 A refused body's connection is closed after the answer (the rest of the body is
 never read: no lingering on a client that is over its limit or too slow).
+
+A client may shut its sending side once the request is sent (``shutdown(SHUT_WR)``, what
+``curl``-like tools and some proxies do): aiohttp then closes the whole connection and
+the answer, even a 202 for events it published, never reaches the client, who retries
+what was already accepted. :class:`AnswerAfterHalfClose` runs an app whose connections
+keep their writing side on the client's end of input: the request in hand is answered,
+then the connection closes (nothing more can come on it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 _Answer = TypeVar("_Answer", bound=web.StreamResponse)
 
@@ -68,4 +78,69 @@ def server_options(header_timeout_s: float) -> dict[str, Any]:
     return {"keepalive_timeout": header_timeout_s}
 
 
-__all__ = ["BodyRefused", "close_after", "read_body", "server_options"]
+class _AnswersAfterEof(RequestHandler):
+    """A connection that answers the request in hand after the client's end of input."""
+
+    __slots__ = ()
+
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio reads the bool
+        if self._waiter is not None:
+            # waiting for a request head (idle, or one cut short): nothing to answer
+            self.force_close()
+            return False
+        # a request is in hand: keep the writing side (asyncio closes the whole transport
+        # when this is falsy), answer it, then close: no other request can follow
+        self.close()
+        return True
+
+
+class _AnswersAfterEofServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        handler = super().__call__()
+        handler.__class__ = _AnswersAfterEof  # the same slots: only eof_received differs
+        return handler
+
+
+class AnswerAfterHalfClose(web.AppRunner):
+    """``web.AppRunner`` whose connections answer a client that half-closed after sending."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _AnswersAfterEofServer
+        return server
+
+
+def run_app(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    print_fn: Callable[..., None] | None,
+    **runner_options: Any,
+) -> None:
+    """``web.run_app`` through :class:`AnswerAfterHalfClose`: serve until SIGINT/SIGTERM,
+    then clean the app up (its cleanup contexts: a publisher drains there)."""
+
+    async def serve() -> None:
+        runner = AnswerAfterHalfClose(app, handle_signals=True, **runner_options)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            if print_fn is not None:
+                print_fn(f"======== Running on http://{host}:{port} ========")
+            await asyncio.Event().wait()  # until the signal handler raises GracefulExit
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+        asyncio.run(serve())
+
+
+__all__ = [
+    "AnswerAfterHalfClose",
+    "BodyRefused",
+    "close_after",
+    "read_body",
+    "run_app",
+    "server_options",
+]

@@ -7,6 +7,8 @@ from types import TracebackType
 
 from aiohttp import web
 
+from ingest.receive import AnswerAfterHalfClose
+
 from .proxy import Gateway
 
 
@@ -25,7 +27,8 @@ class GatewayServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> str:
-        runner = web.AppRunner(
+        # a client that shut its sending side after its request still gets the answer
+        runner = AnswerAfterHalfClose(
             self.gateway.app(),
             access_log=None,
             handle_signals=False,
