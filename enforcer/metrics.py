@@ -29,6 +29,9 @@ spendbus_enforcer_records_total                counter  topic: records read
 spendbus_enforcer_undecodable_total            counter  topic, reason: records skipped
 spendbus_enforcer_verdicts_ignored_total       counter  older seq or period than held
 spendbus_enforcer_refusals_published_total     counter  result (ok: handed to the sink, error): sidecar only
+spendbus_enforcer_in_flight_per_key_refusals_  counter  sidecar checks refused 429 before deciding:
+total                                                   the key had sidecar_max_in_flight_per_key
+                                                        holds unsettled
 spendbus_enforcer_replicas                     gauge    the count the share is taken with
 spendbus_enforcer_group_members                gauge    membership: the group's last count
 spendbus_enforcer_group_rebalances_total       counter  membership: rebalances taken part in
@@ -76,6 +79,8 @@ class EnforcerMetrics(Collector):
         self.records: defaultdict[str, int] = defaultdict(int)
         self.undecodable: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.published: defaultdict[str, int] = defaultdict(int)
+        #: sidecar checks refused by the per-key in-flight limit (they decide nothing)
+        self.in_flight_per_key_refusals = 0
         self.verdict_lag_s: float | None = None
         self._state: EnforcerState | None = None
         self._holds: Holds | None = None
@@ -121,6 +126,12 @@ class EnforcerMetrics(Collector):
         yield undecodable
         yield _by_label(
             "refusals_published", "Refusal events published (sidecar)", "result", self.published
+        )
+        yield CounterMetricFamily(
+            _P + "in_flight_per_key_refusals",
+            "Sidecar checks refused before deciding: the key had sidecar_max_in_flight_per_key "
+            "holds unsettled",
+            value=self.in_flight_per_key_refusals,
         )
         if self.verdict_lag_s is not None:
             yield GaugeMetricFamily(

@@ -56,7 +56,6 @@ class InFlight:
         self.retry_after_s = config.sidecar_throttle_retry_after_s
         self.by_key: dict[str, set[int]] = {}
         self.key_of: dict[int, str] = {}
-        self.refused = 0
 
     def admits(self, key: str) -> bool:
         held = self.by_key.get(key)
@@ -81,7 +80,7 @@ class InFlight:
 
     def refusal(self, key: str) -> dict[str, Any]:
         """A refused decision as /v1/check answers one: 429 ``throttled``, Retry-After."""
-        self.refused += 1
+        self.enforcer.metrics.in_flight_per_key_refusals += 1
         retry = self.retry_after_s
         message = (
             f"throttled: key {key!r} has {self.limit} requests in flight, the most it may "

@@ -380,6 +380,8 @@ async def test_a_key_past_its_in_flight_limit_is_throttled_429_until_one_settles
         assert refused["body"]["error"] == "throttled" and refused["body"]["limit"] == 2
         assert refused["hold_id"] is None and len(e.holds) == 2
         assert sum(e.metrics.decisions.values()) == decided  # refused before deciding
+        metrics = await (await c.get("/metrics")).text()
+        assert "spendbus_enforcer_in_flight_per_key_refusals_total 1.0" in metrics
         assert (await check("sk-2"))["allowed"]  # per key
         # a peek holds nothing and is never throttled
         r = await c.post("/v1/check", json={**CTX, "reserve": False}, headers=AUTH)
