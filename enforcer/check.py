@@ -158,7 +158,8 @@ class Checker:
         return None
 
     def estimate_tokens(self, ctx: Context) -> tuple[int, int]:
-        """(input estimate, max output) of the request, in tokens."""
+        """(input estimate, max output) of the request, in tokens: the max output is per
+        candidate (``n``), so the worst case counts every candidate's."""
         if ctx.input_tokens is not None:
             input_tokens = ctx.input_tokens
         elif ctx.request_bytes:
@@ -168,7 +169,12 @@ class Checker:
         else:
             input_tokens = 0
         output = ctx.max_output_tokens
-        return input_tokens, self._default_output if output is None else output
+        if output is None:
+            output = self._default_output
+        candidates = ctx.candidates
+        if candidates is not None and candidates > 1:
+            output = min(MAX_TOKENS_PER_EVENT, output * candidates)
+        return input_tokens, output
 
     def check(self, ctx: Context, *, reserve: bool = True) -> Decision:
         """Decide for one request. With ``reserve``, an allowed request holds its estimate
@@ -381,7 +387,7 @@ class Checker:
             decision.request_nanos = max(tally.est_nanos, 0)
             decision.request_tokens = tally.est_tokens
             decision.replicas = tally.share
-            decision.fitting_max_tokens = fitting_max_tokens(
+            fitting = fitting_max_tokens(
                 self.state.prices,
                 tally.share,
                 rows,
@@ -391,6 +397,10 @@ class Checker:
                 tally.now_us,
                 ctx.units,
             )
+            candidates = ctx.candidates
+            if fitting is not None and candidates is not None and candidates > 1:
+                fitting //= candidates  # max_tokens is per candidate
+            decision.fitting_max_tokens = fitting
         return decision
 
     def _admit(self, tally: Tally) -> Decision:

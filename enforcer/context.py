@@ -21,6 +21,8 @@ MAX_TAGS: Final = 64
 MAX_REQUEST_BYTES: Final = 1 << 40
 #: distinct billed units a request may name in ``units``
 MAX_UNIT_CAPS: Final = 32
+#: completions one request may ask for (OpenAI's ``n`` is at most 128)
+MAX_CANDIDATES: Final = 128
 
 
 _FIELDS: Final = (
@@ -39,6 +41,7 @@ _FIELDS: Final = (
     "input_tokens",
     "request_bytes",
     "max_output_tokens",
+    "candidates",
     "units",
 )
 _FIELD_NAMES: Final = frozenset(_FIELDS)
@@ -138,6 +141,9 @@ class Context:
     #: size of the request body, used for the input estimate when input_tokens is absent
     request_bytes: int | None
     max_output_tokens: int | None
+    #: completions the request generates (OpenAI ``n``, Gemini ``candidateCount``), each
+    #: up to the max output: the worst case counts every one; None for one
+    candidates: int | None
     #: billed units beyond tokens the request can be charged at most, known before it is
     #: sent (a server tool's max_uses...): the worst case adds their price; None for none
     units: dict[str, int] | None
@@ -172,6 +178,7 @@ class Context:
         input_tokens: Any = None,
         request_bytes: Any = None,
         max_output_tokens: Any = None,
+        candidates: Any = None,
         units: Any = None,
     ) -> None:
         # built once per request: one dict literal (sized once), no call for an absent
@@ -251,6 +258,10 @@ class Context:
             type(max_output_tokens) is not int or not 0 <= max_output_tokens <= MAX_TOKENS_PER_EVENT
         ):
             _count("max_output_tokens", max_output_tokens, MAX_TOKENS_PER_EVENT)
+        if candidates is not None and (
+            type(candidates) is not int or not 1 <= candidates <= MAX_CANDIDATES
+        ):
+            raise InvalidContext("candidates", f"must be an integer in [1, {MAX_CANDIDATES}]")
         self.org_id = org_id
         self.secret_id = secret_id
         self.project_id = project_id
@@ -266,6 +277,7 @@ class Context:
         self.input_tokens = input_tokens
         self.request_bytes = request_bytes
         self.max_output_tokens = max_output_tokens
+        self.candidates = candidates
         self.units = _units(units) if units else None
         self.canon = canon
         self.org = org
@@ -309,6 +321,7 @@ class Context:
             input_tokens=fields.get("input_tokens"),
             request_bytes=fields.get("request_bytes"),
             max_output_tokens=fields.get("max_output_tokens"),
+            candidates=fields.get("candidates"),
             units=fields.get("units"),
         )
 

@@ -271,7 +271,7 @@ def routes(
                 continue
             if name.startswith("tag."):
                 tags[name[4:]] = value
-            elif name in ("input_tokens", "request_bytes", "max_output_tokens"):
+            elif name in ("input_tokens", "request_bytes", "max_output_tokens", "candidates"):
                 try:
                     fields[name] = int(value)
                 except ValueError:

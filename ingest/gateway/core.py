@@ -139,6 +139,7 @@ class GatewayCore:
         *,
         api: str | None = None,
         units: tuple[tuple[str, int], ...] = (),
+        candidates: int = 1,
     ) -> Any:
         principal = call.vk.principal
         return self.gate.context(
@@ -155,6 +156,8 @@ class GatewayCore:
             model=call.model,
             request_bytes=request_bytes,
             max_output_tokens=max_output,
+            # n completions write up to n times the max: the worst case holds them all
+            candidates=candidates if candidates > 1 else None,
             # the units the request can cost at most (a server tool's max_uses...): the
             # worst case holds them too
             units=units or None,

@@ -174,7 +174,13 @@ class Gateway(GatewayCore):
             call.session_id = self.sessions.session_id(
                 vk, request.headers.get(self.config.sessions.header)
             )
-            ctx = self.context(call, len(body), info.max_output_tokens, units=info.unit_caps)
+            ctx = self.context(
+                call,
+                len(body),
+                info.max_output_tokens,
+                units=info.unit_caps,
+                candidates=info.candidates,
+            )
         except (ValueError, SpendbusError) as exc:
             self.metrics.requests.labels(route.family, "invalid").inc()
             return error_response(route.family, 400, f"Invalid request: {exc}")

@@ -1,11 +1,15 @@
 """Pessimistic estimates for responses whose usage is missing (docs/design.md invariant 7).
 
 Output: the text of the delta events / 4, at least 1 per delta event (the
-decoded body bytes / 4 when not streamed), capped at the request's max output
-tokens (else ``EstimatorConfig.output_cap``); at least the thinking budget when
-the request enables reasoning (``reasoning_floor``, capped the same way, when it
-names no budget); at least what a partial report already counted. When the
-output could not be read at all (undecodable body, lost framing) it is the cap.
+decoded body bytes / 4 when not streamed), capped at the cap: the request's max
+output tokens (else ``EstimatorConfig.output_cap``) times its candidates (OpenAI
+``n``, Gemini ``candidateCount``: each candidate may write up to the max); when
+the request enables reasoning, at least its thinking budget per candidate, or the
+cap when it names no budget (OpenAI's efforts, a reasoning model by default,
+Gemini's thinking levels: what they think is bounded by the max output only); at
+least what a partial report already counted. When the output could not be read at
+all (undecodable body, lost framing), or the request runs in the background (the
+response goes on generating after the answer, whose usage is null), it is the cap.
 
 Input: the counts reported so far when the stream carried them (Anthropic's
 ``message_start``, a partial ``usageMetadata``), else request bytes / 4, and at
@@ -39,12 +43,11 @@ class EstimatorConfig:
 
     output_cap: int = 128_000
     server_state_input_floor: int = 200_000
-    reasoning_floor: int = 4_096
     chars_per_token: int = 4
     delta_text: DeltaText = "parsed"
 
     def __post_init__(self) -> None:
-        for name in ("output_cap", "server_state_input_floor", "reasoning_floor"):
+        for name in ("output_cap", "server_state_input_floor"):
             value = getattr(self, name)
             if type(value) is not int or not 0 <= value <= MAX_TOKENS:
                 raise ValueError(f"{name} must be an int in [0, {MAX_TOKENS}], got {value!r}")
@@ -75,8 +78,9 @@ def _per_token(chars: int, config: EstimatorConfig) -> int:
 
 def estimate_usage(request: RequestInfo, seen: Observed, config: EstimatorConfig) -> Usage:
     """The estimate charged for a response whose usage is missing."""
-    cap = request.max_output_tokens or config.output_cap
-    if seen.output_unknown:
+    candidates = request.candidates
+    cap = (request.max_output_tokens or config.output_cap) * candidates
+    if seen.output_unknown or request.background:
         output = cap
     elif seen.streaming:
         output = min(max(_per_token(seen.text_chars, config), seen.delta_events), cap)
@@ -85,9 +89,12 @@ def estimate_usage(request: RequestInfo, seen: Observed, config: EstimatorConfig
 
     reasoning = _per_token(seen.reasoning_chars, config)
     if request.reasoning:
-        floor = request.thinking_budget or min(config.reasoning_floor, cap)
-        output = max(output, floor)
-        reasoning = max(reasoning, floor)
+        budget = request.thinking_budget
+        if budget is None:
+            output = cap
+        else:
+            output = max(output, budget * candidates)
+            reasoning = max(reasoning, budget * candidates)
 
     partial = seen.partial
     if partial is not None:

@@ -19,6 +19,10 @@ from .references import references
 #: request is assumed to name server-side state (pessimistic).
 WALK_BUDGET = 200_000
 
+#: candidates counted at most (OpenAI allows n up to 128; a larger n is refused upstream,
+#: and the product with an output cap stays within the token bounds)
+MAX_CANDIDATES = 128
+
 #: ``json.dumps(obj, separators=(",", ":"), default=str)`` without making an encoder per call
 _compact_json = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
@@ -30,7 +34,14 @@ class RequestInfo:
     ``size`` is the request body in bytes (None: no request was given);
     ``readable`` is False when the body was not a JSON object. ``server_state``
     names what in the request refers to state kept by the provider (empty when
-    none), each as a short phrase for analysts. ``containers`` are the
+    none), each as a short phrase for analysts. ``candidates`` is how many
+    completions one call generates (OpenAI Chat ``n``, Gemini
+    ``generationConfig.candidateCount``; 1 otherwise): every output cap is per
+    candidate. ``background`` is a Responses request run in background mode (its
+    answer is a ``queued`` response without usage; the result is fetched later).
+    ``stream_usage`` is False for a streamed OpenAI Chat request that does not ask for
+    usage (``stream_options.include_usage``): the gateway may ask for it upstream
+    (None when the question does not arise). ``containers`` are the
     code-interpreter containers the request names by id (made earlier through the
     Containers API). ``unit_caps`` are the billed units the request can be charged at
     most, known before it is sent (a server tool's ``max_uses``; a grounded prompt):
@@ -47,6 +58,9 @@ class RequestInfo:
     server_state: tuple[str, ...]
     containers: tuple[str, ...]
     unit_caps: tuple[tuple[str, int], ...]
+    candidates: int
+    background: bool
+    stream_usage: bool | None
 
     def __init__(  # one a response: compiled, not dataclass's (see usage.Usage)
         self,
@@ -60,6 +74,9 @@ class RequestInfo:
         server_state: tuple[str, ...] = (),
         containers: tuple[str, ...] = (),
         unit_caps: tuple[tuple[str, int], ...] = (),
+        candidates: int = 1,
+        background: bool = False,
+        stream_usage: bool | None = None,
     ) -> None:
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "readable", readable)
@@ -71,6 +88,9 @@ class RequestInfo:
         object.__setattr__(self, "server_state", server_state)
         object.__setattr__(self, "containers", containers)
         object.__setattr__(self, "unit_caps", unit_caps)
+        object.__setattr__(self, "candidates", candidates)
+        object.__setattr__(self, "background", background)
+        object.__setattr__(self, "stream_usage", stream_usage)
 
 
 def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | None) -> RequestInfo:
@@ -106,6 +126,9 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
         tuple(dict.fromkeys(found)),
         tuple(fields.get("containers", ())),
         tuple(sorted(fields.get("unit_caps", {}).items())),
+        min(fields.get("candidates") or 1, MAX_CANDIDATES),
+        fields.get("background", False),
+        fields.get("stream_usage"),
     )
 
 
@@ -164,18 +187,46 @@ def _anthropic(obj: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def openai_reasoning_model(model: str | None) -> bool:
+    """An OpenAI model that reasons by default (o1, o3, o4-mini..., gpt-5 and later but
+    their ``-chat`` snapshots), after any ``provider/`` prefix of a router."""
+    if not model:
+        return False
+    name = model.rsplit("/", 1)[-1].lower()
+    if len(name) > 1 and name[0] == "o" and name[1].isdigit():
+        return True
+    if name.startswith("gpt-") and len(name) > 4 and "5" <= name[4] <= "9":
+        return "-chat" not in name
+    return False
+
+
+def _openai_reasoning(effort: Any, model: str | None) -> bool:
+    """Reasoning on: an effort other than ``none``, or none given to a reasoning model."""
+    if isinstance(effort, str):
+        return effort != "none"
+    return effort is None and openai_reasoning_model(model)
+
+
 def _openai_chat(obj: dict[str, Any]) -> dict[str, Any]:
     state: list[str] = []
-    effort = obj.get("reasoning_effort")
     if obj.get("web_search_options") is not None:
         state.append("server tool web_search")
+    model = _str(obj.get("model"))
+    stream = _bool(obj.get("stream"))
+    stream_usage = None
+    if stream:
+        options = obj.get("stream_options")
+        if options is None or isinstance(options, dict):
+            stream_usage = isinstance(options, dict) and options.get("include_usage") is True
     return {
-        "model": _str(obj.get("model")),
-        "stream": _bool(obj.get("stream")),
+        "model": model,
+        "stream": stream,
         "max_output_tokens": _pos_int(obj.get("max_completion_tokens"))
         or _pos_int(obj.get("max_tokens")),
-        "reasoning": isinstance(effort, str) and effort != "none",
+        "reasoning": _openai_reasoning(obj.get("reasoning_effort"), model),
         "server_state": state,
+        "candidates": _pos_int(obj.get("n")),
+        "stream_usage": stream_usage,
     }
 
 
@@ -196,7 +247,8 @@ def _openai_responses(obj: dict[str, Any]) -> dict[str, Any]:
         state.append("conversation")
     if obj.get("prompt"):
         state.append("stored prompt")
-    if obj.get("background") is True:
+    background = obj.get("background") is True
+    if background:
         state.append("background mode")
     containers: list[str] = []
     caps: dict[str, int] = {}
@@ -215,14 +267,19 @@ def _openai_responses(obj: dict[str, Any]) -> dict[str, Any]:
             if kind.startswith(unit) and calls is not None:
                 caps[unit] = calls
     reasoning = obj.get("reasoning")
+    model = _str(obj.get("model"))
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     return {
-        "model": _str(obj.get("model")),
+        "model": model,
         "stream": _bool(obj.get("stream")),
         "max_output_tokens": _pos_int(obj.get("max_output_tokens")),
-        "reasoning": isinstance(reasoning, dict) and reasoning.get("effort") != "none",
+        # a reasoning object without an effort: the model's default effort (on)
+        "reasoning": (isinstance(reasoning, dict) and effort is None)
+        or _openai_reasoning(effort, model),
         "server_state": state,
         "containers": containers,
         "unit_caps": caps,
+        "background": background,
     }
 
 
@@ -268,6 +325,7 @@ def _gemini(obj: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": _str(obj.get("model")),
         "max_output_tokens": _pos_int(_either(config, "maxOutputTokens", "max_output_tokens")),
+        "candidates": _pos_int(_either(config, "candidateCount", "candidate_count")),
         "reasoning": reasoning,
         "thinking_budget": budget,
         "server_state": state,

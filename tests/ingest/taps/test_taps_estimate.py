@@ -43,13 +43,94 @@ def test_unreadable_output_charges_the_cap() -> None:
     assert est(req, output_unknown=True, text_chars=5).output_tokens == 700
 
 
-def test_at_least_the_thinking_budget_when_reasoning() -> None:
+def test_at_least_the_thinking_budget_when_reasoning_else_the_cap() -> None:
+    """Issue 21's rule: reasoning on, the output is at least the thinking budget; with no
+    budget named (an effort, a reasoning model's default) it is the cap, not a fixed
+    4,096 (a high effort thinks far past it)."""
     req = RequestInfo(size=4, max_output_tokens=20_000, reasoning=True, thinking_budget=16_000)
     usage = est(req, delta_events=1, text_chars=4)
     assert (usage.output_tokens, usage.reasoning_tokens) == (16_000, 16_000)
-    no_budget = RequestInfo(size=4, max_output_tokens=1000, reasoning=True)
-    assert est(no_budget, text_chars=4).output_tokens == 1000  # floor 4096, capped at 1000
-    assert est(RequestInfo(size=4, reasoning=True), text_chars=4).output_tokens == 4096
+    no_budget = RequestInfo(size=4, max_output_tokens=30_000, reasoning=True)
+    assert est(no_budget, text_chars=4).output_tokens == 30_000
+    assert est(RequestInfo(size=4, reasoning=True), text_chars=4).output_tokens == 128_000
+    assert est(RequestInfo(size=4, max_output_tokens=30_000), text_chars=4).output_tokens == 1
+    # the budget counts per candidate, as the cap does
+    two = RequestInfo(size=4, reasoning=True, thinking_budget=5_000, candidates=2)
+    assert est(two, text_chars=4).output_tokens == 10_000
+
+
+def test_the_cap_counts_every_candidate() -> None:
+    """n=8 without usage writes up to 8 times the max: the estimate's cap is per candidate."""
+    eight = RequestInfo(size=4, max_output_tokens=1_000, candidates=8)
+    assert est(eight, output_unknown=True).output_tokens == 8_000
+    assert est(eight, text_chars=10**9).output_tokens == 8_000
+    assert est(eight, text_chars=20_000).output_tokens == 5_000  # what was seen, under the cap
+    seen = Observed(streaming=False, body_bytes=10**9)
+    assert estimate_usage(eight, seen, CFG).output_tokens == 8_000
+    assert est(RequestInfo(size=4, candidates=3), output_unknown=True).output_tokens == 384_000
+
+
+def test_candidates_are_read_from_n_and_candidate_count() -> None:
+    assert read_request("openai-chat", {"n": 8}).candidates == 8
+    assert read_request("openai-chat", {"n": 10**6}).candidates == 128
+    for bad in (0, -3, "8", 2.0, None, True):
+        assert read_request("openai-chat", {"n": bad}).candidates == 1
+    config = {"generationConfig": {"candidateCount": 4, "maxOutputTokens": 100}}
+    assert read_request("gemini", config).candidates == 4
+    assert read_request("gemini", {"generation_config": {"candidate_count": 2}}).candidates == 2
+    assert read_request("anthropic-messages", {"n": 8}).candidates == 1  # not Anthropic's
+    tap = open_tap("gemini", config, content_type="text/event-stream")
+    tap.feed(b'data: {"candidates": [{"content": {"parts": [{"text": "ab"}]}}]}\r\n\r\n')
+    result = tap.finish(cut="upstream_cut")
+    assert result.output_tokens == 1
+    body = {"n": 8, "max_tokens": 50, "stream": True}
+    tap = open_tap("openai-chat", body, content_type="text/event-stream", content_encoding="x-no")
+    tap.feed(b"\x00\x01")
+    assert tap.finish().output_tokens == 400  # unreadable: the cap, every candidate's
+
+
+@pytest.mark.parametrize(
+    ("fmt", "body", "reasoning"),
+    [
+        ("openai-chat", {"model": "o3"}, True),
+        ("openai-chat", {"model": "o4-mini-2025-04-16"}, True),
+        ("openai-chat", {"model": "gpt-5"}, True),
+        ("openai-chat", {"model": "openai/gpt-5.1-mini"}, True),
+        ("openai-chat", {"model": "gpt-5", "reasoning_effort": "none"}, False),
+        ("openai-chat", {"model": "gpt-5-chat-latest"}, False),
+        ("openai-chat", {"model": "gpt-4.1"}, False),
+        ("openai-chat", {"model": "gpt-4.1", "reasoning_effort": "high"}, True),
+        ("openai-chat", {"model": "omni-moderation-latest"}, False),
+        ("openai-responses", {"model": "o3"}, True),
+        ("openai-responses", {"model": "gpt-4o", "reasoning": {"effort": "low"}}, True),
+        ("openai-responses", {"model": "gpt-4o", "reasoning": {"summary": "auto"}}, True),
+        ("openai-responses", {"model": "gpt-5", "reasoning": {"effort": "none"}}, False),
+        ("openai-responses", {"model": "gpt-4o"}, False),
+    ],
+)
+def test_openai_reasoning_by_model_or_effort(
+    fmt: str, body: dict[str, object], reasoning: bool
+) -> None:
+    """A reasoning model reasons without being asked (its default effort), so its
+    estimate is the cap too; an effort of ``none`` turns it off."""
+    assert read_request(fmt, body).reasoning is reasoning
+
+
+def test_a_background_response_without_usage_is_the_floor_plus_the_cap() -> None:
+    """``background: true`` answers a queued response with null usage and keeps
+    generating: charged the server-state floor plus the output cap (was floor + body/4)."""
+    request = {"model": "gpt-4.1", "background": True, "max_output_tokens": 3_000, "input": "hi"}
+    tap = open_tap("openai-responses", request, content_type="application/json")
+    tap.feed(json.dumps({"id": "resp_1", "status": "queued", "usage": None}).encode())
+    result = tap.finish()
+    assert result.usage_source == "estimated"
+    assert (result.input_tokens, result.output_tokens) == (200_000, 3_000)
+    no_cap = open_tap("openai-responses", {**request, "max_output_tokens": None})
+    no_cap.feed(json.dumps({"id": "resp_1", "status": "queued", "usage": None}).encode())
+    assert no_cap.finish().output_tokens == 128_000
+    foreground = open_tap("openai-responses", {**request, "background": False})
+    foreground.feed(json.dumps({"id": "resp_1", "status": "queued", "usage": None}).encode())
+    assert foreground.finish().output_tokens < 100
 
 
 def test_input_is_request_bytes_over_four_or_the_floor_with_server_state() -> None:
