@@ -263,6 +263,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
             is_current=lambda: generation_is_current(
                 config.bootstrap, topics, security=config.kafka_security
             ),
+            folded=metrics.unpriced_alerts_folded.inc,
         )
 
         # every raise into budget_raises, the audit table (aggregator/raise_audit.py)

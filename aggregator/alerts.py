@@ -18,6 +18,10 @@ the events arrived. This publisher turns it into messages:
   that received events since the previous poll (by ClickHouse's ``inserted_at``, with a
   margin; the first poll after taking the partition asks for all) and sends those not
   sent, keyed by counter key (``unpriced|<model>`` for a model);
+- **a bounded number of models** (:data:`MAX_UNPRICED_MODEL_ALERTS`): the model names are
+  the clients' own, so past that many unpriced models alerted one by one, every further
+  one is folded into the one alert ``unpriced|*`` (model ``*``, sent once) and counted
+  (``spendbus_aggregator_unpriced_alerts_folded_total``), never a message per name;
 - **a replay generation** sends only once it is current and its predecessor retired, and
   a generation that is no longer current stops (docs/replay.md): the shared topic has one
   writer per stack.
@@ -70,10 +74,18 @@ _RECENT_COUNTERS: Final = """
   AND (counter_key, period) IN (
     SELECT c.counter_key, c.period FROM usage_events ARRAY JOIN counts AS c
     WHERE inserted_at >= fromUnixTimestamp64Milli({since_ms}, 'UTC'))"""
-_UNPRICED: Final = """
-SELECT model, min(occurred_at) FROM usage_events
-WHERE unpriced{recent}
+#: unpriced models alerted one by one; the rest share UNPRICED_OVERFLOW's alert
+MAX_UNPRICED_MODEL_ALERTS: Final = 100
+#: the model name of the one alert that stands for every model past the bound
+UNPRICED_OVERFLOW: Final = "*"
+_OVERFLOW_ID: Final = f"unpriced|{UNPRICED_OVERFLOW}"
+#: the oldest first, and no more than the bound can use (one more tells it was passed)
+_UNPRICED: Final = f"""
+SELECT model, min(occurred_at) AS first_seen FROM usage_events
+WHERE unpriced{{recent}}
 GROUP BY model
+ORDER BY first_seen, model
+LIMIT {MAX_UNPRICED_MODEL_ALERTS + 1}
 """
 _RECENT_MODELS: Final = """
   AND model IN (SELECT model FROM usage_events
@@ -126,6 +138,7 @@ class AlertPublisher:
         poll_seconds: float = 1.0,
         security: KafkaSecurity = PLAINTEXT,
         is_current: Callable[[], Awaitable[bool]] | None = None,
+        folded: Callable[[int], object] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
@@ -138,6 +151,11 @@ class AlertPublisher:
         #: alert ids on the shared topic while this publisher holds it (None: not holding)
         self.sent: set[str] | None = None
         self._since_ms: int | None = None
+        #: unpriced models alerted one by one on the shared topic (of ``sent``)
+        self._unpriced_alerted = 0
+        #: told how many unpriced models a poll folded into the overflow alert
+        self._folded = folded
+        self.unpriced_folded = 0
 
     async def run(self) -> None:
         consumer = AIOKafkaConsumer(
@@ -182,9 +200,14 @@ class AlertPublisher:
                 await alert_ids(self.bootstrap, self.topics.shared_alerts, security=self.security)
             )
             self._since_ms = None
+            self._unpriced_alerted = sum(
+                1 for i in self.sent if i.startswith("unpriced|") and i != _OVERFLOW_ID
+            )
         (started,) = (await self.read("SELECT toUnixTimestamp64Milli(now64(3))"))[0]
         found = await alerts_found(self.read, self._since_ms)
-        fresh = [(key, alert) for key, alert in found if alert["alert_id"] not in self.sent]
+        fresh = self._bounded(
+            [(key, alert) for key, alert in found if alert["alert_id"] not in self.sent]
+        )
         futures = [
             await producer.send(self.topics.shared_alerts, key=key, value=ALERT.encode(alert))
             for key, alert in fresh
@@ -197,6 +220,28 @@ class AlertPublisher:
         if fresh:
             log.info("published %d alerts to %s", len(fresh), self.topics.shared_alerts)
         return len(fresh)
+
+    def _bounded(self, fresh: list[tuple[bytes, dict[str, Any]]]) -> list[tuple[bytes, Any]]:
+        """``fresh`` with the unpriced models past the bound folded into one alert."""
+        assert self.sent is not None
+        out: list[tuple[bytes, Any]] = []
+        folded: list[dict[str, Any]] = []
+        for key, alert in fresh:
+            if alert["kind"] != "unpriced_model" or alert["alert_id"] == _OVERFLOW_ID:
+                out.append((key, alert))
+            elif self._unpriced_alerted < MAX_UNPRICED_MODEL_ALERTS:
+                self._unpriced_alerted += 1
+                out.append((key, alert))
+            else:
+                folded.append(alert)
+        if folded:
+            self.unpriced_folded += len(folded)
+            if self._folded is not None:
+                self._folded(len(folded))
+            if _OVERFLOW_ID not in self.sent:
+                first_seen = min(a["as_of"] for a in folded)
+                out.append((_OVERFLOW_ID.encode(), unpriced_alert(UNPRICED_OVERFLOW, first_seen)))
+        return out
 
 
 async def generation_is_current(

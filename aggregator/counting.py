@@ -396,7 +396,7 @@ class CountingStage:
             fold=folded - started, state=written - folded, sends=sent - written
         )
         if out.unpriced_models:
-            self.metrics.unpriced_models.update(out.unpriced_models)
+            self.metrics.record_unpriced_models(out.unpriced_models)
 
     def _write_changed_counters(self) -> None:
         """Each counter changed since the last write: its state now, to its changelog."""

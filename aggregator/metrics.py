@@ -18,6 +18,9 @@ from aggregator.process import BatchStats
 
 #: the loop probe's sleep: ~100 wake-ups a second, a few µs each
 LOOP_PROBE_SECONDS = 0.01
+#: the most unpriced model names /stats lists: the names are the clients' (a new one per
+#: request would grow the set without end); the rest are counted, not kept (issue 21)
+MAX_UNPRICED_MODELS_LISTED = 100
 
 
 @dataclass
@@ -63,6 +66,17 @@ class Metrics:
         )
         self.verdicts = Counter("spendbus_aggregator_verdicts", "verdicts sent", registry=r)
         self.cost = Counter("spendbus_aggregator_cost_nanos", "nano-dollars charged", registry=r)
+        self.unpriced_alerts_folded = Counter(
+            "spendbus_aggregator_unpriced_alerts_folded",
+            "unpriced models a poll found past the alerts' bound, alerted only as unpriced|*",
+            registry=r,
+        )
+        self.unpriced_models_unlisted = Counter(
+            "spendbus_aggregator_unpriced_models_unlisted",
+            f"batches' distinct unpriced model names past the {MAX_UNPRICED_MODELS_LISTED} "
+            "/stats lists (counted, not kept)",
+            registry=r,
+        )
         self.batch_seconds = Histogram(
             "spendbus_aggregator_batch_seconds", "time to fold one batch", registry=r
         )
@@ -114,6 +128,23 @@ class Metrics:
         ):
             self.totals[name] = self.totals.get(name, 0) + getattr(stats, name)
         self.totals["verdicts"] = self.totals.get("verdicts", 0) + verdicts
+
+    def record_unpriced_models(self, models: set[str]) -> None:
+        """A batch's unpriced model names: listed on /stats up to the bound, else counted."""
+        listed = self.unpriced_models
+        unlisted = 0
+        for model in models:
+            if model in listed:
+                continue
+            if len(listed) < MAX_UNPRICED_MODELS_LISTED:
+                listed.add(model)
+            else:
+                unlisted += 1
+        if unlisted:
+            self.unpriced_models_unlisted.inc(unlisted)
+            self.totals["unpriced_models_unlisted"] = (
+                self.totals.get("unpriced_models_unlisted", 0) + unlisted
+            )
 
     def record_verdicts(self, verdicts: int) -> None:
         """Verdicts sent apart from a batch (held by the coalescer until due)."""
