@@ -64,7 +64,9 @@ from enforcer.plans import (
     FAILED_CLOSED_I,
     FAILED_OPEN_I,
     IN_FLIGHT_I,
+    KIND_SESSION,
     OK_I,
+    SESSIONS_I,
     STATE_NAMES,
     THROTTLED_I,
     TOO_LARGE_I,
@@ -94,6 +96,8 @@ log = logging.getLogger("spendbus.enforcer.decisions")
 #: a request's input is estimated at one token per this many bytes when no token
 #: estimate is given (typical text runs ~4 bytes/token: 3 errs on the side of holding more)
 BYTES_PER_TOKEN_ESTIMATE: Final = 3
+#: the period of the bound on new session ids per key: a UTC day (µs)
+SESSION_BOUND_US: Final = 86_400_000_000
 
 Clock = Callable[[], float]
 
@@ -125,6 +129,11 @@ class Checker:
         self._buckets: rates.Buckets = {}
         #: hold id -> the token buckets it took its worst case from (settle refunds)
         self._rate_charges: dict[int, list[tuple[RateBucket, int]]] = {}
+        #: new session ids a key may open per UTC day (None: no bound), and the ones this
+        #: enforcer counted today per (org, secret): a session no verdict knows yet
+        self._max_sessions = config.max_sessions_per_key
+        self._sessions: dict[tuple[str, str], set[str]] = {}
+        self._sessions_day = -1
         #: the metric counters bumped per check (plain dicts, held here: one lookup less)
         self._decisions = metrics.decisions
         self._peeks = metrics.peeks
@@ -278,6 +287,16 @@ class Checker:
             or (lr is not None and sr >= lr)
         ):
             state = EXCEEDED_I
+        elif (
+            plan.kind == KIND_SESSION
+            and verdict is None
+            and plan.enforce
+            and tally.in_flight
+            and not self._session_fits(tally.ctx, tally.now_us, tally.reserve)
+        ):
+            # a session id new to the key past the key's bound: its own counter would be
+            # one more for every id a client makes up, each escaping the session budget
+            state = SESSIONS_I
         else:
             state = OK_I
             if plan.holdable:
@@ -369,6 +388,32 @@ class Checker:
             )
         )
 
+    def _session_fits(self, ctx: Context, now_us: int, reserve: bool) -> bool:
+        """May ``ctx``'s session, which no verdict knows, have a counter of its own? Yes
+        while its key opened fewer than ``max_sessions_per_key`` sessions today (UTC);
+        a reserving check counts it (a peek only asks)."""
+        limit = self._max_sessions
+        if limit is None:
+            return True
+        day = now_us // SESSION_BOUND_US
+        if day != self._sessions_day:
+            self._sessions = {}
+            self._sessions_day = day
+        key = (ctx.org, ctx.secret)
+        seen = self._sessions.get(key)
+        if seen is None:
+            if not reserve:
+                return True
+            seen = self._sessions[key] = set()
+        session = ctx.session
+        if session in seen:
+            return True
+        if len(seen) >= limit:
+            return False
+        if reserve:
+            seen.add(session)
+        return True
+
     def _refused(self, tally: Tally) -> Decision:
         """The refusal by the refusing row; one by what is left says what would fit."""
         rows = tally.rows
@@ -382,7 +427,12 @@ class Checker:
         ctx = tally.ctx
         decision = Decision(ctx, value, "refused", rows, refusal, tally.now_us, self.config)
         refusing_state = rows[refusal].state_i
-        if refusing_state != EXCEEDED_I and refusing_state != UNPRICED_I and tally.est_tokens >= 0:
+        if (
+            refusing_state != EXCEEDED_I
+            and refusing_state != UNPRICED_I
+            and refusing_state != SESSIONS_I
+            and tally.est_tokens >= 0
+        ):
             # what the request asked for, and what would fit now (the refusal says so)
             decision.request_nanos = max(tally.est_nanos, 0)
             decision.request_tokens = tally.est_tokens

@@ -89,6 +89,11 @@ class EnforcerConfig(BaseModel):
     sidecar_max_in_flight_per_key: int | None = Field(default=None, ge=1)
     #: sidecar: the Retry-After of that refusal, seconds
     sidecar_throttle_retry_after_s: int = Field(default=1, ge=1)
+    #: new session ids (``session_id``, the gateway's ``X-Spend-Session``) one key
+    #: (``secret_id``) may open per UTC day under an enforce session budget; past it a
+    #: request with another new id is refused (429 ``job_budget_exceeded``, reason
+    #: ``too_many_sessions``) and gets no counter (None: no bound). Per enforcer process.
+    max_sessions_per_key: int | None = Field(default=1000, ge=1)
     #: sidecar: publish a refusal UsageEvent to usage.raw for every refused check
     publish_refusals: bool = True
 

@@ -13,7 +13,15 @@ from enforcer import refusals
 from enforcer.config import EnforcerConfig
 from enforcer.context import Context
 from enforcer.counters import CounterStatus, used_fraction_of
-from enforcer.plans import ALERT_I, EXCEEDED_I, IN_FLIGHT_I, STATE_NAMES, TOO_LARGE_I, UNPRICED_I
+from enforcer.plans import (
+    ALERT_I,
+    EXCEEDED_I,
+    IN_FLIGHT_I,
+    SESSIONS_I,
+    STATE_NAMES,
+    TOO_LARGE_I,
+    UNPRICED_I,
+)
 from enforcer.response import Response, spend_header_of
 from schemas.periods import from_micros
 from schemas.usage import new_usage_event
@@ -187,6 +195,7 @@ class Decision:
                 or r.state_i == IN_FLIGHT_I
                 or r.state_i == TOO_LARGE_I
                 or r.state_i == UNPRICED_I
+                or r.state_i == SESSIONS_I
             )
             and r.plan.enforce
         ]
@@ -230,6 +239,10 @@ class Decision:
             name: getattr(ctx, name)
             for name in ("project_id", "grant_id", "permission_id", "user_id", "session_id")
         }
+        if any([r.state_i == SESSIONS_I for r in self._rows]):
+            # a session past the key's bound: its id would open the very counter refused
+            # (an aggregator counter and a verdict every enforcer holds, per new id)
+            optional["session_id"] = None
         optional.update(fields)
         return new_usage_event(
             provider=ctx.provider or "unknown",

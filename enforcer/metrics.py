@@ -11,7 +11,7 @@ metric                                         type     labels / meaning
 spendbus_enforcer_checks_total                 counter  budget, outcome (allowed, alert,
                                                         exceeded, in_flight, failed_open,
                                                         failed_closed, too_large, throttled,
-                                                        unpriced):
+                                                        unpriced, too_many_sessions):
                                                         one per applicable budget per check
 spendbus_enforcer_decisions_total              counter  decision (schemas.usage values)
 spendbus_enforcer_peeks_total                  counter  decision: checks that hold nothing and
@@ -65,6 +65,7 @@ _OUTCOMES = (
     "too_large",
     "throttled",
     "unpriced",
+    "too_many_sessions",
 )
 
 

@@ -45,6 +45,9 @@ TOO_LARGE_I: Final = 6
 THROTTLED_I: Final = 7
 #: an enforce USD budget whose unpriced policy is ``refuse``, for a model without a price
 UNPRICED_I: Final = 8
+#: a session budget's counter for a session id new to the key when the key already opened
+#: ``max_sessions_per_key`` sessions today (UTC): refused, so no new counter is made
+SESSIONS_I: Final = 9
 STATE_NAMES: Final = (
     "ok",
     "alert",
@@ -55,6 +58,7 @@ STATE_NAMES: Final = (
     "too_large",
     "throttled",
     "unpriced",
+    "too_many_sessions",
 )
 #: how a plan reads its scope values from the context (Plan.kind)
 KIND_ORG: Final = 0

@@ -8,6 +8,8 @@
     402/429 {"error": "in_flight_budget_exceeded", ...}         Retry-After: in_flight_retry_after
     429  {"error": "throttled", "limit", ...}                   Retry-After: until the bucket admits
     402  {"error": "budget_exceeded", "reason": "model_unpriced", "model", ...}  (no Retry-After)
+    429  {"error": "job_budget_exceeded", "reason": "too_many_sessions", "session_id",
+          "max_sessions_per_key", ...}                      Retry-After: to the UTC day's end
     503  {"error": "failed_closed", "reason": ...}              Retry-After: 30
 
 ``refusal_style: seed000`` — seed 000's 402 body for every budget refusal.
@@ -143,6 +145,15 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
             "no price in force prices it, so its cost could not be counted against the "
             "limit (apply a price for it, a price-table fallback, or unpriced: allow_free)."
         )
+    elif reason == TOO_MANY_SESSIONS:
+        # a session the key already opened passes; a new id only once the day turns (UTC)
+        retry_after = _seconds_until((decision.now_us // _DAY_US + 1) * _DAY_US, decision.now_us)
+        message = (
+            f"Budget {budget!r}: key {decision.ctx.secret_id!r} opened "
+            f"{config.max_sessions_per_key} sessions today (UTC), the most it may "
+            f"(max_sessions_per_key); session {decision.ctx.session_id!r} is new and is "
+            "refused until the day ends: reuse a session id."
+        )
     elif reason == IN_FLIGHT:
         # the holds of requests in flight (or not yet in a verdict) keep this one out: they
         # settle within seconds, so a retry soon may pass
@@ -179,6 +190,9 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
         body["reason"] = reason
         if reason == MODEL_UNPRICED:
             body["model"] = decision.ctx.model
+        elif reason == TOO_MANY_SESSIONS:
+            body["session_id"] = decision.ctx.session_id
+            body["max_sessions_per_key"] = config.max_sessions_per_key
         elif reason != EXHAUSTED:
             body.update(_left_fields(decision, refusing))
         body["message"] = message
@@ -195,12 +209,16 @@ EXHAUSTED: Final = "exhausted"
 REQUEST_TOO_LARGE: Final = "request_too_large"
 IN_FLIGHT: Final = "in_flight"
 MODEL_UNPRICED: Final = "model_unpriced"
+TOO_MANY_SESSIONS: Final = "too_many_sessions"
 _REASONS: Final = {
     "exceeded": EXHAUSTED,
     "too_large": REQUEST_TOO_LARGE,
     "in_flight": IN_FLIGHT,
     "unpriced": MODEL_UNPRICED,
+    "too_many_sessions": TOO_MANY_SESSIONS,
 }
+#: the bound on new sessions per key resets at the next UTC midnight
+_DAY_US: Final = 86_400_000_000
 
 
 def _usd(nanos: int) -> str:

@@ -11,7 +11,7 @@ from typing import final
 from enforcer.context import Context
 from enforcer.counters import CounterStatus
 from enforcer.holds import CounterHolds, CounterPeriod
-from enforcer.plans import EXCEEDED_I, NEVER_US, TOO_LARGE_I, UNPRICED_I
+from enforcer.plans import EXCEEDED_I, NEVER_US, SESSIONS_I, TOO_LARGE_I, UNPRICED_I
 from enforcer.state import EnforcerState
 
 
@@ -51,7 +51,7 @@ class Tally:
         self.raised = state.raises.by_budget
         self.rows: list[CounterStatus] = []
         #: index of the refusing row (-1: none), its period end, and whether it is hard
-        #: (exhausted, too large, unpriced: retrying soon cannot help)
+        #: (exhausted, too large, unpriced, too many sessions: retrying soon cannot help)
         self.refusal = -1
         self.refusal_end = 0
         self.hard = False
@@ -67,7 +67,7 @@ class Tally:
     def consider_refusal(self, state: int, end_us: int | None) -> None:
         """The next row refuses: it becomes the refusing one if it is hard and the one so
         far is not, or it resets later (the refusal reports the longest wait)."""
-        is_hard = state in (EXCEEDED_I, TOO_LARGE_I, UNPRICED_I)
+        is_hard = state in (EXCEEDED_I, TOO_LARGE_I, UNPRICED_I, SESSIONS_I)
         end = NEVER_US if end_us is None else end_us
         if (
             self.refusal < 0

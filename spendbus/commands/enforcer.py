@@ -95,6 +95,13 @@ def enforcer() -> None:
     default=None,
     help="Holds of one secret_id in flight at once; a check past it: 429 throttled.",
 )
+@click.option(
+    "--max-sessions-per-key",
+    type=click.IntRange(min=1),
+    default=None,
+    help="New session ids one secret_id may open per UTC day under a session budget "
+    "(default 1000); past it: 429 too_many_sessions.",
+)
 @click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
 @click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
 @click.option(
@@ -120,6 +127,7 @@ def serve(
     membership_grace: float | None,
     unpriced_models: str | None,
     max_in_flight_per_key: int | None,
+    max_sessions_per_key: int | None,
     gateway_id: str | None,
     no_publish_refusals: bool,
     spool_dir: Path | None,
@@ -155,6 +163,7 @@ def serve(
             membership_grace_s=membership_grace,
             unpriced_models=unpriced_models,
             sidecar_max_in_flight_per_key=max_in_flight_per_key,
+            max_sessions_per_key=max_sessions_per_key,
             gateway_id=gateway_id,
             publish_refusals=not no_publish_refusals,
         )
