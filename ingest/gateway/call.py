@@ -19,6 +19,7 @@ class Call:
         "body",
         "decision",
         "family",
+        "hides_usage",
         "info",
         "model",
         "route",
@@ -26,6 +27,7 @@ class Call:
         "started",
         "stream",
         "upstream",
+        "upstream_body",
         "vk",
     )
 
@@ -34,6 +36,10 @@ class Call:
         self.vk = vk
         self.upstream = upstream
         self.body = body
+        #: what goes upstream: the body, or it asking for streamed usage (stream_usage.py)
+        self.upstream_body = body
+        #: the gateway asked for streamed usage the client did not: hide it from the client
+        self.hides_usage = False
         self.family: Api = route.family
         self.started = time.monotonic()
         self.model: str | None = None

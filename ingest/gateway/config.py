@@ -280,6 +280,10 @@ class GatewayConfig(_Frozen):
     max_in_flight_per_key: int | None = Field(default=None, ge=1)
     #: the Retry-After of that answer, seconds
     throttle_retry_after_s: int = Field(default=1, ge=1)
+    #: ask OpenAI Chat for a stream's usage (``stream_options.include_usage``) when the
+    #: client did not, and hide it from the client (stream_usage.py); False: such streams
+    #: are estimated (for an OpenAI-compatible upstream that refuses the option)
+    ask_stream_usage: bool = True
     #: request headers forwarded to the upstreams beside the per-provider allowlist
     #: (headers.py): names, or prefixes ending in ``-`` (e.g. OpenRouter's ``x-title``)
     forward_request_headers: tuple[str, ...] = ()

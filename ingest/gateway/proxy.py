@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -51,6 +52,7 @@ from .headers import relayed_response_headers
 from .identity import presented_key
 from .realtime import RealtimeRelay
 from .routes import Route, resolve
+from .stream_usage import HiddenUsage, asking_for_usage
 from .upstream import REQUEST_ID_HEADERS, ReadDeadline, upstream_headers, upstream_query
 from .usage_events import separate_charge_fields, tap_usage_event
 
@@ -170,6 +172,13 @@ class Gateway(GatewayCore):
         info = call.info = read_request(route.fmt, body)
         call.model = route.model or info.model
         call.stream = route.streaming if route.streaming is not None else info.stream is True
+        if info.stream_usage is False and call.stream and self.config.ask_stream_usage:
+            try:
+                asked = asking_for_usage(body, json.loads(body))
+            except (ValueError, RecursionError):
+                asked = None  # read_request read it; json may not: then it is estimated
+            if asked is not None:
+                call.upstream_body, call.hides_usage = asked, True
         try:
             call.session_id = self.sessions.session_id(
                 vk, request.headers.get(self.config.sessions.header)
@@ -199,18 +208,18 @@ class Gateway(GatewayCore):
         self, request: web.Request, call: Call
     ) -> aiohttp.ClientResponse | web.Response:
         credential = self.credentials[call.vk.principal.secret_id]
+        headers = upstream_headers(
+            request.headers, call.family, credential, self.config.forward_request_headers
+        )
+        if call.hides_usage:
+            headers["Accept-Encoding"] = "identity"  # the stream is rewritten: read it plain
         try:
             async with self.response_deadline():
                 return await self.client.request(
                     "POST",
                     self._url(request, call.upstream),
-                    data=call.body,
-                    headers=upstream_headers(
-                        request.headers,
-                        call.family,
-                        credential,
-                        self.config.forward_request_headers,
-                    ),
+                    data=call.upstream_body,
+                    headers=headers,
                     allow_redirects=False,
                 )
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -236,9 +245,15 @@ class Gateway(GatewayCore):
             estimator=self.estimator,
         )
         extra = decision.headers  # X-Spend-Budget warnings
+        hidden = None
+        content_type = upstream.headers.get("Content-Type", "")
+        if call.hides_usage and upstream.status == 200 and "event-stream" in content_type:
+            hidden = HiddenUsage(upstream.headers.get("Content-Encoding"))
         cut: str | None = "client_disconnected"  # until the relay says otherwise
         try:
-            cut, response = await self._relay(request, upstream, call.family, tap.feed, extra)
+            cut, response = await self._relay(
+                request, upstream, call.family, tap.feed, extra, hidden
+            )
             return response
         finally:
             if cut == "client_disconnected":
@@ -270,10 +285,16 @@ class Gateway(GatewayCore):
         family: Api,
         feed: Any,
         extra: tuple[tuple[str, str], ...],
+        hidden: HiddenUsage | None = None,
     ) -> tuple[str | None, web.StreamResponse]:
         """Copy the upstream response to the client chunk by chunk; returns the cut
-        (None: it ended normally) and the response."""
+        (None: it ended normally) and the response. With ``hidden``, the client gets the
+        stream without the usage the gateway asked for (the tap reads it all)."""
         headers = relayed_response_headers(upstream.headers.items(), family, extra)
+        if hidden is not None:
+            headers.popall("Content-Length", None)  # the client's copy is shorter
+            if hidden.decoded:
+                headers.popall("Content-Encoding", None)
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=headers
         )
@@ -301,6 +322,10 @@ class Gateway(GatewayCore):
                     break
                 if feed is not None:
                     feed(chunk)
+                if hidden is not None:
+                    chunk = hidden.feed(chunk)
+                    if not chunk:
+                        continue
                 try:
                     await write(chunk)
                 except ConnectionError:
@@ -308,6 +333,8 @@ class Gateway(GatewayCore):
         finally:
             deadline.cancel()
         with contextlib.suppress(ConnectionError):
+            if hidden is not None and (rest := hidden.finish()):
+                await write(rest)
             await response.write_eof()
         return None, response
 

@@ -15,7 +15,7 @@ See README.md beside this file for the invariants and what is read where.
 
 from __future__ import annotations
 
-from .decode import supported_encodings
+from .decode import ContentDecoder, DecodeError, supported_encodings
 from .estimate import EstimatorConfig
 from .formats import FORMATS, open_tap
 from .inspect import inspect_response
@@ -26,6 +26,8 @@ from .usage import TapResult, Usage, UsageSource
 
 __all__ = [
     "FORMATS",
+    "ContentDecoder",
+    "DecodeError",
     "EstimatorConfig",
     "RealtimeTap",
     "RequestInfo",

@@ -23,6 +23,18 @@ from .stats import Stats
 from .usage import usage_for_request
 
 
+def _answer_basis(fmt: str, body: bytes, request: dict[str, Any]) -> bytes:
+    """What the answer is drawn from: the body, but a chat request's ``stream_options``
+    change only how usage is reported, never the answer (as at OpenAI): such a body is
+    drawn as the compact JSON of the same object without them, which is the body a
+    client sending compact JSON without them sends. (The prompt's size stays the
+    body's: only the seed.)"""
+    if fmt != "openai-chat" or "stream_options" not in request:
+        return body
+    rest = {k: v for k, v in request.items() if k != "stream_options"}
+    return json.dumps(rest, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 async def answer(
     request: web.Request,
     call: Call,
@@ -67,7 +79,8 @@ async def answer(
         return await send(request, call, exchange, config=config, stats=stats, declared=None)
 
     assert isinstance(parsed, dict) and isinstance(model, str)
-    rng = random.Random(f"{config.seed}|{call.route}|{model}|{hashlib.sha256(body).hexdigest()}")
+    basis = _answer_basis(call.fmt, body, parsed)
+    rng = random.Random(f"{config.seed}|{call.route}|{model}|{hashlib.sha256(basis).hexdigest()}")
     usage = usage_for_request(
         call.fmt,
         parsed,

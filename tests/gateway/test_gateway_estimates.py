@@ -3,7 +3,9 @@ worth (issue 21, "Estimates"): candidates, asked-for streamed usage, background 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -52,3 +54,105 @@ async def test_the_hold_counts_every_candidate(
         assert (refusal["error"], refusal["reason"]) == ("budget_exceeded", "request_too_large")
         assert refusal["request_tokens"] > 16_000
         assert (await stack.upstream_stats())["requests"] == 1
+
+
+def compact(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+CHAT = {
+    "model": "gpt-4o",
+    "stream": True,
+    "max_completion_tokens": 400,
+    "messages": [{"role": "user", "content": PROMPT}],
+}
+JSON = {"Content-Type": "application/json"}
+
+
+async def test_streamed_usage_is_asked_for_and_the_client_gets_its_own_stream(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """A streamed chat request without ``include_usage``: the gateway asks OpenAI for the
+    usage (charged as reported, not estimated) and relays the stream byte for byte as
+    the provider answers that request without it: no usage chunk, no ``usage: null``."""
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        async with aiohttp.ClientSession() as session:
+            url = stack.url + "/v1/chat/completions"
+            # the client's Accept-Encoding (aiohttp asks gzip) is not what the upstream gets
+            async with session.post(url, data=compact(CHAT), headers=OPENAI | JSON) as resp:
+                assert resp.status == 200
+                assert "Content-Length" not in resp.headers
+                through = await resp.read()
+            direct_url = stack.upstream.url + "/v1/chat/completions"
+            async with session.post(direct_url, data=compact(CHAT), headers=JSON) as resp:
+                direct = await resp.read()
+        assert through == direct
+        assert b'"usage"' not in through and through.endswith(b"data: [DONE]\n\n")
+        (event,) = await stack.events(1)
+        stats = await stack.upstream_stats()
+        assert event["usage_source"] == "reported", event
+        # the gateway's call reported usage; the direct one, without include_usage, did not
+        assert event["output_tokens"] == stats["usage"]["output_tokens"] > 0
+        assert stats["usage_unreported"]["output_tokens"] == event["output_tokens"]
+        assert event["input_tokens"] == stats["usage"]["input_tokens"]
+
+
+async def test_a_client_that_asks_for_usage_gets_it_and_other_options_are_kept(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    asked = {**CHAT, "stream_options": {"include_usage": True}}
+    other = {**CHAT, "stream_options": {"include_usage": False}}
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        async with aiohttp.ClientSession() as session:
+            url = stack.url + "/v1/chat/completions"
+            async with session.post(url, data=compact(asked), headers=OPENAI | JSON) as resp:
+                with_usage = await resp.read()
+            async with session.post(url, data=compact(other), headers=OPENAI | JSON) as resp:
+                without = await resp.read()
+        usage_chunks = [line for line in with_usage.split(b"\n\n") if b'"choices":[]' in line]
+        assert len(usage_chunks) == 1 and b'"prompt_tokens"' in usage_chunks[0]
+        assert b'"usage"' not in without
+        events = await stack.events(2)
+        assert [e["usage_source"] for e in events] == ["reported", "reported"]
+
+
+async def test_the_openai_sdk_streams_without_usage_and_is_charged_as_reported(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    from openai import AsyncOpenAI
+
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        client = AsyncOpenAI(api_key=KEY_OF["sk-openai"], base_url=stack.url + "/v1")
+        chunks = [
+            chunk
+            async for chunk in await client.chat.completions.create(
+                model="gpt-4o",
+                messages=[{"role": "user", "content": PROMPT}],
+                max_completion_tokens=300,
+                stream=True,
+            )
+        ]
+        await client.close()
+        assert chunks and all(chunk.choices for chunk in chunks)  # choices[0] always there
+        assert all(chunk.usage is None for chunk in chunks)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+        (event,) = await stack.events(1)
+        stats = await stack.upstream_stats()
+        assert text and event["usage_source"] == "reported"
+        assert event["output_tokens"] == stats["usage"]["output_tokens"]
+        assert stats["usage_unreported"]["output_tokens"] == 0
+
+
+async def test_asking_can_be_turned_off(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with gateway_stack(
+        kafka_bootstrap, topics, tmp_path, gateway={"ask_stream_usage": False}
+    ) as stack:
+        async with aiohttp.ClientSession() as session:
+            url = stack.url + "/v1/chat/completions"
+            async with session.post(url, data=compact(CHAT), headers=OPENAI | JSON) as resp:
+                await resp.read()
+        (event,) = await stack.events(1)
+        assert event["usage_source"] == "estimated"
+        assert "include_usage" in event["estimate_reason"]

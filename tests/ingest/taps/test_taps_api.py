@@ -17,6 +17,8 @@ def test_public_names() -> None:
     assert sorted(ingest.taps.__all__) == sorted(
         [
             "FORMATS",
+            "ContentDecoder",
+            "DecodeError",
             "EstimatorConfig",
             "RealtimeTap",
             "RequestInfo",
