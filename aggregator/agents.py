@@ -264,6 +264,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 config.bootstrap, topics, security=config.kafka_security
             ),
             folded=metrics.unpriced_alerts_folded.inc,
+            reference=reference,
+            ready=follower.ready,
         )
 
         # every raise into budget_raises, the audit table (aggregator/raise_audit.py)

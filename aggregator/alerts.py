@@ -7,7 +7,9 @@ partition; a crash between an alert's send and its counter's changelog repeats i
 ``alerts`` view (``aggregator/sink/ddl/005_budget_history.sql``) has none of these
 faults: it is computed from the priced events the sink stored once each, so it lists
 each (counter, period, threshold) crossed and each unpriced model exactly once, however
-the events arrived. This publisher turns it into messages:
+the events arrived; the forecast alerts (``forecast_alerts.py``, once per (counter,
+period) whose projection runs out before the period ends) come from the same rows.
+This publisher turns them into messages:
 
 - **one writer**: every worker runs one, but only the member of the consumer group
   ``<app id>-alert-publisher`` that holds the shared topic's single partition sends;
@@ -38,6 +40,7 @@ rather than the sink starving.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,7 +49,9 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from aggregator.fold import threshold_alert_id, unpriced_alert
+from aggregator.forecast_alerts import forecast_alerts_found
 from aggregator.generations import alert_ids, read_switch
+from aggregator.reference import Reference
 from schemas.codec import ALERT
 from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.topics import Topics
@@ -111,17 +116,23 @@ def threshold_alert(row: Sequence[Any], threshold: float) -> dict[str, Any]:
         "limit_requests": lr,
         "model": None,
         "as_of": as_of,
+        "exhausts_at": None,
     }
 
 
-async def alerts_found(read: Reader, since_ms: int | None) -> list[tuple[bytes, dict[str, Any]]]:
-    """(message key, Alert) of every alert of what changed since ``since_ms`` (None: all)."""
+async def alerts_found(
+    read: Reader, since_ms: int | None, reference: Reference | None = None
+) -> list[tuple[bytes, dict[str, Any]]]:
+    """(message key, Alert) of every alert of what changed since ``since_ms`` (None: all);
+    with the worker's ``reference`` (budgets and raises), its forecast alerts too."""
     recent = "" if since_ms is None else _RECENT_COUNTERS.format(since_ms=int(since_ms))
     out = [
         (str(row[0]).encode(), threshold_alert(row, t))
         for row in await read(_THRESHOLDS.format(recent=recent))
         for t in row[3]
     ]
+    if reference is not None:
+        out += await forecast_alerts_found(read, recent, reference.budgets, reference.raises)
     recent = "" if since_ms is None else _RECENT_MODELS.format(since_ms=int(since_ms))
     for model, first_seen in await read(_UNPRICED.format(recent=recent)):
         out.append((f"unpriced|{model}".encode(), unpriced_alert(str(model), first_seen)))
@@ -139,6 +150,8 @@ class AlertPublisher:
         security: KafkaSecurity = PLAINTEXT,
         is_current: Callable[[], Awaitable[bool]] | None = None,
         folded: Callable[[int], object] | None = None,
+        reference: Reference | None = None,
+        ready: asyncio.Event | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
@@ -147,6 +160,10 @@ class AlertPublisher:
         self.security = security
         #: does this generation write the shared topic now? (None: always, for tests)
         self.is_current = is_current
+        #: budgets and raises, for forecast alerts (None: none are sent), and the event set
+        #: once they are loaded (no poll before: its forecasts would miss the budgets)
+        self.reference = reference
+        self.ready = ready
         self.published = 0
         #: alert ids on the shared topic while this publisher holds it (None: not holding)
         self.sent: set[str] | None = None
@@ -185,6 +202,8 @@ class AlertPublisher:
                 if not current or not consumer.assignment():
                     self.sent = None  # read the topic again when it is ours again
                     continue
+                if self.ready is not None and not self.ready.is_set():
+                    continue
                 started = time.monotonic()
                 await self.publish_once(producer)
                 # the queries share the store with the sink: at most a fifth of its time
@@ -204,7 +223,7 @@ class AlertPublisher:
                 1 for i in self.sent if i.startswith("unpriced|") and i != _OVERFLOW_ID
             )
         (started,) = (await self.read("SELECT toUnixTimestamp64Milli(now64(3))"))[0]
-        found = await alerts_found(self.read, self._since_ms)
+        found = await alerts_found(self.read, self._since_ms, self.reference)
         fresh = self._bounded(
             [(key, alert) for key, alert in found if alert["alert_id"] not in self.sent]
         )

@@ -17,12 +17,22 @@ from datetime import datetime
 from typing import Any, Final, NamedTuple
 
 from schemas.budgets import Budget
+from schemas.forecast import (
+    FORECAST_BUCKET_US,
+    Burn,
+    burn_of,
+    exhausts_at_us,
+    first_live_bucket,
+    forecast_alert_due,
+    forecast_alert_id,
+)
 from schemas.periods import (
     ROLLING_BUCKETS,
     Window,
     from_micros,
     period_end,
     period_key,
+    period_start,
     to_micros,
 )
 from schemas.usage import billed_tokens
@@ -149,8 +159,7 @@ def apply(
         totals.nanos += cost_nanos
         totals.tokens += tokens
         totals.requests += requests
-        if occurred_us > totals.as_of_us:
-            totals.as_of_us = occurred_us
+        _add_trailing(totals, occurred_us, cost_nanos, tokens, requests)
     if key >= state.period:  # period keys of one window sort chronologically
         state.period = key
     # a late event may have opened an entry older than every kept one: it goes at once
@@ -218,6 +227,31 @@ def _add_rolling(
             totals.requests -= dropped[2]
 
 
+def _add_trailing(
+    totals: PeriodTotals, occurred_us: int, cost_nanos: int, tokens: int, requests: int
+) -> None:
+    """A calendar or total window: move ``as_of`` and keep the trailing window's buckets
+    (schemas/forecast.py, the burn a forecast reads). An event older than the window is
+    in no bucket, so the buckets end as a fold in time order leaves them."""
+    previous_first = first_live_bucket(totals.as_of_us)
+    if occurred_us > totals.as_of_us:
+        totals.as_of_us = occurred_us
+    first = first_live_bucket(totals.as_of_us)
+    buckets = totals.buckets
+    index = occurred_us // FORECAST_BUCKET_US
+    if index >= first:
+        bucket = buckets.get(index)
+        if bucket is None:
+            buckets[index] = [cost_nanos, tokens, requests]
+        else:
+            bucket[0] += cost_nanos
+            bucket[1] += tokens
+            bucket[2] += requests
+    if first != previous_first:
+        for old in [b for b in buckets if b < first]:
+            del buckets[old]
+
+
 #: builds a Change without its Python-level ``__new__`` (half the cost; three per event)
 _change: Final = tuple.__new__
 #: (window, grain since the epoch) -> period key
@@ -255,7 +289,8 @@ def verdict_record(
 ) -> dict[str, Any]:
     """The Verdict of the counter's newest period (schemas/avro/Verdict.avsc)."""
     as_of = from_micros(state.periods[state.period].as_of_us)
-    return verdict_fields(
+    start = period_start(budget.window, as_of)
+    record = verdict_fields(
         budget,
         key,
         scope_values,
@@ -263,6 +298,29 @@ def verdict_record(
         reset_at=period_end(budget.window, as_of),
         as_of=as_of,
         emitted_at=emitted_at,
+        period_start_us=None if start is None else to_micros(start),
+    )
+    if record["exhausts_at"] is not None:
+        record["exhausts_at"] = from_micros(record["exhausts_at"])
+    return record
+
+
+def counter_burn(budget: Budget, totals: PeriodTotals, period_start_us: int | None) -> Burn | None:
+    """The counter's burn over its trailing window (schemas/forecast.py); None for a
+    rolling window, which has no forecast."""
+    if budget.window.kind == "rolling":
+        return None
+    return burn_of(totals.buckets, totals.as_of_us, period_start_us)
+
+
+def counter_exhausts_at(budget: Budget, totals: PeriodTotals, burn: Burn | None) -> int | None:
+    """When the counter's first limit runs out at ``burn`` (µs), or None."""
+    if burn is None:
+        return None
+    return exhausts_at_us(
+        burn,
+        (totals.nanos, totals.tokens, totals.requests),
+        (budget.limit_nanos, budget.limit_tokens, budget.limit_requests),
     )
 
 
@@ -275,10 +333,13 @@ def verdict_fields(
     reset_at: Any,
     as_of: Any,
     emitted_at: Any,
+    period_start_us: int | None,
 ) -> dict[str, Any]:
     """The Verdict's fields, its times as given: datetimes (:func:`verdict_record`) or
-    integer microseconds (what the encoder takes as well, see verdict_codec.py)."""
+    integer microseconds (what the encoder takes as well, see verdict_codec.py);
+    ``exhausts_at`` in microseconds."""
     totals = state.periods[state.period]
+    burn = counter_burn(budget, totals, period_start_us)
     return {
         "counter_key": key,
         "budget_id": budget.budget_id,
@@ -298,6 +359,11 @@ def verdict_fields(
         "as_of": as_of,
         "seq": state.seq,
         "emitted_at": emitted_at,
+        "burn_nanos": None if burn is None else burn.nanos,
+        "burn_tokens": None if burn is None else burn.tokens,
+        "burn_requests": None if burn is None else burn.requests,
+        "burn_span_us": None if burn is None else burn.span_us,
+        "exhausts_at": counter_exhausts_at(budget, totals, burn),
     }
 
 
@@ -325,6 +391,69 @@ def alert_record(
         "limit_requests": budget.limit_requests,
         "model": None,
         "as_of": from_micros(totals.as_of_us),
+        "exhausts_at": None,
+    }
+
+
+#: in a period's ``alerted``: its forecast alert went out (thresholds are all > 0)
+FORECAST_ALERTED: Final = -1.0
+
+
+def forecast_alert(
+    budget: Budget, key: str, state: CounterState, bounds: tuple[int, int] | None
+) -> dict[str, Any] | None:
+    """The counter's forecast alert, once per period (marked in its ``alerted``), when its
+    newest period's projection (schemas/forecast.py) falls before the period's end
+    (``bounds``: its start and end in µs; None for a window that never ends)."""
+    if bounds is None or not state.period:
+        return None
+    totals = state.periods[state.period]
+    if FORECAST_ALERTED in totals.alerted:
+        return None
+    exhausts = counter_exhausts_at(budget, totals, counter_burn(budget, totals, bounds[0]))
+    if exhausts is None or not forecast_alert_due(exhausts, bounds[1]):
+        return None
+    totals.alerted.append(FORECAST_ALERTED)
+    return forecast_alert_record(
+        budget.budget_id,
+        key,
+        state.period,
+        counter_state(budget, totals),
+        (totals.nanos, totals.tokens, totals.requests),
+        (budget.limit_nanos, budget.limit_tokens, budget.limit_requests),
+        totals.as_of_us,
+        exhausts,
+    )
+
+
+def forecast_alert_record(
+    budget_id: str,
+    key: str,
+    period: str,
+    state: str,
+    spent: tuple[int, int, int],
+    limits: tuple[int | None, int | None, int | None],
+    as_of_us: int,
+    exhausts_at_us: int,
+) -> dict[str, Any]:
+    """A forecast Alert (v2): the counter runs out at ``exhausts_at`` at its burn."""
+    return {
+        "alert_id": forecast_alert_id(key, period),
+        "kind": "forecast",
+        "counter_key": key,
+        "budget_id": budget_id,
+        "period": period,
+        "threshold": 0.0,
+        "state": state,
+        "spent_nanos": spent[0],
+        "spent_tokens": spent[1],
+        "spent_requests": spent[2],
+        "limit_nanos": limits[0],
+        "limit_tokens": limits[1],
+        "limit_requests": limits[2],
+        "model": None,
+        "as_of": from_micros(as_of_us),
+        "exhausts_at": from_micros(exhausts_at_us),
     }
 
 
@@ -347,4 +476,5 @@ def unpriced_alert(model: str, first_seen: datetime) -> dict[str, Any]:
         "limit_requests": None,
         "model": model,
         "as_of": first_seen,
+        "exhausts_at": None,
     }

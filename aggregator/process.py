@@ -14,7 +14,9 @@ Per record, in order:
      counter skips an offset it already applied);
   5. emit the priced event, first-time threshold alerts, and note each counter
      whose newest period changed (``verdict_changes``: the caller decides when
-     its Verdict goes out, see ``verdicts.VerdictCoalescer``).
+     its Verdict goes out, see ``verdicts.VerdictCoalescer``);
+  6. after the batch, each changed counter's forecast alert, once per period, when its
+     projection falls before the period's end (schemas/forecast.py).
 The dedupe entry is written in the same batch as the counters it protects.
 """
 
@@ -32,12 +34,13 @@ from aggregator.fold import (
     CounterState,
     alert_record,
     apply,
+    forecast_alert,
     period_of,
     unpriced_alert,
 )
 from aggregator.priced import CountCache, CountEntry, PricedWriter, counts_bytes
 from aggregator.reference import Reference
-from aggregator.verdict_codec import encode_verdict
+from aggregator.verdict_codec import encode_verdict, period_bounds_us
 from schemas.budgets import Budget, applicable
 from schemas.codec import (
     ALERT,
@@ -444,6 +447,15 @@ class BatchProcessor:
         # a counter without a current period never had an event applied: nothing to say
         for key in [k for k, c in verdict_changes.items() if not c.state.period]:
             del verdict_changes[key]
+        # a forecast alert once per (counter, period), from the batch's last state (marked
+        # in the counter, written with it); with a store the publisher's come from ClickHouse
+        for key, held in verdict_changes.items():
+            counter = held.state
+            at_us = counter.periods[counter.period].as_of_us
+            bounds = period_bounds_us(held.budget.window, counter.period, at_us)
+            forecast = forecast_alert(held.budget, key, counter, bounds)
+            if forecast is not None:
+                out.alerts.append((key.encode(), ALERT.encode(forecast)))
         return out
 
     def _future(

@@ -13,6 +13,7 @@ from typing import Any, Final, final
 from enforcer.plans import STATE_NAMES, Plan
 from enforcer.response import iso, iso_us
 from enforcer.state import CounterId, CounterVerdict
+from schemas.forecast import Burn, exhausts_at_us
 from schemas.ids import compose
 from schemas.periods import from_micros
 from schemas.raises import BudgetRaise
@@ -147,8 +148,30 @@ class CounterStatus:
             "requests": _left(self.limit_requests, self.spent_requests + self.held_requests),
         }
 
+    def burn(self) -> Burn | None:
+        """The trailing-window burn of the verdict counted (None: no verdict of this
+        period, a v1 verdict, a rolling window)."""
+        verdict = self.verdict
+        if verdict is None or verdict.period != self.period:
+            return None
+        return verdict.burn()
+
+    def exhausts_at_us(self) -> int | None:
+        """When the first limit checked runs out at the verdict's burn (schemas/forecast.py),
+        over the spend counted (holds excluded); None when none would or one has."""
+        burn = self.burn()
+        if burn is None:
+            return None
+        return exhausts_at_us(
+            burn,
+            (self.spent_nanos, self.spent_tokens, self.spent_requests),
+            (self.limit_nanos, self.limit_tokens, self.limit_requests),
+        )
+
     def to_json(self) -> dict[str, Any]:
         plan = self.plan
+        burn = self.burn()
+        exhausts = self.exhausts_at_us()
         return {
             "budget_id": plan.budget_id,
             "scope": plan.scope,
@@ -174,6 +197,8 @@ class CounterStatus:
             "remaining": self.remaining(),
             "used_pct": round(self.used_fraction() * 100, 2),
             "reset_at": iso(self.reset_at),
+            "burn_per_hour": None if burn is None else burn.per_hour(),
+            "exhausts_at": None if exhausts is None else iso_us(exhausts),
             "as_of": None if self.verdict is None else iso_us(self.verdict.as_of_us),
             "seq": None if self.verdict is None else self.verdict.seq,
         }

@@ -30,6 +30,7 @@ from typing import Any
 
 from schemas.budgets import Budget
 from schemas.errors import ContractError
+from schemas.forecast import Burn
 from schemas.ids import decompose
 from schemas.periods import Window, from_micros, period_end, period_key, to_micros
 from schemas.pricing import PriceBook, PriceTable
@@ -63,6 +64,12 @@ class CounterVerdict:
     as_of_us: int
     seq: int
     emitted_at_us: int
+    #: the counter's trailing-window burn (Verdict v2; None in v1 records and for rolling
+    #: windows): what a forecast projects from (schemas/forecast.py)
+    burn_nanos: int | None = None
+    burn_tokens: int | None = None
+    burn_requests: int | None = None
+    burn_span_us: int | None = None
 
     @classmethod
     def from_record(cls, record: Record, cid: CounterId | None = None) -> CounterVerdict:
@@ -87,7 +94,29 @@ class CounterVerdict:
             as_of_us=to_micros(record["as_of"]),
             seq=int(record["seq"]),
             emitted_at_us=to_micros(record["emitted_at"]),
+            burn_nanos=_optional_int(record.get("burn_nanos")),
+            burn_tokens=_optional_int(record.get("burn_tokens")),
+            burn_requests=_optional_int(record.get("burn_requests")),
+            burn_span_us=_optional_int(record.get("burn_span_us")),
         )
+
+    def burn(self) -> Burn | None:
+        """The verdict's trailing-window burn, or None (a v1 verdict, a rolling window)."""
+        if (
+            self.burn_nanos is None
+            or self.burn_tokens is None
+            or self.burn_requests is None
+            or self.burn_span_us is None
+            or self.burn_span_us <= 0
+        ):
+            return None
+        return Burn(
+            self.burn_nanos, self.burn_tokens, self.burn_requests, self.burn_span_us, self.as_of_us
+        )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def period_is_older(candidate: str, held: str) -> bool:

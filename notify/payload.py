@@ -64,6 +64,12 @@ def summary(alert: Mapping[str, Any], scope: str | None) -> str:
             else f"passed {alert['threshold'] * 100:g}% of its limit"
         )
         return f"Budget {alert['budget_id']}{who} {verb} in period {alert['period']}: {used}."
+    if kind == "forecast" and isinstance(alert.get("exhausts_at"), datetime):
+        at = alert["exhausts_at"].isoformat(timespec="minutes").replace("+00:00", "Z")
+        return (
+            f"Budget {alert['budget_id']}{who} is forecast to run out at {at}, before period "
+            f"{alert['period']} ends, at its burn over the last hour: {used}."
+        )
     return f"Budget {alert['budget_id']}{who}: {kind} alert in period {alert['period']}: {used}."
 
 

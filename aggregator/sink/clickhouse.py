@@ -151,6 +151,12 @@ VERDICT_COLUMNS: Final = (
     ("as_of", "DateTime64(6, 'UTC')"),
     ("seq", "Int64"),
     ("emitted_at", "DateTime64(6, 'UTC')"),
+    # Verdict v2: the forecast (ddl/010_budget_state_forecast.sql; null from v1 records)
+    ("burn_nanos", "Nullable(Int64)"),
+    ("burn_tokens", "Nullable(Int64)"),
+    ("burn_requests", "Nullable(Int64)"),
+    ("burn_span_us", "Nullable(Int64)"),
+    ("exhausts_at", "Nullable(DateTime64(6, 'UTC'))"),
 )
 VERDICT_COLUMN_NAMES: Final = tuple(name for name, _ in VERDICT_COLUMNS)
 VERDICT_COLUMN_TYPES: Final = tuple(kind for _, kind in VERDICT_COLUMNS)

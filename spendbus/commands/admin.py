@@ -60,7 +60,8 @@ def prices_apply_command() -> click.Command:
 @click.option("--tag", "tags", multiple=True, help="name=value")
 @click.option("--json", "as_json", is_flag=True)
 def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: str | None) -> None:
-    """Per applicable budget, the numbers the enforcer uses (its verdicts), with limits and resets.
+    """Per applicable budget, the numbers the enforcer uses (its verdicts), with limits and
+    resets, and the forecast: the burn over the trailing hour and when a limit runs out at it.
 
     This is the enforcer itself, caught up with the verdict topic: reporting and
     enforcement read the same counters.
@@ -87,8 +88,11 @@ def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: 
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
-    table = Table("budget", "scope", "period", "state", "spent", "limit", "reset")
+    table = Table(
+        "budget", "scope", "period", "state", "spent", "limit", "reset", "burn/h", "exhausts"
+    )
     for r in rows:
+        burn = r["burn_per_hour"]
         table.add_row(
             r["budget_id"],
             "/".join(r["scope_values"]),
@@ -101,8 +105,19 @@ def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: 
             ),
             limits_text(r["limit_nanos"], r["limit_tokens"], r["limit_requests"]),
             str(r["reset_at"] or "never"),
+            "-" if burn is None else burn_text(burn, r),
+            str(r["exhausts_at"] or "-"),
         )
     console.print(table)
+
+
+def burn_text(burn: dict[str, int], row: dict[str, Any]) -> str:
+    """The trailing-hour burn of the limits a counter has (``usage``'s burn/h column)."""
+    return limits_text(
+        burn["nanos"] if row["limit_nanos"] is not None else None,
+        burn["tokens"] if row["limit_tokens"] is not None else None,
+        burn["requests"] if row["limit_requests"] is not None else None,
+    )
 
 
 @click.command()

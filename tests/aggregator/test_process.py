@@ -233,7 +233,18 @@ def test_alerts_fire_once_per_threshold_and_period() -> None:
     # limit $0.05 = 50_000_000 nanos; each event 4_500_000: 0.5 crossed at event 6, 1.0 at event 12
     outs = [store.run(processor, records([event(i)], start=i)) for i in range(15)]
     alerts = [ALERT.decode(v) for out in outs for _, v in out.alerts if b"per-secret" in _]
-    assert [(a["threshold"], a["state"]) for a in alerts] == [(0.5, "alert"), (1.0, "exceeded")]
+    thresholds = [a for a in alerts if a["kind"] == "threshold"]
+    assert [(a["threshold"], a["state"]) for a in thresholds] == [
+        (0.5, "alert"),
+        (1.0, "exceeded"),
+    ]
+    # at $0.0045 a second the month's $0.05 runs out within the hour: one forecast alert,
+    # from the first event on (schemas/forecast.py: a burn over one bucket at least)
+    forecasts = [a for a in alerts if a["kind"] == "forecast"]
+    assert [a["alert_id"] for a in forecasts] == [
+        f"forecast|{counter_key('per-secret', ('acme', 'sk-a'))}|m:2026-11"
+    ]
+    assert forecasts[0]["exhausts_at"] > forecasts[0]["as_of"] == T0
     assert (
         VERDICT.decode(outs[-1].verdicts[counter_key("per-secret", ("acme", "sk-a"))])["state"]
         == "exceeded"

@@ -46,6 +46,10 @@ def test_state_labels_and_alerts_follow_the_raise_until_it_ends() -> None:
     alerts = [
         ALERT.decode(v) for n, out in enumerate(outs) for k, v in out.alerts if b"per-secret" in k
     ]
+    # the forecast measures the raised limit too: $0.1 at $0.0045 a second (the first
+    # event's burn over one bucket) runs out in about two hours
+    forecast = alerts.pop(0)
+    assert (forecast["kind"], forecast["limit_nanos"]) == ("forecast", 2 * BASE)
     # without the raise 0.5 would fire at event 6; here at 10 (49.5M of 50M), 1.0 at 11
     assert [(a["threshold"], a["limit_nanos"], a["spent_nanos"]) for a in alerts] == [
         (0.5, BASE, 11 * COST),

@@ -121,3 +121,22 @@ def test_the_notifier_role_reads_alerts_and_budgets_and_writes_only_its_records(
         (topics.notify_deliveries, "WRITE"),
         (topics.notify_deliveries, "DESCRIBE"),
     }
+
+
+def test_a_forecast_alert_says_when_the_budget_runs_out() -> None:
+    from datetime import UTC, datetime
+
+    alert = {
+        **threshold_alert("acme-monthly", "acme", 0.8),
+        "threshold": 0.0,
+        "alert_id": "forecast|12:acme-monthly,4:acme,|2026-12",
+        "kind": "forecast",
+        "state": "ok",
+        "exhausts_at": datetime(2026, 12, 20, 14, 30, tzinfo=UTC),
+    }
+    doc = json.loads(body(alert, "org"))
+    assert doc["exhausts_at"] == "2026-12-20T14:30:00+00:00"
+    assert doc["summary"] == (
+        "Budget acme-monthly (org acme) is forecast to run out at 2026-12-20T14:30Z, before "
+        "period 2026-12 ends, at its burn over the last hour: $320.00 of $400.00."
+    )

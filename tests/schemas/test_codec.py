@@ -148,6 +148,11 @@ FIXTURES = {
         "as_of": NOW,
         "seq": 7,
         "emitted_at": NOW,
+        "burn_nanos": 40 * 10**9,
+        "burn_tokens": 10,
+        "burn_requests": 1,
+        "burn_span_us": 3_600_000_000,
+        "exhausts_at": datetime(2026, 11, 30, 20, tzinfo=UTC),
     },
     "Alert": {
         "alert_id": "12:acme-monthly,4:acme,|m:2026-11|0.8",
@@ -165,6 +170,7 @@ FIXTURES = {
         "limit_requests": None,
         "model": None,
         "as_of": NOW,
+        "exhausts_at": None,
     },
     "DeadLetter": {
         "reason": "bad_magic",

@@ -213,6 +213,11 @@ def _verdicts(draw: st.DrawFn, seq: int) -> dict[str, Any]:
                 "as_of": draw(instant),
                 "seq": seq,
                 "emitted_at": draw(instant),
+                "burn_nanos": draw(limit),
+                "burn_tokens": draw(limit),
+                "burn_requests": draw(limit),
+                "burn_span_us": draw(limit),
+                "exhausts_at": draw(st.none() | instant),
             }
         )
     )
