@@ -8,7 +8,10 @@ Start-up (numbered as it runs in :meth:`Follower.start` / :meth:`Follower._run`)
 2. Record the end offsets seen at start. The state is *ready* once the
    position of every partition has reached them; until then checks are
    decided by ``fail_mode``.
-3. Then follow the topics live, forever.
+3. Then follow the topics live, forever. An optional topic (``budget.raises``) that did
+   not exist at start is asked for every ``OPTIONAL_TOPIC_CHECK_S`` (5 s) and followed
+   from its beginning once it is created, so raises published into it are honoured
+   without a restart.
 
 Generations (docs/replay.md): before step 1 the follower reads the compacted
 control topic (``Topics.generations``, when it exists) and follows the
@@ -66,6 +69,8 @@ MAX_RECORDS = 10_000
 #: how often (clock seconds) expired holds are swept
 SWEEP_INTERVAL_S = 1.0
 TOPIC_WAIT_S = 10.0
+#: how often (monotonic seconds) a follower missing an optional topic asks the broker for it
+OPTIONAL_TOPIC_CHECK_S = 5.0
 
 
 class VerdictLoader:
@@ -179,6 +184,9 @@ class Follower:
         }
         #: followed when they exist (a stack created before them has none: no raises)
         self._optional = {self.topics.budget_raises}
+        #: optional topics that did not exist at start: asked for every
+        #: OPTIONAL_TOPIC_CHECK_S and followed from their beginning once created
+        self.missing: set[str] = set()
         #: the exception that ended the follow loop, if any
         self.failure: BaseException | None = None
 
@@ -277,7 +285,30 @@ class Follower:
                     "create them first (spendbus up creates every topic)"
                 )
             await asyncio.sleep(0.5)
+        self.missing = {t for t in self._optional if not partitions.get(t)}
         return [TopicPartition(t, p) for t in wanted for p in sorted(partitions[t] or ())]
+
+    async def _pick_up_topics(self, consumer: AIOKafkaConsumer) -> None:
+        """Follow the optional topics created since the start, from their beginning (a
+        raise published into a topic made after this enforcer started is honoured)."""
+        cluster = await consumer._client.fetch_all_metadata()
+        new = [
+            TopicPartition(t, p)
+            for t in sorted(self.missing)
+            for p in sorted(cluster.partitions_for_topic(t) or ())
+        ]
+        if not new:
+            return
+        current = list(consumer.assignment())
+        positions = {tp: await consumer.position(tp) for tp in current}
+        consumer.assign(current + new)  # assign() forgets positions: put them back
+        for tp, position in positions.items():
+            consumer.seek(tp, position)
+        await consumer.seek_to_beginning(*new)
+        self.missing -= {tp.topic for tp in new}
+        log.info(
+            "following %s, created after this enforcer started", ", ".join({tp.topic for tp in new})
+        )
 
     async def stop(self) -> None:
         loader, self._loader = self._loader, None
@@ -303,8 +334,12 @@ class Follower:
         consumer = self._consumer
         assert consumer is not None
         next_sweep = 0.0
+        next_topic_check = time.monotonic() + OPTIONAL_TOPIC_CHECK_S
         try:
             while True:
+                if self.missing and time.monotonic() >= next_topic_check:
+                    await self._pick_up_topics(consumer)
+                    next_topic_check = time.monotonic() + OPTIONAL_TOPIC_CHECK_S
                 batch = await consumer.getmany(timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS)
                 for tp, messages in batch.items():
                     if tp == self._control_tp:
