@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from ingest.receive import server_options
 from ingest.taps import EstimatorConfig
 
+from .background import BackgroundResponses
 from .call import Call, elapsed_ms
 from .config import GatewayConfig, Upstream, VirtualKey
 from .errors import error_response
@@ -61,6 +62,8 @@ class GatewayCore:
         )
         self.estimator = estimator or EstimatorConfig()
         self.metrics = GatewayMetrics(registry)
+        #: background Responses this gateway created, metered when fetched (background.py)
+        self.background = BackgroundResponses()
         self._client: aiohttp.ClientSession | None = None
         #: accounting that outlives a cancelled handler
         self._pending: set[asyncio.Task[None]] = set()

@@ -31,7 +31,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
@@ -42,6 +43,7 @@ from ingest.taps import TapResult, open_tap, read_request
 from schemas.errors import InvalidRecord, SpendbusError
 from schemas.usage import new_usage_event
 
+from .background import response_id_of, top_up_fields
 from .call import Call, elapsed_ms
 from .config import Upstream, VirtualKey
 from .core import GatewayCore
@@ -58,6 +60,10 @@ from .usage_events import separate_charge_fields, tap_usage_event
 
 log = logging.getLogger("spendbus.gateway")
 
+#: bytes of a background request's answer kept to read its id (a queued response is
+#: about 2 KiB; one larger is not remembered, its estimate stands)
+_BACKGROUND_ANSWER_LIMIT: Final = 256 * 1024
+
 
 class Gateway(GatewayCore):
     """The reference gateway. ``app()`` is the aiohttp application; its startup and
@@ -67,6 +73,7 @@ class Gateway(GatewayCore):
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_get("/v1/realtime", RealtimeRelay(self).handle)
         app.router.add_get("/v1/spend", self._spend)
+        app.router.add_get("/v1/responses/{response_id}", self._retrieve)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/{tail:.*}", self.handle)
@@ -211,8 +218,9 @@ class Gateway(GatewayCore):
         headers = upstream_headers(
             request.headers, call.family, credential, self.config.forward_request_headers
         )
-        if call.hides_usage:
-            headers["Accept-Encoding"] = "identity"  # the stream is rewritten: read it plain
+        if call.hides_usage or (call.info is not None and call.info.background):
+            # the stream is rewritten, the background answer's id read: both plain
+            headers["Accept-Encoding"] = "identity"
         try:
             async with self.response_deadline():
                 return await self.client.request(
@@ -250,10 +258,18 @@ class Gateway(GatewayCore):
         if call.hides_usage and upstream.status == 200 and "event-stream" in content_type:
             hidden = HiddenUsage(upstream.headers.get("Content-Encoding"))
         cut: str | None = "client_disconnected"  # until the relay says otherwise
+        feed = tap.feed
+        answer: bytearray | None = None
+        if call.info is not None and call.info.background and not call.stream:
+            answer = bytearray()  # a queued response: its id is read once it is in
+
+            def feed(chunk: bytes) -> None:
+                tap.feed(chunk)
+                if len(answer) < _BACKGROUND_ANSWER_LIMIT:
+                    answer.extend(chunk)
+
         try:
-            cut, response = await self._relay(
-                request, upstream, call.family, tap.feed, extra, hidden
-            )
+            cut, response = await self._relay(request, upstream, call.family, feed, extra, hidden)
             return response
         finally:
             if cut == "client_disconnected":
@@ -266,7 +282,9 @@ class Gateway(GatewayCore):
             if cut is not None:
                 self.metrics.cuts.labels(outcome).inc()
             # no await from here on: a cancellation cannot interrupt the accounting
-            self._account(call, decision, result, upstream)
+            event = self._account(call, decision, result, upstream)
+            if answer is not None and event is not None and cut is None:
+                self._remember_background(call, bytes(answer), event)
 
     async def _pass_through(self, request: web.Request, call: Call) -> web.StreamResponse:
         upstream = await self._open_upstream(request, call)
@@ -345,7 +363,7 @@ class Gateway(GatewayCore):
         decision: GateDecision,
         result: TapResult,
         upstream: aiohttp.ClientResponse,
-    ) -> None:
+    ) -> dict[str, Any] | None:
         """The response's UsageEvent: its hold settled to it now, its publishing started."""
         request_id = next(
             (upstream.headers[h] for h in REQUEST_ID_HEADERS if h in upstream.headers), None
@@ -365,7 +383,7 @@ class Gateway(GatewayCore):
             # cannot happen for a context the gate accepted; never let it pass silently
             self.metrics.published.labels("invalid").inc()
             log.exception("usage event of %s not built", call.vk.name)
-            return
+            return None
         self.gate.settle(decision.hold_id, event)
         self.publish_soon(event)
         for fields in separate_charge_fields(event, result):
@@ -376,3 +394,90 @@ class Gateway(GatewayCore):
                 log.exception("separate charge of %s not built", event["event_id"])
                 continue
             self.publish_soon(extra)
+        return event
+
+    # -- background responses (background.py) ----------------------------------------------
+    def _remember_background(self, call: Call, answer: bytes, event: dict[str, Any]) -> None:
+        """A background response, charged its estimate: metered when fetched."""
+        response_id = response_id_of(answer)
+        if response_id is None or call.info is None:
+            return  # no id to fetch it by: its estimate stands
+        principal = call.vk.principal
+        self.background.add(
+            response_id,
+            org_id=principal.org_id,
+            secret_id=principal.secret_id,
+            info=call.info,
+            event=event,
+        )
+
+    async def _retrieve(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/responses/{id}``: a background response this key's principal created
+        through this gateway, relayed; its reported usage tops up the estimate once."""
+        who = self.identify(request, "openai")
+        if isinstance(who, web.Response):
+            return who
+        vk, upstream = who
+        response_id = request.match_info["response_id"]
+        principal = vk.principal
+        entry = self.background.get(
+            response_id, org_id=principal.org_id, secret_id=principal.secret_id
+        )
+        if entry is None:
+            # the gateway's credential reads every response of the account: never fetch
+            # one this principal did not create here
+            self.metrics.requests.labels("openai", "retrieve_unknown").inc()
+            return error_response(
+                "openai",
+                404,
+                f"No response found with id {response_id!r} created through this gateway.",
+            )
+        credential = self.credentials[principal.secret_id]
+        try:
+            async with self.response_deadline():
+                fetched = await self.client.get(
+                    self._url(request, upstream),
+                    headers=upstream_headers(
+                        request.headers, "openai", credential, self.config.forward_request_headers
+                    ),
+                    allow_redirects=False,
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.metrics.upstream_errors.labels("openai").inc()
+            log.warning("upstream %s unreachable: %r", upstream.base_url, exc)
+            return error_response("openai", 502, "The upstream provider could not be reached.")
+        tap = open_tap(
+            "openai-responses",
+            entry.info,
+            content_type=fetched.headers.get("Content-Type"),
+            content_encoding=fetched.headers.get("Content-Encoding"),
+            status=fetched.status,
+            estimator=self.estimator,
+        )
+        self.metrics.requests.labels("openai", "retrieved").inc()
+        cut: str | None = "client_disconnected"
+        try:
+            cut, response = await self._relay(request, fetched, "openai", tap.feed, ())
+            return response
+        finally:
+            if cut == "client_disconnected":
+                fetched.close()
+            else:
+                fetched.release()
+            result = tap.finish(cut=cut)
+            if result.usage_source == "reported" and not entry.settled:
+                entry.settled = True
+                self._top_up(entry.event, result)
+
+    def _top_up(self, estimate: Mapping[str, Any], result: TapResult) -> None:
+        """Publish what the reported usage exceeds the estimate by (once: its id is fixed)."""
+        fields = top_up_fields(estimate, result)
+        if fields is None:
+            return
+        try:
+            event = new_usage_event(**fields)
+        except InvalidRecord:
+            self.metrics.published.labels("invalid").inc()
+            log.exception("the top-up of %s not built", estimate["event_id"])
+            return
+        self.publish_soon(event)

@@ -57,7 +57,7 @@ def tap_usage_event(
 
 
 #: the fields a separate charge takes from the call's event (who, where, when, how)
-_CHARGE_COPIED = (
+CHARGE_COPIED = (
     "occurred_at",
     "provider",
     "api",
@@ -87,7 +87,7 @@ def separate_charge_fields(event: Mapping[str, Any], result: TapResult) -> Itera
     no request. Each is for ``new_usage_event(**fields)``."""
     for number, charge in enumerate(result.separate_charges, 1):
         yield {
-            **{k: event[k] for k in _CHARGE_COPIED},
+            **{k: event[k] for k in CHARGE_COPIED},
             "event_id": f"{event['event_id']}.charge-{number}",
             "model": charge.model or event["model"],
             **{name: getattr(charge, name) for name in TOKEN_FIELDS},

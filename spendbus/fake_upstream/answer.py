@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import openai_responses
 from .config import FakeUpstreamConfig
 from .exchange import FakeExchange, synthesize, synthesize_error
 from .formats import CHARS_PER_TOKEN, DELTA_CHARS
@@ -43,8 +44,10 @@ async def answer(
     config: FakeUpstreamConfig,
     stats: Stats,
     arrival: int,
+    stored: dict[str, bytes] | None = None,
 ) -> web.StreamResponse:
-    """Answer ``request`` (its ``body`` read, the ``arrival``-th since the start)."""
+    """Answer ``request`` (its ``body`` read, the ``arrival``-th since the start;
+    ``stored``: the background Responses kept for retrieval)."""
     fault = random.Random(f"{config.seed}|fault|{arrival}")
     forced = Forced.read(request) if config.honor_headers else Forced()
 
@@ -128,6 +131,17 @@ async def answer(
         )
         if declared is not None and gzip_body:
             declared = 2 * len(exchange.body) + 1
+    if (
+        call.fmt == "openai-responses"
+        and parsed.get("background") is True
+        and not stream
+        and stored is not None
+        and not exchange.cut
+        and not gzip_body
+    ):
+        # billed all the same: the answer carries no usage, the retrieval will
+        queued = openai_responses.background(exchange.body, stored)
+        exchange = replace(exchange, chunks=[queued], usage_after=None)
     if exchange.cut:
         stats.add(call.route, "cuts")
     if exchange.error:

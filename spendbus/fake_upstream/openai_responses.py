@@ -193,6 +193,29 @@ def body(plan: AnswerPlan) -> bytes:
     return json.dumps(obj, ensure_ascii=False, indent=2).encode()
 
 
+#: background responses kept for retrieval, at most (the oldest goes first)
+MAX_STORED = 10_000
+
+
+def background(body_bytes: bytes, stored: dict[str, bytes]) -> bytes:
+    """A background request's answer: the response ``queued`` (usage null), its
+    finished object kept in ``stored`` for ``GET /v1/responses/{id}`` (as OpenAI runs it
+    on after answering; the fake has it finished at once)."""
+    obj = json.loads(body_bytes)
+    finished = {**obj, "background": True}
+    while len(stored) >= MAX_STORED:
+        del stored[next(iter(stored))]
+    stored[obj["id"]] = json.dumps(finished, ensure_ascii=False, indent=2).encode()
+    queued = {
+        **finished,
+        "status": "queued",
+        "output": [],
+        "usage": None,
+        "incomplete_details": None,
+    }
+    return json.dumps(queued, ensure_ascii=False, indent=2).encode()
+
+
 def stream_error(plan: AnswerPlan, after: int) -> tuple[str, bytes]:
     """The ``error`` event the Responses API sends inside a stream (numbered in sequence)."""
     text = "The server had an error while processing your request. Sorry about that!"

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 ANTHROPIC = "/v1/messages"
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+#: a background response fetched (never billed; not in ROUTES: no request format)
+RESPONSES_RETRIEVE = "/v1/responses/{id}"
 GEMINI = "/v1beta/models/{model}:generateContent"
 GEMINI_STREAM = "/v1beta/models/{model}:streamGenerateContent"
 CONVERSE = "/model/{modelId}/converse"

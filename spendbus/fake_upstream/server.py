@@ -3,7 +3,9 @@
 =====================================================  ==================================
 ``POST /v1/messages``                                  Anthropic Messages
 ``POST /v1/chat/completions``                          OpenAI Chat Completions
-``POST /v1/responses``                                 OpenAI Responses
+``POST /v1/responses``                                 OpenAI Responses (``background``:
+                                                       ``queued``, usage null)
+``GET /v1/responses/{id}``                             a background response, finished
 ``POST /v1beta/models/{model}:generateContent``        Gemini (also under ``/v1/``)
 ``POST /v1beta/models/{model}:streamGenerateContent``  Gemini stream (``?alt=sse``: SSE,
                                                        else one JSON array)
@@ -55,7 +57,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import realtime
+from . import openai_chat, realtime
 from .answer import answer
 from .config import FakeUpstreamConfig
 from .exchange import synthesize_error
@@ -72,6 +74,7 @@ from .routes import (
     INVOKE_STREAM,
     REALTIME,
     RESPONSES,
+    RESPONSES_RETRIEVE,
     ROUTES,
     Call,
 )
@@ -90,6 +93,8 @@ class FakeUpstream:
             maxlen=1000
         )
         self._arrivals = 0
+        #: background Responses, finished, by id (openai_responses.background)
+        self.stored_responses: dict[str, bytes] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self.app = self._make_app()
@@ -137,6 +142,7 @@ class FakeUpstream:
         app.router.add_get(REALTIME, self._realtime)
         app.router.add_post(CHAT, self._fixed(CHAT))
         app.router.add_post(RESPONSES, self._fixed(RESPONSES))
+        app.router.add_get(RESPONSES + "/{response_id}", self._retrieve)
         app.router.add_post("/v1beta/models/{target}", self._gemini)
         app.router.add_post("/v1/models/{target}", self._gemini)
         app.router.add_post("/model/{model_id}/converse", self._bedrock(CONVERSE, False))
@@ -226,8 +232,36 @@ class FakeUpstream:
         self.stats.add(call.route, "bytes_in", len(body))
         self.request_headers.append((call.route, frozenset(n.lower() for n in request.headers)))
         return await answer(
-            request, call, body, config=self.config, stats=self.stats, arrival=self._arrivals
+            request,
+            call,
+            body,
+            config=self.config,
+            stats=self.stats,
+            arrival=self._arrivals,
+            stored=self.stored_responses,
         )
+
+    async def _retrieve(self, request: web.Request) -> web.Response:
+        """``GET /v1/responses/{id}``: a background response, finished (never billed: its
+        usage was counted when it was created)."""
+        response_id = request.match_info["response_id"]
+        self.stats.add(RESPONSES_RETRIEVE, "requests")
+        headers = openai_chat.headers(random.Random(response_id))
+        stored = self.stored_responses.get(response_id)
+        if stored is None:
+            self.stats.status(RESPONSES_RETRIEVE, 404)
+            message = f"No response found with id '{response_id}'."
+            error = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            return web.json_response(error, status=404, headers=headers)
+        self.stats.status(RESPONSES_RETRIEVE, 200)
+        return web.Response(body=stored, content_type="application/json", headers=headers)
 
 
 def _google_error(status: int, message: str) -> dict[str, Any]:

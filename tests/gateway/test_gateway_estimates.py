@@ -156,3 +156,75 @@ async def test_asking_can_be_turned_off(
         (event,) = await stack.events(1)
         assert event["usage_source"] == "estimated"
         assert "include_usage" in event["estimate_reason"]
+
+
+async def test_a_background_response_is_estimated_then_metered_once_when_fetched(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """``background: true`` answers ``queued`` with null usage: charged the floor plus the
+    cap at once; the result fetched through the gateway tops that up, once, with what
+    the reported usage exceeds it by (here its web search calls), under an id of its own
+    naming the call; another tenant's key cannot fetch it."""
+    request = {
+        "model": "gpt-4.1",
+        "background": True,
+        "max_output_tokens": 3_000,
+        "input": PROMPT,
+        "tools": [{"type": "web_search"}],
+    }
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                stack.url + "/v1/responses", json=request, headers=OPENAI
+            ) as resp:
+                queued = await resp.json()
+            assert (queued["status"], queued["usage"]) == ("queued", None)
+            url = f"{stack.url}/v1/responses/{queued['id']}"
+            broke = {"Authorization": f"Bearer {KEY_OF['sk-openai-broke']}"}
+            async with session.get(url, headers=broke) as resp:
+                assert resp.status == 404  # not this tenant's: never fetched upstream
+            async with session.get(stack.url + "/v1/responses/resp_other", headers=OPENAI) as resp:
+                assert resp.status == 404
+            assert "/v1/responses/{id}" not in (await stack.upstream_stats())["routes"]
+            fetched = []
+            for _ in range(2):  # fetched twice: charged once
+                async with session.get(url, headers=OPENAI) as resp:
+                    assert resp.status == 200
+                    fetched.append(await resp.json())
+        assert [f["status"] for f in fetched] == ["completed", "completed"]
+        usage = fetched[0]["usage"]
+        searches = sum(item["type"] == "web_search_call" for item in fetched[0]["output"])
+        assert searches > 0
+        estimate, top_up = await stack.events(2)
+        assert estimate["usage_source"] == "estimated"
+        assert (estimate["input_tokens"], estimate["output_tokens"]) == (200_000, 3_000)
+        assert usage["input_tokens"] < 200_000 and usage["output_tokens"] <= 3_000
+        assert top_up["event_id"] == estimate["event_id"] + ".final"
+        assert top_up["charge_of"] == estimate["event_id"]
+        assert top_up["usage_source"] == "reported"
+        assert top_up["units"] == {"web_search": searches}
+        assert (top_up["input_tokens"], top_up["output_tokens"]) == (0, 0)
+        assert top_up["org_id"] == "acme" and top_up["model"] == estimate["model"]
+        assert len(await stack.events(3, timeout=3)) == 2  # the second fetch charged nothing
+        stats = await stack.upstream_stats()
+        assert stats["routes"]["/v1/responses/{id}"]["requests"] == 2
+
+
+async def test_the_openai_sdk_creates_and_retrieves_a_background_response(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    from openai import AsyncOpenAI, NotFoundError
+
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path) as stack:
+        client = AsyncOpenAI(api_key=KEY_OF["sk-openai"], base_url=stack.url + "/v1")
+        created = await client.responses.create(model="o3", input=PROMPT, background=True)
+        assert created.status == "queued" and created.usage is None
+        done = await client.responses.retrieve(created.id)
+        assert done.status == "completed" and done.usage is not None
+        with pytest.raises(NotFoundError):
+            await client.responses.retrieve("resp_not_made_here")
+        await client.close()
+        (estimate,) = await stack.events(1)
+        # o3 reasons by default and names no cap: the estimate is the floor plus the cap
+        assert (estimate["input_tokens"], estimate["output_tokens"]) == (200_000, 128_000)
+        assert done.usage.output_tokens <= 128_000  # covered: no top-up
