@@ -71,6 +71,43 @@ class GatewayCore:
         #: goes at 0, so the map holds at most the keys with a request in flight)
         self.in_flight: dict[str, int] = {}
 
+    # -- the per-key limit of requests in flight ----------------------------------------
+    def enter_in_flight(self, vk: VirtualKey, family: Api) -> web.Response | None:
+        """Count one more request (or Realtime session) of ``vk`` in flight, or the 429
+        ``throttled`` answer when it has ``max_in_flight_per_key`` already; a counted one
+        leaves through :meth:`leave_in_flight`."""
+        limit = self.config.max_in_flight_per_key
+        if limit is None:
+            return None
+        name = vk.name
+        held = self.in_flight.get(name, 0)
+        if held >= limit:
+            self.metrics.requests.labels(family, "throttled").inc()
+            retry_after = self.config.throttle_retry_after_s
+            return error_response(
+                family,
+                429,
+                f"throttled: key {name!r} has {limit} requests in flight, the most it may "
+                f"(max_in_flight_per_key); retry in {retry_after} s.",
+                (
+                    ("Retry-After", str(retry_after)),
+                    ("retry-after-ms", str(retry_after * 1000)),
+                    ("x-should-retry", "true"),
+                ),
+            )
+        self.in_flight[name] = held + 1
+        return None
+
+    def leave_in_flight(self, vk: VirtualKey) -> None:
+        if self.config.max_in_flight_per_key is None:
+            return
+        name = vk.name
+        left = self.in_flight[name] - 1
+        if left:
+            self.in_flight[name] = left
+        else:
+            del self.in_flight[name]
+
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         if self._client is None:

@@ -126,38 +126,15 @@ class Gateway(GatewayCore):
         if isinstance(who, web.Response):
             return who
         vk, upstream = who
-        limit = self.config.max_in_flight_per_key
-        if limit is None:
+        if self.config.max_in_flight_per_key is None:
             return await self._handle_identified(request, route, vk, upstream)
-        name = vk.name
-        held = self.in_flight.get(name, 0)
-        if held >= limit:
-            return self._throttled(route.family, name, limit)
-        self.in_flight[name] = held + 1
+        throttled = self.enter_in_flight(vk, route.family)
+        if throttled is not None:
+            return throttled
         try:
             return await self._handle_identified(request, route, vk, upstream)
         finally:
-            left = self.in_flight[name] - 1
-            if left:
-                self.in_flight[name] = left
-            else:
-                del self.in_flight[name]
-
-    def _throttled(self, family: Api, name: str, limit: int) -> web.Response:
-        """429 ``throttled``: this key has ``limit`` requests in flight already."""
-        self.metrics.requests.labels(family, "throttled").inc()
-        retry_after = self.config.throttle_retry_after_s
-        return error_response(
-            family,
-            429,
-            f"throttled: key {name!r} has {limit} requests in flight, the most it may "
-            f"(max_in_flight_per_key); retry in {retry_after} s.",
-            (
-                ("Retry-After", str(retry_after)),
-                ("retry-after-ms", str(retry_after * 1000)),
-                ("x-should-retry", "true"),
-            ),
-        )
+            self.leave_in_flight(vk)
 
     async def _handle_identified(
         self, request: web.Request, route: Route, vk: VirtualKey, upstream: Upstream

@@ -42,6 +42,7 @@ from schemas.errors import InvalidRecord, SpendbusError
 from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
 
 from .call import Call
+from .config import Upstream, VirtualKey
 from .core import GatewayCore
 from .errors import error_response
 from .gate import GateDecision
@@ -67,6 +68,20 @@ class RealtimeRelay:
         if isinstance(who, web.Response):
             return who
         vk, upstream = who
+        # a session holds an upstream connection for as long as it lasts: it is one of the
+        # key's requests in flight (max_in_flight_per_key)
+        throttled = gw.enter_in_flight(vk, "openai")
+        if throttled is not None:
+            return throttled
+        try:
+            return await self._session(request, vk, upstream)
+        finally:
+            gw.leave_in_flight(vk)
+
+    async def _session(
+        self, request: web.Request, vk: VirtualKey, upstream: Upstream
+    ) -> web.StreamResponse:
+        gw = self.gateway
         route = Route("openai", None, model=request.query.get("model") or None, streaming=True)
         call = Call(route, vk, upstream, b"")
         call.model = route.model

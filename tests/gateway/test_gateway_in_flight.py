@@ -5,6 +5,7 @@ broker and enforcer, the fake providers only)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import aiohttp
@@ -59,3 +60,36 @@ async def test_a_key_past_its_in_flight_limit_is_throttled_and_never_forwarded(
         assert stats["requests"] == 3  # the throttled ones never went out
         events = await stack.events(3)
         assert len(events) == 3 and all(e["outcome"] == "allowed" for e in events)
+
+
+async def test_a_realtime_session_is_one_of_the_keys_requests_in_flight(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """A Realtime session holds an upstream connection for as long as it lasts: it counts
+    toward ``max_in_flight_per_key`` until it closes (it went uncounted: a key could open
+    any number of sessions past the limit)."""
+    async with gateway_stack(
+        kafka_bootstrap, topics, tmp_path, gateway={"max_in_flight_per_key": 1}
+    ) as stack:
+        key = KEY_OF["sk-openai"]
+        headers = {"Authorization": f"Bearer {key}"}
+        url = f"{stack.url}/v1/realtime?model=gpt-4o-realtime-preview-2025-06-03"
+        path, body, _ = request_for("openai-chat", False)
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(url, headers=headers) as ws:
+                created = json.loads((await ws.receive(timeout=30)).data)
+                assert created["type"] == "session.created"
+                assert stack.gateway.in_flight == {"acme-openai": 1}
+                # a second session and a request of the same key: 429 throttled
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await session.ws_connect(url, headers=headers)
+                assert refused.value.status == 429
+                async with session.post(stack.url + path, json=body, headers=headers) as resp:
+                    assert resp.status == 429
+                    assert "max_in_flight_per_key" in await resp.text()
+            # closed, it leaves the count: the key may go on
+            await eventually(lambda: stack.gateway.in_flight == {})
+            async with session.post(stack.url + path, json=body, headers=headers) as resp:
+                assert resp.status == 200
+        throttled = stack.gateway.metrics.requests.labels("openai", "throttled")
+        assert throttled._value.get() == 2
