@@ -157,7 +157,8 @@ def test_the_http_ingest_survives_hostile_requests_and_loses_no_accepted_event(
                 f"POST /v1/usage HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             )
-            status = send(port, RawRequest(head.encode() + body, half_close=False))
+            # every other one half-closed after sending, as some clients do: still answered
+            status = send(port, RawRequest(head.encode() + body, half_close=i % 2 == 0))
             assert status == 202, status
             accepted.append(i)
         assert get(f"{url}/healthz") == 200
