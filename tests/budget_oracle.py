@@ -16,7 +16,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from schemas.budgets import Budget, applicable
-from schemas.periods import ROLLING_BUCKETS, period_key, to_micros
+from schemas.forecast import (
+    FORECAST_BUCKET_US,
+    FORECAST_BUCKETS,
+    burn_of,
+    exhausts_at_us,
+    forecast_alert_due,
+)
+from schemas.periods import ROLLING_BUCKETS, period_end, period_key, period_start, to_micros
 from schemas.pricing import PriceBook
 
 COUNTED = ("allowed", "failed_open")
@@ -124,6 +131,60 @@ def alert_ids(
     ids = {f"{key}|{period}|{t}" for (key, period), row in rows.items() for t in row.thresholds}
     ids |= {f"unpriced|{e['model']}" for e in events if prices.price_event(e).unpriced}
     return ids
+
+
+def forecast_alert_ids(
+    events: Iterable[Mapping[str, Any]], budgets: Sequence[Budget], prices: PriceBook
+) -> set[str]:
+    """The forecast alerts the final state of the ledger makes due: per (counter, period)
+    of a window that ends, the events of the trailing hour up to its newest one summed by
+    5-minute bucket (by brute force), projected with schemas/forecast.py's formula onto
+    the budget's limits, before the period's end. (A live run may also send the alert of
+    a projection that was due only part-way through: these are the ones it must send.)"""
+    spent: dict[tuple[str, str], list[int]] = {}
+    newest: dict[tuple[str, str], datetime] = {}
+    by_key: dict[tuple[str, str], Budget] = {}
+    counted: list[tuple[tuple[str, str], int, int, int, int]] = []
+    for event in events:
+        cost = prices.price_event(event).cost_nanos
+        tokens = (
+            event["input_tokens"]
+            + event["cache_read_tokens"]
+            + event["cache_write_tokens"]
+            + event["output_tokens"]
+        )
+        for budget, key, _ in applicable(budgets, event):
+            if budget.window.kind not in ("day", "week", "month"):
+                continue
+            requests = 1 if event["outcome"] in COUNTED or budget.count_denied else 0
+            where = (key, period_key(budget.window, event["occurred_at"]))
+            by_key[where] = budget
+            sums = spent.setdefault(where, [0, 0, 0])
+            sums[0] += cost
+            sums[1] += tokens
+            sums[2] += requests
+            if where not in newest or event["occurred_at"] > newest[where]:
+                newest[where] = event["occurred_at"]
+            counted.append((where, to_micros(event["occurred_at"]), cost, tokens, requests))
+    buckets: dict[tuple[str, str], dict[int, list[int]]] = {}
+    for where, at_us, cost, tokens, requests in counted:
+        first = to_micros(newest[where]) // FORECAST_BUCKET_US - FORECAST_BUCKETS + 1
+        if at_us // FORECAST_BUCKET_US >= first:
+            slot = buckets.setdefault(where, {}).setdefault(at_us // FORECAST_BUCKET_US, [0, 0, 0])
+            slot[0] += cost
+            slot[1] += tokens
+            slot[2] += requests
+    due = set()
+    for where, budget in by_key.items():
+        start = period_start(budget.window, newest[where])
+        end = period_end(budget.window, newest[where])
+        assert start is not None and end is not None
+        burn = burn_of(buckets.get(where, {}), to_micros(newest[where]), to_micros(start))
+        limits = (budget.limit_nanos, budget.limit_tokens, budget.limit_requests)
+        n, t, r = spent[where]
+        if forecast_alert_due(exhausts_at_us(burn, (n, t, r), limits), to_micros(end)):
+            due.add(f"forecast|{where[0]}|{where[1]}")
+    return due
 
 
 # --- what ClickHouse holds -------------------------------------------------------------

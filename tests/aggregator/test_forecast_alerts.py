@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from budget_oracle import forecast_alert_ids
 
 from aggregator.alerts import alerts_found
 from aggregator.fold import CounterState
@@ -179,6 +180,8 @@ def test_the_store_finds_the_forecasts_the_fold_ends_with(engine: str) -> None:
             "7:org-day,4:acme,",
         ]
         assert found(client, reference()) == expected
+        # and a brute-force recomputation written apart from the fold agrees
+        assert set(expected) == forecast_alert_ids(events, BUDGETS, reference().prices)
     finally:
         client.close()
     # the same events arriving shuffled, in other batches: the same alerts
