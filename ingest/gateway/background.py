@@ -24,6 +24,7 @@ this gateway did not create (or has forgotten: a restart, another replica, past
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -110,12 +111,40 @@ class BackgroundResponses:
             self.forgotten += not oldest.settled
 
 
-def response_id_of(body: bytes) -> str | None:
-    """The id of the response a Responses body is, else None."""
+def response_id_of(body: bytes, *, streamed: bool = False) -> str | None:
+    """The id of the response a Responses body is (``streamed``: the response its
+    first events carry, ``response.created`` / ``queued``), else None."""
+    if streamed:
+        return _streamed_response_id(body)
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         return None
+    return _id_of(obj)
+
+
+def _streamed_response_id(body: bytes) -> str | None:
+    """The response id of the first SSE event that carries the response."""
+    for event in re.split(rb"\r\n\r\n|\n\n|\r\r", body)[:-1]:  # whole events only
+        data = b"\n".join(
+            line[5:].lstrip(b" ")
+            for line in re.split(rb"\r\n|\n|\r", event)
+            if line.startswith(b"data:")
+        )
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, dict) and obj.get("type") in _CARRYING:
+            return _id_of(obj.get("response"))
+    return None
+
+
+#: the stream's events that carry the response object
+_CARRYING: Final = frozenset({"response.created", "response.queued", "response.in_progress"})
+
+
+def _id_of(obj: Any) -> str | None:
     if not isinstance(obj, dict):
         return None
     response_id = obj.get("id")

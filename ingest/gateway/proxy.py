@@ -237,7 +237,7 @@ class Gateway(GatewayCore):
         cut: str | None = "client_disconnected"  # until the relay says otherwise
         feed = tap.feed
         answer: bytearray | None = None
-        if call.info is not None and call.info.background and not call.stream:
+        if call.info is not None and call.info.background:
             answer = bytearray()  # a queued response: its id is read once it is in
 
             def feed(chunk: bytes) -> None:
@@ -260,7 +260,7 @@ class Gateway(GatewayCore):
                 self.metrics.cuts.labels(outcome).inc()
             # no await from here on: a cancellation cannot interrupt the accounting
             event = self._account(call, decision, result, upstream)
-            if answer is not None and event is not None and cut is None:
+            if answer is not None and event is not None:
                 self._remember_background(call, bytes(answer), event)
 
     async def _pass_through(self, request: web.Request, call: Call) -> web.StreamResponse:
@@ -376,7 +376,7 @@ class Gateway(GatewayCore):
     # -- background responses (background.py) ----------------------------------------------
     def _remember_background(self, call: Call, answer: bytes, event: dict[str, Any]) -> None:
         """A background response, charged its estimate: metered when fetched."""
-        response_id = response_id_of(answer)
+        response_id = response_id_of(answer, streamed=call.stream)
         if response_id is None or call.info is None:
             return  # no id to fetch it by: its estimate stands
         principal = call.vk.principal

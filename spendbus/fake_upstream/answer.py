@@ -134,14 +134,17 @@ async def answer(
     if (
         call.fmt == "openai-responses"
         and parsed.get("background") is True
-        and not stream
         and stored is not None
         and not exchange.cut
         and not gzip_body
     ):
-        # billed all the same: the answer carries no usage, the retrieval will
-        queued = openai_responses.background(exchange.body, stored)
-        exchange = replace(exchange, chunks=[queued], usage_after=None)
+        if stream:  # streamed as usual, and kept: the same draws give the same response
+            rng.setstate(state)
+            whole = synthesize(call.fmt, rng=rng, **{**options, "stream": False})
+            openai_responses.background(whole.body, stored)
+        else:  # billed all the same: the answer carries no usage, the retrieval will
+            queued = openai_responses.background(exchange.body, stored)
+            exchange = replace(exchange, chunks=[queued], usage_after=None)
     if exchange.cut:
         stats.add(call.route, "cuts")
     if exchange.error:

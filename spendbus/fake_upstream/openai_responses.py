@@ -216,6 +216,18 @@ def background(body_bytes: bytes, stored: dict[str, bytes]) -> bytes:
     return json.dumps(queued, ensure_ascii=False, indent=2).encode()
 
 
+def replay(stored: bytes) -> bytes:
+    """``GET /v1/responses/{id}?stream=true`` of a finished background response: its
+    ``response.created`` and terminal events (OpenAI replays every event; these two are
+    the ones that carry the response)."""
+    final = json.loads(stored)
+    created = {**final, "status": "in_progress", "output": [], "usage": None}
+    done = f"response.{final['status']}"
+    return sse_event(
+        "response.created", {"type": "response.created", "sequence_number": 0, "response": created}
+    ) + sse_event(done, {"type": done, "sequence_number": 1, "response": final})
+
+
 def stream_error(plan: AnswerPlan, after: int) -> tuple[str, bytes]:
     """The ``error`` event the Responses API sends inside a stream (numbered in sequence)."""
     text = "The server had an error while processing your request. Sorry about that!"

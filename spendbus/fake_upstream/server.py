@@ -6,6 +6,7 @@
 ``POST /v1/responses``                                 OpenAI Responses (``background``:
                                                        ``queued``, usage null)
 ``GET /v1/responses/{id}``                             a background response, finished
+                                                       (``?stream=true``: as events)
 ``POST /v1beta/models/{model}:generateContent``        Gemini (also under ``/v1/``)
 ``POST /v1beta/models/{model}:streamGenerateContent``  Gemini stream (``?alt=sse``: SSE,
                                                        else one JSON array)
@@ -57,7 +58,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import openai_chat, realtime
+from . import openai_chat, openai_responses, realtime
 from .answer import answer
 from .config import FakeUpstreamConfig
 from .exchange import synthesize_error
@@ -261,6 +262,9 @@ class FakeUpstream:
             }
             return web.json_response(error, status=404, headers=headers)
         self.stats.status(RESPONSES_RETRIEVE, 200)
+        if request.query.get("stream") == "true":
+            replayed = openai_responses.replay(stored)
+            return web.Response(body=replayed, content_type="text/event-stream", headers=headers)
         return web.Response(body=stored, content_type="application/json", headers=headers)
 
 

@@ -99,3 +99,15 @@ def test_the_response_id_is_read_from_the_answer() -> None:
     assert response_id_of(b'{"id": 5}') is None
     assert response_id_of(b"not json") is None
     assert response_id_of(json.dumps({"id": "resp_" + "x" * 300}).encode()) is None
+
+
+def test_the_response_id_is_read_from_the_first_events_of_a_stream() -> None:
+    created = {"type": "response.created", "response": {"id": "resp_s1", "status": "queued"}}
+    delta = {"type": "response.output_text.delta", "delta": '"response": {"id": "resp_x"}'}
+    stream = (
+        b"event: response.output_text.delta\ndata: " + json.dumps(delta).encode() + b"\n\n"
+        b"event: response.created\r\ndata: " + json.dumps(created).encode() + b"\r\n\r\n"
+    )
+    assert response_id_of(stream, streamed=True) == "resp_s1"
+    assert response_id_of(stream[:-4], streamed=True) is None  # unfinished: not read
+    assert response_id_of(b"data: [DONE]\n\n", streamed=True) is None

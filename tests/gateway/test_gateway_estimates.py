@@ -9,11 +9,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gateway_kit import KEY_OF, PROMPT, gateway_stack
+from gateway_kit import KEY_OF, PROMPT, eventually, gateway_stack
 
 from schemas.budgets import Budget
 from schemas.periods import parse_window
 from schemas.topics import Topics
+from spendbus.fake_upstream import FakeUpstreamConfig
 
 pytestmark = pytest.mark.integration
 
@@ -228,3 +229,51 @@ async def test_the_openai_sdk_creates_and_retrieves_a_background_response(
         # o3 reasons by default and names no cap: the estimate is the floor plus the cap
         assert (estimate["input_tokens"], estimate["output_tokens"]) == (200_000, 128_000)
         assert done.usage.output_tokens <= 128_000  # covered: no top-up
+
+
+async def test_a_streamed_background_response_cut_by_the_client_is_metered_when_fetched(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """A background stream the client leaves goes on generating upstream: estimated at
+    the floor plus the cap; its result fetched (here as a stream, ``?stream=true``) tops
+    the estimate up once; a stream read to its end was charged as reported, and
+    fetching it charges nothing more."""
+    request = {
+        "model": "gpt-4.1",
+        "background": True,
+        "stream": True,
+        "max_output_tokens": 2_000,
+        "input": PROMPT,
+        "tools": [{"type": "web_search"}],
+    }
+    paced = FakeUpstreamConfig(port=0, seed=7, chunk_latency_ms=20)
+    async with gateway_stack(kafka_bootstrap, topics, tmp_path, upstream=paced) as stack:
+        async with aiohttp.ClientSession() as session:
+            url = stack.url + "/v1/responses"
+            async with session.post(url, json=request, headers=OPENAI) as resp:
+                first = await resp.content.readuntil(b"\n\n")  # response.created, then leave
+            created = json.loads(first.split(b"data: ", 1)[1])["response"]
+            await eventually(lambda: len(stack.gateway.background) == 1)  # the cut accounted
+            async with session.post(
+                url, json={**request, "input": "whole"}, headers=OPENAI
+            ) as resp:
+                whole = await resp.read()
+            whole_id = json.loads(whole.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+            fetched = []
+            for response_id, query in ((created["id"], "?stream=true"), (whole_id, "")):
+                async with session.get(
+                    f"{stack.url}/v1/responses/{response_id}{query}", headers=OPENAI
+                ) as resp:
+                    assert resp.status == 200
+                    fetched.append(await resp.read())
+        assert b"event: response.completed" in fetched[0]
+        events = await stack.events(3)
+        (top_up,) = [e for e in events if e["charge_of"]]  # dated as its call
+        cut, complete = [e for e in events if not e["charge_of"]]
+        assert (
+            cut["usage_source"] == "estimated" and cut["estimate_reason"] == "client_disconnected"
+        )
+        assert (cut["input_tokens"], cut["output_tokens"]) == (200_000, 2_000)
+        assert complete["usage_source"] == "reported"
+        assert top_up["charge_of"] == cut["event_id"] and top_up["units"]["web_search"] > 0
+        assert len(await stack.events(4, timeout=3)) == 3  # the whole one: nothing more
