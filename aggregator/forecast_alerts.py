@@ -5,9 +5,10 @@ projection (``schemas/forecast.py``: the burn over the trailing window, up to it
 event) runs out before the period ends. The inputs are the stored events, each once
 (``budget_history`` for the totals, ``budget_counts`` for the trailing buckets), so
 what the publisher finds is what the fold of the same events ends with, however they
-arrived: the same formula, by event time. The limits are the row's (the budget's when
-its newest event was priced) raised by the raise in force at that event
-(``schemas/raises.RaiseBook.active``, the fold's lookup); the period's bounds are the
+arrived: the same formula, by event time. The limits are the row's base limits (the
+budget's when its newest event was priced) raised by the raise in force at that event in
+the worker's reference (``schemas/raises.RaiseBook.active``, the fold's lookup, which
+does not wait for the budget_raises copy); the period's bounds are the
 budget's calendar (a deleted budget has no forecast alerts).
 
 The alert id is ``forecast|<counter key>|<period>``: the publisher sends what the
@@ -38,11 +39,12 @@ Reader = Callable[[str], Awaitable[Sequence[Sequence[Any]]]]
 _ENDING: Final = "('day', 'week', 'month')"
 _TOTALS: Final = f"""
 SELECT counter_key, budget_id, scope_values, period, spent_nanos, spent_tokens,
-       spent_requests, limit_nanos, limit_tokens, limit_requests,
+       spent_requests, base_limit_nanos, base_limit_tokens, base_limit_requests,
        toUnixTimestamp64Micro(as_of)
 FROM budget_history
 WHERE window IN {_ENDING}
-  AND (limit_nanos IS NOT NULL OR limit_tokens IS NOT NULL OR limit_requests IS NOT NULL)
+  AND (base_limit_nanos IS NOT NULL OR base_limit_tokens IS NOT NULL
+       OR base_limit_requests IS NOT NULL)
   {{recent}}
 """
 #: per (counter, period) its newest FORECAST_BUCKETS buckets (the trailing window lies in

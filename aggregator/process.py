@@ -400,8 +400,13 @@ class BatchProcessor:
                     if key not in verdict_changes:
                         verdict_changes[key] = VerdictChange(budget, scope_values, state)
                     continue
-                if change.current and key not in verdict_changes:
-                    verdict_changes[key] = VerdictChange(budget, scope_values, state)
+                if change.current:
+                    held = verdict_changes.get(key)
+                    if held is None:
+                        verdict_changes[key] = VerdictChange(budget, scope_values, state)
+                    elif held.budget is not budget:
+                        # the limits of its last event (a raise may have begun or ended)
+                        held.budget = budget
                 for threshold in change.new_alerts:
                     alert = alert_record(
                         budget, key, change.period, threshold, state.periods[change.period]
