@@ -309,7 +309,18 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 if not authorized(request):
                     return _unauthorized(self, "a valid bearer token is required")
                 try:
-                    body = json.loads(await request.read())
+                    async with asyncio.timeout(config.web_body_timeout_s):
+                        raw = await request.read()
+                except TimeoutError:
+                    return self.json(
+                        {
+                            "error": "request body not received within "
+                            f"{config.web_body_timeout_s:g} s of its headers"
+                        },
+                        status=408,
+                    )
+                try:
+                    body = json.loads(raw)
                 except (ValueError, RecursionError):  # nested too deeply too: a 400, not a 500
                     return self.json(
                         {"error": 'the body must be JSON: {"sql": "SELECT ..."}'}, status=400

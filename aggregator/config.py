@@ -47,6 +47,9 @@ class AggregatorConfig(BaseModel):
     #: the bearer token of the web pages: /sql always needs it (no token: /sql answers
     #: 403), /stats and /metrics need it when web_host is not loopback
     web_token: SecretStr | None = None
+    #: a /sql body must arrive within this many seconds of its head (408 after): a slow
+    #: sender holds no handler longer
+    web_body_timeout_s: float = Field(default=60.0, gt=0)
     #: TLS options and password of an https:// ClickHouse server (clickhouse_dsn)
     clickhouse_access: ClickHouseAccess = DEFAULT_ACCESS
     #: most usage.raw records the counting stage reads and folds as one batch (getmany)

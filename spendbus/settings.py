@@ -13,6 +13,7 @@ SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
 SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
 SPENDBUS_WEB_TOKEN_FILE    a file holding the worker's web bearer token     $SPENDBUS_HOME/web.token
 SPENDBUS_WEB_TOKEN         the token itself (prefer the _FILE form)         (none)
+SPENDBUS_WEB_BODY_TIMEOUT  seconds a /sql body may take after its head      60
 SPENDBUS_KEY_SECRET_FILE   the secret virtual-key digests are keyed with    $SPENDBUS_HOME/keys.secret
 SPENDBUS_KEY_SECRET        the key secret itself (prefer the _FILE form)    (none)
 CLICKHOUSE_CA_FILE         https:// DSN: PEM CA(s) of the server's cert     the system CAs
@@ -38,7 +39,7 @@ SPENDBUS_CONFIG            a YAML file with any of the keys below           (non
 
 A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
-``web_port``, ``web_host``, ``cache_dir``, ``kafka_security_protocol``, ``kafka_sasl_mechanism``,
+``web_port``, ``web_host``, ``web_body_timeout_s``, ``cache_dir``, ``kafka_security_protocol``, ``kafka_sasl_mechanism``,
 ``kafka_sasl_username``, ``kafka_sasl_password``, ``kafka_sasl_password_file``,
 ``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``, ``replication_factor``,
 ``min_insync_replicas``, ``allow_under_replication``); environment variables
@@ -82,6 +83,7 @@ class Settings(BaseModel):
     partitions: int = Field(default=4, ge=1, le=256)
     web_port: int = Field(default=6066, ge=1, le=65535)
     web_host: str = "127.0.0.1"
+    web_body_timeout_s: float = Field(default=60.0, gt=0)
     cache_dir: Path = Path.home() / ".cache" / "spendbus"
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: SaslMechanism = "PLAIN"
@@ -193,6 +195,7 @@ _ENV = {
     "SPENDBUS_PARTITIONS": "partitions",
     "SPENDBUS_WEB_PORT": "web_port",
     "SPENDBUS_WEB_HOST": "web_host",
+    "SPENDBUS_WEB_BODY_TIMEOUT": "web_body_timeout_s",
     "SPENDBUS_CACHE_DIR": "cache_dir",
     "KAFKA_SECURITY_PROTOCOL": "kafka_security_protocol",
     "KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",

@@ -73,6 +73,7 @@ def run(
         replication=settings.replication,
         web_port=settings.web_port,
         web_host=settings.web_host,
+        web_body_timeout_s=settings.web_body_timeout_s,
         web_token=web_token,
         clickhouse_access=clickhouse_access,
         log_level=log_level.upper(),

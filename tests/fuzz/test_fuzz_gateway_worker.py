@@ -8,23 +8,37 @@ every call the provider served is charged: its usage event is on usage.raw."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
+import socket
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
-from fuzz_kit import EXAMPLES, RSS_GROWTH_BOUND, RawRequest, command, get, requests, rss, send
+from fuzz_kit import (
+    EXAMPLES,
+    GUARD_S,
+    RSS_GROWTH_BOUND,
+    RawRequest,
+    command,
+    get,
+    requests,
+    rss,
+    send,
+)
 from hypothesis import HealthCheck, given, settings
+from pipeline_kit import Pipeline
 
 from schemas.codec import USAGE_EVENT
 from schemas.topics import Topics
 from spendbus.stack.broker_probe import free_ports
 
-pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
+pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(GUARD_S)]
 
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -145,9 +159,41 @@ def test_the_gateway_survives_hostile_requests_and_charges_every_call_served(
     assert len(charged) >= metered, (len(charged), metered, served)
 
 
-def test_the_worker_pages_survive_hostile_requests(pipeline: Any, tmp_path: Path) -> None:
-    worker = pipeline.worker
+@pytest.fixture
+def worker_pipeline(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
+) -> Iterator[Pipeline]:
+    """A worker as ``spendbus aggregator run`` runs it, with a short /sql body deadline."""
+    p = Pipeline(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        clickhouse_dsn,
+        worker_env={"SPENDBUS_WEB_BODY_TIMEOUT": str(DEADLINES_S)},
+    )
+    p.apply_reference()
+    p.worker.start(timeout=180)
+    try:
+        yield p
+    finally:
+        p.worker.stop()
+
+
+def _stalled_answer(port: int, data: bytes) -> bytes:
+    """Send ``data``, then nothing more; everything the server writes until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        answer = b""
+        with contextlib.suppress(TimeoutError):
+            while b"\r\n\r\n" not in answer and (chunk := sock.recv(65536)):
+                answer += chunk
+    return answer
+
+
+def test_the_worker_pages_survive_hostile_requests(worker_pipeline: Pipeline) -> None:
+    worker = worker_pipeline.worker
     port = worker.web_port
+    assert worker.token_file is not None
     token = worker.token_file.read_text().strip()
     auth = [
         {"Authorization": f"Bearer {token}"},
@@ -173,6 +219,9 @@ def test_the_worker_pages_survive_hostile_requests(pipeline: Any, tmp_path: Path
         assert status is None or status < 500, f"{status} for {request.data[:300]!r}"
 
     one()
+    # a /sql body that never ends: 408 after the deadline (it held the handler for good)
+    slow = _raw("/sql", b'{"sql": "SELECT 1"}', auth[0])[:-5]
+    assert _stalled_answer(port, slow).startswith(b"HTTP/1.1 408")
     # it still answers, and still runs a query
     body = json.dumps(shapes[0]).encode()
     request = RawRequest(_raw("/sql", body, auth[0]), half_close=False)

@@ -13,14 +13,24 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from fuzz_kit import EXAMPLES, RSS_GROWTH_BOUND, RawRequest, command, get, requests, rss, send
+from fuzz_kit import (
+    EXAMPLES,
+    GUARD_S,
+    RSS_GROWTH_BOUND,
+    RawRequest,
+    command,
+    get,
+    requests,
+    rss,
+    send,
+)
 from hypothesis import HealthCheck, given, settings
 
 from schemas.topics import Topics
 from schemas.usage import new_usage_event, usage_event_to_json
 from spendbus.stack.broker_probe import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
+pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(GUARD_S)]
 
 TOKEN = "fuzz-token-0123456789abcdef0123456789"
 AUTH = [
