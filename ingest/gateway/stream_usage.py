@@ -13,9 +13,11 @@ the upstream's stream, usage included.
 Why this way: a client that did not ask for usage may index ``choices[0]`` of every
 chunk (an empty ``choices`` would break it) or compare what it receives; estimating
 instead would charge every such stream up to its cap. The rewrite is structural:
-an event is changed only when it is one ``data:`` line holding a JSON object read
-member by member (keys and values parsed, never searched for in the text), so what a
-model writes (``"usage": null`` in its text) is never touched. An event that is not
+an event is changed only when it is one ``data:`` line holding a JSON object whose
+top-level ``usage`` is null (parsed), and the member is cut only where the rest then
+parses to that same object without it (so a ``"usage": null`` a model writes in its
+text, or in a nested object, is never cut); the usage chunk is read member by member
+(usage given once, an object, ``choices`` empty). An event that is not
 that shape passes unchanged; an unfinished event is held (up to
 :data:`MAX_HELD_EVENT`, then everything passes unchanged from there on).
 """
@@ -27,13 +29,14 @@ import json
 import re
 from typing import Any, Final
 
-from ingest.taps import ContentDecoder, DecodeError
+from ingest.taps import ContentDecoder, DecodeError, json_loads
 
 #: the longest event held while waiting for its end; past it the rest passes as it comes
 MAX_HELD_EVENT: Final = 1 << 20
 
 _scan_value: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _scan_string: Any = json.decoder.scanstring  # type: ignore[attr-defined]
+_NULL_USAGE = re.compile(r'"usage"[ \t\n\r]*:[ \t\n\r]*null')
 #: an event ends at a blank line: two line ends (CRLF, LF or CR) in a row
 _EVENT_END = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r(?=[^\n]))")
 
@@ -57,12 +60,15 @@ def asking_for_usage(body: bytes, request: Any) -> bytes | None:
     return json.dumps(rewritten, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
 def _skip(text: str, i: int) -> int:
     """The index of the first character at or after ``i`` that is not JSON whitespace."""
-    n = len(text)
-    while i < n and text[i] in " \t\n\r":
-        i += 1
-    return i
+    if i < len(text) and text[i] not in " \t\n\r":
+        return i  # compact JSON: no call
+    match = _WHITESPACE.match(text, i)
+    return i if match is None else match.end()
 
 
 def _members(text: str) -> list[tuple[str, int, int, Any]] | None:
@@ -104,28 +110,63 @@ def hidden_usage(payload: bytes) -> bytes | None:
     """What the client gets of one chunk's JSON: None to drop it (the usage chunk),
     else the chunk without its ``"usage": null`` member (unchanged when it has none)."""
     try:
-        text = payload.decode()
-        members = _members(text)
-    except (UnicodeDecodeError, ValueError, RecursionError, StopIteration):
+        obj = json_loads(payload)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return payload
+    if type(obj) is not dict or "usage" not in obj:
+        return payload
+    if obj["usage"] is not None:
+        return _usage_chunk(payload)
+    try:
+        return _without_null_usage(payload.decode(), obj)
+    except UnicodeDecodeError:  # json_loads read it: cannot happen, never mind
+        return payload
+
+
+def _usage_chunk(payload: bytes) -> bytes | None:
+    """None for the usage chunk (``choices`` empty, null or absent; usage given once, an
+    object), else the payload (once a stream: read member by member)."""
+    try:
+        members = _members(payload.decode())
+    except (ValueError, RecursionError, StopIteration):
         return payload
     if members is None:
         return payload
-    usage = [n for n, m in enumerate(members) if m[0] == "usage"]
-    if len(usage) != 1:
-        return payload  # none, or given twice: not ours to read
-    at = usage[0]
-    _, start, end, value = members[at]
-    if value is not None:
-        choices = [m[3] for m in members if m[0] == "choices"]
-        if isinstance(value, dict) and all(not c for c in choices):
-            return None  # the usage chunk: choices [] (null or absent on look-alikes)
-        return payload
-    if at + 1 < len(members):  # up to the next member: its comma and spacing go too
-        text = text[:start] + text[members[at + 1][1] :]
-    elif at > 0:  # the last member: from the end of the one before
-        text = text[: members[at - 1][2]] + text[end:]
-    else:
-        text = text[:start] + text[end:]
+    usage = [m[3] for m in members if m[0] == "usage"]
+    choices = [m[3] for m in members if m[0] == "choices"]
+    if len(usage) == 1 and isinstance(usage[0], dict) and all(not c for c in choices):
+        return None
+    return payload
+
+
+def _without_null_usage(text: str, obj: dict[str, Any]) -> bytes:
+    """``text`` without its top-level ``"usage": null`` member. Each place the name
+    appears is cut out with its comma, and the cut kept only when the rest parses to the
+    object without that member: text inside a string or a nested object, or the name
+    given twice, never matches, so what a model writes is never cut."""
+    expected = {k: v for k, v in obj.items() if k != "usage"}
+    at = text.find('"usage"')
+    while at >= 0:
+        member = _NULL_USAGE.match(text, at)
+        if member is not None:
+            after = _skip(text, member.end())
+            candidate = None
+            if text[after : after + 1] == ",":  # up to the next member
+                candidate = text[:at] + text[_skip(text, after + 1) :]
+            elif text[after : after + 1] == "}":  # the last: from the comma before it
+                before = text[:at].rstrip(" \t\n\r")
+                if before.endswith(","):
+                    candidate = before[:-1].rstrip(" \t\n\r") + text[member.end() :]
+                elif before.endswith("{"):
+                    candidate = text[:at] + text[member.end() :]
+            if candidate is not None:
+                encoded = candidate.encode()
+                try:
+                    if json_loads(encoded) == expected:
+                        return encoded
+                except (ValueError, RecursionError):
+                    pass
+        at = text.find('"usage"', at + 1)
     return text.encode()
 
 

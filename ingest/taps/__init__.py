@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .decode import ContentDecoder, DecodeError, supported_encodings
 from .estimate import EstimatorConfig
+from .fastjson import json_loads
 from .formats import FORMATS, open_tap
 from .inspect import inspect_response
 from .realtime import RealtimeTap, open_realtime_tap
@@ -36,6 +37,7 @@ __all__ = [
     "Usage",
     "UsageSource",
     "inspect_response",
+    "json_loads",
     "open_realtime_tap",
     "open_tap",
     "read_request",

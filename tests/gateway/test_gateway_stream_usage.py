@@ -84,6 +84,14 @@ def test_null_usage_is_removed_wherever_it_stands() -> None:
     assert hidden_usage(b'{"usage": null, "a": 1}') == b'{"a": 1}'
     assert hidden_usage(b'{"a": 1 , "usage" : null }') == b'{"a": 1 }'
     assert hidden_usage(b'{"usage":null}') == b"{}"
+    nested = b'{"choices":[{"delta":{"usage":null,"content":"\\"usage\\": null,"}}],"usage":null}'
+    assert (
+        hidden_usage(nested)
+        == b'{"choices":[{"delta":{"usage":null,"content":"\\"usage\\": null,"}}]}'
+    )
+    assert hidden_usage(b'{"choices":[{"delta":{"usage":null}}]}') == (
+        b'{"choices":[{"delta":{"usage":null}}]}'
+    )
     assert hidden_usage(b'{"choices":null,"usage":{"total_tokens":4}}') is None
 
 

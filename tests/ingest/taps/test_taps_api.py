@@ -27,6 +27,7 @@ def test_public_names() -> None:
             "Usage",
             "UsageSource",
             "inspect_response",
+            "json_loads",
             "open_realtime_tap",
             "open_tap",
             "read_request",
