@@ -10,9 +10,12 @@
   mode service starts and stops it with the worker.
 * the sink stage (``sink_stage.py``), for the same reason not a Faust agent either, reads
   usage.priced and budget.verdicts in large batches (group ``config.sink_app_id``) and
-  writes them to ClickHouse through :class:`ClickHouseWriter` (``aggregator/sink``),
+  writes them to ClickHouse through a ``ClickHouseWriter`` (``clickhouse_writer.py``),
   retrying while ClickHouse is away; only a stored batch is committed. Counters and
-  verdicts never wait for it.
+  verdicts never wait for it. It runs in a sink process of its own, which owns the store
+  (``sink_link.py`` starts and restarts it, ``sink_process.py`` is it), so the alert
+  publisher, the raises' audit and ``/sql`` reach the store through it; with
+  ``sink_process`` off it runs on this worker's loop, as the counting stage does.
 * ``publish_alerts`` sends each alert of ClickHouse's ``alerts`` view once to the shared
   alert topic (``aggregator/alerts.py``); a worker without a store sends the fold's alerts.
 
@@ -28,7 +31,7 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -36,124 +39,20 @@ import mode
 from aiokafka.errors import KafkaError
 
 from aggregator.alerts import AlertPublisher, generation_is_current
-from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
+from aggregator.clickhouse_writer import ClickHouseWriter, StoreAccess
 from aggregator.config import AggregatorConfig
 from aggregator.counting import CountingStage
 from aggregator.metrics import Metrics
 from aggregator.process import BatchProcessor
 from aggregator.raise_audit import RaiseAudit
 from aggregator.reference import Reference, ReferenceFollower
-from aggregator.sink import (
-    ClickHouseSink,
-    SinkError,
-    SinkUnavailable,
-    apply_schema,
-    open_client,
-)
+from aggregator.sink import SinkError, SinkUnavailable
 from aggregator.sink.errors import QueryRefused
-from aggregator.sink.guard import READ_ONLY_SESSION, QueryGuard
+from aggregator.sink_link import SinkLink
 from aggregator.sink_stage import SinkStage
 from schemas.net import is_loopback
 
 log = logging.getLogger(__name__)
-
-
-class ClickHouseWriter:
-    """The sink stage's side of ClickHouse: open once, write a batch until it is stored.
-
-    A batch is committed to Kafka only after its ``write_*_until_done`` returned, so
-    while ClickHouse is away the sink stage waits (and Kafka keeps the rows);
-    the counting stage, verdicts and alerts do not depend on it.
-    """
-
-    def __init__(
-        self,
-        dsn: str,
-        metrics: Metrics,
-        access: ClickHouseAccess = DEFAULT_ACCESS,
-        spool_dir: str | None = None,
-    ) -> None:
-        self.dsn = dsn
-        self.metrics = metrics
-        self.access = access
-        #: where the Avro container files the engine reads are written (0600, removed after)
-        self.spool_dir = spool_dir
-        self.sink: ClickHouseSink | None = None
-        # analyst queries: a second client on the same store, readonly=1 and bounded
-        self.guard: QueryGuard | None = None
-        self._opening = asyncio.Lock()
-        # one call into the client at a time: the embedded engine is one session per process
-        self._using = asyncio.Lock()
-
-    async def open(self) -> ClickHouseSink:
-        async with self._opening:
-            while self.sink is None:
-                try:
-                    self.sink = await asyncio.to_thread(self._open)
-                except SinkUnavailable as exc:
-                    self.metrics.sink_failures.inc()
-                    log.warning("ClickHouse unavailable (%s); retrying in 2s", exc)
-                    await asyncio.sleep(2)
-            return self.sink
-
-    def _open(self) -> ClickHouseSink:
-        client = open_client(self.dsn, access=self.access)
-        apply_schema(client)
-        return ClickHouseSink(client, spool_dir=self.spool_dir)
-
-    async def write_messages_until_done(self, messages: Sequence[Any]) -> None:
-        """Store usage.priced records (``ClickHouseSink.write_messages``), retrying until done."""
-        sink = await self.open()
-        inserted = await self._until_done(sink.write_messages, messages)
-        self.metrics.sink_rows.inc(inserted)
-        self.metrics.sink_skipped.inc(len(messages) - inserted)
-
-    async def write_verdict_messages_until_done(self, messages: Sequence[Any]) -> None:
-        """Store budget.verdicts records in budget_state, retrying until done."""
-        sink = await self.open()
-        await self._until_done(sink.write_verdict_messages, messages)
-
-    async def _until_done(self, write: Callable[[Any], int], batch: Any) -> int:
-        backoff = 0.5
-        while True:
-            try:
-                async with self._using:
-                    return await asyncio.to_thread(write, batch)
-            except SinkError as exc:  # unavailable or rejected: never ack, retry the same batch
-                self.metrics.sink_failures.inc()
-                log.warning("ClickHouse insert failed (%s); retrying in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-    async def insert_until_done(
-        self, table: str, columns: Sequence[str], rows: list[list[Any]]
-    ) -> None:
-        """Insert the worker's own ``rows`` into ``table`` (the raises' audit), retrying."""
-        sink = await self.open()
-
-        def insert(batch: list[list[Any]]) -> int:
-            sink.client.insert(table, batch, column_names=list(columns))
-            return len(batch)
-
-        await self._until_done(insert, rows)
-
-    async def read(self, sql: str) -> list[Sequence[Any]]:
-        """Rows of ``sql``, the worker's own query (the alert publisher's), on the sink's
-        client: never an analyst's text (those go through :meth:`query`)."""
-        sink = await self.open()
-        async with self._using:
-            result = await asyncio.to_thread(sink.client.query, sql)
-        return list(result.result_rows)
-
-    async def query(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Vet ``sql`` and run it read-only (QueryRefused when the guard refuses it)."""
-        await self.open()  # the schema first: the guard's client only reads
-        async with self._using:
-            if self.guard is None:
-                self.guard = QueryGuard(
-                    lambda: open_client(self.dsn, access=self.access, **READ_ONLY_SESSION)
-                )
-            return await asyncio.to_thread(self.guard.run, sql)
 
 
 def bearer_check(token: str | None) -> Callable[[Any], bool]:
@@ -178,6 +77,41 @@ def _unauthorized(web: faust.web.View, detail: str, status: int = 401) -> faust.
         status=status,
         headers={"WWW-Authenticate": "Bearer"},
     )
+
+
+def _sink_in_this_process(
+    app: faust.App, config: AggregatorConfig, metrics: Metrics
+) -> ClickHouseWriter:
+    """The sink stage on this worker's own event loop (``sink_process`` off): the store is
+    this process's, reached through the writer the stage writes with."""
+    assert config.clickhouse_dsn is not None
+    spool = config.data_dir / "sink"
+    spool.mkdir(mode=0o700, parents=True, exist_ok=True)
+    writer = ClickHouseWriter(
+        config.clickhouse_dsn, metrics, config.clickhouse_access, spool_dir=str(spool)
+    )
+    sink_stage = SinkStage(config, config.topics, writer, metrics)
+    metrics.watch_lag(config.sink_app_id, sink_stage.lag)
+    app.spendbus_sink = sink_stage  # type: ignore[attr-defined]
+
+    @app.service
+    class Sink(mode.Service):
+        """Starts the sink stage with the worker and stops it with it."""
+
+        async def on_start(self) -> None:
+            sink_stage.on_crash = self._crash_worker
+            await sink_stage.start()
+
+        async def on_stop(self) -> None:
+            await sink_stage.stop()
+
+        async def _crash_worker(self, exc: BaseException) -> None:
+            # nothing past the last commit was acknowledged: the next owner re-reads it
+            log.critical("sink stage failed, stopping the worker: %r", exc)
+            asyncio.get_running_loop().call_later(10, os._exit, 70)
+            await app.crash(exc)
+
+    return writer
 
 
 def install(app: faust.App, config: AggregatorConfig) -> None:
@@ -227,38 +161,37 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     # needs the token (Prometheus sends it: authorization.credentials_file)
     pages_open = is_loopback(config.web_host)
 
+    # the sink process, when the sink runs in one (its figures are asked at each page)
+    link: SinkLink | None = None
     if config.clickhouse_dsn:
-        spool = config.data_dir / "sink"
-        spool.mkdir(mode=0o700, parents=True, exist_ok=True)
-        writer = ClickHouseWriter(
-            config.clickhouse_dsn, metrics, config.clickhouse_access, spool_dir=str(spool)
-        )
-        sink_stage = SinkStage(config, topics, writer, metrics)
-        metrics.watch_lag(config.sink_app_id, sink_stage.lag)
-        app.spendbus_sink = sink_stage  # type: ignore[attr-defined]
+        store: StoreAccess
+        if config.sink_process:
+            # the sink stage and the store in an OS process of their own (sink_process.py):
+            # everything below reaches the store through it
+            link = store = SinkLink(config, metrics)
+            metrics.watch_lag(config.sink_app_id, link.lag)
+            app.spendbus_sink_link = link  # type: ignore[attr-defined]
+            sink_link = link
 
-        @app.service
-        class Sink(mode.Service):
-            """Starts the sink stage with the worker and stops it with it."""
+            @app.service
+            class SinkProcess(mode.Service):
+                """Starts the sink process with the worker (restarted if it dies) and
+                stops it with it."""
 
-            async def on_start(self) -> None:
-                sink_stage.on_crash = self._crash_worker
-                await sink_stage.start()
+                async def on_start(self) -> None:
+                    await sink_link.start()
 
-            async def on_stop(self) -> None:
-                await sink_stage.stop()
+                async def on_stop(self) -> None:
+                    await sink_link.stop()
 
-            async def _crash_worker(self, exc: BaseException) -> None:
-                # nothing past the last commit was acknowledged: the next owner re-reads it
-                log.critical("sink stage failed, stopping the worker: %r", exc)
-                asyncio.get_running_loop().call_later(10, os._exit, 70)
-                await app.crash(exc)
+        else:
+            store = _sink_in_this_process(app, config, metrics)
 
         # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts.py)
         publisher = AlertPublisher(
             config.bootstrap,
             topics,
-            writer.read,
+            store.read,
             security=config.kafka_security,
             is_current=lambda: generation_is_current(
                 config.bootstrap, topics, security=config.kafka_security
@@ -269,10 +202,10 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         )
 
         # every raise into budget_raises, the audit table (aggregator/raise_audit.py)
-        audit = RaiseAudit(reference, writer.read, writer.insert_until_done)
+        audit = RaiseAudit(reference, store.read, store.insert_until_done)
 
         async def audit_raises() -> None:
-            await writer.open()
+            await store.open()
             while True:
                 try:
                     await audit.run(follower.ready)
@@ -281,7 +214,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                     await asyncio.sleep(5)
 
         async def publish_alerts() -> None:
-            await writer.open()
+            await store.open()
             while True:
                 try:
                     await publisher.run()
@@ -328,7 +261,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 if not isinstance(body, dict) or not isinstance(body.get("sql"), str):
                     return self.json({"error": 'expected {"sql": "SELECT ..."}'}, status=400)
                 try:
-                    columns, rows = await writer.query(body["sql"])
+                    columns, rows = await store.query(body["sql"])
                 except QueryRefused as exc:
                     status = 400 if exc.reason in ("bad_request", "empty", "limit") else 403
                     return self.json({"error": str(exc), "refused": exc.reason}, status=status)
@@ -344,6 +277,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     async def stats(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         if not pages_open and not authorized(request):
             return _unauthorized(web, "a valid bearer token is required off loopback")
+        if link is not None:
+            await link.refresh_figures()
         return web.json(
             {
                 **metrics.snapshot(),
@@ -352,6 +287,11 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 # serving = budgets and prices loaded and this worker owns (recovered) partitions
                 "assigned_partitions": len(stage.owned),
                 "serving": stage.serving,
+                **(
+                    {"sink_process": {"pid": link.pid, "starts": link.starts}}
+                    if link is not None
+                    else {}
+                ),
             }
         )
 
@@ -359,6 +299,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     async def prometheus(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         if not pages_open and not authorized(request):
             return _unauthorized(web, "a valid bearer token is required off loopback")
+        if link is not None:
+            await link.refresh_figures()
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
 
     app.spendbus_counting = stage  # type: ignore[attr-defined]

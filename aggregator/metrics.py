@@ -171,6 +171,29 @@ class Metrics:
         self._recent_sink_batch_rows.append(records)
         self._recent_sink_batch_ms.append(ms)
 
+    def sink_figures(self, seen_batches: int) -> dict[str, Any]:
+        """The sink's counters and the batches after the first ``seen_batches`` (at most
+        the recent ones kept): what a sink process reports to its worker."""
+        new = min(max(0, self.sink_batches - seen_batches), len(self._recent_sink_batch_ms))
+        recent = list(zip(self._recent_sink_batch_rows, self._recent_sink_batch_ms, strict=True))
+        return {
+            "rows": int(self.sink_rows._value.get()),
+            "skipped": int(self.sink_skipped._value.get()),
+            "failures": int(self.sink_failures._value.get()),
+            "batches": self.sink_batches,
+            "recent": recent[len(recent) - new :],
+        }
+
+    def absorb_sink_figures(self, now: dict[str, Any], before: dict[str, Any] | None) -> None:
+        """Add what a sink process's figures ``now`` hold beyond ``before``, its previous
+        report (None for a process's first: a restarted one counts from zero)."""
+        base = before or {"rows": 0, "skipped": 0, "failures": 0}
+        self.sink_rows.inc(max(0, now["rows"] - base["rows"]))
+        self.sink_skipped.inc(max(0, now["skipped"] - base["skipped"]))
+        self.sink_failures.inc(max(0, now["failures"] - base["failures"]))
+        for records, ms in now["recent"]:
+            self.record_sink_batch(records, ms)
+
     def record_verdict_send_ms(self, ms: float) -> None:
         """One verdict record batch: its first verdict added -> the broker acknowledged it."""
         self._recent_verdict_sends.append(ms)

@@ -7,29 +7,35 @@
    stage has folded every event and the time until the sink has stored every row
    (``sink_rows``), then ``/sql`` confirms it from the table itself (count and distinct
    source positions). ``clickhouse_over_counting`` is the second time over the first
-   (issue 19's target: at most 1.25).
+   (issue 19's target: at most 1.25). With ``--sink both`` (the default) the burst runs
+   twice, side by side: the worker's sink in a process of its own (``burst``, as
+   ``spendbus up`` runs it) and in the worker's own process (``burst_sink_in_worker``,
+   ``SPENDBUS_SINK_PROCESS=false``).
 2. **latency** (``--rate``, default 2k events/s): the verdict latency of the same worker
-   kind, once with the sink off and once with it storing every event, side by side
-   (bench/bench_pipeline.py's measurement).
+   kind, with the sink off and with it storing every event (in its process, and in the
+   worker's), side by side (bench/bench_pipeline.py's measurement).
 
 Beside it, bench/bench_sink.py gives the sink alone and the engine's raw insert rate of
 the same rows. Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka.
 
     .venv/bin/python bench/bench_burst.py [--events 300000] [--rate 2000] [--seconds 10]
+        [--only burst|latency] [--sink both|process|worker]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
@@ -45,17 +51,42 @@ from spendbus.stack.topics import ensure_topics  # noqa: E402
 
 #: how often /stats is read while the burst is worked through
 SAMPLE_SECONDS = 0.05
+#: the setting that puts a worker's sink in a process of its own (spendbus/settings.py)
+SINK_PROCESS_VARIABLE: Final = "SPENDBUS_SINK_PROCESS"
+
+
+@contextlib.contextmanager
+def sink_placement(in_process: bool) -> Iterator[None]:
+    """Workers started inside run their sink in a process of its own, or in themselves
+    (``SPENDBUS_SINK_PROCESS``, which a worker process inherits)."""
+    before = os.environ.get(SINK_PROCESS_VARIABLE)
+    os.environ[SINK_PROCESS_VARIABLE] = "true" if in_process else "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SINK_PROCESS_VARIABLE, None)
+        else:
+            os.environ[SINK_PROCESS_VARIABLE] = before
 
 
 def burst(
-    bootstrap: str, n: int, home: Path, *, security: KafkaSecurity = PLAINTEXT
+    bootstrap: str,
+    n: int,
+    home: Path,
+    *,
+    sink_process: bool = True,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, Any]:
     topics = Topics(f"burst{uuid.uuid4().hex[:6]}.")
     asyncio.run(ensure_topics(bootstrap, topics, 4, security=security))
     asyncio.run(apply_reference(bootstrap, topics, security=security))
     records = events(n)
     dsn = f"chdb://{home / 'clickhouse'}"
-    (running,) = start_workers(bootstrap, topics, home, 1, security=security, clickhouse_dsn=dsn)
+    with sink_placement(sink_process):
+        (running,) = start_workers(
+            bootstrap, topics, home, 1, security=security, clickhouse_dsn=dsn
+        )
     try:
         started = time.monotonic()
         asyncio.run(produce(bootstrap, topics.usage_raw, records, security=security))
@@ -84,6 +115,7 @@ def burst(
     if table != [n, n]:
         raise SystemExit(f"usage_events holds {table} (rows, distinct positions), not {n}")
     return {
+        "sink_process": sink_process,
         "events": n,
         "publish_seconds": round(published, 3),
         "counted_seconds": round(counted, 3),
@@ -109,6 +141,12 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2_000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--only", choices=("burst", "latency"))
+    parser.add_argument(
+        "--sink",
+        choices=("process", "worker", "both"),
+        default="both",
+        help="where the worker's sink runs: its own process, the worker's, or each in turn",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -121,25 +159,40 @@ def main() -> None:
             bootstrap = broker.bootstrap
         try:
             result: dict[str, Any] = {"bench": "burst"}
+            placements = {"process": (True,), "worker": (False,), "both": (True, False)}[args.sink]
             if args.only != "latency":
-                result["burst"] = burst(bootstrap, args.events, home / "burst", security=security)
-            if args.only != "burst":
-                result["latency"] = {
-                    kind: latency(
+                for own in placements:  # side by side: the sink's own process, the worker's
+                    result["burst" if own else "burst_sink_in_worker"] = burst(
                         bootstrap,
-                        args.rate,
-                        args.seconds,
-                        home / f"latency-{kind}",
-                        1,
+                        args.events,
+                        home / f"burst-{own}",
+                        sink_process=own,
                         security=security,
-                        clickhouse_dsn=(
-                            f"chdb://{home / f'latency-{kind}' / 'clickhouse'}"
-                            if kind == "sink_on"
-                            else None
-                        ),
                     )
-                    for kind in ("sink_off", "sink_on")
+            if args.only != "burst":
+                kinds: dict[str, bool | None] = {
+                    "sink_off": None,
+                    "sink_on": True,
+                    "sink_on_in_worker": False,
                 }
+                result["latency"] = {}
+                for kind, in_process in kinds.items():
+                    if in_process is not None and in_process not in placements:
+                        continue
+                    with sink_placement(in_process is not False):
+                        result["latency"][kind] = latency(
+                            bootstrap,
+                            args.rate,
+                            args.seconds,
+                            home / f"latency-{kind}",
+                            1,
+                            security=security,
+                            clickhouse_dsn=(
+                                None
+                                if in_process is None
+                                else f"chdb://{home / f'latency-{kind}' / 'clickhouse'}"
+                            ),
+                        )
             result["cpus"] = os.cpu_count()
             result["load_avg_1m"] = round(os.getloadavg()[0], 2)
         finally:

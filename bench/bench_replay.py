@@ -11,7 +11,9 @@ measured side by side in one run:
    generation started beside nothing else, from serving to caught up, watched
    through its consumer group's committed offsets, with the progress display on,
    then a second generation with it off, then a third with its ClickHouse sink on
-   (an embedded store of its own), until the sink stored every event.
+   (an embedded store of its own; the sink in a process of its own, as ``spendbus up``
+   runs it), until the sink stored every event, and a fourth with the sink in the
+   worker's own process (``SPENDBUS_SINK_PROCESS=false``).
 
 The display renders into a terminal-sized in-memory console (what it costs is
 paid; stdout keeps only the JSON). Prints one JSON object. Uses KAFKA_BOOTSTRAP,
@@ -43,6 +45,7 @@ from rich.console import Console  # noqa: E402
 from aggregator.generation_replay import StackPlace  # noqa: E402
 from aggregator.generations import group_progress  # noqa: E402
 from aggregator.snapshots import fold_ledger, load_reference  # noqa: E402
+from bench.bench_burst import sink_placement  # noqa: E402
 from bench.benchkit import apply_reference, events  # noqa: E402
 from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topic_reader import TopicReader  # noqa: E402
@@ -228,12 +231,21 @@ def main() -> None:
                 home=home,
                 security=security,
             )
-            kinds = {"off": (place, False), "on": (place, True), "sink": (sinking, False)}
+            # (place, progress display, the sink in a process of its own)
+            kinds = {
+                "off": (place, False, True),
+                "on": (place, True, True),
+                "sink": (sinking, False, True),
+                "sinkw": (sinking, False, False),
+            }
             worker_runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
-            for n in range(args.worker_repeats):  # alternated: off, on, sink, off, on ...
-                for kind, (where, display) in kinds.items():
-                    worker_runs[kind].append(generation_rate(where, f"b{n}{kind}", display))
-            on, off, sink = (_median_run(worker_runs[kind]) for kind in ("on", "off", "sink"))
+            for n in range(args.worker_repeats):  # alternated: off, on, sink, sinkw, off ...
+                for kind, (where, display, sink_process) in kinds.items():
+                    with sink_placement(sink_process):
+                        worker_runs[kind].append(generation_rate(where, f"b{n}{kind}", display))
+            on, off, sink, sink_in_worker = (
+                _median_run(worker_runs[kind]) for kind in ("on", "off", "sink", "sinkw")
+            )
             raw_median = statistics.median(raw)
             result = {
                 "bench": "replay",
@@ -259,14 +271,23 @@ def main() -> None:
                 },
                 # the generation with its ClickHouse sink on (progress display off) beside
                 # the counting stage alone (display off): issue 19's target is >= 0.8
-                "generation_worker_with_sink": {
-                    **sink,
-                    "counting_ratio_to_sink_off": round(
-                        sink["steady_events_per_s"] / off["steady_events_per_s"], 3
-                    ),
-                    "to_clickhouse_ratio_to_sink_off": round(
-                        sink["to_clickhouse_events_per_s"] / off["counted_events_per_s"], 3
-                    ),
+                # the sink in a process of its own (as `spendbus up` runs it), then in the
+                # generation worker's own process (SPENDBUS_SINK_PROCESS=false)
+                **{
+                    key: {
+                        **runs,
+                        "sink_process": key == "generation_worker_with_sink",
+                        "counting_ratio_to_sink_off": round(
+                            runs["steady_events_per_s"] / off["steady_events_per_s"], 3
+                        ),
+                        "to_clickhouse_ratio_to_sink_off": round(
+                            runs["to_clickhouse_events_per_s"] / off["counted_events_per_s"], 3
+                        ),
+                    }
+                    for key, runs in (
+                        ("generation_worker_with_sink", sink),
+                        ("generation_worker_with_sink_in_worker", sink_in_worker),
+                    )
                 },
                 "cpus": os.cpu_count(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),

@@ -12,6 +12,7 @@ SPENDBUS_PARTITIONS        partitions of the data topics, set at creation   4
 SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
 SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
 SPENDBUS_WEB_TOKEN_FILE    a file holding the worker's web bearer token     $SPENDBUS_HOME/web.token
+SPENDBUS_SINK_PROCESS      the worker's sink in a process of its own        true
 SPENDBUS_WEB_TOKEN         the token itself (prefer the _FILE form)         (none)
 SPENDBUS_WEB_BODY_TIMEOUT  seconds a /sql body may take after its head      60
 SPENDBUS_KEY_SECRET_FILE   the secret virtual-key digests are keyed with    $SPENDBUS_HOME/keys.secret
@@ -39,8 +40,9 @@ SPENDBUS_CONFIG            a YAML file with any of the keys below           (non
 
 A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
-``web_port``, ``web_host``, ``web_body_timeout_s``, ``cache_dir``, ``kafka_security_protocol``, ``kafka_sasl_mechanism``,
-``kafka_sasl_username``, ``kafka_sasl_password``, ``kafka_sasl_password_file``,
+``web_port``, ``web_host``, ``web_body_timeout_s``, ``sink_process``, ``cache_dir``,
+``kafka_security_protocol``, ``kafka_sasl_mechanism``, ``kafka_sasl_username``,
+``kafka_sasl_password``, ``kafka_sasl_password_file``,
 ``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``, ``replication_factor``,
 ``min_insync_replicas``, ``allow_under_replication``); environment variables
 win over the file. Every Kafka client of every command and stage connects with the
@@ -84,6 +86,9 @@ class Settings(BaseModel):
     web_port: int = Field(default=6066, ge=1, le=65535)
     web_host: str = "127.0.0.1"
     web_body_timeout_s: float = Field(default=60.0, gt=0)
+    #: the worker's sink stage in an OS process of its own (aggregator/sink_process.py);
+    #: false runs it on the worker's own event loop
+    sink_process: bool = True
     cache_dir: Path = Path.home() / ".cache" / "spendbus"
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: SaslMechanism = "PLAIN"
@@ -196,6 +201,7 @@ _ENV = {
     "SPENDBUS_WEB_PORT": "web_port",
     "SPENDBUS_WEB_HOST": "web_host",
     "SPENDBUS_WEB_BODY_TIMEOUT": "web_body_timeout_s",
+    "SPENDBUS_SINK_PROCESS": "sink_process",
     "SPENDBUS_CACHE_DIR": "cache_dir",
     "KAFKA_SECURITY_PROTOCOL": "kafka_security_protocol",
     "KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",

@@ -76,6 +76,7 @@ def run(
         web_body_timeout_s=settings.web_body_timeout_s,
         web_token=web_token,
         clickhouse_access=clickhouse_access,
+        sink_process=settings.sink_process,
         log_level=log_level.upper(),
     )
     # an embedded store takes one sinking worker: refuse to split usage.priced (sink_owner.py)

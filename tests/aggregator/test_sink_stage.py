@@ -17,7 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from aggregator.agents import ClickHouseWriter
+from aggregator.clickhouse_writer import ClickHouseWriter
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.sink.clickhouse import month_of

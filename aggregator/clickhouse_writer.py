@@ -1,0 +1,135 @@
+"""The sink's side of ClickHouse: open the store once, write a batch until it is stored,
+and the worker's own reads (the alert publisher, the raises' audit) and analyst queries
+(``/sql``, vetted by ``aggregator/sink/guard.py``) on the same store.
+
+Whoever owns the store holds one: the sink process (``aggregator/sink_process.py``), or
+the worker itself when its sink runs in its own process (``sink_process`` off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
+from aggregator.metrics import Metrics
+from aggregator.sink import ClickHouseSink, SinkError, SinkUnavailable, apply_schema, open_client
+from aggregator.sink.guard import READ_ONLY_SESSION, QueryGuard
+
+log = logging.getLogger(__name__)
+
+
+class StoreAccess(Protocol):
+    """What the worker's alert publisher, raises' audit and ``/sql`` need of the store:
+    a :class:`ClickHouseWriter` in this process, or ``aggregator.sink_link.SinkLink`` to
+    the sink process that owns it."""
+
+    async def open(self) -> object: ...
+
+    async def read(self, sql: str) -> list[Sequence[Any]]: ...
+
+    async def insert_until_done(
+        self, table: str, columns: Sequence[str], rows: list[list[Any]]
+    ) -> None: ...
+
+    async def query(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+
+
+class ClickHouseWriter:
+    """The sink stage's side of ClickHouse: open once, write a batch until it is stored.
+
+    A batch is committed to Kafka only after its ``write_*_until_done`` returned, so
+    while ClickHouse is away the sink stage waits (and Kafka keeps the rows);
+    the counting stage, verdicts and alerts do not depend on it.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        metrics: Metrics,
+        access: ClickHouseAccess = DEFAULT_ACCESS,
+        spool_dir: str | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.metrics = metrics
+        self.access = access
+        #: where the Avro container files the engine reads are written (0600, removed after)
+        self.spool_dir = spool_dir
+        self.sink: ClickHouseSink | None = None
+        # analyst queries: a second client on the same store, readonly=1 and bounded
+        self.guard: QueryGuard | None = None
+        self._opening = asyncio.Lock()
+        # one call into the client at a time: the embedded engine is one session per process
+        self._using = asyncio.Lock()
+
+    async def open(self) -> ClickHouseSink:
+        async with self._opening:
+            while self.sink is None:
+                try:
+                    self.sink = await asyncio.to_thread(self._open)
+                except SinkUnavailable as exc:
+                    self.metrics.sink_failures.inc()
+                    log.warning("ClickHouse unavailable (%s); retrying in 2s", exc)
+                    await asyncio.sleep(2)
+            return self.sink
+
+    def _open(self) -> ClickHouseSink:
+        client = open_client(self.dsn, access=self.access)
+        apply_schema(client)
+        return ClickHouseSink(client, spool_dir=self.spool_dir)
+
+    async def write_messages_until_done(self, messages: Sequence[Any]) -> None:
+        """Store usage.priced records (``ClickHouseSink.write_messages``), retrying until done."""
+        sink = await self.open()
+        inserted = await self._until_done(sink.write_messages, messages)
+        self.metrics.sink_rows.inc(inserted)
+        self.metrics.sink_skipped.inc(len(messages) - inserted)
+
+    async def write_verdict_messages_until_done(self, messages: Sequence[Any]) -> None:
+        """Store budget.verdicts records in budget_state, retrying until done."""
+        sink = await self.open()
+        await self._until_done(sink.write_verdict_messages, messages)
+
+    async def _until_done(self, write: Callable[[Any], int], batch: Any) -> int:
+        backoff = 0.5
+        while True:
+            try:
+                async with self._using:
+                    return await asyncio.to_thread(write, batch)
+            except SinkError as exc:  # unavailable or rejected: never ack, retry the same batch
+                self.metrics.sink_failures.inc()
+                log.warning("ClickHouse insert failed (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def insert_until_done(
+        self, table: str, columns: Sequence[str], rows: list[list[Any]]
+    ) -> None:
+        """Insert the worker's own ``rows`` into ``table`` (the raises' audit), retrying."""
+        sink = await self.open()
+
+        def insert(batch: list[list[Any]]) -> int:
+            sink.client.insert(table, batch, column_names=list(columns))
+            return len(batch)
+
+        await self._until_done(insert, rows)
+
+    async def read(self, sql: str) -> list[Sequence[Any]]:
+        """Rows of ``sql``, the worker's own query (the alert publisher's), on the sink's
+        client: never an analyst's text (those go through :meth:`query`)."""
+        sink = await self.open()
+        async with self._using:
+            result = await asyncio.to_thread(sink.client.query, sql)
+        return list(result.result_rows)
+
+    async def query(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Vet ``sql`` and run it read-only (QueryRefused when the guard refuses it)."""
+        await self.open()  # the schema first: the guard's client only reads
+        async with self._using:
+            if self.guard is None:
+                self.guard = QueryGuard(
+                    lambda: open_client(self.dsn, access=self.access, **READ_ONLY_SESSION)
+                )
+            return await asyncio.to_thread(self.guard.run, sql)
