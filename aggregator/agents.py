@@ -161,7 +161,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     # needs the token (Prometheus sends it: authorization.credentials_file)
     pages_open = is_loopback(config.web_host)
 
-    # the sink process, when the sink runs in one (its figures are asked at each page)
+    # the sink process, when the sink runs in one (/stats shows its pid and starts)
     link: SinkLink | None = None
     if config.clickhouse_dsn:
         store: StoreAccess
@@ -277,8 +277,6 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     async def stats(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         if not pages_open and not authorized(request):
             return _unauthorized(web, "a valid bearer token is required off loopback")
-        if link is not None:
-            await link.refresh_figures()
         return web.json(
             {
                 **metrics.snapshot(),
@@ -299,8 +297,6 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     async def prometheus(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         if not pages_open and not authorized(request):
             return _unauthorized(web, "a valid bearer token is required off loopback")
-        if link is not None:
-            await link.refresh_figures()
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
 
     app.spendbus_counting = stage  # type: ignore[attr-defined]

@@ -8,8 +8,8 @@ worker that reads or writes it goes through :class:`SinkLink`, which has the cal
 ``query`` (``/sql``, vetted and run read-only in the sink process). While the process is
 down (restarting) a call raises ``SinkUnavailable``: ``/sql`` answers 503, the publisher
 and the audit try again, as they do while ClickHouse is away. The sink's figures on
-``/stats`` and ``/metrics`` (rows, skipped, failures, batches, the sink group's lag) are
-asked of it when a page is served.
+``/stats`` and ``/metrics`` (rows, skipped, failures, batches, the sink group's lag) come
+from it, sent after each batch it committed and every second: a page never waits for it.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ MAX_RESTART_SECONDS: Final = 30.0
 STABLE_SECONDS: Final = 60.0
 #: how long a clean stop may take (the stage's consumer leaves its group) before SIGKILL
 STOP_SECONDS: Final = 20.0
-#: how long a page waits for the sink's figures before it shows the last ones
-FIGURES_SECONDS: Final = 1.0
 
 
 class SinkLink:
@@ -147,6 +145,9 @@ class SinkLink:
                 if message[0] == "started":
                     self.started.set()
                     continue
+                if message[0] == "figures":
+                    self._absorb(message[1])
+                    continue
                 _, call_id, ok, payload = message
                 waiting = self._waiting.pop(call_id, None)
                 if waiting is None or waiting.done():
@@ -208,18 +209,10 @@ class SinkLink:
         return answer
 
     # --- figures -----------------------------------------------------------------------
-    async def refresh_figures(self) -> None:
-        """Bring the sink's figures into the worker's metrics (bounded: a busy or
-        restarting process leaves the last ones)."""
-        before, starts = self._figures, self.starts
-        seen = 0 if before is None else before["batches"]
-        try:
-            now = await asyncio.wait_for(self._call("figures", seen), FIGURES_SECONDS)
-        except (SinkUnavailable, TimeoutError):
-            return
-        if self._figures is not before or self.starts != starts:
-            return  # another page's refresh came first, or these are a dead process's
-        self.metrics.absorb_sink_figures(now, before)
+    def _absorb(self, now: dict[str, Any]) -> None:
+        """The sink process's figures into the worker's metrics (each report carries its
+        totals and the batches since its previous one)."""
+        self.metrics.absorb_sink_figures(now, self._figures)
         self._figures = now
         self._lag = now["lag"]
 

@@ -28,6 +28,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from aggregator.clickhouse_writer import ClickHouseWriter
@@ -42,6 +44,20 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG: Final = 1
 #: the exit status of a sink process whose stage failed (the worker restarts it)
 STAGE_FAILED: Final = 70
+#: the figures go to the worker after each batch committed, and at least this often
+REPORT_SECONDS: Final = 1.0
+
+
+@dataclass
+class _ReportingMetrics(Metrics):
+    """The sink's metrics, calling ``on_sink_batch`` once a batch is stored and committed
+    (its figures then go to the worker at once)."""
+
+    on_sink_batch: Callable[[], None] = lambda: None
+
+    def record_sink_batch(self, records: int, ms: float) -> None:
+        super().record_sink_batch(records, ms)
+        self.on_sink_batch()
 
 
 class SinkServer:
@@ -49,7 +65,8 @@ class SinkServer:
 
     def __init__(self, config: AggregatorConfig, out: asyncio.StreamWriter) -> None:
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = _ReportingMetrics(on_sink_batch=self._batch_committed)
+        self._reported_batches = 0
         spool = config.data_dir / "sink"
         spool.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.writer = ClickHouseWriter(
@@ -73,16 +90,37 @@ class SinkServer:
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         self.stage.on_crash = self._stage_failed
         calls = asyncio.create_task(self._calls(reader), name="sink-calls")
+        reports = asyncio.create_task(self._report_every_second(), name="sink-figures")
         starting = asyncio.create_task(self._start(), name="sink-start")
         await self.stopping.wait()
         starting.cancel()  # a stop while the store is still away
         await asyncio.gather(starting, return_exceptions=True)
         await self.stage.stop()
+        await self.report()
         calls.cancel()
+        reports.cancel()
 
     async def _start(self) -> None:
         await self.stage.start()  # opens the store first (retried while it is away)
         await self.tell(("started",))
+
+    async def report(self) -> None:
+        """Send the worker the sink's figures: totals, the batches since the last report,
+        the sink group's lag."""
+        figures = self.metrics.sink_figures(self._reported_batches)
+        self._reported_batches = figures["batches"]
+        await self.tell(("figures", {**figures, "lag": self.stage.lag()}))
+
+    async def _report_every_second(self) -> None:
+        # between batches too: failures while ClickHouse is away, the lag
+        while True:
+            await asyncio.sleep(REPORT_SECONDS)
+            await self.report()
+
+    def _batch_committed(self) -> None:
+        task = asyncio.create_task(self.report())
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
 
     async def _calls(self, reader: asyncio.StreamReader) -> None:
         while True:
@@ -114,9 +152,6 @@ class SinkServer:
             return await self.writer.insert_until_done(*args)
         if method == "query":
             return await self.writer.query(*args)
-        if method == "figures":
-            (seen_batches,) = args
-            return {**self.metrics.sink_figures(seen_batches), "lag": self.stage.lag()}
         if method == "stop":
             self.stopping.set()
             return None

@@ -10,7 +10,8 @@ Messages, each one frame:
 
 - worker -> sink process: ``("config", AggregatorConfig)`` once, then
   ``("call", id, method, args)``;
-- sink process -> worker: ``("started",)`` once its stage has subscribed, and
+- sink process -> worker: ``("started",)`` once its stage has subscribed,
+  ``("figures", dict)`` after each batch committed and every second, and
   ``("reply", id, True, result)`` or ``("reply", id, False, (kind, message, reason))``.
 """
 
