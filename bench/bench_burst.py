@@ -10,7 +10,8 @@
    (issue 19's target: at most 1.25). With ``--sink both`` (the default) the burst runs
    twice, side by side: the worker's sink in a process of its own (``burst``, as
    ``spendbus up`` runs it) and in the worker's own process (``burst_sink_in_worker``,
-   ``SPENDBUS_SINK_PROCESS=false``).
+   ``SPENDBUS_SINK_PROCESS=false``); ``--repeats`` alternates them that many times and
+   shows the run of the median ratio of each, beside every run's ratio.
 2. **latency** (``--rate``, default 2k events/s): the verdict latency of the same worker
    kind, with the sink off and with it storing every event (in its process, and in the
    worker's), side by side (bench/bench_pipeline.py's measurement).
@@ -19,7 +20,7 @@ Beside it, bench/bench_sink.py gives the sink alone and the engine's raw insert 
 the same rows. Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka.
 
     .venv/bin/python bench/bench_burst.py [--events 300000] [--rate 2000] [--seconds 10]
-        [--only burst|latency] [--sink both|process|worker]
+        [--only burst|latency] [--sink both|process|worker] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ def sink_placement(in_process: bool) -> Iterator[None]:
             os.environ[SINK_PROCESS_VARIABLE] = before
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
 def burst(
     bootstrap: str,
     n: int,
@@ -110,6 +117,12 @@ def burst(
             {"sql": "SELECT count(), uniqExact(source_partition, source_offset) FROM usage_events"},
         )["rows"][0]
         final = running.get("/stats")
+        worker_pid = running.pid()
+        sink_pid = (final.get("sink_process") or {}).get("pid")
+        cpu = {
+            "worker": cpu_seconds(worker_pid) if worker_pid else None,
+            "sink_process": cpu_seconds(sink_pid) if sink_pid else None,
+        }
     finally:
         stop_workers([running])
     if table != [n, n]:
@@ -125,6 +138,9 @@ def burst(
         "end_to_end_rows_per_s": round(n / stored),
         "usage_events_rows": table[0],
         "sink_failures": final.get("sink_failures", 0),
+        # CPU seconds since each process started (user + system): what the work cost,
+        # whatever else the machine ran
+        "cpu_seconds": cpu,
         # the sink stage's batches: how many, records in each and ms to store one (p50/p99/max)
         "sink_batches": final.get("sink_batches"),
         "sink_batch_records": final.get("sink_batch_records"),
@@ -141,6 +157,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2_000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--only", choices=("burst", "latency"))
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="bursts per placement, alternated (median shown)"
+    )
     parser.add_argument(
         "--sink",
         choices=("process", "worker", "both"),
@@ -161,14 +180,24 @@ def main() -> None:
             result: dict[str, Any] = {"bench": "burst"}
             placements = {"process": (True,), "worker": (False,), "both": (True, False)}[args.sink]
             if args.only != "latency":
-                for own in placements:  # side by side: the sink's own process, the worker's
-                    result["burst" if own else "burst_sink_in_worker"] = burst(
-                        bootstrap,
-                        args.events,
-                        home / f"burst-{own}",
-                        sink_process=own,
-                        security=security,
-                    )
+                runs: dict[bool, list[dict[str, Any]]] = {own: [] for own in placements}
+                for n in range(args.repeats):  # alternated: the sink's own process, the worker's
+                    for own in placements:
+                        runs[own].append(
+                            burst(
+                                bootstrap,
+                                args.events,
+                                home / f"burst-{own}-{n}",
+                                sink_process=own,
+                                security=security,
+                            )
+                        )
+                for own, done in runs.items():
+                    key = "burst" if own else "burst_sink_in_worker"
+                    # the run of the median ratio, and every run's ratio
+                    ordered = sorted(done, key=lambda r: float(r["clickhouse_over_counting"]))
+                    result[key] = ordered[len(ordered) // 2]
+                    result[f"{key}_ratios"] = [r["clickhouse_over_counting"] for r in done]
             if args.only != "burst":
                 kinds: dict[str, bool | None] = {
                     "sink_off": None,
