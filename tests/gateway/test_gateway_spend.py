@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,30 @@ PER_PROJECT = Budget(
 
 
 def half_spent(budget: Budget, scope_values: list[str]) -> dict[str, Any]:
+    """Half the USD limit spent, a quarter of it over the last half hour (Verdict v2's
+    burn: at that rate the rest lasts an hour)."""
     verdict = exhausted_verdict(budget, scope_values)
-    verdict.update(state="ok", spent_nanos=(budget.limit_nanos or 0) // 2, spent_tokens=123_456)
+    verdict.update(
+        state="ok",
+        spent_nanos=(budget.limit_nanos or 0) // 2,
+        spent_tokens=123_456,
+        burn_nanos=(budget.limit_nanos or 0) // 4,
+        burn_tokens=0,
+        burn_requests=0,
+        burn_span_us=1_800_000_000,
+        exhausts_at=None,
+    )
     return verdict
+
+
+def iso(at: datetime) -> str:
+    """As usage and /v1/spend write times (enforcer.response.iso_us)."""
+    from enforcer.response import iso_us
+    from schemas.periods import to_micros
+
+    shown = iso_us(to_micros(at))
+    assert shown is not None
+    return shown
 
 
 def usage_cli(bootstrap: str, topics: Topics, home: Path, *ids: str) -> list[dict[str, Any]]:
@@ -97,6 +119,11 @@ async def test_v1_spend_is_the_callers_counters_as_spendbus_usage_shows_them(
         secret = by_budget["secret-daily-ny"]
         assert (secret["spent_nanos"], secret["limit_nanos"]) == (1_000_000_000, 2_000_000_000)
         assert secret["reset_at"] == verdicts[1]["reset_at"].isoformat().replace("+00:00", "Z")
+        # its forecast: $0.50 in half an hour, the $1 left lasts an hour
+        assert secret["burn_per_hour"] == {"nanos": 1_000_000_000, "tokens": 0, "requests": 0}
+        as_of = verdicts[1]["as_of"]
+        assert secret["exhausts_at"] == iso(as_of + timedelta(hours=1))
+        assert by_budget["project-tokens"]["exhausts_at"] is None  # no tokens burnt
 
         # the operator's view of the same principal: the same numbers, field for field
         cli = await asyncio.to_thread(
