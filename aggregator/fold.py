@@ -19,10 +19,10 @@ from typing import Any, Final, NamedTuple
 from schemas.budgets import Budget
 from schemas.forecast import (
     FORECAST_BUCKET_US,
+    FORECAST_BUCKETS,
     Burn,
     burn_of,
     exhausts_at_us,
-    first_live_bucket,
     forecast_alert_due,
     forecast_alert_id,
 )
@@ -232,13 +232,15 @@ def _add_trailing(
 ) -> None:
     """A calendar or total window: move ``as_of`` and keep the trailing window's buckets
     (schemas/forecast.py, the burn a forecast reads). An event older than the window is
-    in no bucket, so the buckets end as a fold in time order leaves them."""
-    previous_first = first_live_bucket(totals.as_of_us)
-    if occurred_us > totals.as_of_us:
-        totals.as_of_us = occurred_us
-    first = first_live_bucket(totals.as_of_us)
+    in no bucket, so the buckets end as a fold in time order leaves them. Inline
+    arithmetic (``first_live_bucket``): this runs per event and counter."""
+    previous_as_of = totals.as_of_us
+    as_of = previous_as_of
+    if occurred_us > as_of:
+        totals.as_of_us = as_of = occurred_us
+    first = as_of // _TRAILING_BUCKET_US - _TRAILING_SPAN
+    index = occurred_us // _TRAILING_BUCKET_US
     buckets = totals.buckets
-    index = occurred_us // FORECAST_BUCKET_US
     if index >= first:
         bucket = buckets.get(index)
         if bucket is None:
@@ -247,9 +249,14 @@ def _add_trailing(
             bucket[0] += cost_nanos
             bucket[1] += tokens
             bucket[2] += requests
-    if first != previous_first:
+    if as_of != previous_as_of and first != previous_as_of // _TRAILING_BUCKET_US - _TRAILING_SPAN:
         for old in [b for b in buckets if b < first]:
             del buckets[old]
+
+
+#: schemas/forecast.py's bucket width and the buckets before the newest one, as natives
+_TRAILING_BUCKET_US: Final[int] = FORECAST_BUCKET_US
+_TRAILING_SPAN: Final[int] = FORECAST_BUCKETS - 1
 
 
 #: builds a Change without its Python-level ``__new__`` (half the cost; three per event)
@@ -408,7 +415,9 @@ def forecast_alert(
     if bounds is None or not state.period:
         return None
     totals = state.periods[state.period]
-    if FORECAST_ALERTED in totals.alerted:
+    if FORECAST_ALERTED in totals.alerted or (
+        budget.limit_nanos is None and budget.limit_tokens is None and budget.limit_requests is None
+    ):
         return None
     exhausts = counter_exhausts_at(budget, totals, counter_burn(budget, totals, bounds[0]))
     if exhausts is None or not forecast_alert_due(exhausts, bounds[1]):

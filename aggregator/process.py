@@ -456,8 +456,11 @@ class BatchProcessor:
         # in the counter, written with it); with a store the publisher's come from ClickHouse
         for key, held in verdict_changes.items():
             counter = held.state
+            window = held.budget.window
+            if window.kind == "total" or window.kind == "rolling":
+                continue  # never ends: no forecast alert
             at_us = counter.periods[counter.period].as_of_us
-            bounds = period_bounds_us(held.budget.window, counter.period, at_us)
+            bounds = period_bounds_us(window, counter.period, at_us)
             forecast = forecast_alert(held.budget, key, counter, bounds)
             if forecast is not None:
                 out.alerts.append((key.encode(), ALERT.encode(forecast)))
