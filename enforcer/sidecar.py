@@ -45,6 +45,7 @@ from enforcer.config import EnforcerConfig
 from enforcer.service import Enforcer
 from enforcer.sidecar_json import MAX_BODY
 from enforcer.sidecar_routes import Handler, routes
+from schemas.half_close import HalfCloseServer
 from schemas.usage_sink import UsageSink
 
 log = logging.getLogger("spendbus.enforcer.sidecar")
@@ -122,7 +123,8 @@ def create_server(
             message, payload, protocol, writer, task, loop, client_max_size=MAX_BODY
         )
 
-    return web.Server(
+    # a client that shut its sending side after its request still gets the decision
+    return HalfCloseServer(
         create_handler(enforcer, refusals, token=token),
         request_factory=request_factory,
         access_log=None,

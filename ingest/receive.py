@@ -19,9 +19,10 @@ never read: no lingering on a client that is over its limit or too slow).
 A client may shut its sending side once the request is sent (``shutdown(SHUT_WR)``, what
 ``curl``-like tools and some proxies do): aiohttp then closes the whole connection and
 the answer, even a 202 for events it published, never reaches the client, who retries
-what was already accepted. :class:`AnswerAfterHalfClose` runs an app whose connections
-keep their writing side on the client's end of input: the request in hand is answered,
-then the connection closes (nothing more can come on it).
+what was already accepted. :func:`run_app` serves an app through
+:class:`schemas.half_close.AnswerAfterHalfClose`, whose connections keep their writing
+side on the client's end of input: the request in hand is answered, then the connection
+closes (nothing more can come on it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+
+from schemas.half_close import AnswerAfterHalfClose
 
 _Answer = TypeVar("_Answer", bound=web.StreamResponse)
 
@@ -76,38 +78,6 @@ def server_options(header_timeout_s: float) -> dict[str, Any]:
     """aiohttp server settings (``AppRunner``/``run_app``/``web.Server`` keywords) that give
     a client ``header_timeout_s`` to send each request head."""
     return {"keepalive_timeout": header_timeout_s}
-
-
-class _AnswersAfterEof(RequestHandler):
-    """A connection that answers the request in hand after the client's end of input."""
-
-    __slots__ = ()
-
-    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio reads the bool
-        if self._waiter is not None:
-            # waiting for a request head (idle, or one cut short): nothing to answer
-            self.force_close()
-            return False
-        # a request is in hand: keep the writing side (asyncio closes the whole transport
-        # when this is falsy), answer it, then close: no other request can follow
-        self.close()
-        return True
-
-
-class _AnswersAfterEofServer(web.Server):
-    def __call__(self) -> RequestHandler:
-        handler = super().__call__()
-        handler.__class__ = _AnswersAfterEof  # the same slots: only eof_received differs
-        return handler
-
-
-class AnswerAfterHalfClose(web.AppRunner):
-    """``web.AppRunner`` whose connections answer a client that half-closed after sending."""
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = _AnswersAfterEofServer
-        return server
 
 
 def run_app(

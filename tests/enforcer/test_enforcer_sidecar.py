@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -397,3 +399,32 @@ async def test_a_key_past_its_in_flight_limit_is_throttled_429_until_one_settles
         clock.advance(120)
         e.holds.expire(int(clock() * 1_000_000))
         assert (await check())["allowed"]
+
+
+async def _answer_after_half_close(url: str, request: bytes) -> bytes:
+    """Send ``request``, shut the sending side (``shutdown(SHUT_WR)``), read to the close."""
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        writer.write_eof()
+        return await asyncio.wait_for(reader.read(), timeout=30)  # a guard against a hang
+    finally:
+        writer.close()
+
+
+async def test_a_client_that_half_closes_after_its_check_gets_the_decision() -> None:
+    # what `enforcer serve` runs; aiohttp's own server closed such a connection unanswered,
+    # so a proxy that shuts its sending side never saw the decision of a reserved check
+    e, _clock = loaded_enforcer([ORG], [verdict(ORG, ["acme"], spent_nanos=USD // 2)])
+    async with served("server", e, TOKEN) as c:
+        url = str(c.make_url("/"))
+        body = json.dumps({**CTX, "reserve": False}).encode()
+        headers = {**AUTH, "Content-Type": "application/json", "Content-Length": str(len(body))}
+        answer = await _answer_after_half_close(url, head("POST", "/v1/check", headers) + body)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["allowed"] is True
+        # a head cut short, then the end of input: nothing to answer, closed at once
+        assert await _answer_after_half_close(url, b"POST /v1/check HTTP/1.1\r\n") == b""
+        assert len(e.holds) == 0
