@@ -48,7 +48,12 @@ from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from aggregator.fold import threshold_alert_id, unpriced_alert
+from aggregator.fold import (
+    MAX_UNPRICED_MODEL_ALERTS,
+    UNPRICED_OVERFLOW,
+    threshold_alert_id,
+    unpriced_alert,
+)
 from aggregator.forecast_alerts import forecast_alerts_found
 from aggregator.generations import alert_ids, read_switch
 from aggregator.reference import Reference
@@ -79,10 +84,6 @@ _RECENT_COUNTERS: Final = """
   AND (counter_key, period) IN (
     SELECT c.counter_key, c.period FROM usage_events ARRAY JOIN counts AS c
     WHERE inserted_at >= fromUnixTimestamp64Milli({since_ms}, 'UTC'))"""
-#: unpriced models alerted one by one; the rest share UNPRICED_OVERFLOW's alert
-MAX_UNPRICED_MODEL_ALERTS: Final = 100
-#: the model name of the one alert that stands for every model past the bound
-UNPRICED_OVERFLOW: Final = "*"
 _OVERFLOW_ID: Final = f"unpriced|{UNPRICED_OVERFLOW}"
 #: the oldest first, and no more than the bound can use (one more tells it was passed)
 _UNPRICED: Final = f"""

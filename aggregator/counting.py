@@ -372,6 +372,8 @@ class CountingStage:
         self._add_verdicts(send_now)
         # with a ClickHouse store the alerts go out from its exact record (aggregator/alerts.py);
         # without one the fold's own (newest periods only, at least once) are all there is
+        if self.config.clickhouse_dsn is None and out.unpriced_alerts_folded:
+            self.metrics.unpriced_alerts_folded.inc(out.unpriced_alerts_folded)
         for counter, alert in out.alerts if self.config.clickhouse_dsn is None else ():
             add(
                 self.topics.budget_alerts,

@@ -466,6 +466,13 @@ def forecast_alert_record(
     }
 
 
+#: unpriced models alerted one by one; the rest share UNPRICED_OVERFLOW's alert (the model
+#: names are the clients': a new one per request must not make an alert per request)
+MAX_UNPRICED_MODEL_ALERTS: Final = 100
+#: the model name of the one alert that stands for every model past the bound
+UNPRICED_OVERFLOW: Final = "*"
+
+
 def unpriced_alert(model: str, first_seen: datetime) -> dict[str, Any]:
     """The alert that a model without a price is being used (its events are charged 0),
     as of the first event seen with it."""

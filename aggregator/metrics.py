@@ -68,7 +68,7 @@ class Metrics:
         self.cost = Counter("spendbus_aggregator_cost_nanos", "nano-dollars charged", registry=r)
         self.unpriced_alerts_folded = Counter(
             "spendbus_aggregator_unpriced_alerts_folded",
-            "unpriced models a poll found past the alerts' bound, alerted only as unpriced|*",
+            "unpriced models past the alerts' bound (a poll's, or the fold's without a store), alerted only as unpriced|*",
             registry=r,
         )
         self.unpriced_models_unlisted = Counter(

@@ -31,6 +31,8 @@ from typing import Any, Protocol
 from aggregator.decode import read_usage_event
 from aggregator.fold import (
     COUNTED_OUTCOMES,
+    MAX_UNPRICED_MODEL_ALERTS,
+    UNPRICED_OVERFLOW,
     CounterState,
     alert_record,
     apply,
@@ -135,6 +137,8 @@ class BatchOutput:
     seen_writes: dict[tuple[int, str], str] = field(default_factory=dict)
     #: models seen without a price (alerted once each by the caller)
     unpriced_models: set[str] = field(default_factory=set)
+    #: models first seen past MAX_UNPRICED_MODEL_ALERTS: in the overflow alert, not their own
+    unpriced_alerts_folded: int = 0
     stats: BatchStats = field(default_factory=BatchStats)
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -251,6 +255,9 @@ class BatchProcessor:
         self._counts = CountCache()
         #: (id of a budget of the reference, raise id) -> the budget as raised
         self._raised: dict[tuple[int, str], Budget] = {}
+        #: unpriced models this process alerted one by one (the bound is per process: a
+        #: restarted worker may alert up to the bound more, each model still once)
+        self._unpriced_alerted = 0
 
     def forget(self) -> None:
         """Partitions moved. Nothing of a partition's state is cached here (readers own it)."""
@@ -338,17 +345,32 @@ class BatchProcessor:
                 model = event["model"]
                 out.unpriced_models.add(model)
                 # one alert per model (per source partition: the marker lives in the
-                # partition's dedupe state, written in the same batch as the alert)
+                # partition's dedupe state, written in the same batch as the alert), for
+                # the first models this process alerts; every later one shares the one
+                # overflow alert (the names are the clients')
                 marker = f"\x00unpriced\x00{model}"
                 if marker not in seen_in_batch and seen(partition, marker) is None:
                     seen_in_batch[marker] = position
                     seen_writes[(partition, marker)] = position
-                    out.alerts.append(
-                        (
-                            f"unpriced|{model}".encode(),
-                            ALERT.encode(unpriced_alert(model, event["occurred_at"])),
+                    alerted: str | None = model
+                    if self._unpriced_alerted < MAX_UNPRICED_MODEL_ALERTS:
+                        self._unpriced_alerted += 1
+                    else:
+                        out.unpriced_alerts_folded += 1
+                        alerted = UNPRICED_OVERFLOW
+                        overflow = f"\x00unpriced\x00{UNPRICED_OVERFLOW}"
+                        if overflow in seen_in_batch or seen(partition, overflow) is not None:
+                            alerted = None  # the overflow alert went out already
+                        else:
+                            seen_in_batch[overflow] = position
+                            seen_writes[(partition, overflow)] = position
+                    if alerted is not None:
+                        out.alerts.append(
+                            (
+                                f"unpriced|{alerted}".encode(),
+                                ALERT.encode(unpriced_alert(alerted, event["occurred_at"])),
+                            )
                         )
-                    )
             cost = price.cost_nanos
             charged += 1
             cost_nanos += cost

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from aggregator.alerts import MAX_UNPRICED_MODEL_ALERTS, AlertPublisher
+from aggregator.alerts import AlertPublisher
+from aggregator.fold import MAX_UNPRICED_MODEL_ALERTS
 from aggregator.generations import alert_ids
 from aggregator.metrics import MAX_UNPRICED_MODELS_LISTED, Metrics
 from aggregator.process import BatchProcessor, RawRecord
 from aggregator.reference import Reference
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
-from schemas.codec import PRICED_USAGE, USAGE_EVENT
+from schemas.codec import ALERT, PRICED_USAGE, USAGE_EVENT
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
@@ -50,12 +51,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     admin.close()
 
 
-def _stored(client: Any, models: list[str], first: int) -> None:
-    """One priced event per model, folded and stored as the worker does."""
-    reference = Reference()
-    reference.prices = PriceBook(load_price_file(default_price_file()))
-    processor = BatchProcessor(reference, source_topic="usage.raw")
-    records = [
+def _raw(models: list[str], first: int) -> list[RawRecord]:
+    return [
         RawRecord(
             0,
             first + n,
@@ -77,6 +74,14 @@ def _stored(client: Any, models: list[str], first: int) -> None:
         )
         for n, model in enumerate(models)
     ]
+
+
+def _stored(client: Any, models: list[str], first: int) -> None:
+    """One priced event per model, folded and stored as the worker does."""
+    reference = Reference()
+    reference.prices = PriceBook(load_price_file(default_price_file()))
+    processor = BatchProcessor(reference, source_topic="usage.raw")
+    records = _raw(models, first)
     out = processor.process(records, lambda p, k: None, lambda p, k: None, now=T0 + timedelta(1))
     assert out.stats.unpriced == len(models)
     ClickHouseSink(client).write([PRICED_USAGE.decode(value) for _, _, value, _ in out.priced])
@@ -128,3 +133,32 @@ def test_the_alert_publisher_folds_unpriced_models_past_its_bound(
     assert unpriced == {f"unpriced|made-up-{i:04d}" for i in range(MAX_UNPRICED_MODEL_ALERTS)} | {
         "unpriced|*"
     }
+
+
+def test_the_fold_without_a_store_alerts_a_bounded_number_of_models_then_one_overflow() -> None:
+    # without a ClickHouse store the fold's own alerts are all that is published: a client
+    # sending a new model name per request made one alert (and webhook call) per request
+    reference = Reference()
+    reference.prices = PriceBook(load_price_file(default_price_file()))
+    processor = BatchProcessor(reference, source_topic="usage.raw")
+    seen: dict[tuple[int, str], str] = {}
+
+    def process(models: list[str], first: int) -> tuple[list[str], int]:
+        out = processor.process(
+            _raw(models, first),
+            lambda p, k: None,
+            lambda p, k: seen.get((p, k)),
+            now=T0 + timedelta(1),
+        )
+        seen.update(out.seen_writes)
+        alerted = [ALERT.decode(value)["alert_id"] for _, value in out.alerts]
+        return alerted, out.unpriced_alerts_folded
+
+    beyond = 30
+    names = [f"made-up-{i:04d}" for i in range(MAX_UNPRICED_MODEL_ALERTS + beyond)]
+    alerted, folded = process(names + names[:5], 0)  # each name again: alerted once
+    assert alerted == [f"unpriced|{n}" for n in names[:MAX_UNPRICED_MODEL_ALERTS]] + ["unpriced|*"]
+    assert folded == beyond
+    # later batches: names already seen say nothing; new ones are folded, the overflow
+    # alert is not repeated
+    assert process(names + [f"later-{i}" for i in range(20)], 10_000) == ([], 20)
