@@ -15,7 +15,8 @@ It dies with its worker: the kernel sends it SIGKILL when the worker dies
 (``PR_SET_PDEATHSIG``), and the end of the socketpair (the worker gone) ends it at once
 too, as a kill -9 of the worker always ended its sink: nothing past the last commit was
 acknowledged, so the next sink reads it again and the fences skip what was stored.
-A ``stop`` call (the worker stopping) or SIGTERM stops the stage cleanly; SIGINT (a
+It runs niced (:data:`NICENESS`): on a machine short of cores the fold comes first and the
+sink takes the rest. A ``stop`` call (the worker stopping) or SIGTERM stops the stage cleanly; SIGINT (a
 terminal's Ctrl-C reaching the whole process group) is left to the worker.
 """
 
@@ -46,6 +47,10 @@ PR_SET_PDEATHSIG: Final = 1
 STAGE_FAILED: Final = 70
 #: the figures go to the worker after each batch committed, and at least this often
 REPORT_SECONDS: Final = 1.0
+#: the whole process runs niced, as the engine's insert threads already were
+#: (sink/clickhouse.py, os_thread_priority): where the cores are short, the counting
+#: stage, whose verdicts the enforcers wait for, and the broker come first
+NICENESS: Final = 10
 
 
 @dataclass
@@ -193,6 +198,7 @@ def main(argv: list[str]) -> int:
         return 2
     fd, parent = int(argv[1]), int(argv[2])
     die_with_parent(parent)
+    os.nice(NICENESS)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when its sink stops
     asyncio.run(serve(socket.socket(fileno=fd)))
     return 0

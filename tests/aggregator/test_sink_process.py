@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pipeline_kit import Pipeline, poll, publish_usage
 
+from aggregator.sink_process import NICENESS
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 
@@ -53,6 +54,10 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
 def publish_and_wait(pipeline: Pipeline, events: list[dict[str, Any]], total: int) -> None:
     asyncio.run(publish_usage(pipeline.bootstrap, pipeline.topics.usage_raw, events))
     rows = pipeline.sql_until(STORED, lambda r: int(r[0][0]) >= total, DEADLINE_SECONDS)
@@ -67,6 +72,7 @@ def test_the_sink_process_owns_the_store_and_is_started_again_when_it_dies(
     assert first["starts"] == 1 and first["pid"] not in (None, worker)
     assert parent_of(first["pid"]) == worker
     assert b"aggregator.sink_process" in Path(f"/proc/{first['pid']}/cmdline").read_bytes()
+    assert niceness(first["pid"]) == min(19, niceness(worker) + NICENESS)  # the fold first
     publish_and_wait(pipeline, usage(300, 0), 300)
 
     os.kill(first["pid"], signal.SIGKILL)
