@@ -1,13 +1,14 @@
 """The worker's sink in a process of its own (aggregator/sink_process.py, sink_link.py), on
 the real broker and engine: it owns the store (``/sql`` answers through it), is started
 again when it dies, and dies or stops with its worker; every event is stored once
-throughout. With ``SPENDBUS_SINK_PROCESS=false`` the sink runs in the worker itself."""
+throughout (``SPENDBUS_SINK_PROCESS=true``). By default the sink runs in the worker itself."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,38 @@ def publish_and_wait(pipeline: Pipeline, events: list[dict[str, Any]], total: in
     assert [int(v) for v in rows[0]] == [total, total], pipeline.worker.log_tail(60)
 
 
+@pytest.fixture
+def sinking(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
+) -> Iterator[Pipeline]:
+    """A worker whose sink runs in a process of its own."""
+    pipeline = Pipeline(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        clickhouse_dsn,
+        worker_env={"SPENDBUS_SINK_PROCESS": "true"},
+    )
+    pipeline.apply_reference()
+    pipeline.worker.start(timeout=180)
+    try:
+        yield pipeline
+    finally:
+        pipeline.worker.stop()
+
+
 def test_the_sink_process_owns_the_store_and_is_started_again_when_it_dies(
-    pipeline: Pipeline,
+    sinking: Pipeline,
 ) -> None:
+    pipeline = sinking
     worker = pipeline.worker.pid()
     first = pipeline.stats()["sink_process"]
     assert first["starts"] == 1 and first["pid"] not in (None, worker)
     assert parent_of(first["pid"]) == worker
     assert b"aggregator.sink_process" in Path(f"/proc/{first['pid']}/cmdline").read_bytes()
-    assert niceness(first["pid"]) == min(19, niceness(worker) + NICENESS)  # the fold first
+    # the fold first (niced once its interpreter is up: the pid is known from the spawn on)
+    wanted = min(19, niceness(worker) + NICENESS)
+    assert poll(lambda: niceness(first["pid"]), lambda n: n == wanted, 30.0, 0.1) == wanted
     publish_and_wait(pipeline, usage(300, 0), 300)
 
     os.kill(first["pid"], signal.SIGKILL)
@@ -87,7 +111,8 @@ def test_the_sink_process_owns_the_store_and_is_started_again_when_it_dies(
     assert pipeline.worker.pid() == worker  # the worker itself went on
 
 
-def test_the_sink_process_dies_with_its_worker_and_stops_with_it(pipeline: Pipeline) -> None:
+def test_the_sink_process_dies_with_its_worker_and_stops_with_it(sinking: Pipeline) -> None:
+    pipeline = sinking
     publish_and_wait(pipeline, usage(200, 0), 200)
     killed = pipeline.stats()["sink_process"]["pid"]
     pipeline.worker.kill()
@@ -100,21 +125,7 @@ def test_the_sink_process_dies_with_its_worker_and_stops_with_it(pipeline: Pipel
     assert not alive(stopped)  # stopped before its worker exited
 
 
-def test_with_the_sink_process_off_the_worker_sinks_itself(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
-) -> None:
-    pipeline = Pipeline(
-        kafka_bootstrap,
-        topics,
-        tmp_path,
-        clickhouse_dsn,
-        worker_env={"SPENDBUS_SINK_PROCESS": "false"},
-    )
-    pipeline.apply_reference()
-    pipeline.worker.start(timeout=180)
-    try:
-        assert "sink_process" not in pipeline.stats()
-        publish_and_wait(pipeline, usage(200, 0), 200)
-        assert pipeline.stats()["sink_rows"] == 200
-    finally:
-        pipeline.worker.stop()
+def test_by_default_the_worker_sinks_itself(pipeline: Pipeline) -> None:
+    assert "sink_process" not in pipeline.stats()
+    publish_and_wait(pipeline, usage(200, 0), 200)
+    assert pipeline.stats()["sink_rows"] == 200
