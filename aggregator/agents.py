@@ -12,10 +12,10 @@
   usage.priced and budget.verdicts in large batches (group ``config.sink_app_id``) and
   writes them to ClickHouse through a ``ClickHouseWriter`` (``clickhouse_writer.py``),
   retrying while ClickHouse is away; only a stored batch is committed. Counters and
-  verdicts never wait for it. It runs in a sink process of its own, which owns the store
+  verdicts never wait for it. It runs on this worker's loop, as the counting stage does,
+  or with ``sink_process`` on in a sink process of its own, which owns the store
   (``sink_link.py`` starts and restarts it, ``sink_process.py`` is it), so the alert
-  publisher, the raises' audit and ``/sql`` reach the store through it; with
-  ``sink_process`` off it runs on this worker's loop, as the counting stage does.
+  publisher, the raises' audit and ``/sql`` reach the store through it.
 * ``publish_alerts`` sends each alert of ClickHouse's ``alerts`` view once to the shared
   alert topic (``aggregator/alerts.py``); a worker without a store sends the fold's alerts.
 

@@ -67,9 +67,9 @@ class AggregatorConfig(BaseModel):
     #: dead-lettered (reason future_event) instead of counted (aggregator/README.md)
     max_future_skew_seconds: float = Field(default=MAX_FUTURE_SKEW_SECONDS, ge=0, le=86_400)
     #: run the sink stage in an OS process of its own, which owns the store (the worker
-    #: starts, restarts and stops it: aggregator/sink_process.py); off: on the worker's
-    #: own event loop, beside the counting stage
-    sink_process: bool = True
+    #: starts, restarts and stops it: aggregator/sink_process.py); off (the default): on
+    #: the worker's own event loop, beside the counting stage
+    sink_process: bool = False
     sink_batch_size: int = Field(default=50_000, ge=1, le=100_000)
     sink_batch_seconds: float = Field(default=0.5, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)

@@ -2,7 +2,8 @@
 
 On a machine of few cores the sink's Python work (reading usage.priced, the headers and
 fences of each record, the container files) shared one interpreter lock with the counting
-stage; in a process of its own it runs beside it. The worker starts it
+stage; in a process of its own it runs beside it (``sink_process`` on: not the default,
+aggregator/README.md, "The sink process"). The worker starts it
 (``aggregator/sink_link.py``: ``python -m aggregator.sink_process <fd> <worker pid>``, the
 config sent on the socketpair ``fd``, never on the command line) and restarts it if it
 dies. It runs what the worker ran: :class:`~aggregator.sink_stage.SinkStage` on a

@@ -8,9 +8,9 @@
    (``sink_rows``), then ``/sql`` confirms it from the table itself (count and distinct
    source positions). ``clickhouse_over_counting`` is the second time over the first
    (issue 19's target: at most 1.25). With ``--sink both`` (the default) the burst runs
-   twice, side by side: the worker's sink in a process of its own (``burst``, as
-   ``spendbus up`` runs it) and in the worker's own process (``burst_sink_in_worker``,
-   ``SPENDBUS_SINK_PROCESS=false``); ``--repeats`` alternates them that many times and
+   twice, side by side: the worker's sink in a process of its own (``burst``,
+   ``SPENDBUS_SINK_PROCESS=true``) and in the worker's own process (``burst_sink_in_worker``,
+   as ``spendbus up`` runs it); ``--repeats`` alternates them that many times and
    shows the run of the median ratio of each, beside every run's ratio.
 2. **latency** (``--rate``, default 2k events/s): the verdict latency of the same worker
    kind, with the sink off and with it storing every event (in its process, and in the

@@ -11,9 +11,9 @@ measured side by side in one run:
    generation started beside nothing else, from serving to caught up, watched
    through its consumer group's committed offsets, with the progress display on,
    then a second generation with it off, then a third with its ClickHouse sink on
-   (an embedded store of its own; the sink in a process of its own, as ``spendbus up``
-   runs it), until the sink stored every event, and a fourth with the sink in the
-   worker's own process (``SPENDBUS_SINK_PROCESS=false``).
+   (an embedded store of its own; the sink in a process of its own,
+   ``SPENDBUS_SINK_PROCESS=true``), until the sink stored every event, and a fourth with
+   the sink in the worker's own process (as ``spendbus up`` runs it).
 
 The display renders into a terminal-sized in-memory console (what it costs is
 paid; stdout keeps only the JSON). Prints one JSON object. Uses KAFKA_BOOTSTRAP,
@@ -271,8 +271,8 @@ def main() -> None:
                 },
                 # the generation with its ClickHouse sink on (progress display off) beside
                 # the counting stage alone (display off): issue 19's target is >= 0.8
-                # the sink in a process of its own (as `spendbus up` runs it), then in the
-                # generation worker's own process (SPENDBUS_SINK_PROCESS=false)
+                # the sink in a process of its own (SPENDBUS_SINK_PROCESS=true), then in the
+                # generation worker's own process (as `spendbus up` runs it)
                 **{
                     key: {
                         **runs,

@@ -12,7 +12,7 @@ SPENDBUS_PARTITIONS        partitions of the data topics, set at creation   4
 SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
 SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
 SPENDBUS_WEB_TOKEN_FILE    a file holding the worker's web bearer token     $SPENDBUS_HOME/web.token
-SPENDBUS_SINK_PROCESS      the worker's sink in a process of its own        true
+SPENDBUS_SINK_PROCESS      the worker's sink in a process of its own        false
 SPENDBUS_WEB_TOKEN         the token itself (prefer the _FILE form)         (none)
 SPENDBUS_WEB_BODY_TIMEOUT  seconds a /sql body may take after its head      60
 SPENDBUS_KEY_SECRET_FILE   the secret virtual-key digests are keyed with    $SPENDBUS_HOME/keys.secret
@@ -87,8 +87,8 @@ class Settings(BaseModel):
     web_host: str = "127.0.0.1"
     web_body_timeout_s: float = Field(default=60.0, gt=0)
     #: the worker's sink stage in an OS process of its own (aggregator/sink_process.py);
-    #: false runs it on the worker's own event loop
-    sink_process: bool = True
+    #: false (the default) runs it on the worker's own event loop
+    sink_process: bool = False
     cache_dir: Path = Path.home() / ".cache" / "spendbus"
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: SaslMechanism = "PLAIN"
