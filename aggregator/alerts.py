@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from aggregator.fold import (
     MAX_UNPRICED_MODEL_ALERTS,
@@ -196,7 +197,8 @@ class AlertPublisher:
         try:
             while True:
                 # polling keeps this member in the group (and sees the partition move)
-                await consumer.getmany(timeout_ms=int(wait * 1000))
+                if await consumer.getmany(timeout_ms=int(wait * 1000)):
+                    await self._commit_read(consumer)
                 if time.monotonic() - checked >= SWITCH_CHECK_SECONDS:
                     current = self.is_current is None or await self.is_current()
                     checked = time.monotonic()
@@ -212,6 +214,16 @@ class AlertPublisher:
         finally:
             await consumer.stop()
             await producer.stop()
+
+    @staticmethod
+    async def _commit_read(consumer: AIOKafkaConsumer) -> None:
+        """Commit what the membership poll read: the sent alerts are known from reading the
+        topic whole, not from this group's offsets, but an uncommitted group shows every
+        alert ever sent as lag that never drains (``spendbus status``)."""
+        try:
+            await consumer.commit()
+        except KafkaError as exc:  # a rebalance in between: the next poll commits
+            log.debug("alert publisher: commit of its read position skipped: %s", exc)
 
     async def publish_once(self, producer: AIOKafkaProducer) -> int:
         """One poll: send the alerts found and not sent; returns how many went out."""
