@@ -5,8 +5,8 @@ The cheapest way into ``usage_events`` that stays exact (bench/bench_insert_form
 the counting stage wrote and let it decode them: no fastavro decode, no Python tuples, no
 Native serialisation. A batch of bodies written with the current PricedUsage schema
 becomes one Avro object-container file (the schema, then one block holding the bodies as
-they are) that ``INSERT ... SELECT ... FROM file(<path>, 'Avro')`` reads, naming the
-event's nested fields by path (``event.secret_id``).
+they are) that ``INSERT ... SELECT ... FROM file(<path>, 'Avro', <structure>)`` reads,
+naming the event's nested fields by path (``event.secret_id``).
 
 Only bodies whose record carries ``schemas.topics.STORE_ROW_HEADER`` come this way: the
 counting stage sets it when the event's ids are canonical, i.e. when the body is the row
@@ -80,24 +80,39 @@ def _sources(schema_name: str) -> dict[str, str]:
 def insert_select(
     table: str, columns: Sequence[tuple[str, str]], path: str, schema_name: str = "PricedUsage"
 ) -> str:
-    """``INSERT INTO table (columns) SELECT ... FROM file(path, 'Avro')``: each column is
-    the ``schema_name`` field of its name, or a nested record's (``event.<name>``), cast
-    to its column type (``columns`` are (name, ClickHouse type) pairs).
+    """``INSERT INTO table (columns) SELECT ... FROM file(path, 'Avro', structure)``: each
+    column is the ``schema_name`` field of its name, or a nested record's (``event.<name>``),
+    read as its column type (``columns`` are (name, ClickHouse type) pairs).
 
-    The casts are explicit because the insert's own conversion of the same values is
-    slower: Avro's enums and strings into LowCardinality columns cost ~2x the whole parse
-    that way (issue 19, bench/bench_sink.py), while a ``CAST`` in the select reads them
-    as a column once."""
+    The structure names every field by its path and type, so the engine infers nothing
+    and reads the nested fields straight into columns: a select of 40 subcolumns of an
+    inferred ``event`` tuple cost ~17 ms an INSERT before its first row (issue 19). A
+    ``LowCardinality`` column is read as its plain type and cast in the select, once per
+    column: read straight into ``LowCardinality``, Avro's enums and strings cost ~2x the
+    whole parse (bench/bench_sink.py)."""
     sources = _sources(schema_name)
+    fields = []
     exprs = []
     for name, kind in columns:
         if name not in sources:
             raise ValueError(f"{table} column {name!r} is no {schema_name} field")
-        exprs.append(f"CAST(`{sources[name]}`, {_quoted(kind)}) AS `{name}`")
+        plain = _without_low_cardinality(kind)
+        fields.append(f"`{sources[name]}` {plain}")
+        read = (
+            f"`{sources[name]}`" if plain == kind else f"CAST(`{sources[name]}`, {_quoted(kind)})"
+        )
+        exprs.append(f"{read} AS `{name}`")
     return (
         f"INSERT INTO {table} ({', '.join(f'`{name}`' for name, _ in columns)}) "
-        f"SELECT {', '.join(exprs)} FROM file({_quoted(path)}, 'Avro')"
+        f"SELECT {', '.join(exprs)} FROM file({_quoted(path)}, 'Avro', {_quoted(', '.join(fields))})"
     )
+
+
+def _without_low_cardinality(kind: str) -> str:
+    """``LowCardinality(T)`` -> ``T``; any other type as it is."""
+    if kind.startswith("LowCardinality(") and kind.endswith(")"):
+        return kind[len("LowCardinality(") : -1]
+    return kind
 
 
 def _quoted(text: str) -> str:
