@@ -164,7 +164,7 @@ VERDICT_COLUMN_TYPES: Final = tuple(kind for _, kind in VERDICT_COLUMNS)
 #: settings of every usage_events INSERT besides its token: synchronous (the
 #: insert has landed when the call returns), deduplicated down the views too, and written
 #: by one stream (one block: one part per month, what the fences rest on)
-_INSERT_SETTINGS: Final = {
+_INSERT_SETTINGS: Final[dict[str, int | str]] = {
     "max_insert_threads": 1,
     # the engine's threads run an insert niced (Linux): the counting stage, whose verdicts
     # enforcers wait for, and the broker come first on a shared machine
@@ -494,13 +494,16 @@ class ClickHouseSink:
         return len(insert.rows)
 
     def _send(self, insert: _Insert) -> None:
-        settings = {**_INSERT_SETTINGS, "insert_deduplication_token": insert.token}
+        settings: dict[str, int | str] = {
+            **_INSERT_SETTINGS,
+            "insert_deduplication_token": insert.token,
+        }
         doing = f"inserting {len(insert.rows)} rows into {self.table}"
         try:
             if insert.avro:
                 with ContainerFile(insert.rows, self.spool_dir) as path:
                     self.client.command(
-                        insert_select(self.table, USAGE_COLUMNS, path), settings=settings
+                        insert_select(self.table, USAGE_COLUMNS, path, settings=settings)
                     )
             else:
                 self.client.insert(
@@ -525,8 +528,13 @@ class ClickHouseSink:
             try:
                 with ContainerFile(values, self.spool_dir, "Verdict") as path:  # type: ignore[arg-type]
                     self.client.command(
-                        insert_select(self.verdict_table, VERDICT_COLUMNS, path, "Verdict"),
-                        settings={"async_insert": 0},
+                        insert_select(
+                            self.verdict_table,
+                            VERDICT_COLUMNS,
+                            path,
+                            "Verdict",
+                            settings={"async_insert": 0},
+                        )
                     )
                 return len(values)
             except Exception as exc:

@@ -4,6 +4,7 @@ bodies the engine decodes itself, canonical ids, records it must reject."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from aggregator.sink import (
     SinkRejected,
     rows_from_priced,
 )
+from aggregator.sink.avro_rows import insert_select
 from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, VERDICT_COLUMN_NAMES, month_of
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.topics import STORE_ROW, STORE_ROW_HEADER
@@ -270,6 +272,55 @@ def test_verdicts_go_as_avro_bytes_unless_one_is_not_a_current_verdict(client: A
         sink.write_verdict_messages([*current, Message(b"\xc3\x01garbage")])
     assert sent == ["command"]  # the batch went the decoded way, and stopped at decoding
     assert scalar(client, "SELECT count() FROM budget_state") == 2
+
+
+def test_the_avro_inserts_carry_their_settings_in_the_statement(client: Any) -> None:
+    """Per-call settings cost a dozen engine queries on the embedded client (SET each, SET
+    it back): the Avro INSERTs name theirs in the statement, and they take effect there."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    spooled: dict[str, bytes] = {}  # the container each INSERT read (removed after it)
+
+    class Recording(FlakyClient):
+        def command(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+            if sql.startswith("INSERT"):
+                calls.append((sql, kwargs))
+                path = sql.split("FROM file('", 1)[1].split("'", 1)[0]
+                spooled[path] = Path(path).read_bytes()
+            return super().command(sql, *args, **kwargs)
+
+    recording: Any = Recording(client)
+    sink = ClickHouseSink(recording, avro_inserts=True)
+    assert sink.write_messages([as_message(priced(o)) for o in range(5)]) == 5
+    assert sink.write_verdict_messages([Message(VERDICT.encode(verdict("a,", 1)))]) == 1
+    (usage_sql, usage_kwargs), (verdict_sql, verdict_kwargs) = calls
+    assert usage_kwargs == {} and verdict_kwargs == {}
+    head = usage_sql.split(" SELECT ", 1)[0]
+    assert "max_insert_threads = 1" in head and "insert_deduplicate = 1" in head
+    token = head.split("insert_deduplication_token = '", 1)[1].split("'", 1)[0]
+    assert token.startswith("spendbus-")
+    assert "async_insert = 0" in verdict_sql.split(" SELECT ", 1)[0]
+    # the token in the statement is the one ClickHouse deduplicates by: the same INSERT
+    # sent again (an unknown outcome retried) is dropped, down to the rollups
+    path = usage_sql.split("FROM file('", 1)[1].split("'", 1)[0]
+    Path(path).write_bytes(spooled[path])
+    try:
+        client.command(usage_sql)
+    finally:
+        Path(path).unlink()
+    assert totals(client)[0::2] == (5, 5)
+    assert scalar(client, "SELECT sum(events) FROM spend_hourly") == 5
+
+
+def test_a_setting_value_is_quoted_in_the_statement() -> None:
+    sql = insert_select(
+        "usage_events",
+        [("event_id", "String")],
+        "/tmp/x.avro",
+        settings={"insert_deduplication_token": "a'b\\c", "max_insert_threads": 1},
+    )
+    assert (
+        "SETTINGS insert_deduplication_token = 'a\\'b\\\\c', max_insert_threads = 1 SELECT" in sql
+    )
 
 
 def test_records_without_the_header_are_decoded_in_order_between_avro_inserts(
