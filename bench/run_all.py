@@ -74,6 +74,11 @@ HEADLINES = [
         "generation_worker_with_sink.to_clickhouse_ratio_to_sink_off",
         "replay to a whole ClickHouse / counting alone",
     ),
+    (
+        "replay",
+        "generation_worker_with_sink_in_worker.to_clickhouse_ratio_to_live_counting",
+        "replay to a whole ClickHouse / the live counting stage",
+    ),
     ("insert_formats", "candidates.avro.vs_rows", "Avro bodies read by the engine / Python rows"),
     (
         "insert_formats",
