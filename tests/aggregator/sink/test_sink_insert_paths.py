@@ -277,22 +277,22 @@ def test_verdicts_go_as_avro_bytes_unless_one_is_not_a_current_verdict(client: A
 def test_the_avro_inserts_carry_their_settings_in_the_statement(client: Any) -> None:
     """Per-call settings cost a dozen engine queries on the embedded client (SET each, SET
     it back): the Avro INSERTs name theirs in the statement, and they take effect there."""
-    calls: list[tuple[str, dict[str, Any]]] = []
-    spooled: dict[str, bytes] = {}  # the container each INSERT read (removed after it)
+    #: per INSERT: its statement, its per-call arguments, its container file and the bytes
+    #: the file held (it is removed after the INSERT)
+    calls: list[tuple[str, dict[str, Any], Path, bytes]] = []
 
     class Recording(FlakyClient):
         def command(self, sql: str, *args: Any, **kwargs: Any) -> Any:
             if sql.startswith("INSERT"):
-                calls.append((sql, kwargs))
-                path = sql.split("FROM file('", 1)[1].split("'", 1)[0]
-                spooled[path] = Path(path).read_bytes()
+                path = Path(sql.split("FROM file('", 1)[1].split("'", 1)[0])
+                calls.append((sql, kwargs, path, path.read_bytes()))
             return super().command(sql, *args, **kwargs)
 
     recording: Any = Recording(client)
     sink = ClickHouseSink(recording, avro_inserts=True)
     assert sink.write_messages([as_message(priced(o)) for o in range(5)]) == 5
     assert sink.write_verdict_messages([Message(VERDICT.encode(verdict("a,", 1)))]) == 1
-    (usage_sql, usage_kwargs), (verdict_sql, verdict_kwargs) = calls
+    (usage_sql, usage_kwargs, usage_file, usage_bytes), (verdict_sql, verdict_kwargs, *_) = calls
     assert usage_kwargs == {} and verdict_kwargs == {}
     head = usage_sql.split(" SELECT ", 1)[0]
     assert "max_insert_threads = 1" in head and "insert_deduplicate = 1" in head
@@ -301,12 +301,11 @@ def test_the_avro_inserts_carry_their_settings_in_the_statement(client: Any) -> 
     assert "async_insert = 0" in verdict_sql.split(" SELECT ", 1)[0]
     # the token in the statement is the one ClickHouse deduplicates by: the same INSERT
     # sent again (an unknown outcome retried) is dropped, down to the rollups
-    path = usage_sql.split("FROM file('", 1)[1].split("'", 1)[0]
-    Path(path).write_bytes(spooled[path])
+    usage_file.write_bytes(usage_bytes)
     try:
         client.command(usage_sql)
     finally:
-        Path(path).unlink()
+        usage_file.unlink()
     assert totals(client)[0::2] == (5, 5)
     assert scalar(client, "SELECT sum(events) FROM spend_hourly") == 5
 
