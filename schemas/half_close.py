@@ -16,6 +16,7 @@ overridden protocol callback (``eof_received``) on aiohttp's own connection hand
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_protocol import RequestHandler
 
 
@@ -31,7 +32,12 @@ class AnswersAfterEof(RequestHandler):
             return False
         # a request is in hand: keep the writing side (asyncio closes the whole transport
         # when this is falsy), answer it, then close: no other request can follow
-        self.close()
+        if self._messages and isinstance(last := self._messages[-1][0], RawRequestMessage):
+            # requests pipelined behind it: each is answered in order, the last closes
+            # (close() now would drop them unanswered)
+            self._messages[-1] = (last._replace(should_close=True), self._messages[-1][1])
+        else:
+            self.close()
         return True
 
 
