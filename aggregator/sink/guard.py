@@ -1,24 +1,31 @@
 """The read-only guard of analyst queries (the worker's ``/sql`` page).
 
-Two layers, both the engine's own:
+Two layers, both the engine's own, and the engine's process behind a wall of its own:
 
-1. **Its parser.** The request must be one statement (``split_statements``: chdb runs
-   every statement of a multi-statement string). ``EXPLAIN AST <statement>`` parses it
-   on the same engine without running it, and the tree is checked against allowlists:
-   the statement is a query (``SELECT``, ``WITH ... SELECT``, ``UNION``/``EXCEPT`` of
-   them, ``DESCRIBE``, ``SHOW TABLES``) made of known kinds of node only; no
-   ``INTO OUTFILE``, ``FORMAT`` or ``SETTINGS``;
-   every table function is one that makes rows from nothing (``numbers``, ``values``,
-   ...); every other function, anywhere in the tree (subqueries, CTEs, JOINs,
-   ``IN (...)``), is one whose engine category computes on values (arithmetic, strings,
-   dates, aggregates, ...) or one of a few reviewed extras. Everything else is refused,
-   including what this list has never heard of: ``file()``, ``url()``, ``remote()``,
-   ``s3()``, ``executable()``, ``input()``, dictionaries, introspection, the AI functions.
-2. **Its read-only mode.** The statement runs on a client whose session has
-   ``readonly=1`` (:data:`READ_ONLY_SESSION`, set last, after the limits): no query can
-   lift it, ``SETTINGS`` in a query are refused by the engine, and so are writes, DDL
-   and every table function that is not read-only, should the first layer ever let one
-   through.
+1. **Its parser, never ours.** The analyst's text reaches the engine only as a value:
+   ``SELECT formatQuery(unhex({sql:String}))`` parses it (one statement, or the engine
+   refuses: "Multi-statements are not allowed") and prints it back in the engine's own
+   form, comments dropped, every literal and name quoted and escaped. That
+   re-serialisation, a fixed point of formatQuery, is what is vetted and what runs: the
+   client's text itself never does (the scanner this replaced split statements its own
+   way and missed ``#`` comments and ``$$`` strings, so a hidden second statement ran).
+   ``EXPLAIN AST <canonical>`` gives the tree, checked against allowlists: the statement
+   is a query (``SELECT``, ``WITH ... SELECT``, ``UNION``/``EXCEPT`` of them,
+   ``DESCRIBE``, ``SHOW TABLES``) made of known kinds of node only; no ``INTO OUTFILE``,
+   ``FORMAT`` or ``SETTINGS`` on any of them; every table function is one that makes
+   rows from nothing (``numbers``, ``values``, ...); every other function, anywhere in
+   the tree (subqueries, CTEs, JOINs, ``IN (...)``), is one whose engine category
+   computes on values (arithmetic, strings, dates, aggregates, ...) or one of a few
+   reviewed extras. Everything else is refused, including what this list has never
+   heard of: ``file()``, ``url()``, ``remote()``, ``s3()``, ``executable()``,
+   ``input()``, dictionaries, introspection, the AI functions.
+2. **Its read-only mode and limits.** The statement runs on a client whose session has
+   :data:`READ_ONLY_SESSION`: bounded time, memory and answer, then ``readonly=1``, set
+   last, so no query can lift them.
+
+The second wall does not depend on either: an embedded store's engine runs in a process
+of its own that cannot open a file outside the store, and that the worker kills when a
+query outlives its time limit (``aggregator/sink/engine_host.py``).
 
 The tree is read from EXPLAIN AST's text: one node a line, indented by depth, with its
 declared child count. A quoted alias may hold a line break and so print lines of its
@@ -38,7 +45,6 @@ from clickhouse_connect.driver.client import Client
 
 from aggregator.sink.errors import QueryRefused, SinkError, translate
 from aggregator.sink.query import run_query
-from aggregator.sink.store import split_statements
 
 #: the statements /sql runs (EXPLAIN AST's name of each)
 STATEMENTS: Final = frozenset({"SelectWithUnionQuery", "DescribeQuery", "ShowTables"})
@@ -181,13 +187,27 @@ READONLY_CODE: Final = 164
 LIMIT_CODES: Final = frozenset({159, 396})
 
 #: the session settings of the guard's client: bounded queries (one analyst must not hold
-#: the store, which the sink shares, for hours, nor the worker's memory with a huge
-#: answer), then readonly=1, LAST: once it is set, no setting can change
+#: the engine, which the sink shares, for long, nor its memory, nor the worker's with a
+#: huge answer), then readonly=1, LAST: once it is set, no setting can change.
+#: ``max_execution_time`` is the engine's own check; the engine's process is killed when
+#: a query outlives it by :data:`KILL_GRACE_SECONDS` (engine_host.py).
 READ_ONLY_SESSION: Final[dict[str, Any]] = {
     "max_execution_time": 30,
     "max_result_rows": 100_000,
+    "max_result_bytes": 64 * 1024 * 1024,
+    "max_memory_usage": 2 * 1024 * 1024 * 1024,
+    "max_query_size": 256 * 1024,
+    "max_ast_elements": 50_000,
     "readonly": 1,
 }
+#: seconds past max_execution_time after which the engine's process is killed
+KILL_GRACE_SECONDS: Final = 5.0
+#: how the engine refuses a request of several statements (formatQuery's syntax error)
+_MULTI_STATEMENT: Final = "Multi-statements are not allowed"
+_EMPTY_QUERY: Final = "Empty query"
+#: the clauses that would make the engine's client write a file or change the session:
+#: formatQuery prints each at the start of a line (literals never hold a line break there)
+_REFUSED_CLAUSES: Final = re.compile(r"^\s*(INTO\s+OUTFILE|FORMAT|SETTINGS)\b", re.MULTILINE)
 
 
 @dataclass
@@ -354,30 +374,52 @@ class QueryGuard:
         return self._catalog
 
     def vet(self, sql: Any) -> str:
-        """The one statement of ``sql`` once the parser's tree passes; QueryRefused if not.
+        """The engine's own form of the one statement in ``sql``, once its tree passes;
+        QueryRefused if not.
 
         Raises SinkRejected for a statement the engine cannot parse (the analyst's error).
         """
         if not isinstance(sql, str):
             raise QueryRefused('"sql" must be a string', reason="bad_request")
-        statements = split_statements(sql)
-        if not statements:
-            raise QueryRefused("no statement in the request", reason="empty")
-        if len(statements) > 1:
-            raise QueryRefused(
-                f"{len(statements)} statements in one request: send one query at a time",
-                reason="multiple_statements",
-            )
-        statement = statements[0]
+        canonical = self._canonical(sql)
+        if self._canonical(canonical) != canonical:  # a fixed point, or not understood
+            raise _unreadable()
+        clause = _REFUSED_CLAUSES.search(canonical)
+        if clause is not None:
+            raise _clause_refused(clause.group(1).split()[0].upper())
         try:
-            lines = [row[0] for row in self.client.query(f"EXPLAIN AST {statement}").result_rows]
+            lines = [row[0] for row in self.client.query(f"EXPLAIN AST {canonical}").result_rows]
         except Exception as exc:
             self._discard_client()
             raise _refused_by_engine(exc, "parsing the query") from exc
         tree = parse_tree(lines)
-        _check_statement(tree, statement)
+        _check_statement(tree, canonical)
         _check_nodes(tree, None, self.catalog)
-        return statement
+        return canonical
+
+    def _canonical(self, sql: str) -> str:
+        """``sql`` parsed and printed back by the engine, handed over as a value (hex, so
+        no quoting of ours is involved); QueryRefused for none or several statements."""
+        try:
+            rows = self.client.query(
+                "SELECT formatQuery(unhex({sql:String}))",
+                parameters={"sql": sql.encode("utf-8", "surrogatepass").hex()},
+            ).result_rows
+        except Exception as exc:
+            self._discard_client()
+            text = str(exc)
+            if _MULTI_STATEMENT in text:
+                raise QueryRefused(
+                    "several statements in one request: send one query at a time",
+                    reason="multiple_statements",
+                ) from exc
+            if _EMPTY_QUERY in text:
+                raise QueryRefused("no statement in the request", reason="empty") from exc
+            raise _refused_by_engine(exc, "parsing the query") from exc
+        canonical = rows[0][0] if rows and rows[0] else None
+        if not isinstance(canonical, str) or not canonical.strip():
+            raise QueryRefused("no statement in the request", reason="empty")
+        return canonical
 
     def run(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Vet ``sql`` and run it read-only: (column names, rows)."""
@@ -414,6 +456,14 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
+def _clause_refused(keyword: str) -> QueryRefused:
+    if keyword == "INTO":
+        return QueryRefused("INTO OUTFILE is refused: /sql returns rows", reason="into_outfile")
+    if keyword == "FORMAT":
+        return QueryRefused("FORMAT is refused: /sql returns JSON", reason="format")
+    return QueryRefused("SETTINGS clauses are refused in /sql", reason="settings")
+
+
 def _check_statement(tree: Node, statement: str) -> None:
     if tree.kind not in STATEMENTS:
         keyword = statement.split(None, 1)[0].upper() if statement.split() else tree.kind
@@ -422,13 +472,13 @@ def _check_statement(tree: Node, statement: str) -> None:
             "DESCRIBE and SHOW TABLES only, read-only",
             reason="statement",
         )
-    if tree.kind != "SelectWithUnionQuery":
-        return
-    # the query's own clauses hang from the top node: its body first, then, when
-    # present, INTO OUTFILE (a literal), SETTINGS and FORMAT (an identifier)
-    for child in tree.children[1:]:
+    # every statement kind's own output clauses hang from its top node: INTO OUTFILE (a
+    # literal), FORMAT (an identifier; clickhouse-connect appends Native); a SELECT's
+    # body is an ExpressionList, a DESCRIBE's its TableExpression, SHOW TABLES' LIKE is
+    # no node
+    for child in tree.children:
         if child.kind == "Literal":
-            raise QueryRefused("INTO OUTFILE is refused: /sql returns rows", reason="into_outfile")
+            raise _clause_refused("INTO")
         if child.kind == "Identifier" and child.name != CLIENT_FORMAT:
             raise QueryRefused(
                 f"FORMAT {child.name} is refused: /sql returns JSON", reason="format"

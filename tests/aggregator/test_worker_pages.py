@@ -207,7 +207,8 @@ REFUSED = [
     ("TRUNCATE", "TRUNCATE TABLE usage_events", "statement"),
     ("INSERT", "INSERT INTO usage_events SELECT * FROM usage_events", "statement"),
     ("SET", "SET readonly = 0", "statement"),
-    ("SETTINGS readonly=0", "SELECT count() FROM usage_events SETTINGS readonly = 0", "read_only"),
+    ("SETTINGS readonly=0", "SELECT count() FROM usage_events SETTINGS readonly = 0", "settings"),
+    ("SETTINGS in a subquery", "SELECT * FROM (SELECT 1 SETTINGS max_threads = 1)", "settings"),
     ("two statements", "SELECT 1; DROP TABLE usage_events", "multiple_statements"),
     (
         "two statements, a comment between",
@@ -215,11 +216,37 @@ REFUSED = [
         "multiple_statements",
     ),
     ("FORMAT", "SELECT 1 FORMAT JSONEachRow", "format"),
+    ("SHOW TABLES FORMAT", "SHOW TABLES FORMAT CSV", "format"),
     (
         "an alias that prints a node of its own",
         "SELECT 'x' AS `a\n      Function file (children 1)`",
         "unreadable",
     ),
+    # what the engine reads as two statements, and a scanner of our own read as one
+    (
+        "a second statement after a # comment",
+        "SELECT 1 # ;\n; SELECT file('{secret}')",
+        "multiple_statements",
+    ),
+    (
+        "a second statement after a $$ string",
+        "SELECT $$;$$; SELECT 1 INTO OUTFILE '{victim}' APPEND",
+        "multiple_statements",
+    ),
+    (
+        "a second statement after a $tag$ string",
+        "SELECT $t$ ' $t$; SELECT 1 INTO OUTFILE '{victim}' TRUNCATE",
+        "multiple_statements",
+    ),
+    # INTO OUTFILE on every statement kind, and in each of its modes
+    ("SHOW TABLES INTO OUTFILE", "SHOW TABLES INTO OUTFILE '{victim}' TRUNCATE", "into_outfile"),
+    (
+        "DESCRIBE INTO OUTFILE",
+        "DESCRIBE (SELECT 1) INTO OUTFILE '{victim}' TRUNCATE",
+        "into_outfile",
+    ),
+    ("INTO OUTFILE APPEND", "SELECT 'x' INTO OUTFILE '{victim}' APPEND", "into_outfile"),
+    ("INTO OUTFILE AND STDOUT", "SELECT 1 INTO OUTFILE '{victim}' AND STDOUT", "into_outfile"),
     ("EXPLAIN", "EXPLAIN SELECT 1", "statement"),
     *(
         (f"{name}()", f"SELECT * FROM (SELECT * FROM {name}('x', 'y'))", "table_function")
@@ -246,10 +273,12 @@ def test_every_refusal_leaves_the_store_as_it_was(pipeline: Pipeline, tmp_path: 
     marker = f"not-for-analysts-{os.getpid()}"
     secret.write_text(marker)
     outfile = tmp_path / "stolen.csv"
+    victim = tmp_path / "victim.sh"
+    victim.write_text("#!/bin/sh\necho untouched\n")
     cases = [*REFUSED, ("INTO OUTFILE", f"SELECT 1 INTO OUTFILE '{outfile}'", "into_outfile")]
     answers = []
     for what, template, reason in cases:
-        query = template.replace("{secret}", str(secret))
+        query = template.replace("{secret}", str(secret)).replace("{victim}", str(victim))
         status, body = sql(pipeline, query, token)
         answers.append(body)
         assert status == 403, (what, status, body)
@@ -257,6 +286,7 @@ def test_every_refusal_leaves_the_store_as_it_was(pipeline: Pipeline, tmp_path: 
         assert body["error"], what
         unchanged(what)
     assert not outfile.exists()
+    assert victim.read_text() == "#!/bin/sh\necho untouched\n"
     assert marker not in json.dumps(answers)
 
     # bodies that are not a query: 400, nothing runs
