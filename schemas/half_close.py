@@ -10,7 +10,9 @@ head cut short) has nothing to answer and closes at once.
 
 Shared by every room that serves HTTP (the gateway and the HTTP ingest, the enforcer's
 sidecar), which may share only ``schemas/``. aiohttp has no setting for this; it is one
-overridden protocol callback (``eof_received``) on aiohttp's own connection handler.
+overridden protocol callback (``eof_received``) on aiohttp's own connection handler. The
+connections are also quiet (:mod:`schemas.http_log`): no request bytes or credential in a
+log, malformed requests counted and logged once per interval, no access log.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from aiohttp import web
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_protocol import RequestHandler
 
+from schemas.http_log import QuietAppRunner, QuietRequestHandler, QuietServer
 
-class AnswersAfterEof(RequestHandler):
+
+class AnswersAfterEof(QuietRequestHandler):
     """A connection that answers the request in hand after the client's end of input."""
 
     __slots__ = ()
@@ -41,16 +45,16 @@ class AnswersAfterEof(RequestHandler):
         return True
 
 
-class HalfCloseServer(web.Server):
+class HalfCloseServer(QuietServer):
     """``web.Server`` (aiohttp's low-level server) whose connections are :class:`AnswersAfterEof`."""
 
     def __call__(self) -> RequestHandler:
-        handler = super().__call__()
-        handler.__class__ = AnswersAfterEof  # the same slots: only eof_received differs
+        handler = super().__call__()  # quiet: no access log
+        handler.__class__ = AnswersAfterEof  # the same slots: only methods differ
         return handler
 
 
-class AnswerAfterHalfClose(web.AppRunner):
+class AnswerAfterHalfClose(QuietAppRunner):
     """``web.AppRunner`` whose connections answer a client that half-closed after sending."""
 
     async def _make_server(self) -> web.Server:

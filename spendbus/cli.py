@@ -13,6 +13,7 @@ from aiokafka.errors import (
 )
 
 from schemas.errors import ConfigError, SpendbusError
+from schemas.http_log import install_log_redaction
 from spendbus.commands.admin import prices_apply_command, sql, usage, verify
 from spendbus.commands.aggregator import aggregator
 from spendbus.commands.budgets import budgets
@@ -79,6 +80,9 @@ _KAFKA_REFUSALS = (
 
 
 def main() -> None:
+    # every log line of every command is rendered redacted: no credential header, bearer
+    # token or virtual key reaches a log, whatever logged it (schemas/http_log.py)
+    install_log_redaction()
     try:
         sys.exit(cli.main(standalone_mode=False) or 0)
     except click.exceptions.Abort:
