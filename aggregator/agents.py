@@ -50,6 +50,7 @@ from aggregator.sink import SinkError, SinkUnavailable
 from aggregator.sink.errors import QueryRefused
 from aggregator.sink_link import SinkLink
 from aggregator.sink_stage import SinkStage
+from schemas.http_log import QuietAppRunner
 from schemas.net import is_loopback
 
 log = logging.getLogger(__name__)
@@ -298,5 +299,10 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         if not pages_open and not authorized(request):
             return _unauthorized(web, "a valid bearer token is required off loopback")
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
+
+    # the pages' connections log no request bytes: a malformed request is counted, and
+    # logged once per interval without its head (schemas/http_log.py)
+    # Faust's aiohttp driver keeps its AppRunner (not yet set up) there
+    app.web._runner.__class__ = QuietAppRunner  # type: ignore[attr-defined]
 
     app.spendbus_counting = stage  # type: ignore[attr-defined]

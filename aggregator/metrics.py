@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from aggregator.process import BatchStats
+from schemas.http_log import expose_malformed_requests
 
 #: the loop probe's sleep: ~100 wake-ups a second, a few µs each
 LOOP_PROBE_SECONDS = 0.01
@@ -51,6 +52,7 @@ class Metrics:
 
     def __post_init__(self) -> None:
         r = self.registry
+        expose_malformed_requests(r)  # the worker pages' refused heads (schemas/http_log.py)
         self.events = Counter("spendbus_aggregator_events", "usage.raw records read", registry=r)
         self.charged = Counter(
             "spendbus_aggregator_charged_events", "events priced and counted", registry=r

@@ -39,6 +39,7 @@ from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.sink_stage import SinkStage
 from aggregator.sink_wire import error_fields, receive, send
+from schemas.http_log import install_log_redaction
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,7 @@ async def serve(sock: socket.socket) -> None:
     kind, config = await receive(reader)
     if kind != "config" or not isinstance(config, AggregatorConfig):
         raise SystemExit("the sink process expects its config first")
+    install_log_redaction()  # as the worker's (schemas/http_log.py)
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

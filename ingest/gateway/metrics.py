@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
+from schemas.http_log import expose_malformed_requests
+
 
 class GatewayMetrics:
     """Requests, cuts, publish results and realtime refusals, in one registry."""
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.registry = registry or CollectorRegistry()
+        expose_malformed_requests(self.registry)  # refused heads (schemas/http_log.py)
         self.requests = Counter(
             "spendbus_gateway_requests",
             "Requests by API family and outcome",
