@@ -186,3 +186,60 @@ def command(args: list[str], env: dict[str, str], ready_url: str, log: Path) -> 
             process.kill()
             process.wait()
         out.close()
+
+
+def malformed_heads(credentials: Sequence[tuple[str, str]], path: str = "/") -> list[bytes]:
+    """Request heads aiohttp's parser refuses, each carrying a credential header
+    ``(name, value)`` of ``credentials`` (issue 32): bare-LF line endings, control bytes in a
+    header, an oversize head, invalid methods, a bad version, pipelined junk, a ``?key=`` in
+    the request line. A server must answer each 400 and log none of their bytes."""
+    out: list[bytes] = []
+    for name, value in credentials:
+        cred = f"{name}: {value}".encode()
+        key = value.removeprefix("Bearer ").encode()
+        out += [
+            # bare LF line endings
+            b"GET " + path.encode() + b" HTTP/1.1\nHost: x\n" + cred + b"\n\n",
+            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\n" + cred + b"\r\n\r\n",
+            # control bytes in a header value and a header name
+            b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + cred + b"\x01\r\n\r\n",
+            b"GET " + path.encode() + b" HTTP/1.1\r\n" + cred + b"\r\nX-\x00a: 1\r\n\r\n",
+            b"GET " + path.encode() + b" HTTP/1.1\r\n" + cred + b"\x7f\x1b[2J\r\n\r\n",
+            # an oversize header line and an oversize request line carrying the key
+            b"GET " + path.encode() + b" HTTP/1.1\r\n" + cred + b"h" * 20_000 + b"\r\n\r\n",
+            b"GET /?key=" + key + b"&" + b"q" * 20_000 + b" HTTP/1.1\r\n" + cred + b"\r\n\r\n",
+            # invalid methods, a bad version
+            b"GE\x00T " + path.encode() + b" HTTP/1.1\r\n" + cred + b"\r\n\r\n",
+            b"G(E)T " + path.encode() + b" HTTP/1.1\r\n" + cred + b"\r\n\r\n",
+            b"GET " + path.encode() + b" HTTP/9.Z\r\n" + cred + b"\r\n\r\n",
+            # a space before the colon, an obsolete folded line, a bad chunk size
+            b"GET " + path.encode() + b" HTTP/1.1\r\n" + cred.replace(b":", b" :") + b"\r\n\r\n",
+            b"GET " + path.encode() + b" HTTP/1.1\r\nX: a\r\n " + cred + b"\r\n\r\n",
+            b"POST " + path.encode() + b" HTTP/1.1\r\n" + cred + b"\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz" + key + b"\r\n",
+            # pipelined junk after a head: the second request is the malformed one
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nJUNK " + key + b"\n" + cred + b"\n\n",
+        ]
+    return out
+
+
+@st.composite
+def malformed_requests(draw: st.DrawFn, credentials: Sequence[tuple[str, str]]) -> RawRequest:
+    """One of :func:`malformed_heads`, with random bytes spliced into its head."""
+    data = draw(st.sampled_from(malformed_heads(credentials)))
+    cut = draw(st.integers(0, len(data)))
+    junk = draw(st.binary(max_size=16).filter(lambda b: b"\r\n\r\n" not in b))
+    return RawRequest(data[:cut] + junk + data[cut:] if draw(st.booleans()) else data)
+
+
+def answer_of(port: int, data: bytes, timeout: float = 30.0) -> bytes:
+    """Everything the server writes to ``data`` (sent, then half-closed) until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError, TimeoutError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
