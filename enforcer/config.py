@@ -79,6 +79,16 @@ class EnforcerConfig(BaseModel):
     sidecar_host: str = "127.0.0.1"
     sidecar_port: int = Field(default=8787, ge=0, le=65535)
     sidecar_token: SecretStr | None = None
+    #: sidecar: more callers' bearer tokens, each its own caller (a hold taken with one
+    #: token is settled or released with that token only)
+    sidecar_tokens: tuple[SecretStr, ...] = ()
+    #: sidecar: serve /v1/* without a token (every local process may then read any org's
+    #: spend and publish refusals): loopback only, logged at WARNING when it starts;
+    #: without it (and without ``sidecar_unix``) the sidecar refuses to start tokenless
+    sidecar_insecure_loopback: bool = False
+    #: sidecar: listen on this unix socket (made 0600, its directory 0700 when made here)
+    #: instead of host:port; the file's permissions fence it, so a token is optional
+    sidecar_unix: str | None = None
     #: sidecar: seconds a client has to send a request head (also the longest a keep-alive
     #: connection idles; a slower sender is disconnected), and to send the body once the
     #: head is in (408 after)
@@ -99,14 +109,32 @@ class EnforcerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> EnforcerConfig:
-        if self.sidecar_token is None and self.sidecar_host not in LOOPBACK_HOSTS:
+        tokens = self.sidecar_token_values
+        if self.sidecar_tokens and self.sidecar_token is None:
+            raise ValueError("sidecar_tokens adds callers to sidecar_token: set that first")
+        if not tokens and self.sidecar_unix is None and self.sidecar_host not in LOOPBACK_HOSTS:
             raise ValueError(
                 f"sidecar_token is required when the sidecar listens on {self.sidecar_host!r} "
                 "(only loopback may go without one)"
             )
-        if self.sidecar_token is not None and not self.sidecar_token.get_secret_value():
+        if any(not token for token in tokens) or (
+            self.sidecar_token is not None and not self.sidecar_token.get_secret_value()
+        ):
             raise ValueError("sidecar_token must not be empty")
+        if self.sidecar_insecure_loopback and tokens:
+            raise ValueError("sidecar_insecure_loopback and sidecar_token are both set: keep one")
+        if self.sidecar_insecure_loopback and self.sidecar_unix is not None:
+            raise ValueError(
+                "sidecar_insecure_loopback is for host:port; a unix socket is fenced by its "
+                "permissions"
+            )
         return self
+
+    @property
+    def sidecar_token_values(self) -> tuple[str, ...]:
+        """Every bearer token the sidecar accepts (``sidecar_token``, then ``sidecar_tokens``)."""
+        first = () if self.sidecar_token is None else (self.sidecar_token.get_secret_value(),)
+        return first + tuple(t.get_secret_value() for t in self.sidecar_tokens)
 
     @property
     def grace_us(self) -> int:

@@ -18,10 +18,15 @@ GET  /readyz            no     200 once caught up and fresh, else 503
 GET  /metrics           no     Prometheus text
 ======================  =====  ====================================================
 
-Auth is ``Authorization: Bearer <sidecar_token>`` (constant-time compare);
-without a token the sidecar only listens on loopback (see EnforcerConfig). The routes are in
-:mod:`enforcer.sidecar_routes`, the JSON they read and write in :mod:`enforcer.sidecar_json`;
-this module serves them and runs the sidecar (enforcer, listener).
+Auth is ``Authorization: Bearer <token>`` (constant-time compare), one of
+``sidecar_token`` / ``sidecar_tokens``, each token its own caller: the ``hold_id`` a check
+returns is an opaque random string that only the caller that took it can settle or
+release (404 ``unknown_hold`` for anyone else, as for an id never given). :class:`Sidecar`
+refuses to listen without a token unless on a unix socket (``sidecar_unix``: 0600, its
+permissions are the fence) or told ``sidecar_insecure_loopback`` (loopback only, logged
+at WARNING). The routes are in :mod:`enforcer.sidecar_routes`, the JSON they read and
+write in :mod:`enforcer.sidecar_json`; this module serves them and runs the sidecar
+(enforcer, listener).
 A refused check (not a peek) publishes its refusal UsageEvent through the
 :class:`~schemas.usage_sink.UsageSink` it is given (``spendbus enforcer serve``
 wires in the ingest publisher: its spool and retries, so a refusal made while the
@@ -35,8 +40,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
-from collections.abc import Awaitable, Callable
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
@@ -45,6 +54,7 @@ from enforcer.config import EnforcerConfig
 from enforcer.service import Enforcer
 from enforcer.sidecar_json import MAX_BODY
 from enforcer.sidecar_routes import Handler, routes
+from schemas.errors import ConfigError
 from schemas.half_close import HalfCloseServer
 from schemas.usage_sink import UsageSink
 
@@ -57,7 +67,7 @@ def create_app(
     enforcer: Enforcer,
     refusals: UsageSink | None = None,
     *,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
 ) -> web.Application:
     """The sidecar's routes as an aiohttp application (to mount or test it as one;
     ``serve`` runs :func:`create_handler` instead)."""
@@ -75,7 +85,7 @@ def create_handler(
     enforcer: Enforcer,
     refusals: UsageSink | None = None,
     *,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
 ) -> Handler:
     """The sidecar's routes as one low-level aiohttp handler (``web.Server``), what
     ``serve`` runs: no router, application or middleware chain per request (~1/4 of
@@ -110,7 +120,7 @@ def create_server(
     enforcer: Enforcer,
     refusals: UsageSink | None = None,
     *,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
 ) -> web.Server:
     """:func:`create_handler` in aiohttp's low-level server (no access log; bodies up to
     ``MAX_BODY``, as the application allows). Call it inside the running loop."""
@@ -159,28 +169,94 @@ class Sidecar:
         self.refusals = refusals if config.publish_refusals else None
         self._runner: web.ServerRunner | None = None
         self.port: int | None = None
+        self._unix_bound: Path | None = None
 
     async def start(self) -> None:
+        config = self.config
+        open_loopback = not config.sidecar_token_values and config.sidecar_unix is None
+        if open_loopback and not config.sidecar_insecure_loopback:
+            raise ConfigError(
+                "the sidecar needs a bearer token (sidecar_token), or a unix socket "
+                "(sidecar_unix), or sidecar_insecure_loopback=True to let every local "
+                "process use it"
+            )
         # 1. the enforcer starts reading (checks follow fail_mode until it is ready)
         await self.enforcer.start()
         try:
             # 2. the HTTP listener (aiohttp's low-level server: see create_handler)
             self._runner = web.ServerRunner(create_server(self.enforcer, self.refusals))
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.config.sidecar_host, self.config.sidecar_port)
+            site: web.BaseSite
+            if config.sidecar_unix is not None:
+                unix = Path(config.sidecar_unix)
+                site = web.SockSite(self._runner, bind_unix(unix))
+                self._unix_bound = unix
+            else:
+                site = web.TCPSite(self._runner, config.sidecar_host, config.sidecar_port)
             await site.start()
         except BaseException:
             await self.stop()
             raise
+        if config.sidecar_unix is not None:
+            self.port = None
+            return
         server = site._server
         sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self.config.sidecar_port
+        self.port = sockets[0].getsockname()[1] if sockets else config.sidecar_port
+        if open_loopback:
+            log.warning(
+                "insecure loopback: /v1/* on %s:%s take no token; any local process may read "
+                "any org's spend, take and release holds and publish refusal events",
+                config.sidecar_host,
+                self.port,
+            )
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._unix_bound is not None:  # the socket file this sidecar made
+            with contextlib.suppress(OSError):
+                self._unix_bound.unlink()
+            self._unix_bound = None
         await self.enforcer.stop()
+
+
+def bind_unix(path: Path) -> socket.socket:
+    """A listening unix socket at ``path``, mode 0600 from the moment it exists (its
+    directory made 0700 when missing); a stale socket file left by a dead sidecar is
+    replaced, a live one or any other file is refused."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise ConfigError(f"sidecar_unix={path}: exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody listens there: a dead sidecar's
+        else:
+            raise ConfigError(f"sidecar_unix={path}: another process listens there")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        previous = os.umask(0o177)  # bind creates the file 0600: no moment open to others
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(previous)
+        os.chmod(path, 0o600)
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def serve(

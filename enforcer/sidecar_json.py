@@ -4,6 +4,7 @@ by a short path, byte for byte what ``Decision.to_json`` encodes to), error answ
 
 from __future__ import annotations
 
+from types import EllipsisType
 from typing import Any, Final
 
 import msgspec
@@ -33,15 +34,23 @@ _ALLOWED_TAIL: Final = (
 )
 
 
-def decision_json(decision: Decision, *, counters: bool = False) -> bytes:
-    """``Decision.to_json(counters=...)`` encoded as JSON, by the short path when allowed."""
+def decision_json(
+    decision: Decision,
+    *,
+    counters: bool = False,
+    hold_id: str | int | EllipsisType | None = ...,
+) -> bytes:
+    """``Decision.to_json(counters=...)`` encoded as JSON, by the short path when allowed;
+    ``hold_id`` replaces the decision's own (the sidecar writes its opaque id for it)."""
+    if hold_id is ...:
+        hold_id = decision.hold_id
     if counters or decision.outcome != "allowed":
-        return dumps(decision.to_json(counters=counters))
+        return dumps(decision_dict(decision, counters=counters, hold_id=hold_id))
     answer = decision.response
     if answer.status != 200 or answer.body is not None or answer.retry_after is not None:
-        return dumps(decision.to_json(counters=counters))  # not the allowed answer's shape
+        # not the allowed answer's shape
+        return dumps(decision_dict(decision, counters=counters, hold_id=hold_id))
     headers = answer.headers
-    hold_id = decision.hold_id
     return b"".join(
         (
             _ALLOWED_HEAD,
@@ -51,6 +60,15 @@ def decision_json(decision: Decision, *, counters: bool = False) -> bytes:
             _ALLOWED_TAIL,
         )
     )
+
+
+def decision_dict(
+    decision: Decision, *, counters: bool = False, hold_id: str | int | None
+) -> dict[str, Any]:
+    """``Decision.to_json(counters=...)`` with ``hold_id`` in place of the decision's own."""
+    out = decision.to_json(counters=counters)
+    out["hold_id"] = hold_id
+    return out
 
 
 def invalid_json(message: str) -> web.HTTPBadRequest:

@@ -1,15 +1,19 @@
 """The sidecar's routes: /v1/check, /v1/settle, /v1/usage (/v1/spend), /healthz,
-/readyz and /metrics as low-level aiohttp handlers, the optional per-key in-flight
-limit, and the settle body's usage read into what ``settle`` takes.
+/readyz and /metrics as low-level aiohttp handlers, who the caller is (its bearer
+token), the hold ids the sidecar hands out (opaque, bound to their caller), the optional
+per-key in-flight limit, and the settle body's usage read into what ``settle`` takes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import secrets
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,11 +23,13 @@ from aiohttp import web
 from enforcer.config import EnforcerConfig
 from enforcer.context import Context
 from enforcer.errors import InvalidContext
+from enforcer.holds import Holds
 from enforcer.service import Enforcer
 from enforcer.sidecar_json import (
     JSON_TYPE,
     MAX_BODY,
     body_refused,
+    decision_dict,
     decision_json,
     error_response,
     invalid_json,
@@ -39,6 +45,100 @@ log = logging.getLogger("spendbus.enforcer.sidecar")
 
 #: a route's handler (a low-level aiohttp handler: it reads only what BaseRequest has)
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+#: random bytes in a hold id the sidecar hands out (URL-safe base64: 22 characters)
+HOLD_ID_BYTES = 16
+
+
+class Callers:
+    """Who a request comes from: the bearer tokens the sidecar accepts, each its own caller.
+
+    A caller is named by a digest of its token (never the token): what a hold is bound
+    to. Without any token (``sidecar_insecure_loopback``, or a unix socket fenced by its
+    permissions) every request is the one anonymous caller ``""``.
+    """
+
+    def __init__(self, tokens: tuple[str, ...]) -> None:
+        self.open = not tokens
+        #: (the whole Authorization value expected, the caller it names)
+        self._expected = tuple(
+            (f"Bearer {token}".encode(), hashlib.sha256(token.encode()).hexdigest()[:32])
+            for token in tokens
+        )
+
+    def of(self, request: web.BaseRequest) -> str | None:
+        """The caller, or None when the request carries no accepted token (a 401).
+
+        Every accepted token is compared (constant time each), so the time taken does
+        not say which one matched."""
+        if self.open:
+            return ""
+        given = request.headers.get("Authorization", "").encode()
+        caller = None
+        for expected, name in self._expected:
+            if hmac.compare_digest(given, expected):
+                caller = name
+        return caller
+
+
+class HoldIds:
+    """The hold ids on the sidecar's wire: opaque strings of HOLD_ID_BYTES random bytes
+    (not the enforcer's sequential integers, which stay its own), each naming one hold
+    in flight and the caller that took it.
+
+    An id works for its caller while the hold is in flight; once settled, released or
+    expired it is forgotten, and an unknown id, a forgotten one and another caller's are
+    the same "no such hold" (nothing is changed). Ids are kept in the order they were
+    given, which is the order of their holds' deadlines (one timeout for every hold), so
+    each new id first drops the oldest ones whose holds are gone: at most one id per hold
+    in flight is kept, plus those expired since the last check.
+    """
+
+    def __init__(self, holds: Holds) -> None:
+        self.holds = holds
+        #: wire id -> (the enforcer's hold id, the caller that took it), oldest first
+        self._ids: OrderedDict[str, tuple[int, str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def issue(self, hold_id: int, caller: str) -> str:
+        """A new wire id for ``hold_id``, taken by ``caller``."""
+        ids = self._ids
+        if ids:
+            self._drop_gone()
+        wire = secrets.token_urlsafe(HOLD_ID_BYTES)
+        ids[wire] = (hold_id, caller)
+        return wire
+
+    def find(self, wire: str, caller: str) -> int | None:
+        """The enforcer's id of ``caller``'s hold in flight named ``wire``; None when there
+        is none (never given, another caller's, settled, released or expired)."""
+        entry = self._ids.get(wire)
+        if entry is None:
+            return None
+        hold_id, owner = entry
+        if not hmac.compare_digest(owner, caller):
+            return None  # someone else's: left as it is
+        hold = self.holds.get(hold_id)
+        if hold is None or hold.occurred_us is not None:
+            del self._ids[wire]  # expired (or settled outside the sidecar)
+            return None
+        return hold_id
+
+    def forget(self, wire: str) -> None:
+        self._ids.pop(wire, None)
+
+    def _drop_gone(self) -> None:
+        ids = self._ids
+        holds = self.holds
+        while ids:
+            wire, (hold_id, _) = next(iter(ids.items()))
+            hold = holds.get(hold_id)
+            if hold is not None and hold.occurred_us is None:
+                return  # in flight: the ids after it are younger
+            del ids[wire]
 
 
 class InFlight:
@@ -124,14 +224,23 @@ def routes(
     enforcer: Enforcer,
     refusals: UsageSink | None = None,
     *,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
 ) -> dict[tuple[str, str], Handler]:
     """Every route of the sidecar, (method, path) → handler: what :func:`create_app` and
-    :func:`create_handler` both serve."""
+    :func:`create_handler` both serve.
+
+    ``token``: the bearer token(s) /v1/* accept, each its own caller (default: the
+    config's ``sidecar_token`` and ``sidecar_tokens``); with none at all every request is
+    served as one anonymous caller (:class:`~enforcer.sidecar.Sidecar` listens that way
+    only on a unix socket or with ``sidecar_insecure_loopback``)."""
     config = enforcer.config
-    if token is None and config.sidecar_token is not None:
-        token = config.sidecar_token.get_secret_value()
-    expected = f"Bearer {token}".encode() if token else None
+    if token is None:
+        tokens = config.sidecar_token_values
+    else:
+        tokens = (token,) if isinstance(token, str) else tuple(token)
+    callers = Callers(tuple(t for t in tokens if t))
+    caller_of = callers.of
+    hold_ids = HoldIds(enforcer.holds)
     # Enforcer.check is this call (compiled) behind an interpreted method: call it directly
     decide = enforcer.checker.check
     body_timeout_s = config.sidecar_body_timeout_s
@@ -166,17 +275,21 @@ def routes(
                 408, f"the body was not received within {body_timeout_s:g} s of its head"
             ) from None
 
-    def unauthorized(request: web.BaseRequest) -> web.Response | None:
-        """A 401 unless the request carries the bearer token (checked inline: no middleware
-        layer on the hot path)."""
-        if expected is None:
-            return None
-        given = request.headers.get("Authorization", "").encode()
-        if hmac.compare_digest(given, expected):
-            return None
+    def unauthorized() -> web.Response:
+        """The 401 of a request without an accepted bearer token (checked inline in each
+        route: no middleware layer on the hot path)."""
         response = error_response(401, "unauthorized", "a valid bearer token is required")
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
+
+    def no_such_hold() -> web.Response:
+        """One answer for every hold id that names nothing this caller may settle."""
+        return error_response(
+            404,
+            "unknown_hold",
+            "no hold in flight with this id for this caller (never given, already settled "
+            "or released, expired, or taken with another token)",
+        )
 
     def parse_json(raw: bytes) -> Any:
         try:
@@ -198,8 +311,8 @@ def routes(
         return parse_json(await receive(request))
 
     async def check(request: web.BaseRequest) -> web.Response:
-        if (denied := unauthorized(request)) is not None:
-            return denied
+        if (caller := caller_of(request)) is None:
+            return unauthorized()
         # the common case (the whole body came with the head) reads without a timer
         content = request.content
         if content.is_eof() and (request.content_length or 0) <= MAX_BODY:
@@ -223,46 +336,63 @@ def routes(
         if in_flight is not None and reserve and not in_flight.admits(ctx.secret_id):
             return json_response(in_flight.refusal(ctx.secret_id))
         decision = decide(ctx, reserve=reserve)
-        if in_flight is not None and decision.hold_id is not None:
-            in_flight.add(ctx.secret_id, decision.hold_id)
+        held = decision.hold_id
+        wire_id = None
+        if held is not None:
+            wire_id = hold_ids.issue(held, caller)
+            if in_flight is not None:
+                in_flight.add(ctx.secret_id, held)
         counters = bool(request.query_string) and request.query.get("counters") == "1"
         if refusals is not None and reserve and not decision.allowed:
-            out = decision.to_json(counters=counters)
+            out = decision_dict(decision, counters=counters, hold_id=wire_id)
             event = decision.refusal_event()
             if event is not None:
                 await publish_refusal(event)
                 out["published"] = True
             return json_response(out)
-        return web.Response(body=decision_json(decision, counters=counters), content_type=JSON_TYPE)
+        return web.Response(
+            body=decision_json(decision, counters=counters, hold_id=wire_id),
+            content_type=JSON_TYPE,
+        )
 
     async def settle(request: web.BaseRequest) -> web.Response:
-        if (denied := unauthorized(request)) is not None:
-            return denied
+        if (caller := caller_of(request)) is None:
+            return unauthorized()
         data = await read_json(request)
         if not isinstance(data, dict):
             return error_response(400, "invalid_settle", "expected a JSON object")
-        hold_id = data.get("hold_id")
-        if type(hold_id) is not int:
+        wire_id = data.get("hold_id")
+        if type(wire_id) is not str:
             return error_response(
-                400, "invalid_settle", "hold_id must be the integer /v1/check returned"
+                400, "invalid_settle", "hold_id must be the string /v1/check returned"
             )
+        release = data.get("release") is True
+        usage = data.get("usage")
+        if not release and not isinstance(usage, dict):
+            return error_response(400, "invalid_settle", "give usage {...} or release: true")
+        hold_id = hold_ids.find(wire_id, caller)
+        if hold_id is None:
+            return no_such_hold()
+        if release:
+            released = enforcer.release(hold_id)
+            settled = False
+        else:
+            assert isinstance(usage, dict)
+            try:  # a usage refused here leaves the hold (and its id) as they were
+                event = settle_event(usage, enforcer.clock())
+                settled = enforcer.settle(hold_id, event)
+            except ContractError as exc:
+                return error_response(400, "invalid_settle", str(exc))
+        hold_ids.forget(wire_id)
         if in_flight is not None:
             in_flight.done(hold_id)
-        if data.get("release") is True:
-            return json_response({"settled": False, "released": enforcer.release(hold_id)})
-        usage = data.get("usage")
-        if not isinstance(usage, dict):
-            return error_response(400, "invalid_settle", "give usage {...} or release: true")
-        try:
-            event = settle_event(usage, enforcer.clock())
-            settled = enforcer.settle(hold_id, event)
-        except ContractError as exc:
-            return error_response(400, "invalid_settle", str(exc))
+        if release:
+            return json_response({"settled": False, "released": released})
         return json_response({"settled": settled})
 
     async def usage(request: web.BaseRequest) -> web.Response:
-        if (denied := unauthorized(request)) is not None:
-            return denied
+        if caller_of(request) is None:
+            return unauthorized()
         query = request.query
         fields: dict[str, Any] = {}
         tags: dict[str, str] = {}

@@ -17,6 +17,13 @@ from spendbus.stack.local import bootstrap_or_fail
 
 #: the one environment variable this command reads besides spendbus.settings'
 TOKEN_ENV = "SPENDBUS_ENFORCER_TOKEN"
+#: the sidecar's token file in SPENDBUS_HOME, made (random, 0600) on first start on
+#: loopback when no token is given, as the worker's web.token is
+DEFAULT_TOKEN_FILE = "enforcer.token"
+#: bytes of randomness in a token made here (URL-safe base64: 43 characters)
+TOKEN_BYTES = 32
+
+log = logging.getLogger("spendbus.enforcer.serve")
 
 
 def _config(**values: Any) -> Any:
@@ -41,10 +48,24 @@ def enforcer() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
 @click.option("--port", default=8787, show_default=True, type=int, help="Listen port (0: any).")
 @click.option(
+    "--unix",
+    "unix",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Listen on this unix socket (made 0600) instead of --host/--port; its permissions "
+    "fence it, so no token is made.",
+)
+@click.option(
     "--token-file",
     default=None,
-    help=f"A file whose first line is the bearer token required on /v1/* (`-`: standard "
-    f"input); or ${TOKEN_ENV}. Needed off loopback.",
+    help=f"A file of bearer tokens accepted on /v1/*, one a line, each its own caller "
+    f"(`-`: one from standard input); or ${TOKEN_ENV}. Default: <home>/{DEFAULT_TOKEN_FILE}, "
+    "made on first start on loopback. Needed off loopback.",
+)
+@click.option(
+    "--insecure-loopback",
+    is_flag=True,
+    help="No token: every local process may use /v1/* (loopback only; logged).",
 )
 @click.option(
     "--token",
@@ -114,8 +135,10 @@ def enforcer() -> None:
 def serve(
     host: str,
     port: int,
+    unix: Path | None,
     token_file: str | None,
     token: str | None,
+    insecure_loopback: bool,
     fail_mode: str | None,
     grace: float | None,
     refusal_style: str | None,
@@ -133,25 +156,56 @@ def serve(
     spool_dir: Path | None,
     log_level: str,
 ) -> None:
-    """Serve /v1/check, /v1/settle, /v1/usage, /healthz, /readyz and /metrics."""
+    """Serve /v1/check, /v1/settle, /v1/usage, /healthz, /readyz and /metrics.
+
+    /v1/* need a bearer token: --token-file, $SPENDBUS_ENFORCER_TOKEN, or on loopback
+    <home>/enforcer.token, made on first start (0600); --unix PATH or --insecure-loopback
+    serve without one."""
+    from schemas.net import is_loopback
     from spendbus.secret_input import read_secret, refuse_on_command_line
 
     refuse_on_command_line(
         "token", f"use --token-file FILE (or -, standard input) or set {TOKEN_ENV}"
     )
+    tokens: list[str] = []
     if token_file is not None:
         if token:
             raise click.UsageError(f"--token-file and {TOKEN_ENV} are both set: keep one")
-        token = read_secret(token_file, "bearer token")
+        if token_file == "-":
+            tokens = [read_secret(token_file, "bearer token")]
+        else:
+            tokens = read_tokens(Path(token_file))
+    elif token is not None:
+        if not token.strip():
+            raise click.UsageError(f"{TOKEN_ENV} is empty")
+        tokens = [token.strip()]
+    if insecure_loopback:
+        if tokens:
+            raise click.UsageError(
+                f"--insecure-loopback and a token (--token-file or {TOKEN_ENV}): keep one"
+            )
+        if unix is not None:
+            raise click.UsageError("--insecure-loopback is for --host; --unix needs no token")
+        if not is_loopback(host):
+            raise click.UsageError(
+                f"--insecure-loopback: only on loopback (127.0.0.1, ::1, localhost), not {host}"
+            )
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    made_file: Path | None = None
+    if not tokens and not insecure_loopback and unix is None and is_loopback(host):
+        made_file = default_token_file()
+        tokens = ensure_token_file(made_file)
     try:
         config = _config(
             sidecar_host=host,
             sidecar_port=port,
-            sidecar_token=token or None,
+            sidecar_unix=None if unix is None else str(unix.resolve()),
+            sidecar_insecure_loopback=insecure_loopback or None,
+            sidecar_token=tokens[0] if tokens else None,
+            sidecar_tokens=tuple(tokens[1:]) or None,
             fail_mode=fail_mode,
             grace_s=grace,
             refusal_style=refusal_style,
@@ -171,7 +225,13 @@ def serve(
         raise click.ClickException(str(exc)) from None
 
     def started(sidecar: Any) -> None:
-        click.echo(json.dumps({"listening": f"http://{host}:{sidecar.port}"}), err=True)
+        where = f"unix:{unix.resolve()}" if unix is not None else f"http://{host}:{sidecar.port}"
+        line: dict[str, Any] = {"listening": where}
+        if made_file is not None:  # where the token is, never what it is
+            line["token_file"] = str(made_file)
+        elif token_file not in (None, "-"):
+            line["token_file"] = str(Path(str(token_file)).resolve())
+        click.echo(json.dumps(line), err=True)
 
     spool = spool_dir or (load_settings().home / "enforcer-spool" / str(port))
     try:  # the sidecar serves many small requests: uvloop's event loop cuts their cost
@@ -180,6 +240,45 @@ def serve(
         asyncio.run(serve_publishing_refusals(config, spool.resolve(), started))
     else:
         uvloop.run(serve_publishing_refusals(config, spool.resolve(), started))
+
+
+def default_token_file() -> Path:
+    """``$SPENDBUS_HOME/enforcer.token``: what the sidecar's clients read by default."""
+    return (load_settings().home / DEFAULT_TOKEN_FILE).resolve()
+
+
+def read_tokens(path: Path) -> list[str]:
+    """The tokens of a token file: every non-blank line that is not a ``#`` comment."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise click.BadParameter(
+            f"{path}: cannot read the bearer tokens ({exc.strerror})"
+        ) from None
+    tokens = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not tokens:
+        raise click.BadParameter(f"{path}: no bearer token in it")
+    return tokens
+
+
+def ensure_token_file(path: Path) -> list[str]:
+    """The tokens of ``path``, made first (one random token, mode 0600) when missing; a
+    file others may read is refused (its token is not a secret any more)."""
+    import secrets
+
+    from spendbus.stack.secret_file import create_once
+
+    if not path.exists() and create_once(path, secrets.token_urlsafe(TOKEN_BYTES)):
+        log.info("made the sidecar's bearer token: %s (mode 0600; clients send its line)", path)
+    else:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise click.ClickException(
+                f"{path} is mode {mode:04o}: other users may read the sidecar's token; "
+                f"`chmod 600 {path}` (or remove it to have a new one made)"
+            )
+        log.info("the sidecar's bearer token: %s", path)
+    return read_tokens(path)
 
 
 async def serve_publishing_refusals(

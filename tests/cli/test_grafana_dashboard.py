@@ -82,6 +82,7 @@ def sidecar(pipeline: Pipeline, tmp_path: Path) -> Iterator[str]:
             **os.environ,
             "KAFKA_BOOTSTRAP": pipeline.bootstrap,
             "SPENDBUS_TOPIC_PREFIX": pipeline.topics.prefix,
+            "SPENDBUS_HOME": str(tmp_path / "sidecar-home"),  # its token file is made there
         },
         stdout=log,
         stderr=subprocess.STDOUT,

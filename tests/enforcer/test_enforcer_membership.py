@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,14 +178,19 @@ async def test_members_count_each_other_as_they_join_and_leave(
 
 @pytest.mark.integration
 async def test_a_killed_member_is_dropped_after_its_session_times_out(
-    kafka_bootstrap: str, topics: Topics
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     """kill -9 of a replica (a sidecar process): it cannot leave; the broker drops it when
     its session times out, and the survivor's share widens after the grace."""
     await seed(kafka_bootstrap, topics)
     clock = FakeClock()
     survivor = await start_member(kafka_bootstrap, topics, 0, clock)
-    env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "SPENDBUS_TOPIC_PREFIX": topics.prefix}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+        "SPENDBUS_HOME": str(tmp_path),  # where serve makes its token file
+    }
     code = (
         "from spendbus.commands.enforcer import enforcer; enforcer(['serve', '--port', '0', "
         "'--membership', '--max-replicas', '8', '--membership-grace', '1'])"
@@ -296,7 +302,7 @@ async def test_shares_stay_within_the_headroom_while_members_join_and_leave_unde
 
 @pytest.mark.integration
 async def test_a_member_killed_under_traffic_takes_its_share_with_it(
-    kafka_bootstrap: str, topics: Topics
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     """Two replicas fill their halves of a $0.18 headroom (5 holds of $0.018 each), one a
     sidecar process admitting over HTTP; it is killed -9 with its requests (they die with
@@ -322,7 +328,12 @@ async def test_a_member_killed_under_traffic_takes_its_share_with_it(
     survivor = await start_member(kafka_bootstrap, topics, 0, clock)
     membership = survivor.membership
     assert membership is not None
-    env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "SPENDBUS_TOPIC_PREFIX": topics.prefix}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+        "SPENDBUS_HOME": str(tmp_path),  # where serve makes its token file
+    }
     code = (
         "from spendbus.commands.enforcer import enforcer; enforcer(['serve', '--port', '0', "
         "'--membership', '--max-replicas', '8', '--membership-grace', '1', "
@@ -346,6 +357,8 @@ async def test_a_member_killed_under_traffic_takes_its_share_with_it(
             assert line, "serve exited before listening"
             if line.startswith(b'{"listening"'):
                 url = json.loads(line)["listening"]
+                # the token serve made on first start, read as a client reads it
+                token = Path(json.loads(line)["token_file"]).read_text().strip()
                 break
         await eventually(lambda: membership.count == 2)
         await after_grace(clock, [survivor])
@@ -359,7 +372,10 @@ async def test_a_member_killed_under_traffic_takes_its_share_with_it(
                 await asyncio.sleep(0.2)
             sidecar_admitted = 0
             for _ in range(8):
-                answer = await (await http.post(f"{url}/v1/check", json=request)).json()
+                auth = {"Authorization": f"Bearer {token}"}
+                answer = await (
+                    await http.post(f"{url}/v1/check", json=request, headers=auth)
+                ).json()
                 sidecar_admitted += answer["allowed"]
         assert sidecar_admitted == 5  # 2 x (5 x 0.018) = 0.18: its half
         survivor_admitted = sum(survivor.check(ctx()).allowed for _ in range(8))

@@ -65,6 +65,7 @@ async def test_a_refusal_made_while_the_broker_is_away_arrives_after(
         bootstrap=local_broker.bootstrap,
         topic_prefix=topics.prefix,
         sidecar_port=0,
+        sidecar_token="spool-test-token",
         grace_s=600.0,  # the verdicts stay fresh while the broker is away
     )
     started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -84,7 +85,8 @@ async def test_a_refusal_made_while_the_broker_is_away_arrives_after(
                 pytest.fail("the sidecar did not become ready")
             await asyncio.to_thread(local_broker.stop)
             try:
-                answer = await (await http.post(f"{url}/v1/check", json=ctx)).json()
+                auth = {"Authorization": "Bearer spool-test-token"}
+                answer = await (await http.post(f"{url}/v1/check", json=ctx, headers=auth)).json()
                 assert not answer["allowed"] and answer["published"], answer
                 assert answer["body"]["reason"] == "model_unpriced"
                 metrics = await (await http.get(f"{url}/metrics")).text()

@@ -80,7 +80,7 @@ async def test_check_reserve_settle(client) -> None:  # type: ignore[no-untyped-
     assert r.status == 200
     d = await r.json()
     assert d["allowed"] and d["decision"] == "allowed" and d["status"] == 200
-    assert isinstance(d["hold_id"], int) and "counters" not in d
+    assert isinstance(d["hold_id"], str) and "counters" not in d
     assert d["usage_fields"] == {
         "outcome": "allowed",
         "decision": "allowed",
@@ -99,8 +99,10 @@ async def test_check_reserve_settle(client) -> None:  # type: ignore[no-untyped-
     r = await c.post("/v1/settle", json=settle, headers=AUTH)
     assert (await r.json()) == {"settled": True}
     assert e.holds.held_nanos == 10 * 3_000 + 10 * 15_000
+    # settled: its id is forgotten, a second settle names no hold and changes nothing
     r = await c.post("/v1/settle", json=settle, headers=AUTH)
-    assert (await r.json()) == {"settled": False}
+    assert r.status == 404 and (await r.json())["error"] == "unknown_hold"
+    assert e.holds.held_nanos == 10 * 3_000 + 10 * 15_000
 
     r = await c.post("/v1/check?counters=1", json={**CTX, "reserve": False}, headers=AUTH)
     d = await r.json()
@@ -131,14 +133,20 @@ async def test_bad_requests_are_400(client) -> None:  # type: ignore[no-untyped-
         ("/v1/check", {**CTX, "surprise": 1}),
         ("/v1/check", {**CTX, "reserve": "yes"}),
         ("/v1/check", [1, 2]),
+        ("/v1/settle", {"hold_id": 1, "release": True}),  # the enforcer's ids are not the wire's
+        ("/v1/settle", {"hold_id": None, "release": True}),
         ("/v1/settle", {"hold_id": "1"}),
-        ("/v1/settle", {"hold_id": 1}),
-        ("/v1/settle", {"hold_id": 1, "usage": {"model": "m", "input_tokens": -1}}),
-        ("/v1/settle", {"hold_id": 1, "usage": {"model": "m", "occurred_at": "yesterday"}}),
     ]
     for path, body in cases:
         r = await c.post(path, json=body, headers=AUTH)
         assert r.status == 400, (path, body, await r.text())
+    # a usage refused leaves the hold and its id as they were: a good settle still works
+    hold = (await (await c.post("/v1/check", json=CTX, headers=AUTH)).json())["hold_id"]
+    for usage in ({"model": "m", "input_tokens": -1}, {"model": "m", "occurred_at": "yesterday"}):
+        r = await c.post("/v1/settle", json={"hold_id": hold, "usage": usage}, headers=AUTH)
+        assert r.status == 400, (usage, await r.text())
+    r = await c.post("/v1/settle", json={"hold_id": hold, "release": True}, headers=AUTH)
+    assert (await r.json()) == {"settled": False, "released": True}
     r = await c.post("/v1/check", data=b"{not json", headers=AUTH)
     assert r.status == 400 and (await r.json())["error"] == "invalid_json"
 
@@ -300,8 +308,12 @@ async def test_check_answers_with_the_bytes_of_the_full_decision(client) -> None
         raw = await r.read()
         assert r.status == 200 and r.headers["Content-Type"] == "application/json"
         d = await r.json()
-        # the same decision from the library, with the same hold id, encodes to the same bytes
-        e.release(d["hold_id"])
+        # the same decision from the library, with the wire's hold id, encodes to the same
+        # bytes
+        r = await c.post(
+            "/v1/settle", json={"hold_id": d["hold_id"], "release": True}, headers=AUTH
+        )
+        assert (await r.json())["released"]
         again = e.check(Context.from_mapping(CTX))
         expected = again.to_json(counters=bool(query))
         expected["hold_id"] = d["hold_id"]
