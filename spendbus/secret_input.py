@@ -13,15 +13,21 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from schemas.private_files import secret_file_problem
+
 
 def read_secret(source: str, what: str) -> str:
     """The first line of file ``source`` (``-``: standard input), stripped; a click error
-    naming ``what`` when it is unreadable or empty (never the text)."""
+    naming ``what`` when it is unreadable, empty (never the text) or readable by other
+    users (schemas/private_files.py)."""
     if source == "-":
         line = sys.stdin.readline()
         where = "standard input"
     else:
         where = source
+        problem = secret_file_problem(source, f"{source} (the {what})")
+        if problem is not None:
+            raise click.BadParameter(problem)
         try:
             lines = Path(source).read_text().splitlines()
         except OSError as exc:

@@ -40,7 +40,7 @@ SPENDBUS_CONFIG            a YAML file with any of the keys below           (non
 
 A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
-``web_port``, ``web_host``, ``web_body_timeout_s``, ``sink_process``, ``cache_dir``,
+``web_port``, ``web_host``, ``web_body_timeout_s``, ``sink_process``, ``engine_process``, ``cache_dir``,
 ``kafka_security_protocol``, ``kafka_sasl_mechanism``, ``kafka_sasl_username``,
 ``kafka_sasl_password``, ``kafka_sasl_password_file``,
 ``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``, ``replication_factor``,
@@ -70,6 +70,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from aggregator import ClickHouseAccess
 from schemas.errors import ConfigError
 from schemas.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
+from schemas.private_files import check_secret_file
 from schemas.replication import ReplicationPolicy
 from schemas.topics import Topics
 
@@ -89,6 +90,9 @@ class Settings(BaseModel):
     #: the worker's sink stage in an OS process of its own (aggregator/sink_process.py);
     #: false (the default) runs it on the worker's own event loop
     sink_process: bool = False
+    #: an embedded store's engine in a process of its own, walled in and killable
+    #: (aggregator/sink/engine_host.py); false: in the process that owns the store
+    engine_process: bool = True
     cache_dir: Path = Path.home() / ".cache" / "spendbus"
     kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
     kafka_sasl_mechanism: SaslMechanism = "PLAIN"
@@ -160,6 +164,10 @@ class Settings(BaseModel):
                 raise ConfigError(
                     "KAFKA_SASL_PASSWORD and KAFKA_SASL_PASSWORD_FILE are both set: keep one"
                 )
+            check_secret_file(
+                self.kafka_sasl_password_file,
+                f"KAFKA_SASL_PASSWORD_FILE={self.kafka_sasl_password_file}",
+            )
             try:
                 text = self.kafka_sasl_password_file.read_text().rstrip("\r\n")
             except OSError as exc:
@@ -202,6 +210,7 @@ _ENV = {
     "SPENDBUS_WEB_HOST": "web_host",
     "SPENDBUS_WEB_BODY_TIMEOUT": "web_body_timeout_s",
     "SPENDBUS_SINK_PROCESS": "sink_process",
+    "SPENDBUS_ENGINE_PROCESS": "engine_process",
     "SPENDBUS_CACHE_DIR": "cache_dir",
     "KAFKA_SECURITY_PROTOCOL": "kafka_security_protocol",
     "KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",
@@ -228,7 +237,9 @@ _ENV = {
 
 
 def _read_secret(path: Path, setting: str) -> str:
-    """A secret kept in a file (its first line); ConfigError naming the setting, never the text."""
+    """A secret kept in a file (its first line); ConfigError naming the setting, never the
+    text; refused when other users can read the file."""
+    check_secret_file(path, f"{setting}={path}")
     try:
         text = path.read_text().splitlines()
     except OSError as exc:

@@ -82,6 +82,7 @@ class SecuredKafka:
         if user not in self._password_files:
             path.touch(mode=0o600)
             path.write_text(self.passwords[user] + "\n")
+            path.chmod(0o600)  # a secret: private (schemas/private_files.py)
             self._password_files[user] = path
         return path
 

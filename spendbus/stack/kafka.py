@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schemas.private_files import PRIVATE_UMASK
 from spendbus.stack.broker_jars import DEFAULT_INFRA_DIR, ensure_broker_jars, kafka_version
 from spendbus.stack.broker_probe import broker_ready, free_ports
 from spendbus.stack.broker_process import (
@@ -58,6 +59,7 @@ from spendbus.stack.broker_security import (
     sasl_ssl_properties,
     scram_format_args,
 )
+from spendbus.stack.private_home import open_private_log
 
 __all__ = ["LocalKafka"]
 
@@ -474,7 +476,7 @@ class LocalKafka:
         with contextlib.suppress(OSError):
             self._server_log_offset = self.server_log_path.stat().st_size
         on_main_thread = threading.current_thread() is threading.main_thread()
-        with self.log_path.open("ab") as log:
+        with open_private_log(self.log_path) as log:  # 0600
             log.write(
                 f"\n{START_BANNER} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
                 f"bootstrap=127.0.0.1:{self.port} ===\n".encode()
@@ -489,6 +491,7 @@ class LocalKafka:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                umask=PRIVATE_UMASK,  # the topics' segments and server.log: 0600/0700
                 # PR_SET_PDEATHSIG fires when the *thread* that forked exits; only the main
                 # thread lives as long as the process, so it is used only from there.
                 preexec_fn=(

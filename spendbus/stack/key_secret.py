@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from schemas.errors import ConfigError
+from schemas.private_files import check_secret_file
 from spendbus.settings import Settings
 from spendbus.stack.secret_file import create_once
 
@@ -62,6 +63,7 @@ def _checked(value: str, where: str) -> bytes:
 
 def _read(path: Path, setting: str | None) -> bytes:
     where = f"{setting}={path}" if setting else str(path)
+    check_secret_file(path, where)  # readable by others: refused
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:

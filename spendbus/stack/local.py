@@ -16,6 +16,7 @@ from spendbus.settings import Settings
 from spendbus.stack.broker_jars import ensure_broker_jars
 from spendbus.stack.cluster import CLUSTER_FILE, LocalCluster
 from spendbus.stack.kafka import LocalKafka
+from spendbus.stack.private_home import secure_home
 from spendbus.stack.topics import ensure_topics
 from spendbus.stack.web_token import default_token_file, worker_token
 from spendbus.stack.worker import WorkerProcess
@@ -117,6 +118,7 @@ class LocalStack:
         """Start what is not running yet; returns the bootstrap address. ``brokers``: the
         size of the local Kafka (None: as before, else one); not with KAFKA_BOOTSTRAP."""
         settings = self.settings
+        secure_home(settings.home)  # 0700, tightened if made earlier (private_home.py)
         if settings.kafka_bootstrap or settings.kafka_security.security_protocol != "PLAINTEXT":
             if brokers is not None:
                 raise ConfigError(

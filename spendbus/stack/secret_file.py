@@ -15,7 +15,7 @@ def create_once(path: Path, value: str) -> bool:
     The value is written whole to a private file first, then linked into place: a reader
     never sees half a secret, and of two processes starting at once the first link wins.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new home is private
     fd, staged = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:
         with os.fdopen(fd, "w") as out:

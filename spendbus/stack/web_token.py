@@ -23,6 +23,7 @@ from pydantic import SecretStr
 
 from schemas.errors import ConfigError
 from schemas.net import is_loopback
+from schemas.private_files import check_secret_file
 from spendbus.settings import Settings
 from spendbus.stack.secret_file import create_once
 from spendbus.stack.worker import DEFAULT_TOKEN_FILE
@@ -88,6 +89,7 @@ def ensure_default_token(settings: Settings) -> SecretStr:
 
 def _read(path: Path, setting: str | None) -> SecretStr:
     where = f"{setting}={path}" if setting else str(path)
+    check_secret_file(path, where)  # readable by others: refused
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:

@@ -24,6 +24,8 @@ from typing import Any
 from pydantic import SecretStr
 
 from schemas.errors import SpendbusError
+from schemas.private_files import PRIVATE_UMASK
+from spendbus.stack.private_home import open_private_log
 
 #: the token file in SPENDBUS_HOME (spendbus/stack/web_token.py creates it)
 DEFAULT_TOKEN_FILE = "web.token"
@@ -100,8 +102,8 @@ class WorkerProcess:
         existing = self.pid()
         if existing is not None:
             return existing
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_file.open("ab")
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        log = open_private_log(self.log_file)  # 0600: usage, user ids
         process = subprocess.Popen(
             [sys.executable, "-m", "spendbus", "aggregator", "run", *self.args],
             env={**os.environ, **self.env},
@@ -109,6 +111,7 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            umask=PRIVATE_UMASK,  # its store, tables and files: 0600/0700
         )
         self.pid_file.write_text(str(process.pid))
         self.wait_ready(process, timeout)

@@ -141,6 +141,7 @@ def test_the_local_stack_from_the_command_line(
         assert token not in refused.stdout + refused.stderr
         assert stored() == (20, 20 * 4_500_000)
         token_file.write_text("not-the-token\n")  # what a stale or foreign token gets
+        token_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
         unauthorized = spendbus(env, "sql", "SELECT 1", check=False)
         assert unauthorized.returncode != 0
         assert "bearer token" in unauthorized.stdout + unauthorized.stderr
@@ -149,6 +150,7 @@ def test_the_local_stack_from_the_command_line(
         assert "refused the web token" in report["clickhouse"]["error"]
         assert any("ClickHouse not checked" in p for p in report["problems"])
         token_file.write_text(token + "\n")
+        token_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
     finally:
         spendbus(env, "down")
     # nothing runs now: sql opens the embedded store itself

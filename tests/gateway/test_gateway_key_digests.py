@@ -113,6 +113,7 @@ def test_the_key_secret_comes_from_one_place(tmp_path: Path) -> None:
 
     secret_file = tmp_path / "secret"
     secret_file.write_text("from-a-file-0123456789abcdef\n")
+    secret_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
     settings = load_settings({"SPENDBUS_KEY_SECRET_FILE": str(secret_file)})
     assert key_secret(settings) == b"from-a-file-0123456789abcdef"
     both = load_settings(
@@ -144,6 +145,7 @@ def test_no_secret_is_taken_as_an_argument(tmp_path: Path) -> None:
         assert "s3cret-on-argv" not in result.output
     empty = tmp_path / "empty.token"
     empty.write_text("\n")
+    empty.chmod(0o600)  # a secret: private (schemas/private_files.py)
     for command in (["ingest", "serve"], ["enforcer", "serve"]):
         result = runner.invoke(cli, [*command, "--token-file", str(empty)], env={})
         assert result.exit_code == 2 and "no bearer token" in result.output

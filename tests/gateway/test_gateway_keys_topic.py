@@ -315,6 +315,7 @@ async def test_the_topic_never_holds_a_plaintext_key(
     assert (await keys_cli_async(kafka_bootstrap, topics, "apply", str(path))).exit_code == 0
     key_file = tmp_path / "revoke.key"
     key_file.write_text(plain[0] + "\n")
+    key_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
     revoked = await keys_cli_async(kafka_bootstrap, topics, "revoke", "--key-file", str(key_file))
     assert revoked.exit_code == 0, revoked.output
     from aiokafka import AIOKafkaConsumer

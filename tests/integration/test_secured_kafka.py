@@ -225,6 +225,7 @@ def test_bad_security_settings_fail_fast_naming_the_setting_and_the_broker(
     if change == "password":
         wrong = tmp_path / "wrong.password"
         wrong.write_text("not-the-password\n")
+        wrong.chmod(0o600)  # a secret: private (schemas/private_files.py)
         env["KAFKA_SASL_PASSWORD_FILE"] = str(wrong)
     elif change == "cafile":
         env["KAFKA_SSL_CAFILE"] = str(secured_kafka.untrusted_ca)

@@ -25,6 +25,7 @@ def test_redact_url_keeps_scheme_and_host_only() -> None:
 def test_config_file_filters_secrets_and_errors(tmp_path: Path) -> None:
     secret = tmp_path / "s"
     secret.write_text("hmac-key-1\n")
+    secret.chmod(0o600)  # a secret: private (schemas/private_files.py)
     config = tmp_path / "notify.yaml"
     config.write_text(
         f"""

@@ -241,6 +241,7 @@ def test_status_reports_an_https_server_without_its_password(tls_server: TlsServ
 def test_the_settings_read_the_password_from_a_file(tmp_path: Path) -> None:
     secret = tmp_path / "clickhouse-password"
     secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o600)  # a secret: private (schemas/private_files.py)
     ca_file = tmp_path / "ca.pem"
     ca_file.write_text("not read here\n")
     env = {
@@ -303,6 +304,7 @@ def test_a_worker_on_an_unverified_server_stops_saying_why_never_the_password(
 ) -> None:
     secret = tmp_path / "clickhouse-password"
     secret.write_text(PASSWORD + "\n")
+    secret.chmod(0o600)  # a secret: private (schemas/private_files.py)
     port = free_port()
     worker = WorkerProcess(
         run_dir=tmp_path / "run",
