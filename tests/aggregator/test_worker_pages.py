@@ -428,6 +428,7 @@ def test_off_loopback_every_page_needs_the_token(
     token_file = tmp_path / "secrets" / "web-token"
     token_file.parent.mkdir()
     token_file.write_text("a-configured-token-of-this-deployment\n")
+    token_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
     port = free_port()
     worker = WorkerProcess(
         run_dir=tmp_path / "run",
