@@ -89,7 +89,11 @@ def _sink_in_this_process(
     spool = config.data_dir / "sink"
     spool.mkdir(mode=0o700, parents=True, exist_ok=True)
     writer = ClickHouseWriter(
-        config.clickhouse_dsn, metrics, config.clickhouse_access, spool_dir=str(spool)
+        config.clickhouse_dsn,
+        metrics,
+        config.clickhouse_access,
+        spool_dir=str(spool),
+        engine_process=config.engine_process,
     )
     sink_stage = SinkStage(config, config.topics, writer, metrics)
     metrics.watch_lag(config.sink_app_id, sink_stage.lag)

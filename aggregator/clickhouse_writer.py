@@ -9,14 +9,19 @@ the worker itself when its sink runs in its own process (``sink_process`` off).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
+
+from clickhouse_connect.driver.client import Client
 
 from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from aggregator.metrics import Metrics
 from aggregator.sink import ClickHouseSink, SinkError, SinkUnavailable, apply_schema, open_client
-from aggregator.sink.guard import READ_ONLY_SESSION, QueryGuard
+from aggregator.sink.engine_link import EngineLink
+from aggregator.sink.guard import KILL_GRACE_SECONDS, READ_ONLY_SESSION, QueryGuard
+from aggregator.sink.store import chdb_path
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,8 @@ class ClickHouseWriter:
         metrics: Metrics,
         access: ClickHouseAccess = DEFAULT_ACCESS,
         spool_dir: str | None = None,
+        *,
+        engine_process: bool = False,
     ) -> None:
         self.dsn = dsn
         self.metrics = metrics
@@ -61,8 +68,24 @@ class ClickHouseWriter:
         # analyst queries: a second client on the same store, readonly=1 and bounded
         self.guard: QueryGuard | None = None
         self._opening = asyncio.Lock()
-        # one call into the client at a time: the embedded engine is one session per process
+        # one call into the sink's client at a time (the sink is not thread-safe)
         self._using = asyncio.Lock()
+        # one analyst query at a time (the guard is not thread-safe either)
+        self._querying = asyncio.Lock()
+        path = chdb_path(dsn) if engine_process else None
+        #: an embedded store's engine in a process of its own, walled in and killable
+        #: (aggregator/sink/engine_host.py); None: a server, or the engine in this process
+        self.engine: EngineLink | None = (
+            EngineLink(dsn, path, spool_dir, kill_grace=KILL_GRACE_SECONDS)
+            if path is not None
+            else None
+        )
+
+    def _client(self, **settings: Any) -> Client:
+        if self.engine is not None:
+            # the part of Client's interface the sink and the guard use (EngineClient)
+            return cast(Client, self.engine.client(**settings))
+        return open_client(self.dsn, access=self.access, **settings)
 
     async def open(self) -> ClickHouseSink:
         async with self._opening:
@@ -76,9 +99,11 @@ class ClickHouseWriter:
             return self.sink
 
     def _open(self) -> ClickHouseSink:
-        client = open_client(self.dsn, access=self.access)
+        client = self._client()
         apply_schema(client)
-        return ClickHouseSink(client, spool_dir=self.spool_dir)
+        # an engine process reads the sink's container files as the engine in this one would
+        avro = True if self.engine is not None else None
+        return ClickHouseSink(client, spool_dir=self.spool_dir, avro_inserts=avro)
 
     async def write_messages_until_done(self, messages: Sequence[Any]) -> None:
         """Store usage.priced records (``ClickHouseSink.write_messages``), retrying until done."""
@@ -127,9 +152,18 @@ class ClickHouseWriter:
     async def query(self, sql: Any) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Vet ``sql`` and run it read-only (QueryRefused when the guard refuses it)."""
         await self.open()  # the schema first: the guard's client only reads
-        async with self._using:
+        # beside the sink's writes when the engine has a process of its own (it answers
+        # each call on a thread, and is killed if a query outlives its limit); after them
+        # when the engine is this process's
+        beside: contextlib.AbstractAsyncContextManager[Any] = (
+            self._using if self.engine is None else contextlib.nullcontext()
+        )
+        async with self._querying, beside:
             if self.guard is None:
-                self.guard = QueryGuard(
-                    lambda: open_client(self.dsn, access=self.access, **READ_ONLY_SESSION)
-                )
+                self.guard = QueryGuard(lambda: self._client(**READ_ONLY_SESSION))
             return await asyncio.to_thread(self.guard.run, sql)
+
+    def close(self) -> None:
+        """End the engine's process, if the store has one."""
+        if self.engine is not None:
+            self.engine.close()

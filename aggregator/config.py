@@ -70,6 +70,10 @@ class AggregatorConfig(BaseModel):
     #: starts, restarts and stops it: aggregator/sink_process.py); off (the default): on
     #: the worker's own event loop, beside the counting stage
     sink_process: bool = False
+    #: an embedded store's engine in a process of its own, which cannot open a file
+    #: outside the store and is killed when a query outlives its time limit
+    #: (aggregator/sink/engine_host.py); off: the engine in the process that owns the store
+    engine_process: bool = True
     sink_batch_size: int = Field(default=50_000, ge=1, le=100_000)
     sink_batch_seconds: float = Field(default=0.5, gt=0)
     session_timeout_s: float = Field(default=10.0, ge=3.0)

@@ -81,6 +81,7 @@ class SinkServer:
             self.metrics,
             config.clickhouse_access,
             spool_dir=str(spool),
+            engine_process=config.engine_process,
         )
         self.stage = SinkStage(config, config.topics, self.writer, self.metrics)
         self.out = out

@@ -183,8 +183,8 @@ _CHILDREN: Final = re.compile(r" ?\(children (\d+)\)$")
 _ALIAS: Final = re.compile(r" \(alias [^)]*\)$")
 #: ClickHouse's READONLY error code: the engine's read-only mode refused the statement
 READONLY_CODE: Final = 164
-#: TIMEOUT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES: a query past the session's limits
-LIMIT_CODES: Final = frozenset({159, 396})
+#: TIMEOUT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES, MEMORY_LIMIT_EXCEEDED: past the session's limits
+LIMIT_CODES: Final = frozenset({159, 396, 241})
 
 #: the session settings of the guard's client: bounded queries (one analyst must not hold
 #: the engine, which the sink shares, for long, nor its memory, nor the worker's with a
@@ -435,7 +435,7 @@ def _refused_by_engine(exc: BaseException, doing: str) -> SinkError:
     """QueryRefused when the engine's read-only mode or its limits refused, else the usual
     sink error."""
     code = getattr(exc, "code", None)
-    if code in LIMIT_CODES:
+    if code in LIMIT_CODES or getattr(exc, "killed", False):
         limits = ", ".join(f"{k}={v}" for k, v in READ_ONLY_SESSION.items() if k != "readonly")
         return QueryRefused(
             f"the query went past /sql's limits ({limits}): {_first_line(exc)}; "

@@ -77,6 +77,7 @@ def run(
         web_token=web_token,
         clickhouse_access=clickhouse_access,
         sink_process=settings.sink_process,
+        engine_process=settings.engine_process,
         log_level=log_level.upper(),
     )
     # an embedded store takes one sinking worker: refuse to split usage.priced (sink_owner.py)
