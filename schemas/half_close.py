@@ -57,6 +57,8 @@ class HalfCloseServer(QuietServer):
 class AnswerAfterHalfClose(QuietAppRunner):
     """``web.AppRunner`` whose connections answer a client that half-closed after sending."""
 
+    __slots__ = ()  # AppRunner's layout: an existing runner (Faust's) may become one
+
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = HalfCloseServer

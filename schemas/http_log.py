@@ -275,7 +275,8 @@ class _RedactingFactory:
             rendered = record.getMessage()
         except Exception:  # a bad format: leave it to the handler's own error path
             return record
-        record.msg, record.args = redact(rendered), None
+        # args () not None: formatters that re-wrap args (mode's) expect a tuple
+        record.msg, record.args = redact(rendered), ()
         if record.exc_info and record.exc_info[0] is not None:
             record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)).rstrip())
         if record.stack_info:

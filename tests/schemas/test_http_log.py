@@ -95,6 +95,10 @@ def test_every_log_record_is_rendered_redacted(caplog: pytest.LogCaptureFixture)
             log.exception("failed")
     assert SECRET not in caplog.text
     assert caplog.text.count("[redacted]") >= 2
+    # rendered once: a formatter that re-wraps the args (the worker's, mode's) formats it
+    from mode.utils.logging import ExtensionFormatter
+
+    assert SECRET not in ExtensionFormatter().format(caplog.records[0])
 
 
 def _exchange(port: int, data: bytes) -> bytes:
