@@ -50,7 +50,7 @@ from aggregator.sink import SinkError, SinkUnavailable
 from aggregator.sink.errors import QueryRefused
 from aggregator.sink_link import SinkLink
 from aggregator.sink_stage import SinkStage
-from schemas.http_log import QuietAppRunner
+from schemas.half_close import AnswerAfterHalfClose
 from schemas.net import is_loopback
 
 log = logging.getLogger(__name__)
@@ -305,8 +305,9 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
 
     # the pages' connections log no request bytes: a malformed request is counted, and
-    # logged once per interval without its head (schemas/http_log.py)
+    # logged once per interval without its head (schemas/http_log.py); and a client that
+    # half-closed after its request still gets the answer (schemas/half_close.py)
     # Faust's aiohttp driver keeps its AppRunner (not yet set up) there
-    app.web._runner.__class__ = QuietAppRunner  # type: ignore[attr-defined]
+    app.web._runner.__class__ = AnswerAfterHalfClose  # type: ignore[attr-defined]
 
     app.spendbus_counting = stage  # type: ignore[attr-defined]
