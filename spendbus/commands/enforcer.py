@@ -266,17 +266,17 @@ def ensure_token_file(path: Path) -> list[str]:
     file others may read is refused (its token is not a secret any more)."""
     import secrets
 
+    from schemas.private_files import secret_file_problem
     from spendbus.stack.secret_file import create_once
 
     if not path.exists() and create_once(path, secrets.token_urlsafe(TOKEN_BYTES)):
         log.info("made the sidecar's bearer token: %s (mode 0600; clients send its line)", path)
     else:
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            raise click.ClickException(
-                f"{path} is mode {mode:04o}: other users may read the sidecar's token; "
-                f"`chmod 600 {path}` (or remove it to have a new one made)"
-            )
+        problem = secret_file_problem(path, str(path))
+        if problem is not None:  # exit status 2, as every other secret file others can read
+            refused = click.ClickException(f"{problem}; or remove it to have a new one made")
+            refused.exit_code = 2
+            raise refused
         log.info("the sidecar's bearer token: %s", path)
     return read_tokens(path)
 

@@ -198,7 +198,7 @@ def test_serve_refuses_contradictions_and_a_token_file_others_may_read(tmp_path:
     token_file.write_text("readable-by-all\n")
     token_file.chmod(0o644)
     loose = runner.invoke(cli, ["enforcer", "serve"], env=env)
-    assert loose.exit_code == 1 and f"chmod 600 {token_file.resolve()}" in loose.output
+    assert loose.exit_code == 2 and f"chmod 600 {token_file.resolve()}" in loose.output
     assert "readable-by-all" not in loose.output
 
 
