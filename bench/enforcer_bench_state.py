@@ -95,7 +95,10 @@ def loaded(
     prices = PriceTable(
         version="v1",
         effective_from=NOW - timedelta(days=300),
-        models=(ModelPrice.of("claude-sonnet-4", "3", "15"), ModelPrice.of("gpt-4o", "2.5", "10")),
+        models=(
+            ModelPrice.of("claude-sonnet-4-5", "3", "15"),
+            ModelPrice.of("gpt-4o", "2.5", "10"),
+        ),
     )
     e.state.apply_price("v1", prices.to_record())
     by = {b.budget_id: b for b in BUDGETS}

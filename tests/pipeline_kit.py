@@ -27,7 +27,7 @@ PRICES_YAML = """
 version: "it-1"
 effective_from: "2026-01-01T00:00:00Z"
 models:
-  - {match: claude-sonnet-4, input_per_mtok: "3.00", output_per_mtok: "15.00", cache_read_per_mtok: "0.30"}
+  - {match: claude-sonnet-4-5, input_per_mtok: "3.00", output_per_mtok: "15.00", cache_read_per_mtok: "0.30"}
   - {match: gpt-4o-mini, input_per_mtok: "0.15", output_per_mtok: "0.60"}
 """
 BUDGETS_YAML = """

@@ -10,14 +10,22 @@ One concern a module:
 - ``model_price``: a model's prices (``ModelPrice``, ``LongContextTier``), their bounds
   and defaults, and what one call costs at them;
 - ``exact_cost``: the integer rates and the exact cost, rounded once;
-- ``model_ids``: the forms of a model id tried in turn (Bedrock profiles and vendors);
-- ``table``: one version (``PriceTable``) and its longest-prefix lookup;
+- ``model_ids``: the forms of a model id tried in turn (Bedrock profiles and vendors) and
+  the snapshot suffixes an entry also prices (never another version);
+- ``table``: one version (``PriceTable``), its lookup and its explanation of a match;
 - ``price_file``: the strict YAML price files and the shipped one;
 - ``book``: the price book (``PriceBook``): which version is in force, pricing events.
 """
 
 from schemas.pricing.book import MAX_CACHED_MODELS, NO_VERSION, Price, PriceBook
-from schemas.pricing.model_ids import BEDROCK_GEOGRAPHIES, BEDROCK_VENDORS, model_id_candidates
+from schemas.pricing.model_ids import (
+    BEDROCK_GEOGRAPHIES,
+    BEDROCK_VENDORS,
+    SNAPSHOT_SUFFIX,
+    is_snapshot_suffix,
+    model_id_candidates,
+    model_id_forms,
+)
 from schemas.pricing.model_price import (
     DEFAULT_CACHE_READ_RATIO,
     DEFAULT_CACHE_WRITE_1H_RATIO,
@@ -48,13 +56,16 @@ __all__ = [
     "MAX_TIER_MULTIPLIER",
     "MAX_UNIT_PRICE",
     "NO_VERSION",
+    "SNAPSHOT_SUFFIX",
     "LongContextTier",
     "ModelPrice",
     "Price",
     "PriceBook",
     "PriceTable",
     "default_price_file",
+    "is_snapshot_suffix",
     "load_price_file",
     "model_id_candidates",
+    "model_id_forms",
     "price_table_from_yaml",
 ]

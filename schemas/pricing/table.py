@@ -1,11 +1,16 @@
-"""One price version (``PriceTable``): its entries, the longest-prefix lookup, its record.
+"""One price version (``PriceTable``): its entries, the lookup of a model's entry, its record.
 
-*Which model entry.* The longest ``match`` that is a prefix of the model id wins, the id
-tried as carried and then normalised (:func:`schemas.pricing.model_ids.model_id_candidates`).
-Write ``match`` values in lower case. A ``match`` is a prefix, not a glob: ``*`` is refused,
-and so is an empty match (use ``fallback``). OpenAI fine-tuned ids
-(``ft:gpt-4o-mini:...``) are not stripped: fine-tuned models cost more, so they
-must be listed (``match: "ft:gpt-4o-mini"``).
+*Which model entry.* An entry's ``match`` is a model id; it prices that id and the id's
+snapshot forms (dated suffixes, ``-latest``, ``-preview``, Bedrock ``-v1:0``...:
+:data:`schemas.pricing.model_ids.SNAPSHOT_SUFFIX`), never another version: ``gpt-5``
+does not price ``gpt-5.5`` nor ``gpt-5-codex``. The id is tried as carried and then
+normalised (:func:`schemas.pricing.model_ids.model_id_forms`); of the entries that
+price a form, the longest ``match`` wins (``gpt-4o-2024-05-13`` over ``gpt-4o``).
+Write ``match`` values in lower case. ``*`` is refused, and so is an empty match (use
+``fallback``). OpenAI fine-tuned ids (``ft:gpt-4o-mini:...``) are matched by their
+base (``ft:gpt-4o-mini-2024-07-18``): fine-tuned models cost more, so they must be
+listed (``match: "ft:gpt-4o-mini"``). :meth:`PriceTable.explain` says which form,
+which entry and which suffix (``spendbus price --explain``).
 
 *No match.* With a ``fallback``, the fallback prices are charged and the
 priced event records ``matched = "*"``. Without one the event costs 0 and is
@@ -22,7 +27,7 @@ from typing import Any
 
 from schemas.errors import ContractError
 from schemas.periods import from_micros
-from schemas.pricing.model_ids import model_id_candidates
+from schemas.pricing.model_ids import is_snapshot_suffix, model_id_forms
 from schemas.pricing.model_price import FALLBACK_MATCH, ModelPrice
 
 
@@ -58,19 +63,45 @@ class PriceTable:
         object.__setattr__(self, "_lengths", tuple(lengths))
 
     def lookup(self, model: str) -> ModelPrice | None:
-        """The entry with the longest prefix of ``model`` (tried as carried, then normalised).
+        """The entry that prices ``model`` or one of its snapshot forms (tried as carried,
+        then normalised; the longest match wins), or None.
 
         The fallback is not returned here; see :meth:`resolve`.
         """
+        found = self._find(model)
+        return None if found is None else found[0]
+
+    def _find(self, model: str) -> tuple[ModelPrice, str, str, str] | None:
+        """(entry, the step that made the form, the form, what followed the match)."""
         by_prefix = self._by_prefix
-        for form in model_id_candidates(model):
+        for step, form in model_id_forms(model):
             size = len(form)
             for length in self._lengths:
                 if length <= size:
                     price = by_prefix.get(form[:length])
-                    if price is not None:
-                        return price
+                    if price is not None and is_snapshot_suffix(form[length:]):
+                        return price, step, form, form[length:]
         return None
+
+    def explain(self, model: str) -> dict[str, Any]:
+        """Why ``model`` is priced as it is: the forms tried, the form and entry that
+        matched and by which rule (``exact``, ``snapshot`` of the entry, ``fallback``, or
+        ``unpriced``)."""
+        forms = [{"step": step, "form": form} for step, form in model_id_forms(model)]
+        found = self._find(model)
+        if found is not None:
+            price, step, form, suffix = found
+            return {
+                "rule": "snapshot" if suffix else "exact",
+                "entry": price.match,
+                "form": form,
+                "step": step,
+                "suffix": suffix,
+                "forms_tried": forms,
+            }
+        rule = "unpriced" if self.fallback is None else "fallback"
+        entry = None if self.fallback is None else FALLBACK_MATCH
+        return {"rule": rule, "entry": entry, "forms_tried": forms}
 
     def resolve(self, model: str) -> ModelPrice | None:
         """What ``model`` is charged by: its entry, else the fallback, else None (unpriced)."""

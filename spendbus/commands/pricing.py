@@ -111,6 +111,12 @@ _TOKENS = click.IntRange(min=0)
     help="Also print the matched entry's rates: token prices per million, unit_prices "
     "(USD per billed unit) and service_tiers (multipliers).",
 )
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Also print why the model is priced so: the forms of its id tried, the form and "
+    "entry that matched and the rule (exact, snapshot of the entry, fallback, unpriced).",
+)
 @_AT_OPTION
 def price(
     prices_path: Path | None,
@@ -123,11 +129,13 @@ def price(
     unit_counts: tuple[str, ...],
     service_tier: str | None,
     rates: bool,
+    explain: bool,
     at_text: str | None,
 ) -> None:
     """Print what one call costs, as JSON:
     {cost_nanos, cost_usd, price_version, matched, unpriced} (and the units and
-    service_tier when given; with --rates, the entry's rates)."""
+    service_tier when given; with --rates, the entry's rates; with --explain, why that
+    entry)."""
     units = _units(unit_counts)
     if cache_write_1h_tokens > cache_write_tokens:
         raise BadInput(
@@ -164,6 +172,13 @@ def price(
         table = book.table_at(at)
         entry = None if table is None else table.resolve(model)
         out["rates"] = None if entry is None else _rates(entry)
+    if explain:
+        table = book.table_at(at)
+        out["explain"] = (
+            {"rule": "unpriced", "entry": None, "why": "no version in force"}
+            if table is None
+            else table.explain(model)
+        )
     click.echo(json.dumps(out, separators=(",", ":")))
 
 

@@ -359,6 +359,9 @@ def _read_genai(doc: Any, wanted: frozenset[str], out: SourceFile, where: str, o
                 if "/" in prefix:
                     out.skipped.append(f"{label}: {prefix!r} is routed through another service")
                     continue
+                if prefix[-1] in "-.@:_":  # gpt-4o-2024-: snapshots, priced by the model's id
+                    out.skipped.append(f"{label}: {prefix!r} is a prefix, not a model id")
+                    continue
                 out.prices.append(SourcePrice(model=prefix, source=label, **made))
 
 

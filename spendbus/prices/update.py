@@ -1,9 +1,11 @@
 """A new dated price version from our newest one and a community source.
 
 Each source price is matched to the entry of our table that prices its id: the
-entry whose ``match`` equals the id, else the longest ``match`` that is a prefix of
-the id as written (no normalisation: a Bedrock ``anthropic.claude-...`` id never
-updates the first-party ``claude-...`` entry, whose price differs). For each entry:
+entry whose ``match`` equals the id, else the longest ``match`` of which the id as
+written is a snapshot form (``gpt-5-2025-08-07`` of ``gpt-5``; never another version:
+``gpt-5.4`` does not update ``gpt-5``; schemas/pricing/model_ids.py), with no other
+normalisation: a Bedrock ``anthropic.claude-...`` id never updates the first-party
+``claude-...`` entry, whose price differs. For each entry:
 
 - no source price matched: kept as it is (prices and provenance);
 - a source price whose id is the entry's ``match`` wins; else the matched ids must
@@ -33,6 +35,7 @@ from schemas.pricing import (
     DEFAULT_CACHE_WRITE_RATIO,
     ModelPrice,
     PriceTable,
+    is_snapshot_suffix,
 )
 
 from .exact import price_text
@@ -65,10 +68,15 @@ class ImportReport:
 
 def _owner(table: PriceTable, model: str) -> str | None:
     """The ``match`` of ``table`` that prices ``model`` as written: equal, else the
-    longest prefix."""
+    longest of which ``model`` is a snapshot form."""
     best: str | None = None
     for entry in table.models:
-        if model.startswith(entry.match) and (best is None or len(entry.match) > len(best)):
+        size = len(entry.match)
+        if (
+            model.startswith(entry.match)
+            and is_snapshot_suffix(model[size:])
+            and (best is None or size > len(best))
+        ):
             best = entry.match
     return best
 

@@ -49,7 +49,7 @@ PRICES = price_table_from_yaml(
 version: "f-1"
 effective_from: "2026-01-01T00:00:00Z"
 models:
-  - {match: claude-sonnet-4, input_per_mtok: "3.00", output_per_mtok: "15.00"}
+  - {match: claude-sonnet-4-5, input_per_mtok: "3.00", output_per_mtok: "15.00"}
 """
     ),
     source="test",

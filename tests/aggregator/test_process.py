@@ -27,7 +27,7 @@ PRICES = price_table_from_yaml(
 version: "test-1"
 effective_from: "2026-01-01T00:00:00Z"
 models:
-  - {match: claude-sonnet-4, input_per_mtok: "3.00", output_per_mtok: "15.00"}
+  - {match: claude-sonnet-4-5, input_per_mtok: "3.00", output_per_mtok: "15.00"}
   - {match: gpt-4o, input_per_mtok: "2.50", output_per_mtok: "10.00"}
 """
     ),

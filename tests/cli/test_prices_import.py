@@ -128,9 +128,12 @@ def test_litellm_import_writes_a_new_dated_version_with_provenance(tmp_path: Pat
     # Gemini: the tier and the per-token prices, exactly; cache writes follow the new input
     pro = entry(new, "gemini-2.5-pro")
     assert prices_of(pro) == ("1.25", "10", "0.125", "1.5625", "2.50")
-    # two ids under claude-sonnet-4 agree (one lacks the 1h price): unchanged, ours kept
-    assert "claude-sonnet-4" in report["unchanged"] and entry(new, "claude-sonnet-4").source is None
-    # gpt-4o-mini is priced by our gpt-4o entry, the source says otherwise: its own entry
+    # two ids of claude-sonnet-4-5 agree (one lacks the 1h price): unchanged, ours kept
+    assert (
+        "claude-sonnet-4-5" in report["unchanged"]
+        and entry(new, "claude-sonnet-4-5").source is None
+    )
+    # gpt-4o-mini: our gpt-4o entry does not price it (another model): added as its own
     assert "gpt-4o-mini" in report["added"]
     assert prices_of(entry(new, "gpt-4o-mini"))[:3] == ("0.15", "0.6", "0.075")
     # its batch and priority per-token prices are one multiplier each: imported as tiers
@@ -197,11 +200,13 @@ def test_genai_prices_import_reads_tiers_dated_prices_and_match_prefixes(tmp_pat
     opus = entry(new, "claude-opus-4-5")
     assert [(u, str(p)) for u, p in opus.unit_prices] == [("web_search", "0.01")]
     # a single tier is our long-context tier: Sonnet 4.5 agrees with ours
-    assert "claude-sonnet-4" in report["unchanged"]
+    assert "claude-sonnet-4-5" in report["unchanged"]
     assert set(report["skipped"]) == {
         "genai-prices:google/gemini-2.5-pro: input_mtok: 2 tiers: one is representable",
         "genai-prices:openai/o3: no starts_with/equals match to use as a prefix",
         "genai-prices:openai/text-embedding-3-small: no input_mtok and output_mtok",
+        # a starts_with that is no model id (gpt-4o's snapshots): gpt-4o prices them
+        "genai-prices:openai/gpt-4o: 'gpt-4o-2024-' is a prefix, not a model id",
     }
     assert entry(new, "gemini-2.5-pro") == entry(tables[0], "gemini-2.5-pro")
 
@@ -257,6 +262,7 @@ def test_diff_lists_every_changed_price(tmp_path: Path) -> None:
     assert {line.split()[1] for line in lines} == {
         "claude-opus-4-5", "anthropic.claude-sonnet-4-5", "gemini-2.5-pro", "gpt-4.1-nano",
         "gemini-2.5-flash", "gpt-4o-mini", "gpt-5.1", "o3-mini", "gpt-4o",
+        "claude-sonnet-4-20250514",  # Sonnet 4: our claude-sonnet-4-5 does not price it
     }  # fmt: skip
     assert "27 price(s) differ" in err or "price(s) differ" in err
     code, stdout, _ = run("diff", str(BASE), str(BASE))

@@ -18,7 +18,7 @@ MODEL = "claude-sonnet-4-5"
 PRICES = PriceTable(
     version="2026-01-01",
     effective_from=datetime(2026, 1, 1, tzinfo=UTC),
-    models=(ModelPrice.of("claude-sonnet-4", "3", "15"), ModelPrice.of("gpt-4o", "2.5", "10")),
+    models=(ModelPrice.of("claude-sonnet-4-5", "3", "15"), ModelPrice.of("gpt-4o", "2.5", "10")),
 )
 
 

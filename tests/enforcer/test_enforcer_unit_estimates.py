@@ -18,7 +18,7 @@ UNIT_PRICES = PriceTable(
     effective_from=datetime(2026, 2, 1, tzinfo=UTC),
     models=(
         ModelPrice.of(
-            "claude-sonnet-4",
+            "claude-sonnet-4-5",
             "3",
             "15",
             unit_prices={"web_search": "0.01"},

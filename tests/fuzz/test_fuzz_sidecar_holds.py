@@ -56,7 +56,7 @@ async def seed(bootstrap: str, topics: Topics) -> None:
     prices = PriceTable(
         version="2026-01-01",
         effective_from=datetime(2026, 1, 1, tzinfo=UTC),
-        models=(ModelPrice.of("claude-sonnet-4", "3", "15"),),
+        models=(ModelPrice.of("claude-sonnet-4-5", "3", "15"),),
     )
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()

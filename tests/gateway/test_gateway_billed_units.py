@@ -41,7 +41,7 @@ async def test_server_web_searches_reach_the_ledger_and_are_priced_per_unit(
             "effective_from": datetime(2020, 1, 1, tzinfo=UTC),
             "models": [
                 {
-                    "match": "claude-sonnet-4",
+                    "match": "claude-sonnet-4-5",
                     "input_per_mtok": "3",
                     "output_per_mtok": "15",
                     "unit_prices": {"web_search": "0.01"},

@@ -18,7 +18,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 SONNET = ModelPrice.of(
-    "claude-sonnet-4",
+    "claude-sonnet-4-5",
     "3.00",
     "15.00",
     long_context=LongContextTier(200_000, Decimal("6.00"), Decimal("22.50")),
@@ -48,6 +48,6 @@ class Tokens(TypedDict, total=False):
 def cost(price: ModelPrice, **tokens: Unpack[Tokens]) -> int:
     return (
         book(price)
-        .price("claude-sonnet-4-5" if price is SONNET else price.match, at=AT, **tokens)
+        .price("claude-sonnet-4-5-20250929" if price is SONNET else price.match, at=AT, **tokens)
         .cost_nanos
     )

@@ -34,7 +34,7 @@ GOOD = """
     version: "2026-11-01"
     effective_from: "2026-11-01T00:00:00Z"
     models:
-      - match: claude-sonnet-4
+      - match: claude-sonnet-4-5
         input_per_mtok: "3.00"
         output_per_mtok: "15.00"
         cache_read_per_mtok: "0.30"
@@ -255,7 +255,7 @@ def test_the_shipped_file_loads(shipped: PriceBook) -> None:
 @pytest.mark.parametrize(
     ("model", "matched", "usd_per_mtok_input"),
     [
-        ("claude-sonnet-4-5-20250929", "claude-sonnet-4", "3"),
+        ("claude-sonnet-4-5-20250929", "claude-sonnet-4-5", "3"),
         ("claude-opus-4-5-20251101", "claude-opus-4-5", "5"),
         ("claude-opus-4-1-20250805", "claude-opus-4-1", "15"),
         ("claude-opus-4-20250514", "claude-opus-4-20250514", "15"),

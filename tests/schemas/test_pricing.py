@@ -172,15 +172,24 @@ def test_model_id_decorations() -> None:
     arn = "arn:aws:bedrock:us-east-1::foundation-model/anthropic.claude-3-haiku-20240307-v1:0"
     assert model_id_candidates(arn)[-1] == "claude-3-haiku-20240307-v1:0"
     assert model_id_candidates("gpt-4.1-mini") == ["gpt-4.1-mini"]  # a dot is not a label
-    assert model_id_candidates("ft:gpt-4o-mini:acme::x") == ["ft:gpt-4o-mini:acme::x"]
-    t = table(SONNET, ModelPrice.of("gemini-2.5-pro", "1.25", "10"))
+    assert model_id_candidates("ft:gpt-4o-mini:acme::x") == [
+        "ft:gpt-4o-mini:acme::x",
+        "ft:gpt-4o-mini",  # a fine-tuned id is priced by its base
+    ]
+    sonnet_4 = ModelPrice.of("claude-sonnet-4", "3", "15")
+    t = table(SONNET, sonnet_4, ModelPrice.of("gemini-2.5-pro", "1.25", "10"))
     for model in (
-        "anthropic.claude-sonnet-4-20250514-v1:0",
         "eu.anthropic.claude-sonnet-4-5-20250929-v1:0",
-        "claude-sonnet-4@20250514",
+        "claude-sonnet-4-5@20250929",
         "Claude-Sonnet-4-5",
     ):
         assert t.lookup(model) is SONNET, model
+    for model in (
+        "anthropic.claude-sonnet-4-20250514-v1:0",
+        "claude-sonnet-4@20250514",
+        "claude-sonnet-4-0",  # Anthropic's alias of Sonnet 4
+    ):
+        assert t.lookup(model) is sonnet_4, model
     assert t.lookup("models/gemini-2.5-pro").match == "gemini-2.5-pro"  # type: ignore[union-attr]
 
 
@@ -197,7 +206,7 @@ def test_an_entry_for_the_id_as_carried_beats_the_normalised_id() -> None:
 def test_unknown_model_is_unpriced_and_costs_nothing() -> None:
     b = book(SONNET)
     assert b.price("mystery-1", at=AT, input_tokens=10**6) == Price(0, "v1", None, True)
-    assert b.unpriced_models(["mystery-1", "claude-sonnet-4", "mystery-1", "x"], AT) == [
+    assert b.unpriced_models(["mystery-1", "claude-sonnet-4-5", "mystery-1", "x"], AT) == [
         "mystery-1",
         "x",
     ]
@@ -210,7 +219,7 @@ def test_fallback_prices_what_nothing_matches() -> None:
     assert b.price("mystery-1", at=AT, input_tokens=1000, output_tokens=100) == Price(
         15_000_000, "v1", "*", False
     )
-    assert b.price("claude-sonnet-4", at=AT, input_tokens=1).matched == "claude-sonnet-4"
+    assert b.price("claude-sonnet-4-5", at=AT, input_tokens=1).matched == "claude-sonnet-4-5"
     assert b.unpriced_models(["mystery-1"], AT) == []
     assert b.tables[0].lookup("mystery-1") is None  # lookup never returns the fallback
     with pytest.raises(ContractError, match="fallback"):
@@ -320,7 +329,7 @@ def test_price_event_is_price_of_the_event_fields() -> None:
                 cache_write_1h_tokens=ev["cache_write_1h_tokens"],
                 output_tokens=ev["output_tokens"],
             )
-    assert b.price_event(event()) == Price(23_832_000, "v1", "claude-sonnet-4", False)
+    assert b.price_event(event()) == Price(23_832_000, "v1", "claude-sonnet-4-5", False)
     assert b.price_event(event(occurred_at=T0 - timedelta(days=1))).price_version == "v0"
     naive = dict(event(), occurred_at=datetime(2026, 11, 30))
     with pytest.raises(InvalidRecord, match="occurred_at"):

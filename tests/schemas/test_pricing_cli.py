@@ -16,13 +16,13 @@ PRICES = """
       - version: "2026-01"
         effective_from: "2026-01-01T00:00:00Z"
         models:
-          - {match: claude-sonnet-4, input_per_mtok: "3.00", output_per_mtok: "15.00",
+          - {match: claude-sonnet-4-5, input_per_mtok: "3.00", output_per_mtok: "15.00",
              long_context: {above_input_tokens: 200000, input_per_mtok: "6.00", output_per_mtok: "22.50"}}
           - {match: half, input_per_mtok: "0.0005", output_per_mtok: "0.0005"}
       - version: "2026-06"
         effective_from: "2026-06-01T00:00:00Z"
         models:
-          - {match: claude-sonnet-4, input_per_mtok: "2.00", output_per_mtok: "10.00"}
+          - {match: claude-sonnet-4-5, input_per_mtok: "2.00", output_per_mtok: "10.00"}
 """
 
 
@@ -65,7 +65,7 @@ def test_price_prints_compact_json(price_file: Path) -> None:
     # = 3_000_000 + 7_500_000 + 30_000 + 112_500 + 60_000 = 10_702_500
     assert out == (
         '{"cost_nanos":10702500,"cost_usd":"0.0107025","price_version":"2026-01",'
-        '"matched":"claude-sonnet-4","unpriced":false}\n'
+        '"matched":"claude-sonnet-4-5","unpriced":false}\n'
     )
 
 
@@ -75,7 +75,7 @@ def test_price_uses_the_version_at_the_given_time(price_file: Path) -> None:
         "--prices",
         str(price_file),
         "--model",
-        "claude-sonnet-4",
+        "claude-sonnet-4-5",
         "--input-tokens",
         "1",
     )
@@ -133,7 +133,7 @@ def test_price_with_the_shipped_file() -> None:
     assert code == 0
     result = json.loads(out)
     assert result["cost_usd"] == "6"  # 1M > 200k: the long-context tier
-    assert result["matched"] == "claude-sonnet-4"
+    assert result["matched"] == "claude-sonnet-4-5"
 
 
 @pytest.mark.parametrize(
@@ -196,9 +196,9 @@ def test_check_at_a_time(price_file: Path) -> None:
         :2
     ] == (1, "half\n")
     code, out, err = run(
-        "check", "--prices", str(price_file), "--at", "2020-01-01T00:00:00Z", "claude-sonnet-4"
+        "check", "--prices", str(price_file), "--at", "2020-01-01T00:00:00Z", "claude-sonnet-4-5"
     )
-    assert (code, out) == (1, "claude-sonnet-4\n")
+    assert (code, out) == (1, "claude-sonnet-4-5\n")
     assert "none in force" in err
 
 
@@ -220,10 +220,10 @@ def test_check_with_a_fallback_prices_everything(tmp_path: Path) -> None:
         "models: [{match: m, input_per_mtok: '1', output_per_mtok: '1'}]\n"
         "fallback: {input_per_mtok: '10', output_per_mtok: '10'}\n"
     )
-    # ("m" is a prefix of "mystery": a model id is not a word)
-    code, out, err = run("check", "--prices", str(path), "m", "mystery", "zeta")
+    # ("m" does not price "mystery": an entry prices its id and its snapshots only)
+    code, out, err = run("check", "--prices", str(path), "m", "m-2025-01-01", "mystery", "zeta")
     assert (code, out) == (0, "")
-    assert "priced by the fallback: zeta" in err
+    assert "2 priced by the fallback: mystery, zeta" in err
     code, out, _ = run("price", "--prices", str(path), "--model", "zeta", "--output-tokens", "1")
     assert json.loads(out)["matched"] == "*"
     assert json.loads(out)["cost_nanos"] == 10_000

@@ -21,11 +21,13 @@ DOC = {
 
 
 def test_a_named_fallback_prices_unknown_models_as_that_model() -> None:
-    table = price_table_from_yaml({**DOC, "fallback": {"model": "claude-opus-4-1"}}, source="p")
+    table = price_table_from_yaml(
+        {**DOC, "fallback": {"model": "claude-opus-4-20250514"}}, source="p"
+    )
     assert isinstance(table, PriceTable) and table.fallback is not None
     book = PriceBook([table])
     unknown = book.price("acme-internal-llm", at=AT, input_tokens=1000, output_tokens=1000)
-    opus = book.price("claude-opus-4-1", at=AT, input_tokens=1000, output_tokens=1000)
+    opus = book.price("claude-opus-4-20250514", at=AT, input_tokens=1000, output_tokens=1000)
     assert not unknown.unpriced and unknown.matched == FALLBACK_MATCH
     assert unknown.cost_nanos == opus.cost_nanos == 90_000_000
     assert book.unpriced_models(["acme-internal-llm"], AT) == []

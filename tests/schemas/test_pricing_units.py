@@ -28,7 +28,7 @@ FILE = """
       - version: "2026-01"
         effective_from: "2026-01-01T00:00:00Z"
         models:
-          - match: claude-sonnet-4
+          - match: claude-sonnet-4-5
             input_per_mtok: "3.00"
             output_per_mtok: "15.00"
             unit_prices: {web_search: "0.01", web_fetch: "0"}
@@ -37,7 +37,7 @@ FILE = """
       - version: "2026-06"
         effective_from: "2026-06-01T00:00:00Z"
         models:
-          - match: claude-sonnet-4
+          - match: claude-sonnet-4-5
             input_per_mtok: "3.00"
             output_per_mtok: "15.00"
             unit_prices: {web_search: "0.012"}
