@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install native demo test test-faults test-fuzz check bench broker clean
+.PHONY: install native demo test test-faults test-fuzz check bench broker clean prices
 
 # The hot modules compiled with mypyc (pyproject.toml [tool.spendbus.compiled]).
 COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(sum(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled'].values(), [])))")
@@ -78,6 +78,18 @@ check: install
 	  --exclude '^tests/.+/conftest\.py$$' --exclude '^bench/(bench_enforcer|enforcer_bench_.+)\.py$$'
 	for conftest in $(NESTED_CONFTESTS); do MYPYPATH=$(TEST_ROOTS) $(BIN)/mypy $$conftest || exit 1; done
 	MYPYPATH=bench $(BIN)/mypy $(BENCH_BY_NAME)
+
+# The shipped price table's generated version, from the two community price maps at their
+# pinned versions (spendbus/prices/oracles.py PINS; PyPI only, no other network): the
+# wheels are downloaded, their maps read into schemas/data/oracle_prices.json, and
+# `spendbus prices import` (spendbus/prices/generate.py) writes the version after the
+# marker of schemas/data/prices.yaml. tests/schemas/test_prices_against_oracles.py holds it.
+ORACLE_WHEELS := build/oracles
+prices: install
+	rm -rf $(ORACLE_WHEELS)
+	$(BIN)/pip download -q --no-deps -d $(ORACLE_WHEELS) \
+	  $$($(BIN)/python -c "from spendbus.prices.oracles import PINS; print(' '.join(n + '==' + v for n, v in PINS.items()))")
+	$(BIN)/python -m spendbus.prices.generate --wheels $(ORACLE_WHEELS)
 
 # The benches run on the environment as installed (`make install`, which brings the bench
 # extras) and built (`make native`, which rebuilds only extensions older than their

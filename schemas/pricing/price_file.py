@@ -5,7 +5,7 @@ A file holds one table, or several versions under ``versions:``::
     version: "2026-11-01"                  # recorded on every priced event
     effective_from: "2026-11-01T00:00:00Z" # RFC 3339 with a zone; a bare date is 00:00 UTC
     models:
-      - match: claude-sonnet-4             # a prefix of the model id
+      - match: claude-sonnet-4             # a model id: it and its snapshots
         input_per_mtok: "3.00"             # decimal USD per million tokens
         output_per_mtok: "15.00"
         cache_read_per_mtok: "0.30"        # optional, default 0.1 x input
@@ -24,6 +24,16 @@ A file holds one table, or several versions under ``versions:``::
     versions:
       - {version: "2026-01-01", effective_from: "2026-01-01T00:00:00Z", models: [...]}
       - {version: "2026-11-01", effective_from: "2026-11-01T00:00:00Z", models: [...]}
+      # a version may be written as its changes to an earlier one of the same file:
+      - version: "2026-12-01"
+        effective_from: "2026-12-01T00:00:00Z"
+        extends: "2026-11-01"              # its entries and fallback, then:
+        models: [...]                      # entries added, or replacing the same match
+        remove: [gpt-4-32k]                # entries dropped (each must be in the base)
+
+A version that ``extends`` another is resolved when the file is read: it is a whole
+table like any other (its record carries every entry), so an older version keeps
+its prices and the new one differs exactly where it says.
 
 Prices are strings or integers, never floats (YAML reads ``3.0`` as a binary
 float, which is not exact); negative prices are refused; unknown keys are
@@ -68,6 +78,7 @@ _MODEL_KEYS: Final = (
 )
 _TIER_KEYS: Final = ("above_input_tokens", "input_per_mtok", "output_per_mtok")
 _TABLE_KEYS: Final = ("version", "effective_from", "models", "fallback")
+_DELTA_KEYS: Final = (*_TABLE_KEYS, "extends", "remove")
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -228,7 +239,12 @@ def _effective_from(value: Any, where: str) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def _table_from_yaml(doc: Any, source: str, index: int | None = None) -> PriceTable:
+def _table_from_yaml(
+    doc: Any,
+    source: str,
+    index: int | None = None,
+    earlier: Mapping[str, PriceTable] | None = None,
+) -> PriceTable:
     label = f"version #{index + 1}" if index is not None else "table"
     if not isinstance(doc, dict):
         raise ConfigError(
@@ -243,8 +259,9 @@ def _table_from_yaml(doc: Any, source: str, index: int | None = None) -> PriceTa
         raise ConfigError(f"{source}: {label}: field 'version': required, a string")
     version = version.strip()
     where = f"{source}: version {version!r}"
-    _unknown_keys(doc, _TABLE_KEYS, where, "")
+    _unknown_keys(doc, _TABLE_KEYS if earlier is None else _DELTA_KEYS, where, "")
     effective_from = _effective_from(doc.get("effective_from"), where)
+    base = _extended(doc, earlier or {}, where)
     models = doc.get("models")
     if not isinstance(models, list):
         raise ConfigError(f"{where}: field 'models': required, a list of model prices")
@@ -260,16 +277,57 @@ def _table_from_yaml(doc: Any, source: str, index: int | None = None) -> PriceTa
             )
         seen[price.match] = i
         prices.append(price)
+    if base is not None:
+        prices = _changed(base, prices, doc.get("remove"), where)
     fallback_doc = doc.get("fallback")
+    fallback: ModelPrice | None
     if isinstance(fallback_doc, dict) and set(fallback_doc) == {"model"}:
         fallback = _named_fallback(fallback_doc["model"], prices, f"{where}: fallback")
     elif fallback_doc is None:
-        fallback = None
+        fallback = None if base is None else base.fallback
     else:
         fallback = _model_from_yaml(fallback_doc, f"{where}: fallback", fallback=True)
     return PriceTable(
         version=version, effective_from=effective_from, models=tuple(prices), fallback=fallback
     )
+
+
+def _extended(
+    doc: Mapping[str, Any], earlier: Mapping[str, PriceTable], where: str
+) -> PriceTable | None:
+    """The version ``doc`` extends (one given before it in the file), or None."""
+    name = doc.get("extends")
+    if name is None:
+        if "remove" in doc:
+            raise ConfigError(f"{where}: field 'remove': only a version that 'extends' another")
+        return None
+    if isinstance(name, date):
+        name = name.isoformat()
+    if not isinstance(name, str) or name.strip() not in earlier:
+        raise ConfigError(
+            f"{where}: field 'extends': {name!r} is no version given before it in this file"
+        )
+    return earlier[name.strip()]
+
+
+def _changed(
+    base: PriceTable, given: list[ModelPrice], remove: Any, where: str
+) -> list[ModelPrice]:
+    """``base``'s entries with ``given`` replacing (same match) or added, ``remove`` dropped."""
+    if remove is None:
+        remove = []
+    if not isinstance(remove, list) or not all(isinstance(m, str) for m in remove):
+        raise ConfigError(f"{where}: field 'remove': a list of matches of the base version")
+    by_match = {price.match: price for price in given}
+    known = {price.match for price in base.models}
+    for match in remove:
+        if match not in known:
+            raise ConfigError(f"{where}: field 'remove': {match!r} is no entry of {base.version!r}")
+        if match in by_match:
+            raise ConfigError(f"{where}: field 'remove': {match!r} is also given in 'models'")
+    dropped = set(remove)
+    out = [by_match.pop(p.match, p) for p in base.models if p.match not in dropped]
+    return out + [price for price in given if price.match in by_match]
 
 
 def _named_fallback(model: Any, prices: list[ModelPrice], where: str) -> ModelPrice:
@@ -297,15 +355,15 @@ def price_table_from_yaml(doc: Any, *, source: str) -> PriceTable | list[PriceTa
         items = doc["versions"]
         if not isinstance(items, list) or not items:
             raise ConfigError(f"{source}: field 'versions': a non-empty list of price tables")
-        tables = [_table_from_yaml(item, source, i) for i, item in enumerate(items)]
-        seen: set[str] = set()
-        for table in tables:
-            if table.version in seen:
+        tables: dict[str, PriceTable] = {}
+        for i, item in enumerate(items):
+            table = _table_from_yaml(item, source, i, tables)
+            if table.version in tables:
                 raise ConfigError(
                     f"{source}: version {table.version!r}: field 'version': given twice"
                 )
-            seen.add(table.version)
-        return tables
+            tables[table.version] = table
+        return list(tables.values())
     if not isinstance(doc, dict) or "version" not in doc:
         raise ConfigError(
             f"{source}: expected a price table (version, effective_from, models) "

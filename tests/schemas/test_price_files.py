@@ -245,11 +245,12 @@ def shipped() -> PriceBook:
 
 def test_the_shipped_file_loads(shipped: PriceBook) -> None:
     assert default_price_file().is_file()
-    [t] = shipped.tables
+    t = shipped.tables[0]
     assert t.effective_from <= datetime(2024, 1, 1, tzinfo=UTC)
     assert len(t.models) > 40
-    for price in t.models:
-        assert price.match == price.match.lower(), price.match
+    for version in shipped.tables:  # the hand-written history, then make prices' version
+        for price in version.models:
+            assert price.match == price.match.lower(), price.match
 
 
 @pytest.mark.parametrize(
@@ -317,3 +318,72 @@ def test_shipped_long_context_and_caches(shipped: PriceBook) -> None:
         "claude-opus-4-9",
         "my-azure-deployment",
     ]
+
+
+# --- a version written as its changes to an earlier one -------------------------------
+
+EXTENDED = """
+    versions:
+      - version: "v1"
+        effective_from: "2026-01-01T00:00:00Z"
+        models:
+          - {match: a, input_per_mtok: "1", output_per_mtok: "2"}
+          - {match: b, input_per_mtok: "3", output_per_mtok: "4"}
+          - {match: c, input_per_mtok: "5", output_per_mtok: "6"}
+        fallback: {input_per_mtok: "9", output_per_mtok: "9"}
+      - version: "v2"
+        effective_from: "2026-03-13T00:00:00Z"
+        extends: "v1"
+        models:
+          - {match: b, input_per_mtok: "30", output_per_mtok: "40", source: "a note"}
+          - {match: d, input_per_mtok: "7", output_per_mtok: "8"}
+        remove: [c]
+"""
+
+
+def test_a_version_that_extends_another_is_a_whole_table(tmp_path: Path) -> None:
+    v1, v2 = load_price_file(write(tmp_path, EXTENDED))
+    assert [m.match for m in v2.models] == ["a", "b", "d"]
+    assert v2.models[0] == v1.models[0]
+    assert v2.models[1] == ModelPrice.of("b", "30", "40") and v2.models[1].source == "a note"
+    assert v2.fallback == v1.fallback
+    # the record carries every entry: a reader needs no base
+    assert PriceTable.from_record(PRICE_TABLE.decode(PRICE_TABLE.encode(v2.to_record()))) == v2
+    book = PriceBook([v1, v2])
+    before, after = datetime(2026, 3, 12, tzinfo=UTC), datetime(2026, 3, 13, tzinfo=UTC)
+    assert book.price("b", at=before, input_tokens=1).cost_nanos == 3000
+    assert book.price("b", at=after, input_tokens=1).cost_nanos == 30_000
+    assert book.price("c", at=before, input_tokens=1).matched == "c"
+    assert book.price("c", at=after, input_tokens=1).matched == "*"  # removed: the fallback
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ('extends: "v9"', "'extends': 'v9' is no version given before it"),
+        ("remove: [zz]", "'remove': 'zz' is no entry of 'v1'"),
+        ("remove: [b]", "'remove': 'b' is also given in 'models'"),
+        ("remove: b", "'remove': a list of matches"),
+    ],
+)
+def test_extends_errors(tmp_path: Path, change: str, message: str) -> None:
+    text = EXTENDED.replace('extends: "v1"', change) if "extends" in change else EXTENDED
+    if "remove" in change:
+        text = text.replace("remove: [c]", change)
+    with pytest.raises(ConfigError, match=message):
+        load_price_file(write(tmp_path, text))
+
+
+def test_only_a_version_that_extends_may_remove(tmp_path: Path) -> None:
+    doc = {
+        "versions": [
+            {"version": "v1", "effective_from": "2026-01-01", "models": [], "remove": ["a"]}
+        ]
+    }
+    with pytest.raises(ConfigError, match="only a version that 'extends'"):
+        price_table_from_yaml(doc, source="p")
+    with pytest.raises(ConfigError, match="'extends'"):  # one table alone has no earlier one
+        price_table_from_yaml(
+            {"version": "v1", "effective_from": "2026-01-01", "models": [], "extends": "v0"},
+            source="p",
+        )
