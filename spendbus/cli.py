@@ -44,7 +44,7 @@ def _register_optional() -> None:
     from spendbus.commands.ingest import ingest
     from spendbus.commands.keys import keys
     from spendbus.commands.notify import notify
-    from spendbus.commands.prices_sync import prices_diff, prices_import
+    from spendbus.commands.prices_sync import prices_diff, prices_import, prices_update
     from spendbus.commands.pricing import price, prices
     from spendbus.commands.replay import replay, snapshot
     from spendbus.commands.tap import tap
@@ -53,6 +53,7 @@ def _register_optional() -> None:
     prices.add_command(prices_apply_command())
     prices.add_command(prices_import)
     prices.add_command(prices_diff)
+    prices.add_command(prices_update)
     cli.add_command(price)
     cli.add_command(prices)
     cli.add_command(tap)

@@ -1,4 +1,4 @@
-"""`spendbus prices import` and `spendbus prices diff`: community price maps in, changes out.
+"""`spendbus prices import`, `update` and `diff`: community price maps in, changes out.
 
 ``import --from litellm|genai-prices FILE`` reads the map exactly (spendbus/prices/exact.py),
 matches its ids to the newest version of ``--base`` (default: the shipped price file) and
@@ -6,6 +6,10 @@ writes ``--output``: every version of the base plus one new version in force fro
 ``--effective-from`` (default: today, 00:00 UTC), whose updated and new entries say where
 their prices came from (``source``). What changed, what conflicted and what could not be
 represented is printed to stderr (``--report-json`` for scripts).
+
+``update`` fetches both maps from their published URLs (spendbus/prices/refresh.py), takes
+what they agree on, prints the diff against our newest version and, with ``-o``, writes
+the file with a new version in force from ``--effective-from``.
 
 ``diff OLD NEW`` lists every price that differs between the version in force at ``--at``
 (default: the newest) of each file; exit 0 when none differs, 1 when some do, 2 on bad
@@ -26,6 +30,7 @@ from schemas.pricing import PriceTable, default_price_file, load_price_file
 from spendbus.commands.pricing import BadInput, parse_at
 from spendbus.prices.diff import diff_tables
 from spendbus.prices.pricefile import price_file_text
+from spendbus.prices.refresh import PUBLISHED, fetch_agreed
 from spendbus.prices.sources import SOURCES, read_source
 from spendbus.prices.update import import_prices
 
@@ -192,4 +197,87 @@ def prices_diff(old: Path, new: Path, at_text: str | None, as_json: bool) -> Non
         raise SystemExit(1)
 
 
-__all__ = ["prices_diff", "prices_import"]
+@click.command("update")
+@click.option(
+    "--base",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Our price file to update (default: the one shipped with spendbus).",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    default=None,
+    help="Write the file with the new version here (default: only show the diff).",
+)
+@click.option("--litellm-url", default=PUBLISHED["litellm"], show_default=True)
+@click.option("--genai-prices-url", default=PUBLISHED["genai-prices"], show_default=True)
+@click.option("--version", "version", default=None, help="The new version (default: maps-<date>).")
+@click.option(
+    "--effective-from",
+    "effective_text",
+    default=None,
+    metavar="TIMESTAMP",
+    help="RFC 3339 time from which the new version prices events (default: today 00:00 UTC).",
+)
+def prices_update(
+    base: Path | None,
+    output: Path | None,
+    litellm_url: str,
+    genai_prices_url: str,
+    version: str | None,
+    effective_text: str | None,
+) -> None:
+    """Fetch both community price maps, take what they agree on, show the diff against our
+    newest version and, with -o, write a new version in force from --effective-from
+    (older events keep their prices). Exit 1 when prices differ, as `prices diff`."""
+    if effective_text is None:
+        effective = datetime.combine(datetime.now(UTC).date(), time(0), tzinfo=UTC)
+    else:
+        effective = parse_at(effective_text)
+    base_path = base or default_price_file()
+    tables = _tables(base_path)
+    newest = _newest(tables)
+    if newest is not None and effective <= newest.effective_from:
+        raise BadInput(
+            f"--effective-from: {effective.isoformat()} is not after the newest version "
+            f"{newest.version!r} ({newest.effective_from.isoformat()}): a new version must follow it"
+        )
+    version = version or f"maps-{effective.date().isoformat()}"
+    if any(t.version == version for t in tables):
+        raise BadInput(f"--version: {version!r} is already in {base_path}")
+    try:
+        source, disagree, _ = fetch_agreed(litellm_url, genai_prices_url, effective.date())
+        table, report = import_prices(
+            newest, source, version=version, effective_from=effective, add_new=True
+        )
+    except SpendbusError as exc:
+        raise BadInput(str(exc)) from None
+    changes = diff_tables(newest, table) if newest is not None else []
+    for change in changes:
+        click.echo(change.line())
+    click.echo(
+        f"{len(source.prices)} model(s) the maps agree on ({len(report.updated)} updated, "
+        f"{len(report.added)} added), {len(disagree)} they disagree on; "
+        f"{len(changes)} price(s) differ from {base_path} version "
+        f"{newest.version if newest else None!r}",
+        err=True,
+    )
+    if output is not None:
+        header = (
+            f"spendbus price file: {base_path.name} and version {version!r}, what LiteLLM's\n"
+            f"and genai-prices' maps agree on ({source.label}), by `spendbus prices update`.\n"
+            "See schemas/data/prices.yaml for what is and is not modelled."
+        )
+        text = price_file_text([*tables, table], header=header)
+        if str(output) == "-":
+            sys.stdout.write(text)
+        else:
+            output.write_text(text, encoding="utf-8")
+            click.echo(f"{output}: version {version!r} from {effective.isoformat()}", err=True)
+    if changes:
+        raise SystemExit(1)
+
+
+__all__ = ["prices_diff", "prices_import", "prices_update"]
