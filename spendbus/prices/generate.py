@@ -130,21 +130,24 @@ def _tier(given: Any) -> LongContextTier | None:
     return LongContextTier(int(above), Decimal(inp), Decimal(out))
 
 
-#: Bedrock geography profiles (and in-region ids) of Anthropic models cost 10% more than
-#: the global profile and the first-party API (https://aws.amazon.com/bedrock/pricing/)
+#: Bedrock geography profiles (and in-region ids) of Anthropic (Claude 4.5 on) and OpenAI
+#: models cost 10% more than the global profile, which costs the first-party price
+#: (https://aws.amazon.com/bedrock/pricing/)
 BEDROCK_REGIONAL_UPLIFT: Final = Decimal("1.1")
 _REGIONAL: Final = ("us", "eu", "apac", "jp", "au", "ca", "uk", "in", "sa")
+#: the Bedrock vendors whose models the rule prices from the first-party price
+_FIRST_PARTY_ON_BEDROCK: Final = ("anthropic.claude-", "openai.gpt-")
 
 
-def _bedrock_anthropic(model: str) -> tuple[str | None, str] | None:
-    """(geography or None, first-party id) of a Bedrock Anthropic id, else None."""
+def _bedrock_vendor(model: str) -> tuple[str | None, str] | None:
+    """(geography or None, first-party id) of a Bedrock Anthropic or OpenAI id, else None."""
     head, _, rest = model.partition(".")
     geography = head if head in (*_REGIONAL, "global") else None
     if geography is not None:
         model = rest
-    if not model.startswith("anthropic.claude-"):
+    if not model.startswith(_FIRST_PARTY_ON_BEDROCK):
         return None
-    return geography, base_id(model.removeprefix("anthropic."))
+    return geography, base_id(model.partition(".")[2])
 
 
 def _scaled_rates(agreed: Mapping[str, Any], factor: Decimal) -> dict[str, Any]:
@@ -164,10 +167,10 @@ def _scaled_rates(agreed: Mapping[str, Any], factor: Decimal) -> dict[str, Any]:
 def _regional(
     model: str, rates: Mapping[str, Mapping[str, Any]], agreed: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    """A Bedrock Anthropic id the maps do not agree on, priced by the documented rule when
-    a map prices it so: the global profile at the first-party price, a geography profile
-    or an in-region id at :data:`BEDROCK_REGIONAL_UPLIFT` times it."""
-    found = _bedrock_anthropic(model)
+    """A Bedrock Anthropic or OpenAI id the maps do not agree on, priced by the documented
+    rule when a map prices it so: the global profile at the first-party price, a geography
+    profile or an in-region id at :data:`BEDROCK_REGIONAL_UPLIFT` times it."""
+    found = _bedrock_vendor(model)
     if found is None:
         return None
     geography, first_party = found

@@ -190,6 +190,7 @@ def test_the_newest_version_is_what_make_prices_makes_of_the_maps() -> None:
         ("claude-opus-4-6", "claude-opus-4-6"),
         ("us.anthropic.claude-sonnet-4-6", "anthropic.claude-sonnet-4-6"),
         ("global.anthropic.claude-sonnet-4-6", "global.anthropic.claude-sonnet-4-6"),
+        ("us.openai.gpt-5.5", "openai.gpt-5.5"),  # Bedrock's regional rate, not OpenAI's
     ],
 )
 def test_current_models_the_prefixes_used_to_misprice_have_their_own_entry(
