@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, KafkaConnectionError, KafkaError
 
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
@@ -101,20 +101,32 @@ class SinkStage:
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         await self.writer.open()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.config.bootstrap,
-            group_id=self.config.sink_app_id,
-            client_id=sink_client_id(self.config),
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=PARTITION_FETCH_BYTES,
-            fetch_max_bytes=FETCH_BYTES,
-            max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
-            session_timeout_ms=int(self.config.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(self.config.session_timeout_s * 250),
-            **self.config.kafka_security.client_kwargs(),
-        )
-        await self._consumer.start()
+        backoff = 0.5
+        while True:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.config.bootstrap,
+                group_id=self.config.sink_app_id,
+                client_id=sink_client_id(self.config),
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_partition_fetch_bytes=PARTITION_FETCH_BYTES,
+                fetch_max_bytes=FETCH_BYTES,
+                max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
+                session_timeout_ms=int(self.config.session_timeout_s * 1000),
+                heartbeat_interval_ms=int(self.config.session_timeout_s * 250),
+                **self.config.kafka_security.client_kwargs(),
+            )
+            try:
+                await consumer.start()
+                break
+            except KafkaConnectionError as exc:
+                # the broker away while the store opened (the worker is serving already):
+                # the stage waits for it, as its reads and commits do, never the worker's end
+                await consumer.stop()
+                log.warning("sink stage: %s; connecting again in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+        self._consumer = consumer
         self._consumer.subscribe(
             [self.topics.usage_priced, self.topics.budget_verdicts], listener=StageRebalance(self)
         )
