@@ -8,6 +8,9 @@ schema three ways, side by side (the order alternates between runs):
   engine (aggregator/sink/avro_rows.py). What the worker does.
 - ``sink_rows``: the same records decoded with fastavro and written as Python rows
   (``ClickHouseSink.write``), as the sink did before (issue 19).
+- ``sink_engine_process``: ``sink``'s path with the engine in a process of its own
+  (``aggregator/sink/engine_link.py``, the worker's default since issue 32): each INSERT
+  and fence read is a call to that process; its CPU is not this process's.
 - ``engine_raw``: the engine alone, ``INSERT ... SELECT`` of the same rows from a table
   that holds them already: the ceiling of any client format (the rollup views included).
 
@@ -27,16 +30,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
+
+from clickhouse_connect.driver.client import Client
 
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
 from aggregator.sink.clickhouse import month_of
+from aggregator.sink.engine_link import EngineLink
+from aggregator.sink.guard import KILL_GRACE_SECONDS
 from schemas.codec import PRICED_USAGE
 from schemas.topics import STORE_ROW_HEADER, store_row_value
 from schemas.usage import new_usage_event
 
 PARTITIONS = 4
-WAYS = ("sink", "sink_rows", "engine_raw")
+WAYS = ("sink", "sink_engine_process", "sink_rows", "engine_raw")
 
 
 def priced_records(start: int, count: int, now: datetime) -> list[dict[str, Any]]:
@@ -105,11 +112,16 @@ def as_messages(records: list[dict[str, Any]]) -> list[Message]:
 
 
 def one_run(path: str, way: str, batches: list[list[Message]]) -> dict[str, float]:
-    client = open_client(f"chdb://{path}")
+    os.makedirs(path + "-spool", exist_ok=True)
+    link = None
+    if way == "sink_engine_process":
+        link = EngineLink(f"chdb://{path}", path, path + "-spool", kill_grace=KILL_GRACE_SECONDS)
+        client = cast(Client, link.client())
+    else:
+        client = open_client(f"chdb://{path}")
     try:
         apply_schema(client)
-        sink = ClickHouseSink(client, spool_dir=path + "-spool")
-        os.makedirs(path + "-spool", exist_ok=True)
+        sink = ClickHouseSink(client, spool_dir=path + "-spool", avro_inserts=True)
         rows = sum(len(b) for b in batches)
         if way == "engine_raw":  # staged untimed; the timed part is one INSERT ... SELECT
             for messages in batches:
@@ -120,7 +132,7 @@ def one_run(path: str, way: str, batches: list[list[Message]]) -> dict[str, floa
             for table in ("spend_hourly", "spend_daily"):
                 client.command(f"TRUNCATE TABLE {table}")
         start, cpu_start = time.perf_counter(), time.process_time()
-        if way == "sink":
+        if way in ("sink", "sink_engine_process"):
             for messages in batches:
                 sink.write_messages(messages)
         elif way == "sink_rows":
@@ -137,6 +149,8 @@ def one_run(path: str, way: str, batches: list[list[Message]]) -> dict[str, floa
         return {"seconds": elapsed, "cpu_seconds": cpu}
     finally:
         client.close()
+        if link is not None:
+            link.close()
 
 
 def main() -> None:
@@ -179,6 +193,9 @@ def main() -> None:
                 "rows_per_s_median": sink,
                 "ways": ways,
                 "sink_over_rows": round(sink / ways["sink_rows"]["rows_per_s_median"], 2),
+                "engine_process_over_sink": round(
+                    ways["sink_engine_process"]["rows_per_s_median"] / sink, 3
+                ),
                 "sink_share_of_engine_raw": round(
                     sink / ways["engine_raw"]["rows_per_s_median"], 3
                 ),
