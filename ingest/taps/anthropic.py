@@ -11,6 +11,12 @@ unless ``delta_text="payload_bytes"``.
 
 Not streamed: one JSON message with ``model`` and ``usage``.
 
+Every usage the response gives is a report, cumulative: each field's latest value
+replaces the last (``message_delta`` may omit fields), and the call is charged the
+field-wise maximum of the usage after each report (``Handler.report``), so a later
+``message_delta`` with lower or zero counts, or a ``usage`` (or a count in it) given
+twice in one event or body, lowers nothing.
+
 The serving model. With server-side fallback (beta
 ``server-side-fallback-2026-07-01``) another model may answer: a stream's
 ``message_start`` names the requested model, then a ``fallback`` content block
@@ -18,7 +24,10 @@ The serving model. With server-side fallback (beta
 hop and ``usage.iterations`` holds a ``fallback_message`` entry for the hop that
 served. The tap relabels the call to the serving model as the SDK does: the
 ``fallback_message`` iteration's ``model``, else the last block's ``to.model``.
-A non-streamed body already names the serving model in ``model``.
+A non-streamed body already names the serving model in ``model``. The relabel is
+priced (``Handler.relabelled_to``) only for a request that allowed fallback
+(``fallbacks``): an answer to any other that names another model is priced as
+requested (usage.py, ``priced_model``).
 
 ``input_tokens`` already excludes cache reads and writes;
 ``cache_creation_input_tokens`` is every cache write and
@@ -38,6 +47,7 @@ from .base import (
     Path,
     describe_error,
     loads,
+    may_repeat,
     read_shape,
     shape_decoder,
     text_len,
@@ -53,6 +63,35 @@ _BLOCK_START = frozenset({("content_block", "type"), ("content_block", "to", "mo
 _DELTA = frozenset({("usage",)})
 _ERROR = frozenset({("error",)})
 _ANY = _START | _DELTA | _ERROR | _BLOCK_START | {("type",)}
+
+
+#: the keys an event (or the body) carrying usage gives at most once (not the objects on
+#: the way to the usage: one of those given twice gives "usage" twice, or an escape)
+REPEAT_KEYS = (
+    b'"usage"',
+    b'"input_tokens"',
+    b'"output_tokens"',
+    b'"cache_read_input_tokens"',
+    b'"cache_creation_input_tokens"',
+    b'"cache_creation"',
+    b'"ephemeral_5m_input_tokens"',
+    b'"ephemeral_1h_input_tokens"',
+    b'"output_tokens_details"',
+    b'"thinking_tokens"',
+    b'"server_tool_use"',
+    b'"iterations"',
+)
+_TYPE_KEY = b'"type"'
+_USAGE_KEY = b'"usage"'
+
+
+def may_repeat_event(data: bytes | bytearray, named: bool) -> bool:
+    """``may_repeat`` for an event: its usage keys, and for one read by its type (no
+    ``event:`` name; Bedrock's chunks) a type given twice beside a usage (which type a
+    reader keeps decides whether the usage is read)."""
+    if may_repeat(data, REPEAT_KEYS):
+        return True
+    return not named and data.count(_TYPE_KEY) > 1 and _USAGE_KEY in data
 
 
 _read_text_delta = shape_decoder(AnthropicTextDelta)
@@ -132,6 +171,7 @@ def fallback_target(block: Any) -> str | None:
 class AnthropicHandler(Handler):
     fmt = "anthropic-messages"
     body_paths = frozenset({("usage",), ("model",), ("type",), ("error",)})
+    repeat_keys = REPEAT_KEYS
 
     def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
         super().__init__(request, config)
@@ -168,11 +208,27 @@ class AnthropicHandler(Handler):
             return
         if name in _SKIP:
             return
-        obj = self.parse(data)
-        if isinstance(obj, dict):
+        obj, problem = loads(data)
+        if problem is not None:
+            self.problem(problem)
+            return
+        found = self.each_reading(data, obj) if may_repeat_event(data, bool(name)) else [obj]
+        self.on_parsed(name, found)
+
+    def on_parsed(self, name: bytes, found: list[Any]) -> None:
+        """One event (``name`` b"": by its type), as each reading of its repeated keys;
+        a delta is counted once."""
+        counted = False
+        for obj in found:
+            if not isinstance(obj, dict):
+                continue
             kind = name.decode("ascii", "replace") if name else obj.get("type")
-            if not name and kind == "content_block_delta":
-                self.delta_events += 1
+            if kind == "content_block_delta":
+                if counted:
+                    continue
+                counted = True
+                if not name:
+                    self.delta_events += 1
             self._on(kind, obj)
 
     def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
@@ -216,7 +272,7 @@ class AnthropicHandler(Handler):
                 self._merge(message.get("usage"))
             self._started = True
         elif kind == "content_block_start":
-            self.set_model(fallback_target(obj.get("content_block")))
+            self.relabel(fallback_target(obj.get("content_block")))
         elif kind == "message_delta":
             if self._merge(obj.get("usage")):
                 self._delta_usage = True
@@ -225,11 +281,25 @@ class AnthropicHandler(Handler):
         elif kind == "error":
             self.error(describe_error(obj) or "error event")
 
+    def relabel(self, model: str | None) -> None:
+        """The serving model a server-side fallback names: the call's model, priced as
+        served when the request allowed fallback (its ``fallbacks``), else noted and
+        priced as requested (``priced_model``)."""
+        if model is not None:
+            self.set_model(model)
+            if self.request.fallbacks:
+                self.relabelled_to = self.model
+
     def _merge(self, usage: Any) -> bool:
-        """Cumulative usage: each field's latest value replaces the previous."""
+        """Cumulative usage: each field's latest value replaces the previous; the usage
+        after each report is one (``Handler.report``: the maximum is charged)."""
         if isinstance(usage, dict):
             self._usage.update((k, v) for k, v in usage.items() if v is not None)
-            self.set_model(served_by_iterations(usage))
+            self.report(self._usage)
+            tools = usage.get("server_tool_use")
+            if tools is not None:
+                self._read_units(tools)
+            self.relabel(served_by_iterations(usage))
             return True
         if usage is not None:
             self.problem("invalid_usage: usage is not an object")
@@ -246,11 +316,14 @@ class AnthropicHandler(Handler):
             return _BLOCK_START
         return _ANY if not name else frozenset()
 
-    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+    def on_large_event(
+        self, name: bytes, obj: dict[str, Any], size: int, ended: bool, count: bool = True
+    ) -> None:
         kind: Any = name.decode("ascii", "replace") if name else obj.get("type")
         if kind == "content_block_delta" or (not name and kind is None):
-            self.delta_events += 1
-            self.text_chars += size  # bytes bound the text from above
+            if count:
+                self.delta_events += 1
+                self.text_chars += size  # bytes bound the text from above
         elif ended and kind not in ("ping", "content_block_stop"):
             self._on(kind, obj)
 
@@ -266,10 +339,9 @@ class AnthropicHandler(Handler):
         self._merge(obj.get("usage"))
 
     # -- end -----------------------------------------------------------------
-    def _read_units(self) -> None:
-        """``server_tool_use.<tool>_requests`` counts (web_search, web_fetch, ...) and
-        ``service_tier``, from the latest usage."""
-        tools = self._usage.get("server_tool_use")
+    def _read_units(self, tools: Any) -> None:
+        """A report's ``server_tool_use.<tool>_requests`` counts (web_search, web_fetch,
+        ...): each unit is charged the most any report counted."""
         counts: dict[str, int] = {}
         if isinstance(tools, dict):
             for key in tools:
@@ -278,10 +350,9 @@ class AnthropicHandler(Handler):
                         counts[key[: -len("_requests")]] = tok(tools, key)
                     except InvalidUsage as exc:
                         self.problem(f"invalid_usage: server_tool_use: {exc}")
-        elif tools is not None:
+        else:
             self.problem("invalid_usage: server_tool_use is not an object")
         self.count_units(counts)
-        self.set_service_tier(self._usage.get("service_tier"))
 
     def _read_declined_hops(self) -> None:
         """Each declined hop that wrote output, as a charge of its own at its model."""
@@ -294,11 +365,11 @@ class AnthropicHandler(Handler):
             self.charges.append(TapResult.from_usage(model, usage, "reported"))
 
     def final_usage(self, cut: str | None) -> Usage | None:
-        self._read_units()
+        self.set_service_tier(self._usage.get("service_tier"))
         self._read_declined_hops()
-        if not self._usage:
+        usage = self.reported
+        if usage is None:
             return None
-        usage = self.map_usage(self._usage)
         if self._body:
             return usage
         self.partial = usage

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
+import re
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -25,9 +26,10 @@ from schemas.billed_units import valid_service_tier, valid_unit_name
 
 from .estimate import EstimatorConfig, Observed
 from .fastjson import SHALLOW_SIZE, fast_decode, shallow
+from .repeats import TooManyReadings, has_repeats, loads_keeping_repeats, readings
 from .request import RequestInfo
 from .shapes import LARGE
-from .usage import InvalidUsage, TapResult, Usage
+from .usage import InvalidUsage, TapResult, Usage, usage_max
 
 Cut = Literal["client_disconnected", "upstream_cut"]
 CUTS: frozenset[str] = frozenset({"client_disconnected", "upstream_cut"})
@@ -96,6 +98,26 @@ def clip(text: str, limit: int = 300) -> str:
 def text_len(value: Any) -> int:
     """Characters of a text delta (0 when the field is not a string)."""
     return len(value) if isinstance(value, str) else 0
+
+
+#: the end of an object key written with a \\u escape (a key that reads as a name the
+#: tap looks for but whose bytes are not that name in quotes): a ``\\uXXXX`` escape, the
+#: rest of the string without another escape, the closing quote, then the colon
+_ESCAPED_KEY: Final = re.compile(rb'\\u[0-9a-fA-F]{4}[^"\\]*"[ \t\r\n]*:')
+
+
+def may_repeat(data: bytes | bytearray, keys: tuple[bytes, ...]) -> bool:
+    """Whether an object of the JSON document ``data`` could give one of ``keys`` (each a
+    name in quotes, as it is written) twice: one of them occurs twice in the bytes, or
+    some object key is written with a ``\\u`` escape. Never False for a document that
+    repeats one of them (such a key's bytes are its name in quotes, unless escaped);
+    text that merely mentions them costs only the structural read that decides
+    (``Handler.each_reading``, repeats.py). Not a reading of the document: a test of
+    whether its structure must be read key by key."""
+    for key in keys:
+        if data.count(key) > 1:
+            return True
+    return b"\\u" in data and _ESCAPED_KEY.search(data) is not None
 
 
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
@@ -227,15 +249,24 @@ class RecentPayloads:
         self.max_items = max_items
         self.max_bytes = max_bytes
 
-    def push(self, data: bytes) -> None:
+    def push(self, data: bytes) -> list[bytes] | None:
+        """Keeps ``data``; returns the payloads it pushed out (oldest first), or None: a
+        caller that must see every payload of some kind reads those."""
         items = self._items
         items.append(data)
         self._bytes += len(data)
+        out: list[bytes] | None = None
         while len(items) > self.max_items or (self._bytes > self.max_bytes and len(items) > 1):
-            self._bytes -= len(items.popleft())
+            old = items.popleft()
+            self._bytes -= len(old)
+            if out is None:
+                out = [old]
+            else:
+                out.append(old)
+        return out
 
     def drain(self) -> list[bytes]:
-        """The kept payloads, oldest first (so the last usage wins); empties the ring."""
+        """The kept payloads, oldest first; empties the ring."""
         items = list(self._items)
         self._items.clear()
         self._bytes = 0
@@ -257,15 +288,25 @@ class Handler(ABC):
     fmt: ClassVar[str]
     #: Paths (object keys, "*" for any array element) read from large bodies.
     body_paths: ClassVar[frozenset[Path]] = frozenset()
+    #: The keys (as written: the name in quotes) a document carrying usage gives at most
+    #: once: its usage and the counts in it (an object on the way to the usage given
+    #: twice gives the usage twice). One of them twice (or a key with a ``\\u`` escape)
+    #: and the document is read for repeated keys (``each_reading``).
+    repeat_keys: ClassVar[tuple[bytes, ...]] = ()
 
     def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
         self.request = request
         self.config = config
         self.model: str | None = None
+        #: a serving model the provider documented as relabelling the call (Anthropic's
+        #: server-side fallback, for a request that allowed it): priced as served
+        self.relabelled_to: str | None = None
         self.delta_events = 0
         self.text_chars = 0
         self.reasoning_chars = 0
         self.partial: Usage | None = None
+        #: the field-wise maximum of every usage report read (``report``), None before one
+        self.reported: Usage | None = None
         self.problems: list[str] = []
         self.upstream_error: str | None = None
         #: billed units beyond tokens the response counted, and the tier that served it
@@ -291,9 +332,13 @@ class Handler(ABC):
             self.service_tier = value
 
     def count_units(self, counts: dict[str, int]) -> None:
-        """The response's unit counts (replacing earlier ones: the latest report wins);
-        zero counts are left out."""
-        self.units = {name: n for name, n in counts.items() if n and valid_unit_name(name)}
+        """Unit counts a usage report gives: each unit is charged the most any report of
+        the response gave (reports are cumulative, so that is the latest, and a report
+        with a lower count lowers nothing); zero counts are left out."""
+        units = self.units
+        for name, n in counts.items():
+            if n and n > units.get(name, 0) and valid_unit_name(name):
+                units[name] = n
 
     def set_model(self, value: Any) -> None:
         if isinstance(value, str) and value:
@@ -304,6 +349,41 @@ class Handler(ABC):
         if problem is not None:
             self.problem(problem)
         return value
+
+    def parse_each(self, data: bytes | bytearray, keys: tuple[bytes, ...]) -> list[Any]:
+        """``parse(data)`` as every reading of its repeated keys (``each_reading``): one
+        value, but where ``may_repeat(data, keys)`` and an object of it does repeat a
+        key. Unreadable: ``[None]`` (the problem recorded)."""
+        value, problem = loads(data)
+        if problem is not None:
+            self.problem(problem)
+            return [None]
+        if not may_repeat(data, keys):
+            return [value]
+        return self.each_reading(data, value)
+
+    def each_reading(self, data: bytes | bytearray, value: Any) -> list[Any]:
+        """``value`` (``data`` parsed) read every way its repeated keys allow
+        (repeats.py): ``[value]`` when no object of ``data`` repeats a key. Each reading
+        is read as the document; their usage is charged field by field at its maximum.
+        Too many ways is ``invalid_usage`` (the last-wins value is still read)."""
+        full, problem = loads_keeping_repeats(data)
+        if problem is not None:  # json read it once already: only its own limits differ
+            return [value]
+        return self.readings_of(full, value)
+
+    def readings_of(self, full: Any, value: Any) -> list[Any]:
+        """The readings of ``full`` (read keeping its repeats: repeats.py), or ``[value]``
+        when nothing in it repeats a key."""
+        try:
+            if not has_repeats(full):
+                return [value]
+            return readings(full)
+        except TooManyReadings:
+            self.problem("invalid_usage: the answer repeats keys in more ways than are read")
+        except RecursionError:
+            self.problem("unreadable: JSON nested too deeply")
+        return [value]
 
     def read_delta_run(
         self,
@@ -321,13 +401,21 @@ class Handler(ABC):
             return
         read_shaped_run(decoder, run, shaped, other)
 
-    def map_usage(self, raw: Any) -> Usage | None:
-        """``self.usage_from(raw)``, recording invalid usage as a problem."""
+    def report(self, raw: Any) -> Usage | None:
+        """One usage report of the response, read as it comes (an invalid one is
+        ``invalid_usage``). The call is charged the field-wise maximum of its reports
+        (``reported``): reports are cumulative, so that is the latest, and a repeated or
+        later report with lower or zero counts lowers nothing. Maxima of the normalised
+        counts, not of the provider's fields (a larger ``cached_tokens`` alone would
+        lower OpenAI's input)."""
         try:
-            return self.usage_from(raw)
+            usage = self.usage_from(raw)
         except InvalidUsage as exc:
             self.problem(f"invalid_usage: {exc}")
             return None
+        seen = self.reported
+        self.reported = usage if seen is None else usage_max(seen, usage)
+        return usage
 
     # -- provider hooks --------------------------------------------------
     @abstractmethod
@@ -352,9 +440,12 @@ class Handler(ABC):
         """Paths to read from an event too large to parse whole."""
         return frozenset()
 
-    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+    def on_large_event(
+        self, name: bytes, obj: dict[str, Any], size: int, ended: bool, count: bool = True
+    ) -> None:
         """An event too large to parse whole, as a sparse object of its paths
-        (``ended`` is False when the stream stopped inside it)."""
+        (``ended`` is False when the stream stopped inside it). An event that repeats keys
+        comes once per reading (repeats.py), ``count`` False after the first."""
 
     def on_frame(self, headers: dict[str, Any], payload: bytes) -> None:
         """One AWS event-stream message (bedrock only)."""
@@ -365,8 +456,13 @@ class Handler(ABC):
         for headers, payload in frames:
             on_frame(headers, payload)
 
+    def on_captured(self, path: Path, value: Any) -> None:
+        """A value read at one of ``body_paths`` of a body too large to parse whole, as it
+        is read (``on_body`` then gets the sparse body, one value per path)."""
+
     def on_body(self, obj: Any, size: int) -> None:
-        """A whole non-streamed body (sparse when it was larger than the limit)."""
+        """A whole non-streamed body (sparse when it was larger than the limit); a body
+        that repeats keys comes once per reading (repeats.py)."""
 
     @abstractmethod
     def final_usage(self, cut: str | None) -> Usage | None:
@@ -388,6 +484,7 @@ def observed(
         body_bytes=body_bytes,
         output_unknown=output_unknown,
         partial=handler.partial,
+        partial_floor=any(p.startswith("invalid_usage") for p in handler.problems),
     )
 
 
@@ -409,6 +506,7 @@ __all__ = [
     "describe_error",
     "loads",
     "loads_stdlib",
+    "may_repeat",
     "observed",
     "read_shape",
     "read_shaped_run",

@@ -13,6 +13,10 @@ estimated. Only ``metadata``, errors and (for the estimate) deltas are parsed.
 Not streamed: one JSON object with ``usage`` (no model: it is in the URL, so
 the proxy passes it as the model hint).
 
+Every ``usage`` is a report (a ``metadata`` event, the body): the call is charged
+the field-wise maximum of them (``Handler.report``), so a second ``metadata`` event
+with zero counts, or a ``usage`` (or a count in it) given twice, lowers nothing.
+
 ``inputTokens`` excludes ``cacheReadInputTokens`` and ``cacheWriteInputTokens``
 (``totalTokens`` adds all four); ``cacheDetails`` lists cache writes per TTL
 (``5m`` / ``1h``): the ``1h`` entries are the 1-hour part. Reasoning is inside
@@ -42,6 +46,15 @@ _read_text_delta = shape_decoder(BedrockTextDelta)
 _delta_text = attrgetter("delta.text")
 #: The headers of a text delta message, the common one (read in runs by on_frames).
 _DELTA_HEADERS = {":event-type": "contentBlockDelta", ":message-type": "event"}
+#: the keys a ``metadata`` event (or a body) carrying usage gives at most once
+REPEAT_KEYS = (
+    b'"usage"',
+    b'"inputTokens"',
+    b'"outputTokens"',
+    b'"cacheReadInputTokens"',
+    b'"cacheWriteInputTokens"',
+    b'"cacheDetails"',
+)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -82,6 +95,7 @@ def stream_error(kind: str, name: str, headers: dict[str, Any], payload: bytes) 
 class BedrockHandler(Handler):
     fmt = "bedrock-converse"
     body_paths = frozenset({("usage",), ("message",), ("Message",)})
+    repeat_keys = REPEAT_KEYS
 
     def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
         super().__init__(request, config)
@@ -111,10 +125,13 @@ class BedrockHandler(Handler):
                 if isinstance(delta, dict):
                     self._delta(delta)
             elif name == "metadata":
-                obj = self.parse(payload)
-                if isinstance(obj, dict):
-                    self._metadata = True
-                    self._usage = obj.get("usage")
+                for obj in self.parse_each(payload, REPEAT_KEYS):
+                    if isinstance(obj, dict):
+                        self._metadata = True
+                        usage = obj.get("usage")
+                        if usage is not None:
+                            self._usage = usage
+                            self.report(usage)
             elif name == "messageStop":
                 self._stopped = True
         elif kind in ("exception", "error"):
@@ -170,13 +187,14 @@ class BedrockHandler(Handler):
             return
         if "usage" not in obj:
             self.error(describe_error(obj))
-        self._usage = obj.get("usage")
+        usage = obj.get("usage")
+        if usage is not None:
+            self._usage = usage
+            self.report(usage)
 
     # -- end -----------------------------------------------------------------
     def final_usage(self, cut: str | None) -> Usage | None:
-        if self._usage is None:
-            return None
-        return self.map_usage(self._usage)
+        return self.reported
 
     def incomplete_reason(self) -> str:
         if self._body:

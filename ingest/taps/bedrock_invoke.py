@@ -29,12 +29,15 @@ import base64
 import binascii
 from typing import Any
 
-from .anthropic import AnthropicHandler
-from .base import describe_error
+from .anthropic import AnthropicHandler, may_repeat_event
+from .base import describe_error, loads
 from .bedrock import stream_error
 from .estimate import EstimatorConfig
 from .eventstream import message_kind
 from .request import RequestInfo
+
+#: the keys a ``chunk`` message's payload gives at most once
+_CHUNK_KEYS = (b'"bytes"',)
 
 
 class BedrockInvokeHandler(AnthropicHandler):
@@ -59,38 +62,48 @@ class BedrockInvokeHandler(AnthropicHandler):
             return
         if kind != "event" or name != "chunk":
             return
-        event = self._chunk_event(payload)
-        if event is None:
-            return
-        event_type = event.get("type")
-        if event_type == "content_block_delta":
-            self.delta_events += 1
-            if not self.parse_deltas:
-                self.text_chars += len(payload)
-                return
-        elif event_type in ("ping", "content_block_stop"):
-            return
-        self._on(event_type, event)
+        counted = False
+        for event in self._chunk_events(payload):  # one, or each reading of its repeats
+            event_type = event.get("type")
+            if event_type == "content_block_delta":
+                if counted:
+                    continue
+                counted = True
+                self.delta_events += 1
+                if not self.parse_deltas:
+                    self.text_chars += len(payload)
+                    continue
+            elif event_type in ("ping", "content_block_stop"):
+                continue
+            self._on(event_type, event)
 
-    def _chunk_event(self, payload: bytes) -> dict[str, Any] | None:
-        """The Anthropic event a ``chunk`` carries, or None (recorded as unreadable)."""
-        outer = self.parse(payload)
-        if not isinstance(outer, dict):
-            if outer is not None:
-                self.problem("unreadable: a chunk payload is not a JSON object")
-            return None
-        encoded = outer.get("bytes")
-        if not isinstance(encoded, str):
-            self.problem("unreadable: a chunk carries no base64 bytes")
-            return None
-        try:
-            inner = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            self.problem("unreadable: a chunk's bytes are not base64")
-            return None
-        event = self.parse(inner)
-        if not isinstance(event, dict):
-            if event is not None:
-                self.problem("unreadable: a chunk's event is not a JSON object")
-            return None
-        return event
+    def _chunk_events(self, payload: bytes) -> list[dict[str, Any]]:
+        """The Anthropic event a ``chunk`` carries (what cannot be read is recorded as
+        unreadable); one per reading of repeated keys, of the chunk (``bytes`` given
+        twice) or of its event."""
+        events: list[dict[str, Any]] = []
+        for outer in self.parse_each(payload, _CHUNK_KEYS):
+            if not isinstance(outer, dict):
+                if outer is not None:
+                    self.problem("unreadable: a chunk payload is not a JSON object")
+                continue
+            encoded = outer.get("bytes")
+            if not isinstance(encoded, str):
+                self.problem("unreadable: a chunk carries no base64 bytes")
+                continue
+            try:
+                inner = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError):
+                self.problem("unreadable: a chunk's bytes are not base64")
+                continue
+            event, problem = loads(inner)
+            if problem is not None:
+                self.problem(problem)
+                continue
+            found = self.each_reading(inner, event) if may_repeat_event(inner, False) else [event]
+            for reading in found:
+                if isinstance(reading, dict):
+                    events.append(reading)
+                else:
+                    self.problem("unreadable: a chunk's event is not a JSON object")
+        return events

@@ -12,8 +12,9 @@ all (undecodable body, lost framing), or the request runs in the background (the
 response goes on generating after the answer, whose usage is null), it is the cap.
 
 Input: the counts reported so far when the stream carried them (Anthropic's
-``message_start``, a partial ``usageMetadata``), else request bytes / 4, and at
-least ``server_state_input_floor`` when the request names server-side state
+``message_start``, a partial ``usageMetadata``; when a report was invalid, at least
+the request's estimate too: the valid ones may be an upstream's zero repeats), else
+request bytes / 4, and at least ``server_state_input_floor`` when the request names server-side state
 (stored responses, conversations, prompts, files by id or URL, server tools,
 background mode) or when there is no readable request at all.
 """
@@ -70,6 +71,9 @@ class Observed:
     body_bytes: int = 0
     output_unknown: bool = False
     partial: Usage | None = None
+    #: the partial counts are a floor only: a usage report was invalid, so the valid
+    #: ones may be an upstream's lower or zero repeats (input: at least the request's)
+    partial_floor: bool = False
 
 
 def _per_token(chars: int, config: EstimatorConfig) -> int:
@@ -100,22 +104,31 @@ def estimate_usage(request: RequestInfo, seen: Observed, config: EstimatorConfig
     if partial is not None:
         output = max(output, partial.output_tokens)
         reasoning = max(reasoning, partial.reasoning_tokens)
+        input_tokens = partial.input_tokens
+        if seen.partial_floor:
+            input_tokens = max(input_tokens, _request_input(request, config))
         input_side = (
-            partial.input_tokens,
+            input_tokens,
             partial.cache_read_tokens,
             partial.cache_write_tokens,
             partial.cache_write_1h_tokens,
         )
     else:
-        if request.size is None or not request.readable:
-            input_tokens = config.server_state_input_floor
-            if request.size is not None:
-                input_tokens = max(input_tokens, _per_token(request.size, config))
-        else:
-            input_tokens = _per_token(request.size, config)
-            if request.server_state:
-                input_tokens = max(input_tokens, config.server_state_input_floor)
-        input_side = (min(input_tokens, MAX_TOKENS), 0, 0, 0)
+        input_side = (_request_input(request, config), 0, 0, 0)
 
     output = min(output, MAX_TOKENS)
     return Usage(*input_side, output, min(reasoning, output))
+
+
+def _request_input(request: RequestInfo, config: EstimatorConfig) -> int:
+    """The input a request is estimated at: its bytes / 4, at least the server-state floor
+    when it names server-side state or cannot be read."""
+    if request.size is None or not request.readable:
+        input_tokens = config.server_state_input_floor
+        if request.size is not None:
+            input_tokens = max(input_tokens, _per_token(request.size, config))
+    else:
+        input_tokens = _per_token(request.size, config)
+        if request.server_state:
+            input_tokens = max(input_tokens, config.server_state_input_floor)
+    return min(input_tokens, MAX_TOKENS)

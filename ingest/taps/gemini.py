@@ -11,7 +11,13 @@ reasoning). With ``delta_text="payload_bytes"`` only the last few chunks are
 parsed, at the end.
 
 Not streamed: one ``GenerateContentResponse`` object; a streamed call without
-``alt=sse`` returns a JSON array of them, read the same way (last usage wins).
+``alt=sse`` returns a JSON array of them, read the same way (each element's usage a
+report).
+
+Every ``usageMetadata`` is a usage report: the call is charged the field-wise
+maximum of all of them (``Handler.report``), so a lower or zero report later in
+the stream, or a ``usageMetadata`` (or a count in it) given twice in one chunk,
+lowers nothing. Its billed units (modality details) are the last report's.
 
 ``promptTokenCount`` includes ``cachedContentTokenCount`` (subtracted for
 ``input_tokens``); ``toolUsePromptTokenCount`` (results of server tools fed back
@@ -33,6 +39,7 @@ from .base import (
     RecentPayloads,
     describe_error,
     loads,
+    may_repeat,
     read_shape,
     read_shaped_run,
     shape_decoder,
@@ -40,8 +47,8 @@ from .base import (
 )
 from .estimate import EstimatorConfig
 from .request import RequestInfo
-from .shapes import GeminiChunk, GeminiChunkTail
-from .usage import InvalidUsage, Usage, sub, tok
+from .shapes import ABSENT, GeminiChunk, GeminiChunkTail, GeminiUsageChunk
+from .usage import InvalidUsage, Usage, sub, tok, usage_max
 
 _PATHS = frozenset({("usageMetadata",), ("modelVersion",), ("error",), ("candidates",)})
 _BODY_PATHS = frozenset(
@@ -51,10 +58,31 @@ _BODY_PATHS = frozenset(
 )
 
 
+_astuple: Final = msgspec.structs.astuple
 _read_chunk = shape_decoder(GeminiChunk)
+_read_usage_chunk = shape_decoder(GeminiUsageChunk)
 #: bytes only: the payload already fit ``GeminiChunk`` (valid JSON and UTF-8)
 _read_tail = msgspec.json.Decoder(GeminiChunkTail).decode
 _NULL: Final = b"null"
+#: the keys a chunk (or a body) carrying usage gives at most once
+REPEAT_KEYS: Final = (
+    b'"usageMetadata"',
+    b'"promptTokenCount"',
+    b'"cachedContentTokenCount"',
+    b'"candidatesTokenCount"',
+    b'"thoughtsTokenCount"',
+    b'"toolUsePromptTokenCount"',
+    b'"promptTokensDetails"',
+    b'"candidatesTokensDetails"',
+    b'"cacheTokensDetails"',
+)
+#: what every count key of ``usageMetadata`` ends with (``GeminiUsage``'s fields)
+_COUNT_KEY_END: Final = b'TokenCount"'
+#: no backslash in a run: no escaped key (one byte: found by memchr)
+_ESCAPE: Final = b"\\"
+#: ``shapes.ABSENT`` and ``usage.MAX_TOKENS`` as constants the compiled loop inlines
+_ABSENT: Final = -1
+_MAX_COUNT: Final = 10_000_000_000
 
 
 def usage_from(raw: Any) -> Usage:
@@ -119,9 +147,26 @@ def search_queries(metadata: Any) -> list[str]:
     return [query for query in queries if isinstance(query, str)]
 
 
+def _as_raw(usage: Any) -> dict[str, int]:
+    """A ``GeminiUsage`` as the JSON object it was read from (its counts)."""
+    raw: dict[str, int] = {}
+    for name in (
+        "promptTokenCount",
+        "cachedContentTokenCount",
+        "candidatesTokenCount",
+        "thoughtsTokenCount",
+        "toolUsePromptTokenCount",
+    ):
+        value = getattr(usage, name)
+        if value != ABSENT:
+            raw[name] = value
+    return raw
+
+
 class GeminiHandler(Handler):
     fmt = "gemini"
     body_paths = _BODY_PATHS
+    repeat_keys = REPEAT_KEYS
 
     def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
         super().__init__(request, config)
@@ -144,33 +189,136 @@ class GeminiHandler(Handler):
             if chunk is not None:
                 self._shaped_chunks([chunk], [data])
                 return
-            obj = self.parse(data)
-            if isinstance(obj, dict):
-                self._chunk(obj)
+            self._general(data)
             return
         self.delta_events += 1
         self.text_chars += len(data)
+        chunk = read_shape(_read_usage_chunk, data)
+        if chunk is not None:
+            self._usage_chunks([chunk], [data])
+        else:
+            self._general(data, count=False)
         self._recent.push(data)
 
     def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
-        if not self.parse_deltas:
-            super().on_events(events)
-            return
         self.on_datas([data for _, data in events])
 
     def on_datas(self, datas: list[bytes]) -> None:
-        if not self.parse_deltas:
-            for data in datas:
-                self.on_event(b"", data)
+        if self.parse_deltas:
+            read_shaped_run(_read_chunk, datas, self._shaped_chunks, self._other_chunk)
             return
-        read_shaped_run(_read_chunk, datas, self._shaped_chunks, self._other_chunk)
+        # payload_bytes: the text by its bytes, the usage of every chunk all the same
+        self.delta_events += len(datas)
+        self.text_chars += sum(map(len, datas))
+        read_shaped_run(_read_usage_chunk, datas, self._usage_chunks, self._other_usage_chunk)
+        for data in datas:
+            self._recent.push(data)
 
     def _other_chunk(self, data: bytes) -> None:
-        self.on_event(b"", data)
+        self._general(data)
+
+    def _other_usage_chunk(self, data: bytes) -> None:
+        self._general(data, count=False)
+
+    def _general(self, data: bytes, count: bool = True) -> None:
+        """A chunk read whole (every reading of its repeated keys: each a report)."""
+        first = count
+        for obj in self.parse_each(data, REPEAT_KEYS):
+            if isinstance(obj, dict):
+                self._chunk(obj, count=first)
+            first = False
+
+    def _fold(self, chunks: list[Any], payloads: list[bytes]) -> bool:
+        """Each shaped chunk's usage as a report (``Handler.report``), folded in one
+        compiled loop: what reading each chunk's usage whole would charge. False (and
+        nothing read) when the chunks' bytes give a usage key their shapes do not hold:
+        msgspec keeps the last of a repeated key, so a chunk giving a count (or its
+        ``usageMetadata``) twice has more count keys (``...TokenCount"``) in its bytes
+        than in its shape, and one written with an escape is not in its bytes as such
+        (``may_repeat``). Such chunks are read whole, where repeats are read every way
+        (``Handler.parse_each``)."""
+        top_in = top_cache = top_out = top_reasoning = -1
+        keys = 0
+        invalid: list[Any] = []
+        for chunk in chunks:
+            usage = chunk.usageMetadata
+            if usage is None:
+                continue
+            # native ints from here (mypyc): no boxed compares, no min()/max() calls; one
+            # tuple of the fields costs less than six attribute lookups on a Struct
+            counts: tuple[int, int, int, int, int, int] = _astuple(usage)
+            prompt, cached, candidates, thoughts, tool, total = counts
+            if total != _ABSENT:
+                keys += 1
+            if prompt == _ABSENT:
+                prompt = 0
+            else:
+                keys += 1
+            if cached == _ABSENT:
+                cached = 0
+            else:
+                keys += 1
+            if candidates == _ABSENT:
+                candidates = 0
+            else:
+                keys += 1
+            if thoughts == _ABSENT:
+                thoughts = 0
+            else:
+                keys += 1
+            if tool == _ABSENT:
+                tool = 0
+            else:
+                keys += 1
+            if (
+                prompt < 0
+                or cached < 0
+                or candidates < 0
+                or thoughts < 0
+                or tool < 0
+                or prompt > _MAX_COUNT
+                or cached > prompt
+                or candidates > _MAX_COUNT
+                or thoughts > _MAX_COUNT
+                or tool > _MAX_COUNT
+            ):
+                invalid.append(usage)  # read whole below, for its problem
+                continue
+            if prompt - cached + tool > top_in:
+                top_in = prompt - cached + tool
+            if cached > top_cache:
+                top_cache = cached
+            if candidates + thoughts > top_out:
+                top_out = candidates + thoughts
+            if thoughts > top_reasoning:
+                top_reasoning = thoughts
+        joined = payloads[0] if len(payloads) == 1 else b"".join(payloads)
+        if joined.count(_COUNT_KEY_END) != keys:
+            return False
+        if _ESCAPE in joined and may_repeat(joined, ()):
+            return False
+        for usage in invalid:
+            self.report(_as_raw(usage))
+        if top_in >= 0:
+            folded = Usage(top_in, top_cache, 0, 0, top_out, top_reasoning)
+            seen = self.reported
+            self.reported = folded if seen is None else usage_max(seen, folded)
+        return True
+
+    def _usage_chunks(self, chunks: list[Any], payloads: list[bytes]) -> None:
+        """payload_bytes: the usage of chunks that fit ``GeminiUsageChunk``."""
+        if not self._fold(chunks, payloads):
+            for data in payloads:
+                self._general(data, count=False)
 
     def _shaped_chunks(self, chunks: list[Any], payloads: list[bytes]) -> None:
-        """``_chunk`` of each chunk (a ``GeminiChunk``) in turn: the counts add up; the
-        model and the usage are what the last chunk that carries them says."""
+        """``_chunk`` of each chunk (a ``GeminiChunk``) in turn: the counts add up, the
+        usage reports fold into their maximum; the model and the last usage (for its
+        units) are what the last chunk that carries them says."""
+        if not self._fold(chunks, payloads):
+            for data in payloads:
+                self._general(data)
+            return
         events = 0
         text = 0
         reasoning = 0
@@ -218,17 +366,11 @@ class GeminiHandler(Handler):
                 model_found = True
             raw = tail.usageMetadata
             if not usage_found and raw and bytes(raw) != _NULL:
-                self._read_usage(raw)
+                self._usage = bytes(raw)  # the last usage, for its units
                 usage_found = True
             i -= 1
 
-    def _read_usage(self, raw: msgspec.Raw) -> None:
-        usage, problem = loads(bytes(raw))
-        if problem is not None:  # pragma: no cover - the whole chunk was valid JSON
-            self.problem(problem)
-        self._usage = usage
-
-    def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
+    def _chunk(self, obj: dict[str, Any], *, count: bool = True, report: bool = True) -> None:
         self.set_model(obj.get("modelVersion"))
         if obj.get("error"):
             self.error(describe_error(obj))
@@ -247,8 +389,11 @@ class GeminiHandler(Handler):
                 parts = content.get("parts") if isinstance(content, dict) else None
                 if count and isinstance(parts, list):
                     self._parts(parts)
-        if obj.get("usageMetadata") is not None:
-            self._usage = obj["usageMetadata"]
+        usage = obj.get("usageMetadata")
+        if usage is not None:
+            self._usage = usage
+            if report:
+                self.report(usage)
 
     def _grounding(self, index: Any, metadata: Any) -> None:
         """A candidate's ``groundingMetadata``: the prompt was grounded, and its queries
@@ -287,13 +432,23 @@ class GeminiHandler(Handler):
     def large_event_paths(self, name: bytes) -> frozenset[Path]:
         return _PATHS
 
-    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
-        self.delta_events += 1
-        self.text_chars += size  # bytes bound the text from above
+    def on_large_event(
+        self, name: bytes, obj: dict[str, Any], size: int, ended: bool, count: bool = True
+    ) -> None:
+        if count:
+            self.delta_events += 1
+            self.text_chars += size  # bytes bound the text from above
         if ended:
             self._chunk(obj, count=False)
 
     # -- not streamed --------------------------------------------------------
+    def on_captured(self, path: Path, value: Any) -> None:
+        """A body too large to parse whole that is an array (a stream without
+        ``alt=sse``): each element's usage is a report (the sparse body keeps the last)."""
+        if path == ("*", "usageMetadata") and value is not None:
+            for reading in self.readings_of(value, value):
+                self.report(reading)
+
     def on_body(self, obj: Any, size: int) -> None:
         self._body = True
         chunks = obj if isinstance(obj, list) else [obj]
@@ -306,21 +461,25 @@ class GeminiHandler(Handler):
 
     # -- end -----------------------------------------------------------------
     def final_usage(self, cut: str | None) -> Usage | None:
-        for data in self._recent.drain():  # oldest first: the last usage wins
-            obj = self.parse(data)
+        # payload_bytes: the last chunks for the model, the end and errors (their usage
+        # was read as they came)
+        for data in self._recent.drain():
+            obj, _ = loads(data)
             if isinstance(obj, dict):
-                self._chunk(obj, count=False)
+                self._chunk(obj, count=False, report=False)
         self.count_units(self._grounding_units())
-        if self._usage is None:
+        usage = self.reported
+        if usage is None:
             return None
-        usage = self.map_usage(self._usage)
-        if usage is not None:
-            self.count_units({**self.units, **gemini_modality_units(self._usage)})
+        last = self._usage
+        if isinstance(last, bytes):  # a shaped chunk's, kept raw
+            last = loads(last)[0]
+        self.count_units(gemini_modality_units(last))  # the last report's units
         if self._body:
             return usage
         self.partial = usage
         # No terminal event: a normal end finalises the usage, unless the stream
-        # ended on an error chunk (then the last usage is only partial).
+        # ended on an error chunk (then the usage is only partial).
         ended = cut is None and self.upstream_error is None
         return usage if self._finished or ended else None
 

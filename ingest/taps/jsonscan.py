@@ -5,9 +5,13 @@ chunks split anywhere (strings with their escapes, objects, arrays) and keeps
 only the values at the wanted paths (object keys; ``"*"`` for any element of an
 array, so an object key that is literally ``"*"`` never matches), each at most ``capture_limit`` bytes (else ``LARGE``). A key is a key
 only where the structure says so: text inside a string value can never be
-taken for one. Where a repeated path matches again, the last value wins, as
-with ``json.loads``. Memory is the stack of open containers (depth is capped)
-plus the values being captured.
+taken for one. Where a path matches again in another element of an array, the
+last value wins; where it matches again in the same elements (an object on the
+way repeats a key), every value is kept (``repeats``; ``sparse`` gives them as
+``repeats.Repeated`` objects, read every way: repeats.py), at most
+``MAX_REPEATS`` in all (more fails the scan: memory stays bounded). Captured values keep their own repeated keys too.
+``on_capture`` is told every captured value. Memory is the stack of open
+containers (depth is capped) plus the values being captured.
 
 Cost: bytes are skipped with compiled regexes, so the Python loop runs once per
 structural character of the levels that matter (strings and levels off the
@@ -22,20 +26,23 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .base import CAPTURE_LIMIT, LARGE, Path, loads
+from .repeats import Repeated, loads_keeping_repeats
 
 _ANY = re.compile(rb'[{}\[\]",:]')
 _NEST = re.compile(rb'[{}\[\]"]')
 _STR = re.compile(rb'["\\]')
 _MAX_KEY = 1024
 MAX_DEPTH = 256
+#: values of repeated keys kept per document (an honest answer repeats none)
+MAX_REPEATS = 16
 
 
 class _Frame:
-    __slots__ = ("expect_key", "is_obj", "key", "path", "relevant")
+    __slots__ = ("expect_key", "index", "is_obj", "key", "path", "relevant")
 
     def __init__(self, is_obj: bool, path: Path | None, relevant: bool) -> None:
         self.is_obj = is_obj
@@ -43,6 +50,8 @@ class _Frame:
         self.relevant = relevant
         self.key: str | None = None
         self.expect_key = is_obj
+        #: the element being read (arrays on a wanted path)
+        self.index = 0
 
 
 def _decode_key(raw: bytes) -> str | None:
@@ -64,8 +73,16 @@ class JsonPathScanner:
         *,
         capture_limit: int = CAPTURE_LIMIT,
         max_depth: int = MAX_DEPTH,
+        on_capture: Callable[[Path, Any], None] | None = None,
     ) -> None:
         self.paths = frozenset(paths)
+        self.on_capture = on_capture
+        #: the earlier values of a path matched again in the same array elements
+        self.repeats: dict[Path, list[Any]] = {}
+        #: the array elements each path was last matched in
+        self._matched_in: dict[Path, tuple[int, ...]] = {}
+        self._cap_in: tuple[int, ...] = ()
+        self._repeated = 0
         self._prefixes = frozenset(p[:k] for p in self.paths for k in range(len(p)))
         self.capture_limit = capture_limit
         self.max_depth = max_depth
@@ -100,10 +117,13 @@ class JsonPathScanner:
 
     def sparse(self) -> Any:
         """The captured values rebuilt into a (sparse) object or array: an
-        array stands for all its elements with one element."""
+        array stands for all its elements with one element. A path matched more than
+        once in the same elements holds a ``Repeated`` object at its last step."""
         root: Any = [] if self.root_is_object is False else {}
         for path, value in self.values.items():
             _put(root, path, value)
+        if self.repeats:
+            root = _with_repeats(root, (), self.repeats, self.values)
         return root
 
     # -- scanning ------------------------------------------------------------
@@ -194,6 +214,8 @@ class JsonPathScanner:
                 if top.is_obj:
                     top.expect_key = True
                     top.key = None
+                else:
+                    top.index += 1
             elif top.is_obj:  # :
                 top.expect_key = False
                 if top.key is not None and self._cap_depth < 0:
@@ -202,13 +224,14 @@ class JsonPathScanner:
                         self._cap = bytearray()
                         self._cap_path = wanted
                         self._cap_depth = len(stack)
+                        self._cap_in = tuple(f.index for f in stack if not f.is_obj)
                         cap_from = i
             if self.error is not None:
                 return
         if self._cap is not None:
             self._cap += data[cap_from:n]
             if len(self._cap) > self.capture_limit:
-                self.values[self._cap_path] = LARGE
+                self._store(LARGE)
                 self._cap = None
 
     def _key_add(self, piece: bytes) -> None:
@@ -226,13 +249,31 @@ class JsonPathScanner:
             return
         cap += data[start:end]
         if len(cap) > self.capture_limit:
-            self.values[self._cap_path] = LARGE
+            self._store(LARGE)
             return
-        value, problem = loads(cap)
+        value, problem = loads_keeping_repeats(cap)
         if problem is not None:
             self._fail(problem.removeprefix("unreadable: "))
             return
-        self.values[self._cap_path] = value
+        self._store(value)
+
+    def _store(self, value: Any) -> None:
+        """The value captured at ``_cap_path``: it replaces one matched in other array
+        elements, and is kept beside one matched in the same (a repeated key)."""
+        path = self._cap_path
+        where = self._cap_in
+        if path in self.values and self._matched_in.get(path) == where:
+            self._repeated += 1
+            if self._repeated > MAX_REPEATS:  # never in an honest answer; memory bounded
+                self._fail("an object repeats a key too many times")
+                return
+            self.repeats.setdefault(path, []).append(self.values[path])
+        else:
+            self.repeats.pop(path, None)
+        self.values[path] = value
+        self._matched_in[path] = where
+        if self.on_capture is not None:
+            self.on_capture(path, value)
 
 
 def _put(root: Any, path: Path, value: Any) -> None:
@@ -257,13 +298,44 @@ def _put(root: Any, path: Path, value: Any) -> None:
             node = node.setdefault(step, [] if path[k + 1] == "*" else {})
 
 
-class JsonBody:
-    """A non-streamed JSON body: parsed whole up to ``limit`` bytes, else scanned."""
+def _with_repeats(
+    node: Any, path: Path, repeats: dict[Path, list[Any]], leaves: dict[Path, Any]
+) -> Any:
+    """The sparse tree with each object holding a repeated path's last step made a
+    ``Repeated`` that keeps the earlier values (captured values are left as they are)."""
+    if path in leaves:
+        return node
+    if isinstance(node, dict):
+        items = [(key, _with_repeats(v, (*path, key), repeats, leaves)) for key, v in node.items()]
+        here = {p[-1]: e for p, e in repeats.items() if p[:-1] == path and p[-1] in node}
+        if not here:
+            return dict(items)
+        out = Repeated(items)
+        out.earlier = {key: list(earlier) for key, earlier in here.items()}
+        return out
+    if isinstance(node, list):
+        return [_with_repeats(v, (*path, "*"), repeats, leaves) for v in node]
+    return node
 
-    def __init__(self, paths: Iterable[Path], *, limit: int) -> None:
+
+class JsonBody:
+    """A non-streamed JSON body: parsed whole up to ``limit`` bytes, else scanned
+    (``on_capture``: the scanner's)."""
+
+    def __init__(
+        self,
+        paths: Iterable[Path],
+        *,
+        limit: int,
+        on_capture: Callable[[Path, Any], None] | None = None,
+    ) -> None:
         self.paths = frozenset(paths)
         self.limit = limit
         self.size = 0
+        self.on_capture = on_capture
+        #: the body parsed whole, kept by ``close`` for a reading of its repeated keys
+        #: (None when it was scanned: the scanner kept them)
+        self.whole: bytes | None = None
         self._parts: list[bytes] = []
         self._scanner: JsonPathScanner | None = None
 
@@ -278,7 +350,7 @@ class JsonBody:
             return
         self._parts.append(data)
         if self.size > self.limit:
-            self._scanner = JsonPathScanner(self.paths)
+            self._scanner = JsonPathScanner(self.paths, on_capture=self.on_capture)
             for part in self._parts:
                 self._scanner.feed(part)
             self._parts = []
@@ -298,4 +370,6 @@ class JsonBody:
         value, problem = loads(body)
         if problem is None and not isinstance(value, (dict, list)):
             return None, "unreadable: the body is not a JSON object or array"
+        if problem is None:
+            self.whole = body
         return value, problem

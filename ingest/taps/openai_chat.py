@@ -3,8 +3,8 @@
 Streamed: SSE of ``data:`` chunks ending with ``data: [DONE]``. Usage arrives
 only with ``stream_options.include_usage``, in a last chunk whose ``choices``
 is empty (``[]``; ``null`` or absent on some compatible servers). Servers that
-put a cumulative ``usage`` in every chunk are read too: the last one wins, and
-it is final once the ``choices``-less chunk, ``[DONE]`` or a normal end of the
+put a cumulative ``usage`` in every chunk are read too (each a report, the
+maximum charged), and the usage is final once the ``choices``-less chunk, ``[DONE]`` or a normal end of the
 stream (not after an error chunk) says so. Chunks have no event type, so each is parsed (its ``model``,
 ``error``, ``usage``, and the text of ``choices[].delta`` for the estimate).
 
@@ -13,6 +13,12 @@ last few are kept (bounded) and parsed at the end, where the usage chunk is,
 and every chunk counts as a delta with its payload bytes as text.
 
 Not streamed: one ``chat.completion`` JSON object with ``model`` and ``usage``.
+
+Every ``usage`` is a report: the call is charged the field-wise maximum of all of
+them (``Handler.report``), so a usage chunk repeated later with zero counts, or a
+``usage`` (or a count in it) given twice in one chunk or body, lowers nothing.
+With ``payload_bytes`` a chunk pushed out of the kept few is read all the same
+when it may carry usage (its bytes name ``usage`` other than as ``null``).
 
 ``prompt_tokens`` includes ``prompt_tokens_details.cached_tokens`` (subtracted
 for ``input_tokens``); ``completion_tokens`` includes
@@ -29,6 +35,7 @@ from .base import (
     RecentPayloads,
     describe_error,
     loads,
+    may_repeat,
     read_shape,
     read_shaped_run,
     shape_decoder,
@@ -43,6 +50,18 @@ _PATHS = frozenset({("usage",), ("model",), ("error",), ("choices",), ("service_
 
 
 _read_chunk = shape_decoder(ChatChunk)
+#: the keys a chunk (or a body) carrying usage gives at most once
+REPEAT_KEYS = (
+    b'"usage"',
+    b'"prompt_tokens"',
+    b'"completion_tokens"',
+    b'"prompt_tokens_details"',
+    b'"completion_tokens_details"',
+    b'"cached_tokens"',
+    b'"reasoning_tokens"',
+)
+_USAGE_KEY = b'"usage"'
+_NULL_USAGE = b'"usage":null'
 
 
 def usage_from(raw: Any) -> Usage:
@@ -52,6 +71,7 @@ def usage_from(raw: Any) -> Usage:
 class OpenAIChatHandler(Handler):
     fmt = "openai-chat"
     body_paths = frozenset({("usage",), ("model",), ("error",), ("service_tier",)})
+    repeat_keys = REPEAT_KEYS
 
     def __init__(self, request: RequestInfo, config: EstimatorConfig) -> None:
         super().__init__(request, config)
@@ -84,6 +104,11 @@ class OpenAIChatHandler(Handler):
                 if problem is not None:
                     self.problem(problem)
                 return
+            if may_repeat(data, REPEAT_KEYS):
+                found = self.each_reading(data, obj)
+                if len(found) > 1 or found[0] is not obj:
+                    self._readings(found)
+                    return
             choices = obj.get("choices")
             if (  # the common chunk: one choice's delta, no usage, no error
                 type(choices) is list
@@ -108,7 +133,11 @@ class OpenAIChatHandler(Handler):
             obj = self.parse(data)
             if isinstance(obj, dict):
                 self.set_model(obj.get("model"))
-        self._recent.push(data)
+        out = self._recent.push(data)
+        if out is not None:
+            for old in out:
+                if _may_carry_usage(old):  # every usage report counts, not the last few
+                    self._readings(self.parse_each(old, REPEAT_KEYS), count=False)
 
     def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
         if not self.parse_deltas:
@@ -145,6 +174,13 @@ class OpenAIChatHandler(Handler):
     def _other_chunk(self, data: bytes) -> None:
         self.on_event(b"", data)
 
+    def _readings(self, found: list[Any], count: bool = True) -> None:
+        """The readings of one chunk (repeats.py), each a chunk; counted once."""
+        for obj in found:
+            if isinstance(obj, dict):
+                self._chunk(obj, count=count)
+            count = False
+
     def _chunk(self, obj: dict[str, Any], *, count: bool = True) -> None:
         self.set_model(obj.get("model"))
         self.set_service_tier(obj.get("service_tier"))
@@ -159,8 +195,13 @@ class OpenAIChatHandler(Handler):
                     if isinstance(delta, dict):
                         self._delta(delta)
         if "usage" in obj and obj["usage"] is not None:
-            self._usage = obj["usage"]
+            self._report(obj["usage"])
             self._usage_final = not choices
+
+    def _report(self, usage: Any) -> None:
+        self._usage = usage
+        if self.report(usage) is not None:
+            self.count_units(modality_units(usage, "prompt_tokens", "completion_tokens"))
 
     def _delta(self, delta: dict[str, Any]) -> None:
         if len(delta) == 1:
@@ -185,8 +226,10 @@ class OpenAIChatHandler(Handler):
     def large_event_paths(self, name: bytes) -> frozenset[Path]:
         return _PATHS
 
-    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
-        if not ("choices" in obj and not obj["choices"]):  # unless surely a usage chunk
+    def on_large_event(
+        self, name: bytes, obj: dict[str, Any], size: int, ended: bool, count: bool = True
+    ) -> None:
+        if count and not ("choices" in obj and not obj["choices"]):  # unless a usage chunk
             self.delta_events += 1
             self.text_chars += size  # bytes bound the text from above
         if ended:
@@ -202,19 +245,17 @@ class OpenAIChatHandler(Handler):
         self.set_service_tier(obj.get("service_tier"))
         if obj.get("error"):
             self.error(describe_error(obj))
-        self._usage = obj.get("usage")
+        usage = obj.get("usage")
+        if usage is not None:
+            self._report(usage)
 
     # -- end -----------------------------------------------------------------
     def final_usage(self, cut: str | None) -> Usage | None:
-        for data in self._recent.drain():  # oldest first: the last usage wins
-            obj = self.parse(data)
-            if isinstance(obj, dict):
-                self._chunk(obj, count=False)
-        if self._usage is None:
+        for data in self._recent.drain():  # oldest first
+            self._readings(self.parse_each(data, REPEAT_KEYS), count=False)
+        usage = self.reported
+        if usage is None:
             return None
-        usage = self.map_usage(self._usage)
-        if usage is not None:
-            self.count_units(modality_units(self._usage, "prompt_tokens", "completion_tokens"))
         if self._body:
             return usage
         self.partial = usage
@@ -227,3 +268,10 @@ class OpenAIChatHandler(Handler):
         if self._done:
             return "no_usage: no usage chunk (was stream_options.include_usage set?)"
         return "stream_incomplete: the stream ended without [DONE]"
+
+
+def _may_carry_usage(data: bytes) -> bool:
+    """Whether a chunk's bytes could give a usage other than ``null`` (not a reading:
+    a test of whether to read it, as ``may_repeat``)."""
+    named = data.count(_USAGE_KEY)
+    return (named > 0 and named != data.count(_NULL_USAGE)) or may_repeat(data, ())

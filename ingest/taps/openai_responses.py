@@ -26,6 +26,8 @@ from .base import (
     Handler,
     Path,
     describe_error,
+    loads,
+    may_repeat,
     read_shape,
     shape_decoder,
     text_len,
@@ -59,6 +61,27 @@ TOOL_CALL_UNITS = {
     "image_generation_call": "image_generation",
 }
 _ERROR_PATHS = frozenset({("code",), ("message",), ("error",), ("type",)})
+#: the keys a response object (an event's or the body) carrying usage gives at most once
+REPEAT_KEYS = (
+    b'"usage"',
+    b'"input_tokens"',
+    b'"output_tokens"',
+    b'"input_tokens_details"',
+    b'"output_tokens_details"',
+    b'"cached_tokens"',
+    b'"reasoning_tokens"',
+    b'"output"',
+)
+
+
+def _may_repeat_event(data: bytes, named: bool) -> bool:
+    """``may_repeat`` for an event: its usage keys (not the response on the way to them: a
+    response given twice gives "usage" twice, or an escape), and for one read by its type
+    (no ``event:`` name) a type given twice beside a usage (which type a reader keeps
+    decides whether the usage is read)."""
+    if may_repeat(data, REPEAT_KEYS):
+        return True
+    return not named and data.count(b'"type"') > 1 and b'"usage"' in data
 
 
 _read_text_delta = shape_decoder(ResponsesTextDelta)
@@ -73,6 +96,7 @@ def usage_from(raw: Any) -> Usage:
 
 class OpenAIResponsesHandler(Handler):
     fmt = "openai-responses"
+    repeat_keys = REPEAT_KEYS
     body_paths = frozenset(
         {
             ("usage",),
@@ -114,20 +138,34 @@ class OpenAIResponsesHandler(Handler):
             if isinstance(obj, dict):
                 self._delta(name, obj)
         elif name in TERMINAL or name in _EARLY or name == b"error" or not name:
-            obj = self.parse(data)
+            obj, problem = loads(data)
+            if problem is not None:
+                self.problem(problem)
             if not isinstance(obj, dict):
                 return
-            if not name:
-                kind = obj.get("type")
-                if not isinstance(kind, str):
-                    return
-                name = kind.encode()
-                if name.endswith(b".delta"):
+            repeats = _may_repeat_event(data, bool(name))
+            found = self.each_reading(data, obj) if repeats else [obj]
+            counted = False
+            for reading in found:  # one event, or each reading of its repeated keys
+                if isinstance(reading, dict):
+                    counted = self._event(name, reading, counted)
+
+    def _event(self, name: bytes, obj: dict[str, Any], counted: bool) -> bool:
+        """One event read whole (``name`` b"": by its type); whether a delta was counted
+        (a delta is counted once, whatever readings it has)."""
+        if not name:
+            kind = obj.get("type")
+            if not isinstance(kind, str):
+                return counted
+            name = kind.encode()
+            if name.endswith(b".delta"):
+                if not counted:
                     self.delta_events += 1
                     if name not in _AUDIO:
                         self._delta(name, obj)
-                    return
-            self._on(name, obj)
+                return True
+        self._on(name, obj)
+        return counted
 
     def on_events(self, events: list[tuple[bytes, bytes]]) -> None:
         # Runs of output text deltas are read at once; the rest one by one, in order.
@@ -177,8 +215,11 @@ class OpenAIResponsesHandler(Handler):
         self._status = status if isinstance(status, str) else None
         if response.get("error"):
             self.error(describe_error(response))
-        if response.get("usage") is not None:
-            self._usage = response["usage"]
+        usage = response.get("usage")
+        if usage is not None:
+            self._usage = usage
+            if self.report(usage) is not None:
+                self.count_units(modality_units(usage, "input_tokens", "output_tokens"))
         self.set_service_tier(response.get("service_tier"))
         output = response.get("output")
         if isinstance(output, list):
@@ -213,13 +254,16 @@ class OpenAIResponsesHandler(Handler):
             return _RESPONSE_PATHS | _ERROR_PATHS
         return frozenset()
 
-    def on_large_event(self, name: bytes, obj: dict[str, Any], size: int, ended: bool) -> None:
+    def on_large_event(
+        self, name: bytes, obj: dict[str, Any], size: int, ended: bool, count: bool = True
+    ) -> None:
         if not name and isinstance(obj.get("type"), str):
             name = obj["type"].encode()
         if name.endswith(b".delta") or not name:
-            self.delta_events += 1
-            if name not in _AUDIO:
-                self.text_chars += size  # bytes bound the text from above
+            if count:
+                self.delta_events += 1
+                if name not in _AUDIO:
+                    self.text_chars += size  # bytes bound the text from above
         elif ended and (name in TERMINAL or name in _EARLY or name == b"error"):
             self._on(name, obj)
 
@@ -234,12 +278,9 @@ class OpenAIResponsesHandler(Handler):
 
     # -- end -----------------------------------------------------------------
     def final_usage(self, cut: str | None) -> Usage | None:
-        if self._usage is None:
+        usage = self.reported
+        if usage is None:
             return None
-        usage = self.map_usage(self._usage)
-        if usage is not None:
-            audio = modality_units(self._usage, "input_tokens", "output_tokens")
-            self.count_units({**self.units, **audio})
         if self._body or self._terminal is not None:
             return usage
         self.partial = usage

@@ -16,6 +16,10 @@ for the input estimate). Server events read:
 
 A response still open when the session ends is estimated (``finish``). The
 conversation is server-side state, so estimated input is at least the floor.
+A ``response.done`` that gives a key of its usage (or the usage, or the response)
+twice is read every way (repeats.py) and charged the field-wise maximum. The model
+priced is the URL's; the session's is taken only when it is that model or a dated
+snapshot of it (``usage.priced_model``).
 Messages larger than the whole-parse limit are scanned for the paths above.
 """
 
@@ -25,11 +29,21 @@ import contextlib
 from collections import OrderedDict
 from typing import Any
 
-from .base import WHOLE_PARSE_LIMIT, Path, clip, describe_error, loads, text_len
+from .base import WHOLE_PARSE_LIMIT, Path, clip, describe_error, loads, may_repeat, text_len
 from .estimate import EstimatorConfig, Observed, estimate_usage
 from .jsonscan import JsonPathScanner
+from .repeats import TooManyReadings, has_repeats, loads_keeping_repeats, readings
 from .request import RequestInfo
-from .usage import InvalidUsage, TapResult, Usage, modality_units, sub, tok
+from .usage import (
+    InvalidUsage,
+    TapResult,
+    Usage,
+    modality_units,
+    priced_model,
+    sub,
+    tok,
+    usage_max,
+)
 
 _TEXT_DELTAS = frozenset(
     {
@@ -52,6 +66,18 @@ _LARGE_PATHS: frozenset[Path] = frozenset(
     }
 )
 _PIECE = 64 * 1024
+#: stands for a message read in more ways than ``repeats.MAX_READINGS``
+_TOO_MANY: Any = object()
+#: the keys a ``response.done`` gives at most once (its usage's: a response given twice
+#: gives "usage" twice, or an escape)
+_REPEAT_KEYS = (
+    b'"usage"',
+    b'"input_tokens"',
+    b'"output_tokens"',
+    b'"input_token_details"',
+    b'"output_token_details"',
+    b'"cached_tokens"',
+)
 
 
 def usage_from(raw: Any) -> Usage:
@@ -152,7 +178,8 @@ class RealtimeTap:
             return self._evicted()
         if kind == "response.done":
             response = obj.get("response")
-            return [self._done(response if isinstance(response, dict) else {})]
+            others = [] if large else self._other_usages(message)
+            return [self._done(response if isinstance(response, dict) else {}, others)]
         if kind in ("session.created", "session.updated"):
             self._session(obj.get("session"))
         elif kind == "error":
@@ -193,7 +220,8 @@ class RealtimeTap:
             results.append(self._estimate(state, "unreadable: too many responses in flight"))
         return results
 
-    def _done(self, response: dict[str, Any]) -> TapResult:
+    def _done(self, response: dict[str, Any], others: list[Any]) -> TapResult:
+        """One ``response.done``; ``others``: the usage of its other readings (repeats)."""
         response_id = response.get("id")
         state = self._open.pop(response_id if isinstance(response_id, str) else "", None)
         state = state or _Response()
@@ -201,9 +229,16 @@ class RealtimeTap:
         details = response.get("status_details")
         error = describe_error(details) if isinstance(details, dict) else None
         raw = response.get("usage")
+        if raw is None and others:
+            raw = others[-1]  # a reading that has one: the usage to charge
         if raw is not None:
+            if others and others[0] is _TOO_MANY:
+                reason = "invalid_usage: the message repeats keys in more ways than are read"
+                return self._estimate(state, reason, error)
             try:
                 usage = usage_from(raw)
+                for other in others:  # the field-wise maximum of every reading's
+                    usage = usage_max(usage, usage_from(other))
             except InvalidUsage as exc:
                 return self._estimate(state, f"invalid_usage: {exc}", error)
             return TapResult.from_usage(
@@ -219,9 +254,29 @@ class RealtimeTap:
             state, f"no_usage: response.done ({clip(str(status), 40)}) carries no usage", error
         )
 
+    def _other_usages(self, message: str | bytes) -> list[Any]:
+        """The usage of every reading of a ``response.done`` that repeats keys
+        (repeats.py): ``[]`` when it repeats none; too many readings is ``TOO_MANY``."""
+        data = message.encode() if isinstance(message, str) else message
+        if not may_repeat(data, _REPEAT_KEYS):
+            return []
+        full, problem = loads_keeping_repeats(data)
+        if problem is not None or not has_repeats(full):
+            return []
+        try:
+            found = readings(full)
+        except (TooManyReadings, RecursionError):
+            return [_TOO_MANY]
+        usages = []
+        for reading in found:
+            response = reading.get("response") if isinstance(reading, dict) else None
+            if isinstance(response, dict) and response.get("usage") is not None:
+                usages.append(response["usage"])
+        return usages
+
     # -- results -------------------------------------------------------------
     def _model(self) -> str | None:
-        return self.session_model or self.model_hint
+        return priced_model(self.model_hint, self.session_model, None)[0]
 
     def _request(self) -> RequestInfo:
         size, self._client_bytes = self._client_bytes, 0

@@ -45,7 +45,9 @@ class RequestInfo:
     code-interpreter containers the request names by id (made earlier through the
     Containers API). ``unit_caps`` are the billed units the request can be charged at
     most, known before it is sent (a server tool's ``max_uses``; a grounded prompt):
-    the enforcer's worst case adds them.
+    the enforcer's worst case adds them. ``fallbacks`` is an Anthropic request that
+    allows server-side fallback to another model (its ``fallbacks``): only then is an
+    answer relabelled to the model that served priced as that model.
     """
 
     size: int | None
@@ -61,6 +63,7 @@ class RequestInfo:
     candidates: int
     background: bool
     stream_usage: bool | None
+    fallbacks: bool
 
     def __init__(  # one a response: compiled, not dataclass's (see usage.Usage)
         self,
@@ -77,6 +80,7 @@ class RequestInfo:
         candidates: int = 1,
         background: bool = False,
         stream_usage: bool | None = None,
+        fallbacks: bool = False,
     ) -> None:
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "readable", readable)
@@ -91,6 +95,7 @@ class RequestInfo:
         object.__setattr__(self, "candidates", candidates)
         object.__setattr__(self, "background", background)
         object.__setattr__(self, "stream_usage", stream_usage)
+        object.__setattr__(self, "fallbacks", fallbacks)
 
 
 def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | None) -> RequestInfo:
@@ -129,6 +134,7 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
         min(fields.get("candidates") or 1, MAX_CANDIDATES),
         fields.get("background", False),
         fields.get("stream_usage"),
+        fields.get("fallbacks", False),
     )
 
 
@@ -184,6 +190,7 @@ def _anthropic(obj: dict[str, Any]) -> dict[str, Any]:
         "thinking_budget": budget,
         "server_state": state,
         "unit_caps": caps,
+        "fallbacks": bool(obj.get("fallbacks")),
     }
 
 

@@ -76,13 +76,42 @@ class GeminiCandidate(msgspec.Struct, gc=False):
     groundingMetadata: msgspec.Raw | None = None
 
 
+#: a count a ``GeminiUsage`` does not carry (no JSON count is negative: one that is,
+#: or a count of -1 written out, is read the general way, see gemini.py)
+ABSENT = -1
+
+
+class GeminiUsage(msgspec.Struct, gc=False):
+    """The counts of a chunk's ``usageMetadata`` (every chunk carries one, cumulative):
+    what each one reports is charged at its field-wise maximum. ``totalTokenCount`` is
+    read only to account for every count key of the chunk (gemini.py); the details
+    (billed units) are read from the last chunk's whole usage. gemini.py reads the
+    fields by position (``msgspec.structs.astuple``): keep their order."""
+
+    promptTokenCount: int = ABSENT
+    cachedContentTokenCount: int = ABSENT
+    candidatesTokenCount: int = ABSENT
+    thoughtsTokenCount: int = ABSENT
+    toolUsePromptTokenCount: int = ABSENT
+    totalTokenCount: int = ABSENT
+
+
 class GeminiChunk(msgspec.Struct, gc=False):
-    """Gemini's common chunk: text parts, no error. Its usageMetadata and modelVersion
-    are skipped here (each chunk carries them, only the last ones count):
-    ``GeminiChunkTail`` reads them from the last chunks of a run."""
+    """Gemini's common chunk: text parts and usage counts, no error. Its modelVersion is
+    skipped here (every chunk carries it, only the last counts): ``GeminiChunkTail``
+    reads it, and the last chunk's whole usage, from the last chunks of a run."""
 
     candidates: list[GeminiCandidate] | None = None
     error: None = None
+    usageMetadata: GeminiUsage | None = None
+
+
+class GeminiUsageChunk(msgspec.Struct, gc=False):
+    """A chunk's usage counts alone (``delta_text="payload_bytes"``: the text is counted
+    by its bytes, the usage of every chunk is still read)."""
+
+    error: None = None
+    usageMetadata: GeminiUsage | None = None
 
 
 class GeminiChunkTail(msgspec.Struct, gc=False):

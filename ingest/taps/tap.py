@@ -21,6 +21,7 @@ from .base import (
     Handler,
     Path,
     clip,
+    may_repeat,
     observed,
 )
 from .decode import ContentDecoder, DecodeError
@@ -29,7 +30,7 @@ from .eventstream import EventStreamDecoder, EventStreamError
 from .jsonscan import JsonBody, JsonPathScanner
 from .request import RequestInfo
 from .sse import SSEParser
-from .usage import TapResult, Usage
+from .usage import TapResult, Usage, priced_model
 
 Mode = Literal["sse", "eventstream", "json", "auto"]
 
@@ -51,14 +52,19 @@ class _ScanSink:
 
     def close(self, name: bytes, ended: bool) -> None:
         obj: dict[str, Any] = {}
+        handler = self.handler
         if self.scanner is not None:
             error = self.scanner.finish()
             if error is None:
                 sparse = self.scanner.sparse()
                 obj = sparse if isinstance(sparse, dict) else {}
             elif ended:
-                self.handler.problem(f"unreadable: {error} in a large event")
-        self.handler.on_large_event(name, obj, self.size, ended)
+                handler.problem(f"unreadable: {error} in a large event")
+        # the scanner keeps every value of a repeated path: one event per reading
+        first = True
+        for reading in handler.readings_of(obj, obj):
+            handler.on_large_event(name, reading, self.size, ended, first)
+            first = False
 
 
 class Tap:
@@ -210,7 +216,9 @@ class Tap:
             )
             self._frame = self._frames.feed
         else:
-            self._body = JsonBody(handler.body_paths, limit=self.limit)
+            self._body = JsonBody(
+                handler.body_paths, limit=self.limit, on_capture=handler.on_captured
+            )
             self._frame = self._body.feed
         handler.streaming = mode != "json"
         if self._push == self._on_decoded:  # no content-encoding: skip a hop
@@ -257,9 +265,19 @@ class Tap:
             if self._frames.pending and cut is None:
                 handler.problem("unreadable: the event stream ends inside a message")
         elif self._body is not None:
-            obj, problem = self._body.close()
+            body = self._body
+            obj, problem = body.close()
             if obj is not None:
-                handler.on_body(obj, self._body.size)
+                whole = body.whole
+                body.whole = None
+                if whole is None:  # scanned: repeated paths kept (jsonscan.py)
+                    found = handler.readings_of(obj, obj)
+                elif may_repeat(whole, handler.repeat_keys):
+                    found = handler.each_reading(whole, obj)
+                else:
+                    found = [obj]
+                for reading in found:  # a body that repeats keys: each reading
+                    handler.on_body(reading, body.size)
             elif cut is None and self.decoded_bytes:
                 handler.problem(problem or "unreadable: body")
             handler.streaming = False
@@ -267,36 +285,48 @@ class Tap:
             handler.streaming = bool(self.request.stream)
 
     def _model(self) -> str | None:
-        return self.handler.model or self.request.model or self.model_hint
+        return self._priced()[0]
+
+    def _priced(self) -> tuple[str | None, str | None]:
+        """(the model the call is priced at, why the response's model was not taken). The
+        model requested is the URL's (the hint: Gemini, Bedrock serve the URL's model
+        whatever the body says) else the body's, as the proxy admitted it."""
+        return priced_model(
+            self.model_hint or self.request.model, self.handler.model, self.handler.relabelled_to
+        )
 
     def _resolve(self, cut: str | None) -> TapResult:
         handler = self.handler
         if self.status is not None and not 200 <= self.status <= 299:
             usage = handler.final_usage(None) if self._fatal is None else None
+            model, note = self._priced()  # once the handler has read all it will
             error = f"HTTP {self.status}"
             if handler.upstream_error:
                 error = f"{error}: {handler.upstream_error}"
             if usage is not None and not handler.problems:
                 return TapResult.from_usage(
-                    self._model(),
+                    model,
                     usage,
                     "reported",
                     upstream_error=error,
                     units=handler.units,
                     service_tier=handler.service_tier,
                     separate_charges=tuple(handler.charges),
+                    model_note=note,
                 )
-            return TapResult(self._model(), usage_source="none", upstream_error=error)
+            return TapResult(model, usage_source="none", upstream_error=error, model_note=note)
         usage = handler.final_usage(cut)
+        model, note = self._priced()
         if usage is not None and not handler.problems and self._fatal is None:
             return TapResult.from_usage(
-                self._model(),
+                model,
                 usage,
                 "reported",
                 upstream_error=handler.upstream_error,
                 units=handler.units,
                 service_tier=handler.service_tier,
                 separate_charges=tuple(handler.charges),
+                model_note=note,
             )
         if usage is not None:  # complete, but something was unreadable: a floor
             handler.partial = usage
@@ -316,7 +346,7 @@ class Tap:
         )
         estimate = estimate_usage(self.request, seen, self.config)
         return TapResult.from_usage(
-            self._model(),
+            model,
             estimate,
             "estimated",
             reason=reason,
@@ -324,6 +354,7 @@ class Tap:
             units=handler.units,
             service_tier=handler.service_tier,
             separate_charges=tuple(handler.charges),
+            model_note=note,
         )
 
     def _fallback(self, reason: str) -> TapResult:

@@ -82,6 +82,8 @@ class TapResult:
     #: charges billed apart from this one, each at its own model (an Anthropic declined
     #: fallback hop that had written output): one more UsageEvent each
     separate_charges: tuple[TapResult, ...]
+    #: why the response's own ``model`` was not the one priced (``priced_model``), or None
+    model_note: str | None
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class TapResult:
         units: dict[str, int] | tuple[tuple[str, int], ...] | None = None,
         service_tier: str | None = None,
         separate_charges: tuple[TapResult, ...] = (),
+        model_note: str | None = None,
     ) -> None:
         _set_counts(
             self,
@@ -120,6 +123,7 @@ class TapResult:
         object.__setattr__(self, "units", tuple(sorted(pairs)) if pairs else ())
         object.__setattr__(self, "service_tier", service_tier)
         object.__setattr__(self, "separate_charges", separate_charges)
+        object.__setattr__(self, "model_note", model_note)
 
     @property
     def total_tokens(self) -> int:
@@ -146,6 +150,8 @@ class TapResult:
             out["units"] = dict(self.units)
         if self.service_tier is not None:
             out["service_tier"] = self.service_tier
+        if self.model_note is not None:
+            out["model_note"] = self.model_note
         if self.separate_charges:
             out["separate_charges"] = [charge.as_dict() for charge in self.separate_charges]
         return out
@@ -162,6 +168,7 @@ class TapResult:
         units: dict[str, int] | None = None,
         service_tier: str | None = None,
         separate_charges: tuple[TapResult, ...] = (),
+        model_note: str | None = None,
     ) -> TapResult:
         return TapResult(
             model,
@@ -177,7 +184,66 @@ class TapResult:
             units,
             service_tier,
             separate_charges,
+            model_note,
         )
+
+
+def usage_max(a: Usage, b: Usage) -> Usage:
+    """The field-wise maximum of two usages: what several reports of one call are charged
+    (cumulative reports grow, so it is the last one; a report with lower counts after a
+    higher one lowers nothing, and the cost is never below any single report's)."""
+    return Usage(
+        max(a.input_tokens, b.input_tokens),
+        max(a.cache_read_tokens, b.cache_read_tokens),
+        max(a.cache_write_tokens, b.cache_write_tokens),
+        max(a.cache_write_1h_tokens, b.cache_write_1h_tokens),
+        max(a.output_tokens, b.output_tokens),
+        max(a.reasoning_tokens, b.reasoning_tokens),
+    )
+
+
+def is_snapshot_of(served: str, requested: str) -> bool:
+    """True when ``served`` is ``requested`` or a dated snapshot of it, as providers name
+    the snapshot an alias resolved to: ``requested``, a hyphen, then a date and nothing
+    else (OpenAI ``gpt-4o-2024-08-06``, Anthropic ``claude-sonnet-4-5-20250929``) or a
+    three-digit version (Gemini ``gemini-1.5-flash-002``). Any other suffix names another
+    model, which may be priced lower: a version (``claude-sonnet-4-5-...`` for
+    ``claude-sonnet-4``), a size (``gpt-4o-mini-...``), a preview or a four-digit
+    snapshot (``gpt-4-0125-preview`` for ``gpt-4``, a third of its price)."""
+    if served == requested:
+        return True
+    if len(served) <= len(requested) + 1 or not served.startswith(requested):
+        return False
+    if served[len(requested)] != "-":
+        return False
+    suffix = served[len(requested) + 1 :]
+    if not suffix.isascii() or not suffix.replace("-", "").isdigit():
+        return False
+    if len(suffix) == 10:  # YYYY-MM-DD
+        return suffix[4] == "-" and suffix[7] == "-" and suffix.count("-") == 2
+    return len(suffix) in (8, 3) and suffix.isdigit()  # YYYYMMDD, or a version NNN
+
+
+def priced_model(
+    requested: str | None, served: str | None, relabelled_to: str | None
+) -> tuple[str | None, str | None]:
+    """The model a call is priced at, and why the response's was not taken (None when it
+    was). The requested model (the URL's, else the body's) is the one the enforcer
+    admitted and priced the hold at; the response's model is taken when nothing was
+    requested, when it is the requested model or a dated snapshot of it
+    (``is_snapshot_of``), or when the provider documented the relabel (``relabelled_to``:
+    Anthropic's server-side fallback, for a request that allowed it). Any other model the
+    response names is not priced: an answer naming a cheaper model never lowers the
+    charge."""
+    if served is None:
+        return requested, None
+    if requested is None or served == relabelled_to or is_snapshot_of(served, requested):
+        return served, None
+    note = (
+        f"the response names {served!r}, neither {requested!r} (requested) nor a dated "
+        "snapshot of it nor a relabel the provider documents: priced as requested"
+    )
+    return requested, note
 
 
 def _set_counts(

@@ -18,6 +18,12 @@ def sse(*events: tuple[str | None, Any], crlf: bool = False) -> bytes:
     return out.encode()
 
 
+#: the request ``tap`` sends unless told: its model is none a response names
+REQUEST: dict[str, Any] = {"model": "req-model"}
+#: an Anthropic request that allows server-side fallback (a relabel is priced as served)
+FALLBACK_REQUEST: dict[str, Any] = {"model": "claude-x", "fallbacks": "default"}
+
+
 def tap(
     fmt: str,
     body: bytes,
@@ -25,8 +31,11 @@ def tap(
     streaming: bool = True,
     cut: str | None = None,
     model: str | None = None,
+    request: dict[str, Any] | None = None,
 ) -> TapResult:
-    t = open_tap(fmt, {"model": "req-model"}, streaming=streaming, model=model)
+    """``body`` through a tap of ``fmt`` for ``request`` (default ``REQUEST``); ``model``
+    is the URL's (the hint)."""
+    t = open_tap(fmt, REQUEST if request is None else request, streaming=streaming, model=model)
     t.feed(body)
     return t.finish(cut=cut)
 

@@ -223,6 +223,9 @@ DELTAS: dict[str, list[bytes]] = {
         b'{"choices":[{"delta":{"content":"a"}}],"x":"\xff"}',
         b'{"choices":[{"delta":{"content":1}}]}',
         b'{"choices":[{"finish_reason":"stop"}]}',
+        # usage the upstream repeats (issue 32)
+        b'{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":9,"completion_tokens":99},"usage":null}',
+        b'{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":77},"us\u0061ge":{"prompt_tokens":0,"completion_tokens":0}}',
     ],
     "gemini": [
         *(
@@ -248,6 +251,17 @@ DELTAS: dict[str, list[bytes]] = {
         b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"x":"\xff"}}',
         b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"responseId":"\xff"}',
         b'{"usageMetadata":null,"candidates":null}',
+        # usage the upstream repeats (issue 32): the shape keeps the last, the bytes tell
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":90},"usageMetadata":{"promptTokenCount":9}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":9,"candidatesTokenCount":95,"candidatesTokenCount":0}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":9,"thoughtsTokenCount":7,"th\u006fughtsTokenCount":0}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":70,"cachedContentTokenCount":60,"toolUsePromptTokenCount":5}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":1,"cachedContentTokenCount":2}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":-1}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":-3}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"promptTokenCount":3.0,"totalTokenCount":3}}',
+        b'{"candidates":[{"content":{"parts":[{"text":"a"}]}}],"usageMetadata":{"candidatesTokenCount":99999999999}}',
+        b'{"candidates":[{"content":{"parts":[{"text":""promptTokenCount": 5 TokenCount""}]}}],"usageMetadata":{"promptTokenCount":9}}',
     ],
     "openai-responses": [
         *(

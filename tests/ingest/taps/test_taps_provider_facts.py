@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import json
 
-from provider_facts_kit import USAGE, anthropic_stream, chat_chunk, gemini_chunk, sse, tap
+from provider_facts_kit import (
+    FALLBACK_REQUEST,
+    USAGE,
+    anthropic_stream,
+    chat_chunk,
+    gemini_chunk,
+    sse,
+    tap,
+)
 
 
 # -- Anthropic -----------------------------------------------------------------
@@ -82,8 +90,13 @@ def test_anthropic_fallback_iteration_names_the_serving_model() -> None:
             ],
         },
     )
-    r = tap("anthropic-messages", body, model="hint-model")
+    r = tap("anthropic-messages", body, request=FALLBACK_REQUEST)
     assert (r.model, r.input_tokens, r.output_tokens) == ("claude-y", 40, 9)
+    assert r.model_note is None
+    # a request that did not allow fallback: the answer's relabel is not priced
+    r = tap("anthropic-messages", body, request={"model": "claude-x"})
+    assert (r.model, r.input_tokens, r.output_tokens) == ("claude-x", 40, 9)
+    assert r.model_note is not None and "'claude-y'" in r.model_note
 
 
 def test_anthropic_iterations_without_a_fallback_keep_the_model() -> None:
@@ -91,7 +104,8 @@ def test_anthropic_iterations_without_a_fallback_keep_the_model() -> None:
         {"input_tokens": 40, "output_tokens": 1},
         {"output_tokens": 9, "iterations": [{"type": "message", "model": "claude-z"}]},
     )
-    assert tap("anthropic-messages", body).model == "claude-x"
+    r = tap("anthropic-messages", body, request=FALLBACK_REQUEST)
+    assert (r.model, r.model_note) == ("claude-x", None)
 
 
 def test_anthropic_fallback_block_relabels_the_stream() -> None:
@@ -112,8 +126,11 @@ def test_anthropic_fallback_block_relabels_the_stream() -> None:
         )
     )
     head, tail = start.split(b"event: message_delta", 1)
-    r = tap("anthropic-messages", head + block + b"event: message_delta" + tail)
+    body = head + block + b"event: message_delta" + tail
+    r = tap("anthropic-messages", body, request=FALLBACK_REQUEST)
     assert (r.model, r.usage_source) == ("claude-served", "reported")
+    r = tap("anthropic-messages", body, request={"model": "claude-x"})  # no fallback asked
+    assert (r.model, r.usage_source) == ("claude-x", "reported")
 
 
 def test_anthropic_other_content_blocks_never_relabel() -> None:
@@ -129,8 +146,12 @@ def test_anthropic_other_content_blocks_never_relabel() -> None:
     ]
     start = anthropic_stream({"input_tokens": 3, "output_tokens": 1}, {"output_tokens": 5})
     head, tail = start.split(b"event: message_delta", 1)
-    r = tap("anthropic-messages", head + sse(*events) + b"event: message_delta" + tail)
-    assert (r.model, r.usage_source) == ("claude-x", "reported")
+    r = tap(
+        "anthropic-messages",
+        head + sse(*events) + b"event: message_delta" + tail,
+        request=FALLBACK_REQUEST,
+    )
+    assert (r.model, r.usage_source, r.model_note) == ("claude-x", "reported", None)
 
 
 def test_anthropic_thinking_tokens_are_reasoning_inside_output() -> None:
@@ -191,16 +212,18 @@ def test_openai_chat_cached_above_prompt_is_invalid() -> None:
     assert r.estimate_reason == "invalid_usage: cached_tokens (600) exceeds prompt_tokens (10)"
 
 
-def test_openai_chat_the_served_model_wins_over_the_requested_one() -> None:
+def test_openai_chat_a_dated_snapshot_of_the_requested_model_is_priced() -> None:
     """The response's ``model`` is the snapshot that served (an alias resolves to a dated
-    one): it, not the request's model or the URL hint, is charged."""
+    one): it is charged when it is the requested model's dated snapshot, whether the
+    request named the model in its body or the URL hint did."""
     served = {
         **chat_chunk([{"index": 0, "delta": {"content": "hi"}}]),
         "model": "gpt-4o-2024-08-06",
     }
     last = {**chat_chunk([], USAGE), "model": "gpt-4o-2024-08-06"}
-    r = tap("openai-chat", sse((None, served), (None, last), (None, "[DONE]")), model="gpt-4o")
-    assert (r.model, r.usage_source) == ("gpt-4o-2024-08-06", "reported")
+    stream = sse((None, served), (None, last), (None, "[DONE]"))
+    r = tap("openai-chat", stream, request={"model": "gpt-4o"})
+    assert (r.model, r.usage_source, r.model_note) == ("gpt-4o-2024-08-06", "reported", None)
     body = {
         "object": "chat.completion",
         "model": "gpt-4o-2024-08-06",
@@ -208,7 +231,20 @@ def test_openai_chat_the_served_model_wins_over_the_requested_one() -> None:
         "usage": USAGE,
     }
     r = tap("openai-chat", json.dumps(body).encode(), streaming=False, model="gpt-4o")
-    assert r.model == "gpt-4o-2024-08-06"
+    assert (r.model, r.model_note) == ("gpt-4o-2024-08-06", None)
+
+
+def test_openai_chat_another_model_in_the_answer_is_priced_as_requested() -> None:
+    """An answer naming another model (a cheaper one, an undated snapshot, a size) is
+    priced at the requested model, with a note saying why."""
+    for named in ("gpt-4o-mini", "gpt-4o-mini-2024-07-18", "gpt-4o-2024-08-06-mini"):
+        last = {**chat_chunk([], USAGE), "model": named}
+        r = tap("openai-chat", sse((None, last), (None, "[DONE]")), request={"model": "gpt-4o"})
+        assert (r.model, r.usage_source) == ("gpt-4o", "reported")
+        assert r.model_note is not None and repr(named) in r.model_note
+    last = {**chat_chunk([], USAGE), "model": "gpt-4-0125-preview"}
+    r = tap("openai-chat", sse((None, last), (None, "[DONE]")), request={"model": "gpt-4"})
+    assert r.model == "gpt-4"
 
 
 # -- OpenAI Responses ----------------------------------------------------------
@@ -231,7 +267,7 @@ def test_openai_responses_usage_in_response_completed() -> None:
             {"type": "response.completed", "response": {"model": "gpt-r", "usage": RESP_USAGE}},
         ),
     )
-    r = tap("openai-responses", body)
+    r = tap("openai-responses", body, request={"model": "gpt-r"})
     assert (r.model, r.usage_source, r.output_tokens, r.reasoning_tokens) == (
         "gpt-r",
         "reported",
@@ -284,7 +320,10 @@ def test_gemini_zero_counts_omitted_by_proto3_json() -> None:
     assert (r.input_tokens, r.output_tokens, r.usage_source) == (4, 0, "reported")
 
 
-def test_responses_and_gemini_the_served_model_wins_over_the_requested_one() -> None:
+def test_responses_and_gemini_a_dated_snapshot_of_the_requested_model_is_priced() -> None:
+    """Responses names the snapshot in ``response.model``, Gemini in ``modelVersion``
+    (its stable versions end in three digits): taken when it is the requested model's
+    (the URL's for Gemini); a preview or another model is priced as requested."""
     body = sse(
         (
             "response.completed",
@@ -294,13 +333,31 @@ def test_responses_and_gemini_the_served_model_wins_over_the_requested_one() -> 
             },
         ),
     )
-    assert tap("openai-responses", body, model="gpt-5").model == "gpt-5-2025-08-07"
-    chunk = {
-        **gemini_chunk("x", {"promptTokenCount": 4}, True),
-        "modelVersion": "gemini-2.5-flash-preview-09-2025",
-    }
-    r = tap("gemini", sse((None, chunk), crlf=True), model="gemini-2.5-flash")
-    assert (r.model, r.usage_source) == ("gemini-2.5-flash-preview-09-2025", "reported")
+    assert tap("openai-responses", body, request={"model": "gpt-5"}).model == "gpt-5-2025-08-07"
+    r = tap("openai-responses", body, request={"model": "gpt-5-pro"})
+    assert (r.model, r.usage_source) == ("gpt-5-pro", "reported")
+    for version, priced in (
+        ("gemini-1.5-flash-002", "gemini-1.5-flash-002"),
+        ("gemini-1.5-flash", "gemini-1.5-flash"),
+        ("gemini-1.5-flash-preview-09-2025", "gemini-1.5-flash"),
+        ("gemini-1.5-flash-8b", "gemini-1.5-flash"),
+    ):
+        chunk = {**gemini_chunk("x", {"promptTokenCount": 4}, True), "modelVersion": version}
+        r = tap("gemini", sse((None, chunk), crlf=True), model="gemini-1.5-flash")
+        assert (r.model, r.usage_source) == (priced, "reported"), version
+        assert (r.model_note is None) == (version == priced)
+
+
+def test_gemini_the_url_names_the_model_not_the_body() -> None:
+    """Gemini serves the URL's model: a ``model`` in the body names nothing it serves."""
+    chunk = {**gemini_chunk("x", {"promptTokenCount": 4}, True), "modelVersion": "gemini-2.5-pro"}
+    r = tap(
+        "gemini",
+        sse((None, chunk), crlf=True),
+        model="gemini-2.5-pro",
+        request={"model": "gemini-2.0-flash-lite", "contents": []},
+    )
+    assert (r.model, r.model_note) == ("gemini-2.5-pro", None)
 
 
 def test_gemini_stream_ending_on_an_error_chunk_is_estimated() -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import json
 
-from provider_facts_kit import USAGE, anthropic_stream, chat_chunk, gemini_chunk, sse, tap
+from provider_facts_kit import (
+    FALLBACK_REQUEST,
+    USAGE,
+    anthropic_stream,
+    chat_chunk,
+    gemini_chunk,
+    sse,
+    tap,
+)
 
 
 # -- Billed units beyond tokens, service tiers -----------------------------------------
@@ -111,7 +119,11 @@ def test_anthropic_declined_hops_are_charged_apart_only_when_they_wrote_output()
         {"type": "message", "model": "claude-c", "input_tokens": 8, "output_tokens": 3},
     ]
     usage = {"input_tokens": 9, "output_tokens": 4, "iterations": [*hops, served]}
-    r = tap("anthropic-messages", anthropic_stream({"input_tokens": 9, "output_tokens": 1}, usage))
+    r = tap(
+        "anthropic-messages",
+        anthropic_stream({"input_tokens": 9, "output_tokens": 1}, usage),
+        request=FALLBACK_REQUEST,
+    )
     assert r.model == "claude-b" and r.usage_source == "reported"
     assert [(c.model, c.input_tokens, c.output_tokens) for c in r.separate_charges] == [
         ("claude-c", 8, 3)
