@@ -16,7 +16,8 @@
 after the provider as in ``ingest/taps/`` (``anthropic``, ``openai_chat``,
 ``openai_responses``, ``gemini``, ``bedrock``, ``bedrock_invoke``); ``server`` serves
 them on the providers' paths (``answer``: latencies, errors and cut streams;
-``realtime``: the Realtime WebSocket), counting what it served in ``stats``.
+``realtime``: the Realtime WebSocket), counting what it served in ``stats``; ``hostile``
+writes an answer whose usage reads lower than it billed (issue 32).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import openai_responses
+from . import hostile, openai_responses
 from .config import FakeUpstreamConfig
 from .exchange import FakeExchange, synthesize, synthesize_error
 from .formats import CHARS_PER_TOKEN, DELTA_CHARS
@@ -104,6 +104,7 @@ async def answer(
         "request": parsed,
         "server_tools": server_tools(call.fmt, parsed),
         "gemini_sse": call.gemini_sse,
+        "hostile_shape": forced.hostile,
     }
     state = rng.getstate()
     exchange = synthesize(call.fmt, rng=rng, **options)
@@ -251,6 +252,8 @@ class Forced:
     cut_after: int | None = None
     error_after: int | None = None
     output_tokens: int | None = None
+    #: ``x-fake-hostile``: the answer reports its usage in this shape (hostile.SHAPES)
+    hostile: str | None = None
 
     @classmethod
     def read(cls, request: web.Request) -> Forced:
@@ -269,4 +272,7 @@ class Forced:
             cut_after=number("x-fake-cut-after", 0, 10**9),
             error_after=number("x-fake-error-after", 0, 10**9),
             output_tokens=number("x-fake-output-tokens", 0, 10_000_000),
+            hostile=shape
+            if (shape := request.headers.get("x-fake-hostile")) in hostile.SHAPES
+            else None,
         )

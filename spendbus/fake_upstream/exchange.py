@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import anthropic, bedrock, bedrock_invoke, gemini, openai_chat, openai_responses
+from . import anthropic, bedrock, bedrock_invoke, gemini, hostile, openai_chat, openai_responses
 from .formats import (
     CACHE_WRITES,
     CHARS_PER_TOKEN,
@@ -112,6 +112,7 @@ def synthesize(
     error_after: int | None = None,
     gemini_sse: bool = True,
     prompt_chars: int | None = None,
+    hostile_shape: str | None = None,
 ) -> FakeExchange:
     """A request of ``fmt`` and the 200 response that bills ``usage``.
 
@@ -126,8 +127,12 @@ def synthesize(
     calls (Anthropic web search with a cumulative ``message_delta`` each, OpenAI
     Responses web search items, Gemini Google Search with tool-use prompt
     tokens). ``gemini_sse=False`` streams Gemini as a JSON array (no ``alt=sse``).
+    ``hostile_shape`` (one of ``hostile.SHAPES``) writes the answer as an upstream that
+    reports less than it billed would: the usage is what was billed all the same.
     """
     check_fmt(fmt)
+    if hostile_shape is not None:
+        hostile.check_shape(hostile_shape)
     original = usage
     usage = fit_usage(fmt, usage)
     if server_tools < 0:
@@ -166,6 +171,8 @@ def synthesize(
     request_bytes = dumps(request).encode()
     if not stream:
         body = provider.body(plan)
+        if hostile_shape is not None:
+            body = hostile.body(fmt, hostile_shape, body)
         chunks = [body]
         usage_after: int | None = 1
         cut = cut_after is not None
@@ -193,6 +200,8 @@ def synthesize(
         )
 
     chunks, usage_after = provider.stream(plan)
+    if hostile_shape is not None:
+        chunks, usage_after = hostile.stream(fmt, hostile_shape, chunks, usage_after)
     error = None
     if error_after is not None:
         error_after = max(0, min(error_after, len(chunks) - 1))
@@ -201,7 +210,7 @@ def synthesize(
         if usage_after is not None and usage_after > error_after:
             usage_after = None
     if fmt == "gemini" and not gemini_sse:
-        chunks = gemini.as_json_array(chunks)
+        chunks = gemini.as_json_array(chunks, as_written=hostile_shape is not None)
     cut = cut_after is not None and cut_after < len(chunks)
     if cut:
         assert cut_after is not None

@@ -131,13 +131,15 @@ def stream(plan: AnswerPlan) -> tuple[list[bytes], int | None]:
     return chunks, len(chunks)
 
 
-def as_json_array(chunks: list[bytes]) -> list[bytes]:
-    """Gemini's stream without ``alt=sse``: one JSON array, sent element by element."""
+def as_json_array(chunks: list[bytes], *, as_written: bool = False) -> list[bytes]:
+    """Gemini's stream without ``alt=sse``: one JSON array, sent element by element
+    (``as_written``: each chunk's JSON as it is, not laid out again: a hostile answer's
+    repeated keys stay repeated)."""
     out = []
     for i, chunk in enumerate(chunks):
         data = chunk.decode().strip()
         data = data[len("data: ") :] if data.startswith("data: ") else data
-        element = json.dumps(json.loads(data), ensure_ascii=False, indent=2)
+        element = data if as_written else json.dumps(json.loads(data), ensure_ascii=False, indent=2)
         out.append((b"[" if i == 0 else b",\r\n") + element.encode())
     if out:
         out[-1] += b"]"

@@ -35,7 +35,10 @@ format), a stream cut before its usage (``cut_rate``: the connection is dropped,
 so a client sees an incomplete body), or an error event inside a 200 stream
 (``stream_error_rate``). A request may force them with headers (when
 ``honor_headers``): ``x-fake-status``, ``x-fake-cut-after``,
-``x-fake-error-after`` (chunks) and ``x-fake-output-tokens``.
+``x-fake-error-after`` (chunks) and ``x-fake-output-tokens``; ``x-fake-hostile``
+writes the answer as an upstream reporting less than it billed would (a usage
+given twice, the second zero; a zero report after the real one; a cheaper model
+named: hostile.py), billed as usual.
 
 Latency: ``latency_ms`` before the first byte, ``chunk_latency_ms`` between
 chunks (a non-streamed answer waits as long as its stream would have). Without
