@@ -21,7 +21,7 @@ It ends when its socket does (its owner gone, even by kill -9).
 
 from __future__ import annotations
 
-# Only the standard library before the wall: importing chdb starts the engine's threads,
+# Nothing of the engine before the wall: importing chdb starts the engine's threads,
 # and a thread started before landlock.restrict() is not walled in. So this file runs as
 # a script (engine_link.py starts ``python <this file> <fd>``, never ``-m``, which would
 # import the package, and chdb with it, first) and loads its two siblings by path.
@@ -120,6 +120,12 @@ class EngineHost:
 
 
 def main(fd: int) -> None:
+    # the two packages themselves (light: no engine, no thread), found before the wall
+    # where the owner's PYTHONPATH says, so that every later import comes from their
+    # folders, which the wall leaves readable (a listing of the folder around them is not)
+    import aggregator  # noqa: F401
+    import schemas  # noqa: F401
+
     wire, landlock = sibling("engine_wire"), sibling("landlock")
     sock = socket.socket(fileno=fd)
     config = wire.receive_frame(sock)[1]

@@ -84,6 +84,16 @@ class EngineKilled(OperationalError):
     killed = True
 
 
+def code_roots() -> list[str]:
+    """The folders this process imported spendbus's packages from (their parents)."""
+    return sorted(
+        {
+            str(Path(sys.modules[name].__file__ or "").resolve().parent.parent)
+            for name in ("aggregator", "schemas")
+        }
+    )
+
+
 def code_folders() -> list[Path]:
     """Where the engine process's code comes from: Python's own folders, the packages'
     and their compiled libraries (not the folder around them: it may hold .spendbus)."""
@@ -177,6 +187,11 @@ class EngineLink:
         self._scratch = tempfile.mkdtemp(prefix="spendbus-engine-")
         environment = {k: os.environ[k] for k in PASSED_ENVIRONMENT if k in os.environ}
         environment["TMPDIR"] = self._scratch
+        # the same code as this process's, wherever it was imported from (a checkout run
+        # in place, a copy): the wall lets the engine's process read only these folders
+        environment["PYTHONPATH"] = os.pathsep.join(
+            [*code_roots(), *filter(None, environment.get("PYTHONPATH", "").split(os.pathsep))]
+        )
         try:
             process = subprocess.Popen(
                 [sys.executable, str(ENGINE_HOST), str(theirs.fileno())],
