@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import gzip
 import json
 import os
@@ -168,10 +169,18 @@ def main() -> None:
         help="run --work-responses streamed responses of this format through taps, untimed "
         "(for instruction counts that do not move with the machine's load: run under "
         "`valgrind --tool=cachegrind --cache-sim=no` with 1 and N+1 responses, "
-        "PYTHONHASHSEED=0, and divide the difference by N x events)",
+        "PYTHONHASHSEED=0 and --no-gc, and divide the difference by N x events)",
     )
     parser.add_argument("--work-responses", type=int, default=4)
+    parser.add_argument(
+        "--no-gc",
+        action="store_true",
+        help="with --work: the cyclic garbage collector off (a collection lands wherever "
+        "allocation counts put it, so two trees' counts would differ by where it fell)",
+    )
     args = parser.parse_args()
+    if args.work and args.no_gc:
+        gc.disable()
     if args.work:
         request, events, _ = BUILDERS[args.work](args.tokens)
         body = json.dumps(request).encode()  # the request as a proxy has it, as in the relay
