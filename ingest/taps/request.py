@@ -47,7 +47,9 @@ class RequestInfo:
     most, known before it is sent (a server tool's ``max_uses``; a grounded prompt):
     the enforcer's worst case adds them. ``fallbacks`` is an Anthropic request that
     allows server-side fallback to another model (its ``fallbacks``): only then is an
-    answer relabelled to the model that served priced as that model.
+    answer relabelled to the model that served priced as that model. ``service_tier`` is
+    the tier the request asks for (OpenAI's and Anthropic's ``service_tier``): only then
+    is an answer naming a discounted tier (flex, batch) charged at that tier.
     """
 
     size: int | None
@@ -64,6 +66,7 @@ class RequestInfo:
     background: bool
     stream_usage: bool | None
     fallbacks: bool
+    service_tier: str | None
 
     def __init__(  # one a response: compiled, not dataclass's (see usage.Usage)
         self,
@@ -81,6 +84,7 @@ class RequestInfo:
         background: bool = False,
         stream_usage: bool | None = None,
         fallbacks: bool = False,
+        service_tier: str | None = None,
     ) -> None:
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "readable", readable)
@@ -96,6 +100,7 @@ class RequestInfo:
         object.__setattr__(self, "background", background)
         object.__setattr__(self, "stream_usage", stream_usage)
         object.__setattr__(self, "fallbacks", fallbacks)
+        object.__setattr__(self, "service_tier", service_tier)
 
 
 def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | None) -> RequestInfo:
@@ -135,6 +140,7 @@ def read_request(fmt: str, request: bytes | bytearray | str | dict[str, Any] | N
         fields.get("background", False),
         fields.get("stream_usage"),
         fields.get("fallbacks", False),
+        fields.get("service_tier"),
     )
 
 
@@ -191,6 +197,7 @@ def _anthropic(obj: dict[str, Any]) -> dict[str, Any]:
         "server_state": state,
         "unit_caps": caps,
         "fallbacks": bool(obj.get("fallbacks")),
+        "service_tier": _str(obj.get("service_tier")),
     }
 
 
@@ -234,6 +241,7 @@ def _openai_chat(obj: dict[str, Any]) -> dict[str, Any]:
         "server_state": state,
         "candidates": _pos_int(obj.get("n")),
         "stream_usage": stream_usage,
+        "service_tier": _str(obj.get("service_tier")),
     }
 
 
@@ -287,6 +295,7 @@ def _openai_responses(obj: dict[str, Any]) -> dict[str, Any]:
         "containers": containers,
         "unit_caps": caps,
         "background": background,
+        "service_tier": _str(obj.get("service_tier")),
     }
 
 

@@ -35,6 +35,9 @@ from .usage import TapResult, Usage, priced_model
 Mode = Literal["sse", "eventstream", "json", "auto"]
 
 _EVENT_STREAM_TYPES = ("application/vnd.amazon.eventstream",)
+#: tiers priced below the standard rate, which a provider applies only to a request that
+#: asks for them (OpenAI's flex, a batch): an answer naming one otherwise pays standard
+DISCOUNTED_TIERS: frozenset[str] = frozenset({"flex", "batch"})
 
 
 class _ScanSink:
@@ -295,6 +298,15 @@ class Tap:
             self.model_hint or self.request.model, self.handler.model, self.handler.relabelled_to
         )
 
+    def _tier(self) -> str | None:
+        """The tier charged: the answer's, unless it names a discount (flex, batch) the
+        request did not ask for; then none, the standard rate (an answer cannot halve its
+        own price)."""
+        served = self.handler.service_tier
+        if served is None or served not in DISCOUNTED_TIERS or served == self.request.service_tier:
+            return served
+        return None
+
     def _resolve(self, cut: str | None) -> TapResult:
         handler = self.handler
         if self.status is not None and not 200 <= self.status <= 299:
@@ -310,7 +322,7 @@ class Tap:
                     "reported",
                     upstream_error=error,
                     units=handler.units,
-                    service_tier=handler.service_tier,
+                    service_tier=self._tier(),
                     separate_charges=tuple(handler.charges),
                     model_note=note,
                 )
@@ -324,7 +336,7 @@ class Tap:
                 "reported",
                 upstream_error=handler.upstream_error,
                 units=handler.units,
-                service_tier=handler.service_tier,
+                service_tier=self._tier(),
                 separate_charges=tuple(handler.charges),
                 model_note=note,
             )
@@ -352,7 +364,7 @@ class Tap:
             reason=reason,
             upstream_error=handler.upstream_error,
             units=handler.units,
-            service_tier=handler.service_tier,
+            service_tier=self._tier(),
             separate_charges=tuple(handler.charges),
             model_note=note,
         )

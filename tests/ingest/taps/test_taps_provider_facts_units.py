@@ -7,6 +7,7 @@ import json
 
 from provider_facts_kit import (
     FALLBACK_REQUEST,
+    REQUEST,
     USAGE,
     anthropic_stream,
     chat_chunk,
@@ -24,13 +25,13 @@ def test_anthropic_server_tool_requests_are_units_latest_wins() -> None:
         {
             "output_tokens": 9,
             "server_tool_use": {"web_search_requests": 3, "web_fetch_requests": 1},
-            "service_tier": "batch",
+            "service_tier": "priority",
         },
     )
     r = tap("anthropic-messages", body)
     assert (dict(r.units), r.service_tier, r.usage_source) == (
         {"web_search": 3, "web_fetch": 1},
-        "batch",
+        "priority",
         "reported",
     )
 
@@ -58,8 +59,27 @@ def test_units_counted_before_a_cut_are_kept_on_the_estimate() -> None:
 
 def test_openai_chat_service_tier_of_the_usage_chunk() -> None:
     last = {**chat_chunk([], USAGE), "service_tier": "flex"}
-    r = tap("openai-chat", sse((None, last), (None, "[DONE]")))
+    body = sse((None, last), (None, "[DONE]"))
+    r = tap("openai-chat", body, request={**REQUEST, "service_tier": "flex"})
     assert (r.service_tier, r.units) == ("flex", ())
+    priority = {**chat_chunk([], USAGE), "service_tier": "priority"}
+    assert tap("openai-chat", sse((None, priority), (None, "[DONE]"))).service_tier == "priority"
+
+
+def test_a_discounted_tier_the_request_did_not_ask_for_is_charged_standard() -> None:
+    """An answer naming flex or batch halves its own price: only a request that asked for
+    that tier is charged at it (issue 32); any other pays the standard rate."""
+    for tier in ("flex", "batch"):
+        last = {**chat_chunk([], USAGE), "service_tier": tier}
+        body = sse((None, last), (None, "[DONE]"))
+        for request in (REQUEST, {**REQUEST, "service_tier": "auto"}):
+            r = tap("openai-chat", body, request=request)
+            assert (r.service_tier, r.usage_source) == (None, "reported"), (tier, request)
+        body = anthropic_stream(
+            {"input_tokens": 10, "output_tokens": 1},
+            {"output_tokens": 9, "service_tier": tier},
+        )
+        assert tap("anthropic-messages", body).service_tier is None
 
 
 def test_gemini_grounding_is_one_grounded_prompt_and_its_queries() -> None:
