@@ -19,10 +19,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 #: requests per surface (each example is one request)
 EXAMPLES = int(os.environ.get("SPENDBUS_FUZZ_EXAMPLES", "200"))
+#: hypothesis's settings for a fuzz test: ``EXAMPLES`` requests, no deadline (a request
+#: is real I/O), no example database, every health check off (the inputs are meant to be
+#: hostile and slow)
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 #: the most a server's resident memory may grow over a whole fuzz run
 RSS_GROWTH_BOUND = 200 * 1024 * 1024
 #: pytest-timeout's guard against a hang, per fuzz test: scaled with the examples (a /sql

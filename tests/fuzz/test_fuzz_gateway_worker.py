@@ -22,6 +22,7 @@ import yaml
 from aiokafka import AIOKafkaConsumer
 from fuzz_kit import (
     EXAMPLES,
+    FUZZ,
     GUARD_S,
     RSS_GROWTH_BOUND,
     RawRequest,
@@ -31,7 +32,7 @@ from fuzz_kit import (
     rss,
     send,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from pipeline_kit import Pipeline
 
 from schemas.codec import USAGE_EVENT
@@ -40,12 +41,6 @@ from spendbus.stack.broker_probe import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(GUARD_S)]
 
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
 #: the servers' deadlines, short so that slow senders cost little of the run
 DEADLINES_S = 0.5
 PROMPT = [{"role": "user", "content": "Say hello."}]

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
-from fuzz_kit import EXAMPLES, GUARD_S, command
-from hypothesis import HealthCheck, given, settings
+from fuzz_kit import EXAMPLES, FUZZ, GUARD_S, command
+from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.codec import USAGE_EVENT
@@ -33,12 +33,6 @@ from spendbus.stack.broker_probe import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(GUARD_S)]
 
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
 #: the token counts of an event and of the fake's billed usage, by the same names
 FIELDS = (
     "input_tokens",

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from fuzz_kit import (
     EXAMPLES,
+    FUZZ,
     GUARD_S,
     answer_of,
     command,
@@ -28,7 +29,7 @@ from fuzz_kit import (
     malformed_heads,
     malformed_requests,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from pipeline_kit import Pipeline
 
 from schemas.http_log import INTERVAL_S
@@ -37,12 +38,7 @@ from spendbus.stack.broker_probe import free_port, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(GUARD_S)]
 
-FUZZ = settings(
-    max_examples=max(20, EXAMPLES // 4),
-    deadline=None,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
+FEWER = settings(FUZZ, max_examples=max(20, EXAMPLES // 4))
 REFUSED = b"malformed request ("
 #: a log line of the malformed-request tally (the first of an interval, or its summary)
 TALLY_LINE = re.compile(r"malformed HTTP request")
@@ -70,7 +66,7 @@ class HostileRun:
         for data in malformed_heads(credentials, path):
             self.send(data)
 
-        @FUZZ
+        @FEWER
         @given(malformed_requests(credentials))
         def one(request: object) -> None:
             self.send(request.data)  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from fuzz_kit import (
     EXAMPLES,
+    FUZZ,
     GUARD_S,
     RSS_GROWTH_BOUND,
     RawRequest,
@@ -24,7 +25,7 @@ from fuzz_kit import (
     rss,
     send,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from schemas.topics import Topics
 from schemas.usage import new_usage_event, usage_event_to_json
@@ -39,12 +40,6 @@ AUTH = [
     {"Authorization": "Bearer wrong"},
     {},
 ]
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
 #: the servers' deadlines, short so that slow senders cost little of the run
 DEADLINES_S = 0.5
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from fuzz_kit import EXAMPLES, GUARD_S, command, get
-from hypothesis import HealthCheck, given, settings
+from fuzz_kit import EXAMPLES, FUZZ, GUARD_S, command, get
+from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.budgets import Budget
@@ -32,9 +32,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(GUA
 ANN = "fuzz-ann-0123456789abcdef0123456789"
 BOB = "fuzz-bob-0123456789abcdef0123456789"
 CTX = {"org_id": "acme", "secret_id": "sk-1", "model": "claude-sonnet-4-5", "input_tokens": 10}
-FUZZ = settings(
-    max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
-)
 
 
 def post(url: str, body: Any, token: str | None) -> tuple[int, Any]:

@@ -16,25 +16,16 @@ from __future__ import annotations
 import http.client
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuzz_kit import EXAMPLES, GUARD_S
-from hypothesis import HealthCheck, given, settings
+from fuzz_kit import EXAMPLES, FUZZ, GUARD_S
+from hypothesis import given
 from hypothesis import strategies as st
 from pipeline_kit import Pipeline
 
-from schemas.topics import Topics
-
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(GUARD_S)]
 
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
 SCRIPT = "#!/bin/sh\necho untouched\n"
 
 HARMLESS = st.sampled_from(
@@ -99,19 +90,6 @@ def statements(draw: st.DrawFn) -> str:
     return f"{attack}{separator} {harmless}"  # the harmless one behind it
 
 
-@pytest.fixture
-def worker_pipeline(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
-) -> Iterator[Pipeline]:
-    p = Pipeline(kafka_bootstrap, topics, tmp_path, clickhouse_dsn)
-    p.apply_reference()
-    p.worker.start(timeout=180)
-    try:
-        yield p
-    finally:
-        p.worker.stop()
-
-
 def _post(port: int, token: str, sql: str) -> tuple[int, bytes]:
     """(status, body) of /sql for ``sql``."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -128,8 +106,8 @@ def _post(port: int, token: str, sql: str) -> tuple[int, bytes]:
         connection.close()
 
 
-def test_no_hostile_statement_reaches_a_file(worker_pipeline: Pipeline, tmp_path: Path) -> None:
-    worker = worker_pipeline.worker
+def test_no_hostile_statement_reaches_a_file(pipeline: Pipeline, tmp_path: Path) -> None:
+    worker = pipeline.worker
     assert worker.token_file is not None
     token = worker.token_file.read_text().strip()
     targets = tmp_path / "targets"
