@@ -18,9 +18,14 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import yaml
+from aiokafka import AIOKafkaConsumer
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+
+from schemas.codec import USAGE_EVENT
 
 #: requests per surface (each example is one request)
 EXAMPLES = int(os.environ.get("SPENDBUS_FUZZ_EXAMPLES", "200"))
@@ -253,3 +258,68 @@ def answer_of(port: int, data: bytes, timeout: float = 30.0) -> bytes:
             while chunk := sock.recv(65536):
                 answer += chunk
     return answer
+
+
+def gateway_config_file(
+    directory: Path,
+    *,
+    gateway_id: str,
+    port: int,
+    bootstrap: str,
+    topic_prefix: str,
+    upstream: str,
+    keys: dict[str, str],
+    provider_keys: dict[str, str] | None = None,
+    **settings: object,
+) -> Path:
+    """``directory/gateway.yaml`` (0600: it holds keys in clear) for a gateway on ``port``
+    in front of the fake provider at ``upstream``: one virtual key of org ``acme`` per API
+    of ``keys`` (API -> key), its provider key ``provider_keys[api]`` (default
+    ``real-<api>``), the publisher's spool in ``directory``; ``settings`` are added as given."""
+    config = {
+        "gateway_id": gateway_id,
+        "listen": {"host": "127.0.0.1", "port": port},
+        "kafka": {"bootstrap": bootstrap, "topic_prefix": topic_prefix},
+        "publisher": {"spool_dir": str(directory / "spool")},
+        "upstreams": {api: {"api": api, "base_url": upstream} for api in keys},
+        "secrets": {
+            f"sk-{api}": {"upstream": api, "api_key": (provider_keys or {}).get(api, f"real-{api}")}
+            for api in keys
+        },
+        "keys": [
+            {
+                "name": f"{gateway_id}-{api}",
+                "key": key,
+                "principal": {"org_id": "acme", "secret_id": f"sk-{api}"},
+            }
+            for api, key in keys.items()
+        ],
+        **settings,
+    }
+    config_file = directory / "gateway.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    config_file.chmod(0o600)
+    return config_file
+
+
+async def usage_events(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """Every UsageEvent on ``topic`` now (read until two seconds bring none)."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    await consumer.start()
+    out: list[dict[str, Any]] = []
+    try:
+        empty = 0
+        while empty < 4:
+            batches = await consumer.getmany(timeout_ms=500)
+            got = [m for ms in batches.values() for m in ms]
+            empty = 0 if got else empty + 1
+            out.extend(USAGE_EVENT.decode(m.value) for m in got)
+    finally:
+        await consumer.stop()
+    return out

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from aiokafka import AIOKafkaConsumer
 from fuzz_kit import (
     EXAMPLES,
     FUZZ,
@@ -27,15 +25,16 @@ from fuzz_kit import (
     RSS_GROWTH_BOUND,
     RawRequest,
     command,
+    gateway_config_file,
     get,
     requests,
     rss,
     send,
+    usage_events,
 )
 from hypothesis import given
 from pipeline_kit import Pipeline
 
-from schemas.codec import USAGE_EVENT
 from schemas.topics import Topics
 from spendbus.stack.broker_probe import free_ports
 
@@ -73,29 +72,19 @@ def test_the_gateway_survives_hostile_requests_and_charges_every_call_served(
     gateway_port, upstream_port = free_ports(2)
     upstream = f"http://127.0.0.1:{upstream_port}"
     keys = {api: "sb-" + secrets.token_urlsafe(32) for api in ("openai", "anthropic", "gemini")}
-    config = {
-        "gateway_id": "fuzz",
-        "listen": {"host": "127.0.0.1", "port": gateway_port},
-        "kafka": {"bootstrap": kafka_bootstrap, "topic_prefix": topics.prefix},
-        "publisher": {"spool_dir": str(tmp_path / "spool")},
-        "upstreams": {api: {"api": api, "base_url": upstream} for api in keys},
-        "secrets": {f"sk-{api}": {"upstream": api, "api_key": f"real-{api}"} for api in keys},
-        "keys": [
-            {
-                "name": f"fuzz-{api}",
-                "key": key,
-                "principal": {"org_id": "acme", "secret_id": f"sk-{api}"},
-            }
-            for api, key in keys.items()
-        ],
-        "header_timeout_s": DEADLINES_S,
-        "body_timeout_s": DEADLINES_S,
-        "max_body_bytes": 256 * 1024,
-        "max_in_flight_per_key": 64,
-    }
-    config_file = tmp_path / "gateway.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    config_file.chmod(0o600)
+    config_file = gateway_config_file(
+        tmp_path,
+        gateway_id="fuzz",
+        port=gateway_port,
+        bootstrap=kafka_bootstrap,
+        topic_prefix=topics.prefix,
+        upstream=upstream,
+        keys=keys,
+        header_timeout_s=DEADLINES_S,
+        body_timeout_s=DEADLINES_S,
+        max_body_bytes=256 * 1024,
+        max_in_flight_per_key=64,
+    )
     env = {"SPENDBUS_HOME": str(tmp_path / "home")}
     auth = [
         {"Authorization": f"Bearer {keys['openai']}"},
@@ -225,26 +214,3 @@ def test_the_worker_pages_survive_hostile_requests(worker_pipeline: Pipeline) ->
     assert worker.pid() == pid
     assert rss(pid) - before < RSS_GROWTH_BOUND
     assert len(statuses) >= EXAMPLES
-
-
-async def usage_events(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    """Every UsageEvent on ``topic`` now."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=None,
-    )
-    await consumer.start()
-    out: list[dict[str, Any]] = []
-    try:
-        empty = 0
-        while empty < 4:
-            batches = await consumer.getmany(timeout_ms=500)
-            got = [m for ms in batches.values() for m in ms]
-            empty = 0 if got else empty + 1
-            out.extend(USAGE_EVENT.decode(m.value) for m in got)
-    finally:
-        await consumer.stop()
-    return out

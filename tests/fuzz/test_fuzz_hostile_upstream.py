@@ -19,13 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from aiokafka import AIOKafkaConsumer
-from fuzz_kit import EXAMPLES, FUZZ, GUARD_S, command
+from fuzz_kit import EXAMPLES, FUZZ, GUARD_S, command, gateway_config_file, usage_events
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.codec import USAGE_EVENT
 from schemas.topics import Topics
 from spendbus.fake_upstream import FORMATS
 from spendbus.fake_upstream.hostile import SHAPES
@@ -139,29 +136,6 @@ def post(port: int, call: Call, key: str) -> int:
         connection.close()
 
 
-async def usage_events(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    """Every UsageEvent on ``topic`` now (read until two seconds bring none)."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=None,
-    )
-    await consumer.start()
-    out: list[dict[str, Any]] = []
-    try:
-        empty = 0
-        while empty < 4:
-            batches = await consumer.getmany(timeout_ms=500)
-            got = [m for ms in batches.values() for m in ms]
-            empty = 0 if got else empty + 1
-            out.extend(USAGE_EVENT.decode(m.value) for m in got)
-    finally:
-        await consumer.stop()
-    return out
-
-
 def test_a_hostile_upstream_never_lowers_the_charge_nor_its_model(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
@@ -169,27 +143,17 @@ def test_a_hostile_upstream_never_lowers_the_charge_nor_its_model(
     upstream = f"http://127.0.0.1:{upstream_port}"
     apis = sorted(set(API_OF.values()))
     keys = {api: "sb-" + secrets.token_urlsafe(32) for api in apis}
-    config = {
-        "gateway_id": "fuzz-hostile",
-        "listen": {"host": "127.0.0.1", "port": gateway_port},
-        "kafka": {"bootstrap": kafka_bootstrap, "topic_prefix": topics.prefix},
-        "publisher": {"spool_dir": str(tmp_path / "spool")},
+    config_file = gateway_config_file(
+        tmp_path,
+        gateway_id="fuzz-hostile",
+        port=gateway_port,
+        bootstrap=kafka_bootstrap,
+        topic_prefix=topics.prefix,
+        upstream=upstream,
+        keys=keys,
         # the fake provider's headers: the shape of each answer, its size
-        "forward_request_headers": ["x-fake-"],
-        "upstreams": {api: {"api": api, "base_url": upstream} for api in apis},
-        "secrets": {f"sk-{api}": {"upstream": api, "api_key": f"real-{api}"} for api in apis},
-        "keys": [
-            {
-                "name": f"fuzz-{api}",
-                "key": key,
-                "principal": {"org_id": "acme", "secret_id": f"sk-{api}"},
-            }
-            for api, key in keys.items()
-        ],
-    }
-    config_file = tmp_path / "gateway.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    config_file.chmod(0o600)
+        forward_request_headers=["x-fake-"],
+    )
     env = {"SPENDBUS_HOME": str(tmp_path / "home")}
     sent: list[tuple[Call, dict[str, int]]] = []
     with (

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import yaml
 from fuzz_kit import (
     EXAMPLES,
     FUZZ,
     GUARD_S,
     answer_of,
     command,
+    gateway_config_file,
     get,
     malformed_heads,
     malformed_requests,
@@ -166,25 +166,16 @@ def test_the_gateway_logs_no_key_after_hostile_requests(
     upstream = f"http://127.0.0.1:{upstream_port}"
     keys = {api: "sb-" + secrets.token_urlsafe(32) for api in ("openai", "anthropic", "gemini")}
     provider_keys = {api: f"real-{api}-{secrets.token_hex(16)}" for api in keys}
-    config = {
-        "gateway_id": "hostile",
-        "listen": {"host": "127.0.0.1", "port": gateway_port},
-        "kafka": {"bootstrap": kafka_bootstrap, "topic_prefix": topics.prefix},
-        "publisher": {"spool_dir": str(tmp_path / "spool")},
-        "upstreams": {api: {"api": api, "base_url": upstream} for api in keys},
-        "secrets": {f"sk-{api}": {"upstream": api, "api_key": provider_keys[api]} for api in keys},
-        "keys": [
-            {
-                "name": f"k-{api}",
-                "key": key,
-                "principal": {"org_id": "acme", "secret_id": f"sk-{api}"},
-            }
-            for api, key in keys.items()
-        ],
-    }
-    config_file = tmp_path / "gateway.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    config_file.chmod(0o600)
+    config_file = gateway_config_file(
+        tmp_path,
+        gateway_id="hostile",
+        port=gateway_port,
+        bootstrap=kafka_bootstrap,
+        topic_prefix=topics.prefix,
+        upstream=upstream,
+        keys=keys,
+        provider_keys=provider_keys,
+    )
     env = {"SPENDBUS_HOME": str(tmp_path / "home")}
     url = f"http://127.0.0.1:{gateway_port}"
     logs = [tmp_path / "upstream.log", tmp_path / "gateway.log"]
