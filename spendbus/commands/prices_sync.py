@@ -46,6 +46,30 @@ def _newest(tables: list[PriceTable]) -> PriceTable | None:
     return max(tables, key=lambda t: (t.effective_from, t.version)) if tables else None
 
 
+def _next_version(
+    base: Path | None, version: str | None, effective_text: str | None, prefix: str
+) -> tuple[Path, list[PriceTable], PriceTable | None, datetime, str]:
+    """The base file, its versions and newest one, and the new version's start (default
+    today 00:00 UTC: after the newest) and name (default ``<prefix>-<date>``, not taken);
+    BadInput otherwise."""
+    if effective_text is None:
+        effective = datetime.combine(datetime.now(UTC).date(), time(0), tzinfo=UTC)
+    else:
+        effective = parse_at(effective_text)
+    base_path = base or default_price_file()
+    tables = _tables(base_path)
+    newest = _newest(tables)
+    if newest is not None and effective <= newest.effective_from:
+        raise BadInput(
+            f"--effective-from: {effective.isoformat()} is not after the newest version "
+            f"{newest.version!r} ({newest.effective_from.isoformat()}): a new version must follow it"
+        )
+    version = version or f"{prefix}-{effective.date().isoformat()}"
+    if any(t.version == version for t in tables):
+        raise BadInput(f"--version: {version!r} is already in {base_path}")
+    return base_path, tables, newest, effective, version
+
+
 def _in_force(tables: list[PriceTable], at: datetime | None, path: Path) -> PriceTable:
     if at is None:
         table = _newest(tables)
@@ -107,21 +131,9 @@ def prices_import(
     report_json: bool,
 ) -> None:
     """Write a new dated version of our price file from a community price map FILE."""
-    if effective_text is None:
-        effective = datetime.combine(datetime.now(UTC).date(), time(0), tzinfo=UTC)
-    else:
-        effective = parse_at(effective_text)
-    base_path = base or default_price_file()
-    tables = _tables(base_path)
-    newest = _newest(tables)
-    if newest is not None and effective <= newest.effective_from:
-        raise BadInput(
-            f"--effective-from: {effective.isoformat()} is not after the newest version "
-            f"{newest.version!r} ({newest.effective_from.isoformat()}): a new version must follow it"
-        )
-    version = version or f"{source_kind}-{effective.date().isoformat()}"
-    if any(t.version == version for t in tables):
-        raise BadInput(f"--version: {version!r} is already in {base_path}")
+    base_path, tables, newest, effective, version = _next_version(
+        base, version, effective_text, source_kind
+    )
     try:
         source = read_source(source_kind, file, providers=providers or None, on=effective.date())
         table, report = import_prices(
@@ -232,21 +244,9 @@ def prices_update(
     """Fetch both community price maps, take what they agree on, show the diff against our
     newest version and, with -o, write a new version in force from --effective-from
     (older events keep their prices). Exit 1 when prices differ, as `prices diff`."""
-    if effective_text is None:
-        effective = datetime.combine(datetime.now(UTC).date(), time(0), tzinfo=UTC)
-    else:
-        effective = parse_at(effective_text)
-    base_path = base or default_price_file()
-    tables = _tables(base_path)
-    newest = _newest(tables)
-    if newest is not None and effective <= newest.effective_from:
-        raise BadInput(
-            f"--effective-from: {effective.isoformat()} is not after the newest version "
-            f"{newest.version!r} ({newest.effective_from.isoformat()}): a new version must follow it"
-        )
-    version = version or f"maps-{effective.date().isoformat()}"
-    if any(t.version == version for t in tables):
-        raise BadInput(f"--version: {version!r} is already in {base_path}")
+    base_path, tables, newest, effective, version = _next_version(
+        base, version, effective_text, "maps"
+    )
     try:
         source, disagree, _ = fetch_agreed(litellm_url, genai_prices_url, effective.date())
         table, report = import_prices(
