@@ -61,35 +61,30 @@ test-fuzz: broker
 	SPENDBUS_FUZZ_EXAMPLES=$${SPENDBUS_FUZZ_EXAMPLES:-3000} \
 	$(BIN)/python -m pytest -m fuzz -p no:cacheprovider
 
-# mypy (strict: pyproject.toml) reads tests/ as pytest imports it: each folder of tests/
-# that is no package is a root, and a test module is named by its file (unique across
-# the tree); bench/ modules are bench.<name>, as the benches import each other. Every
-# folder's conftest.py is named conftest, so the nested ones are checked one run each;
-# the enforcer bench imports its siblings by bare name (SPENDBUS_BENCH_ROOT may put
-# another checkout's code first), so bench/ is their root.
-TEST_ROOTS = $(shell find tests -name '*.py' -printf '%h\n' | sort -u | while read d; do [ -e $$d/__init__.py ] || echo $$d; done | paste -sd: -)
-NESTED_CONFTESTS = $(shell find tests -mindepth 2 -name conftest.py | sort)
+# The gate: ruff's format and lint, then mypy (strict: pyproject.toml) over every package;
+# tests/ and bench/ are packages, named from the checkout as pytest imports them. The
+# enforcer bench imports its siblings by bare name (SPENDBUS_BENCH_ROOT may put another
+# checkout's code first), so bench/ is their root.
 BENCH_BY_NAME := bench/bench_enforcer.py bench/enforcer_bench_sidecar.py bench/enforcer_bench_state.py
 
 check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	MYPYPATH=$(TEST_ROOTS) $(BIN)/mypy schemas aggregator enforcer ingest notify spendbus tests bench \
-	  --exclude '^tests/.+/conftest\.py$$' --exclude '^bench/(bench_enforcer|enforcer_bench_.+)\.py$$'
-	for conftest in $(NESTED_CONFTESTS); do MYPYPATH=$(TEST_ROOTS) $(BIN)/mypy $$conftest || exit 1; done
+	$(BIN)/mypy schemas runtime aggregator enforcer ingest notify spendbus tests bench \
+	  --exclude '^bench/(bench_enforcer|enforcer_bench_.+)\.py$$'
 	MYPYPATH=bench $(BIN)/mypy $(BENCH_BY_NAME)
 
 # The shipped price table's generated version, from the two community price maps at their
-# pinned versions (spendbus/prices/oracles.py PINS; PyPI only, no other network): the
+# pinned versions (schemas/pricing/writer/oracles.py PINS; PyPI only, no other network): the
 # wheels are downloaded, their maps read into schemas/data/oracle_prices.json, and
-# `spendbus prices import` (spendbus/prices/generate.py) writes the version after the
+# `spendbus prices import` (schemas/pricing/writer/generate.py) writes the version after the
 # marker of schemas/data/prices.yaml. tests/schemas/test_prices_against_oracles.py holds it.
 ORACLE_WHEELS := build/oracles
 prices: install
 	rm -rf $(ORACLE_WHEELS)
 	$(BIN)/pip download -q --no-deps -d $(ORACLE_WHEELS) \
-	  $$($(BIN)/python -c "from spendbus.prices.oracles import PINS; print(' '.join(n + '==' + v for n, v in PINS.items()))")
-	$(BIN)/python -m spendbus.prices.generate --wheels $(ORACLE_WHEELS)
+	  $$($(BIN)/python -c "from schemas.pricing.writer.oracles import PINS; print(' '.join(n + '==' + v for n, v in PINS.items()))")
+	$(BIN)/python -m schemas.pricing.writer.generate --wheels $(ORACLE_WHEELS)
 
 # The benches run on the environment as installed (`make install`, which brings the bench
 # extras) and built (`make native`, which rebuilds only extensions older than their

@@ -12,56 +12,57 @@ They load on first use (PEP 562), so that reading a setting does not import Faus
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from runtime.faces import lazy_names
 
 if TYPE_CHECKING:
     from aggregator.app import create_app
-    from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
     from aggregator.config import AggregatorConfig
-    from aggregator.generation_replay import (
+    from aggregator.replay.folds import fold_dry_run, write_new_snapshot
+    from aggregator.replay.generations import Difference, current_generation, generation_dsn
+    from aggregator.replay.report import OrgChange, ReplayReport
+    from aggregator.replay.run import (
         GenerationReplay,
         ReplayError,
         ReplayWorker,
         StackPlace,
         next_generation,
     )
-    from aggregator.generations import Difference, current_generation, generation_dsn
-    from aggregator.replay_folds import fold_dry_run, write_new_snapshot
-    from aggregator.replay_report import OrgChange, ReplayReport
+    from aggregator.replay.snapshots import Bounds, FoldState
+    from aggregator.replay.verify import VerifyReport, verify_counters
     from aggregator.sink import SinkError, apply_schema, open_client, run_query
-    from aggregator.sink_owner import check_embedded_sink
-    from aggregator.snapshots import Bounds, FoldState
-    from aggregator.verify import VerifyReport, verify_counters
+    from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
+    from aggregator.sink.owner import check_embedded_sink
 
 #: each public name and the module that defines it
 _HOMES: dict[str, str] = {
     "AggregatorConfig": "aggregator.config",
-    "Bounds": "aggregator.snapshots",
-    "ClickHouseAccess": "aggregator.clickhouse_access",
-    "DEFAULT_ACCESS": "aggregator.clickhouse_access",
-    "Difference": "aggregator.generations",
-    "FoldState": "aggregator.snapshots",
-    "GenerationReplay": "aggregator.generation_replay",
-    "OrgChange": "aggregator.replay_report",
-    "ReplayError": "aggregator.generation_replay",
-    "ReplayReport": "aggregator.replay_report",
-    "ReplayWorker": "aggregator.generation_replay",
+    "Bounds": "aggregator.replay",
+    "ClickHouseAccess": "aggregator.sink.access",
+    "DEFAULT_ACCESS": "aggregator.sink.access",
+    "Difference": "aggregator.replay",
+    "FoldState": "aggregator.replay",
+    "GenerationReplay": "aggregator.replay",
+    "OrgChange": "aggregator.replay",
+    "ReplayError": "aggregator.replay",
+    "ReplayReport": "aggregator.replay",
+    "ReplayWorker": "aggregator.replay",
     "SinkError": "aggregator.sink",
-    "StackPlace": "aggregator.generation_replay",
-    "VerifyReport": "aggregator.verify",
+    "StackPlace": "aggregator.replay",
+    "VerifyReport": "aggregator.replay",
     "apply_schema": "aggregator.sink",
-    "check_embedded_sink": "aggregator.sink_owner",
+    "check_embedded_sink": "aggregator.sink.owner",
     "create_app": "aggregator.app",
-    "current_generation": "aggregator.generations",
-    "fold_dry_run": "aggregator.replay_folds",
-    "generation_dsn": "aggregator.generations",
-    "next_generation": "aggregator.generation_replay",
+    "current_generation": "aggregator.replay",
+    "fold_dry_run": "aggregator.replay",
+    "generation_dsn": "aggregator.replay",
+    "next_generation": "aggregator.replay",
     "open_client": "aggregator.sink",
-    "redact_dsn": "aggregator.clickhouse_access",
+    "redact_dsn": "aggregator.sink.access",
     "run_query": "aggregator.sink",
-    "verify_counters": "aggregator.verify",
-    "write_new_snapshot": "aggregator.replay_folds",
+    "verify_counters": "aggregator.replay",
+    "write_new_snapshot": "aggregator.replay",
 }
 
 __all__ = [
@@ -94,14 +95,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'aggregator' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -2,7 +2,7 @@
 
 * the counting stage (``counting.py``) reads usage.raw in large batches with its
   own aiokafka consumer (group ``config.counting_group``), folds them with
-  :class:`~aggregator.process.BatchProcessor`, keeps counters and dedupe in its
+  :class:`~aggregator.counting.process.BatchProcessor`, keeps counters and dedupe in its
   changelogged store and sends priced events, verdicts, alerts and dead letters
   in record batches. It is not a Faust agent: Faust's per-message stream path
   alone costs more than the whole fold (docs/design.md, "Why it is built this way";
@@ -17,7 +17,7 @@
   (``sink_link.py`` starts and restarts it, ``sink_process.py`` is it), so the alert
   publisher, the raises' audit and ``/sql`` reach the store through it.
 * ``publish_alerts`` sends each alert of ClickHouse's ``alerts`` view once to the shared
-  alert topic (``aggregator/alerts.py``); a worker without a store sends the fold's alerts.
+  alert topic (``aggregator/alerts/publisher.py``); a worker without a store sends the fold's alerts.
 
 Pages: ``/sql`` (bearer token always; the query vetted and run read-only by
 ``aggregator/sink/guard.py``), ``/stats`` and ``/metrics`` (open on loopback, the token
@@ -38,20 +38,20 @@ import faust
 import mode
 from aiokafka.errors import KafkaError
 
-from aggregator.alerts import AlertPublisher, generation_is_current
-from aggregator.clickhouse_writer import ClickHouseWriter, StoreAccess
+from aggregator.alerts.publisher import AlertPublisher, generation_is_current
+from aggregator.alerts.raise_audit import RaiseAudit
 from aggregator.config import AggregatorConfig
-from aggregator.counting import CountingStage
+from aggregator.counting.process import BatchProcessor
+from aggregator.counting.reference import Reference, ReferenceFollower
+from aggregator.counting.stage import CountingStage
 from aggregator.metrics import Metrics
-from aggregator.process import BatchProcessor
-from aggregator.raise_audit import RaiseAudit
-from aggregator.reference import Reference, ReferenceFollower
 from aggregator.sink import SinkError, SinkUnavailable
 from aggregator.sink.errors import QueryRefused
-from aggregator.sink_link import SinkLink
-from aggregator.sink_stage import SinkStage
-from schemas.half_close import AnswerAfterHalfClose
-from schemas.net import is_loopback
+from aggregator.sink.link import SinkLink
+from aggregator.sink.stage import SinkStage
+from aggregator.sink.writer import ClickHouseWriter, StoreAccess
+from runtime.half_close import AnswerAfterHalfClose
+from runtime.net import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         else:
             store = _sink_in_this_process(app, config, metrics)
 
-        # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts.py)
+        # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts/publisher.py)
         publisher = AlertPublisher(
             config.bootstrap,
             topics,
@@ -206,7 +206,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
             ready=follower.ready,
         )
 
-        # every raise into budget_raises, the audit table (aggregator/raise_audit.py)
+        # every raise into budget_raises, the audit table (aggregator/alerts/raise_audit.py)
         audit = RaiseAudit(reference, store.read, store.insert_until_done)
 
         async def audit_raises() -> None:
@@ -305,8 +305,8 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         return web.bytes(metrics.exposition(), content_type="text/plain; version=0.0.4")
 
     # the pages' connections log no request bytes: a malformed request is counted, and
-    # logged once per interval without its head (schemas/http_log.py); and a client that
-    # half-closed after its request still gets the answer (schemas/half_close.py)
+    # logged once per interval without its head (runtime/http_log.py); and a client that
+    # half-closed after its request still gets the answer (runtime/half_close.py)
     # Faust's aiohttp driver keeps its AppRunner (not yet set up) there
     app.web._runner.__class__ = AnswerAfterHalfClose  # type: ignore[attr-defined]
 

@@ -15,8 +15,8 @@ import faust
 from faust.auth import Credentials, SASLCredentials, SSLCredentials
 
 from aggregator.config import AggregatorConfig
-from schemas.kafka import KafkaSecurity
-from schemas.replication import ReplicationPlan, resolve_plan
+from runtime.kafka import KafkaSecurity
+from runtime.replication import ReplicationPlan, resolve_plan
 
 
 def faust_credentials(security: KafkaSecurity) -> Credentials | None:
@@ -94,9 +94,9 @@ def create_app(config: AggregatorConfig) -> faust.App:
 
     install(app, config)
     # a replay generation without a store stages the fold's alerts (docs/replay.md); with
-    # one, the alert publisher (aggregator/alerts.py) writes the shared topic itself
+    # one, the alert publisher (aggregator/alerts/publisher.py) writes the shared topic itself
     if config.generation and not config.clickhouse_dsn:
-        from aggregator.generations import install_alert_relay
+        from aggregator.replay.generations import install_alert_relay
 
         install_alert_relay(app, config.bootstrap, config.topics, security=config.kafka_security)
     return app

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from aggregator.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
+from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from runtime.net import is_loopback
+from runtime.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.errors import ConfigError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
-from schemas.net import is_loopback
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
-from schemas.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.topics import Topics, check_generation
 
 
@@ -29,7 +29,7 @@ class AggregatorConfig(BaseModel):
     )
     topic_prefix: str = ""
     #: replicas of every topic the worker creates (its changelogs, Faust's own topics):
-    #: followed from the cluster unless the settings say otherwise (schemas/replication.py)
+    #: followed from the cluster unless the settings say otherwise (runtime/replication.py)
     replication: ReplicationPolicy = FOLLOW_CLUSTER
     #: the generation this worker builds ('' = the default one; docs/replay.md): picks the
     #: derived topics (usage.priced, budget.verdicts, alert staging) through ``topics``
@@ -55,7 +55,7 @@ class AggregatorConfig(BaseModel):
     #: most usage.raw records the counting stage reads and folds as one batch (getmany)
     batch_size: int = Field(default=5000, ge=1)
     #: a counter whose spend moved (state unchanged) sends its Verdict at most this often;
-    #: a change of state or period goes out at once (aggregator/verdicts.py)
+    #: a change of state or period goes out at once (aggregator/counting/verdicts.py)
     batch_seconds: float = Field(default=0.05, gt=0, le=0.1)
     #: how often the counting stage flushes its outputs and changelogs and commits offsets;
     #: also bounds what a crash re-delivers (the fences absorb it)
@@ -67,7 +67,7 @@ class AggregatorConfig(BaseModel):
     #: dead-lettered (reason future_event) instead of counted (aggregator/README.md)
     max_future_skew_seconds: float = Field(default=MAX_FUTURE_SKEW_SECONDS, ge=0, le=86_400)
     #: run the sink stage in an OS process of its own, which owns the store (the worker
-    #: starts, restarts and stops it: aggregator/sink_process.py); off (the default): on
+    #: starts, restarts and stops it: aggregator/sink/process.py); off (the default): on
     #: the worker's own event loop, beside the counting stage
     sink_process: bool = False
     #: an embedded store's engine in a process of its own, which cannot open a file

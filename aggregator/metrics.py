@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from aggregator.process import BatchStats
-from schemas.http_log import expose_malformed_requests
+from aggregator.counting.process import BatchStats
+from runtime.http_log import expose_malformed_requests
 
 #: the loop probe's sleep: ~100 wake-ups a second, a few µs each
 LOOP_PROBE_SECONDS = 0.01
@@ -52,7 +52,7 @@ class Metrics:
 
     def __post_init__(self) -> None:
         r = self.registry
-        expose_malformed_requests(r)  # the worker pages' refused heads (schemas/http_log.py)
+        expose_malformed_requests(r)  # the worker pages' refused heads (runtime/http_log.py)
         self.events = Counter("spendbus_aggregator_events", "usage.raw records read", registry=r)
         self.charged = Counter(
             "spendbus_aggregator_charged_events", "events priced and counted", registry=r

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
 
 from bench.bench_pipeline import latency, produce, start_workers, stop_workers  # noqa: E402
 from bench.benchkit import apply_reference, events  # noqa: E402
-from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
+from runtime.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402
 from spendbus.stack.broker_jars import ensure_broker_jars  # noqa: E402

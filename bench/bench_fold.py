@@ -28,8 +28,8 @@ sys.path.insert(0, os.environ.get("SPENDBUS_BENCH_ROOT") or str(HERE.parent))
 def one_round(n: int) -> float:
     """CPU µs per event of folding ``n`` fresh events (new tables each round)."""
     sys.path.insert(1, str(HERE.parent))  # benchkit itself is this checkout's
-    from aggregator.process import BatchProcessor, RawRecord
-    from aggregator.reference import Reference
+    from aggregator.counting.process import BatchProcessor, RawRecord
+    from aggregator.counting.reference import Reference
     from bench.benchkit import BUDGETS, events
     from schemas.budgets import budgets_from_yaml
     from schemas.pricing import PriceBook, default_price_file, load_price_file

@@ -77,7 +77,7 @@ from bench.gateway_load import MIB, VIRTUAL_KEY, wave
 from bench.gateway_passthrough import serve_passthrough
 from bench.gateway_report import summarise
 from bench.gateway_stack import count_events, cpu_seconds, pin, setup_topics, spawn, wait_http
-from schemas.kafka import PLAINTEXT, KafkaSecurity
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from spendbus.settings import load_settings
 
 

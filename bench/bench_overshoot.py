@@ -81,7 +81,7 @@ from bench.benchkit import worker as aggregator_worker  # noqa: E402
 from bench.overshoot_phases import run_phase, run_scaling_phase  # noqa: E402
 from bench.overshoot_report import draw_chart, result_of  # noqa: E402
 from bench.overshoot_setup import RESULTS, Env, Options, budget_for, start_upstream  # noqa: E402
-from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
+from runtime.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.pricing import PriceBook, default_price_file, load_price_file  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402

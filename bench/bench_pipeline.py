@@ -41,8 +41,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 from aiokafka.partitioner import DefaultPartitioner  # noqa: E402
 
 from bench.benchkit import apply_reference, events, pct, worker  # noqa: E402
+from runtime.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.codec import USAGE_EVENT, VERDICT  # noqa: E402
-from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import new_usage_event  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402

@@ -42,8 +42,8 @@ from aiokafka.partitioner import murmur2
 from fastavro import schemaless_writer
 
 from ingest.publisher import PreparedEvent, PublisherConfig, UsagePublisher, prepare
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.codec import USAGE_EVENT
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.topics import Topics
 from schemas.usage import new_usage_event, validate_usage_event
 from spendbus.settings import load_settings

@@ -53,8 +53,8 @@ from enforcer import Enforcer, EnforcerConfig  # noqa: E402
 from enforcer.rates import BURST_FRACTION, MIN_REQUESTS_BURST  # noqa: E402
 from ingest.gateway import Gateway, GatewayServer, parse_config  # noqa: E402
 from ingest.publisher import PublisherConfig, UsagePublisher  # noqa: E402
+from runtime.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.budgets import budgets_from_yaml  # noqa: E402
-from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import billed_tokens  # noqa: E402
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig  # noqa: E402

@@ -47,13 +47,13 @@ sys.path.insert(0, str(ROOT))  # `bench.benchkit`, also when run as a script
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from aggregator.generation_replay import StackPlace  # noqa: E402
-from aggregator.generations import group_progress  # noqa: E402
-from aggregator.snapshots import fold_ledger, load_reference  # noqa: E402
+from aggregator.replay.generations import group_progress  # noqa: E402
+from aggregator.replay.run import StackPlace  # noqa: E402
+from aggregator.replay.snapshots import fold_ledger, load_reference  # noqa: E402
 from bench.bench_burst import burst, sink_placement  # noqa: E402
 from bench.benchkit import apply_reference, events  # noqa: E402
-from schemas.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
-from schemas.topic_reader import TopicReader  # noqa: E402
+from runtime.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
+from runtime.topic_reader import TopicReader  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from spendbus.commands.replay import Meter, generation_replay, progress_bar  # noqa: E402
 from spendbus.settings import load_settings  # noqa: E402

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import default_price_file, load_price_file
 from schemas.topics import Topics
 from schemas.usage import new_usage_event

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from schemas.kafka import PLAINTEXT, KafkaSecurity
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +54,7 @@ def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
 async def count_events(bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT) -> int:
     from aiokafka import AIOKafkaConsumer
 
-    from schemas.kafka import topic_partitions
+    from runtime.kafka import topic_partitions
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, **security.client_kwargs()

@@ -15,9 +15,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from enforcer import Enforcer
 from ingest.publisher import UsagePublisher
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.codec import VERDICT
 from schemas.ids import decompose
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import PriceBook
 from schemas.topics import Topics
 from schemas.usage import TOKEN_FIELDS

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ingest.gateway import parse_config
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.budgets import Budget, budgets_from_yaml
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import PriceBook
 from schemas.topics import Topics
 from spendbus.stack.broker_probe import free_port

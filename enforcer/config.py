@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from runtime.net import LOOPBACK_HOSTS  # hosts the sidecar may bind without a token
 from schemas.errors import ConfigError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
-from schemas.net import LOOPBACK_HOSTS  # hosts the sidecar may bind without a token
 
 
 class EnforcerConfig(BaseModel):

@@ -55,10 +55,10 @@ from enforcer.errors import TopicsMissing
 from enforcer.holds import Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import EnforcerState
+from runtime.topic_reader import read_until, start_at_beginning
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE, VERDICT, Codec
 from schemas.errors import ContractError
 from schemas.generations import GenerationSwitch
-from schemas.topic_reader import read_until, start_at_beginning
 from schemas.topics import CONTROL_KEY, Topics
 
 log = logging.getLogger("spendbus.enforcer.follower")

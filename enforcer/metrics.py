@@ -48,7 +48,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from schemas.http_log import expose_malformed_requests
+from runtime.http_log import expose_malformed_requests
 
 if TYPE_CHECKING:
     from enforcer.holds import Holds
@@ -74,7 +74,7 @@ _OUTCOMES = (
 class EnforcerMetrics(Collector):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        expose_malformed_requests(self.registry)  # refused heads (schemas/http_log.py)
+        expose_malformed_requests(self.registry)  # refused heads (runtime/http_log.py)
         #: budget id -> check counts per counter state (enforcer.plans.STATE_NAMES order);
         #: the checker's plans bump these lists in place
         self.by_budget: dict[str, list[int]] = {}

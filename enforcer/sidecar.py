@@ -54,8 +54,8 @@ from enforcer.config import EnforcerConfig
 from enforcer.service import Enforcer
 from enforcer.sidecar_json import MAX_BODY
 from enforcer.sidecar_routes import Handler, routes
+from runtime.half_close import HalfCloseServer
 from schemas.errors import ConfigError
-from schemas.half_close import HalfCloseServer
 from schemas.usage_sink import UsageSink
 
 log = logging.getLogger("spendbus.enforcer.sidecar")

@@ -47,8 +47,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from ingest.errors import PublisherClosed, PublishTimeout, SpoolFull, reason_of
 from ingest.publisher import PublisherConfig, UsagePublisher
 from ingest.receive import BodyRefused, close_after, read_body, run_app, server_options
+from runtime.http_log import expose_malformed_requests
 from schemas.errors import ConfigError, InvalidRecord
-from schemas.http_log import expose_malformed_requests
 from schemas.usage import usage_event_from_json
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def build_app(
         )
     expected = token.encode("utf-8")
     registry = publisher.metrics.registry
-    expose_malformed_requests(registry)  # refused heads (schemas/http_log.py)
+    expose_malformed_requests(registry)  # refused heads (runtime/http_log.py)
     requests = Counter(
         "spendbus_ingest_http_requests",
         "POST /v1/usage requests by status code",

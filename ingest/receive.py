@@ -20,7 +20,7 @@ A client may shut its sending side once the request is sent (``shutdown(SHUT_WR)
 ``curl``-like tools and some proxies do): aiohttp then closes the whole connection and
 the answer, even a 202 for events it published, never reaches the client, who retries
 what was already accepted. :func:`run_app` serves an app through
-:class:`schemas.half_close.AnswerAfterHalfClose`, whose connections keep their writing
+:class:`runtime.half_close.AnswerAfterHalfClose`, whose connections keep their writing
 side on the client's end of input: the request in hand is answered, then the connection
 closes (nothing more can come on it).
 """
@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from schemas.half_close import AnswerAfterHalfClose
+from runtime.half_close import AnswerAfterHalfClose
 
 _Answer = TypeVar("_Answer", bound=web.StreamResponse)
 

@@ -50,10 +50,10 @@ from notify.metrics import NotifyMetrics
 from notify.payload import body
 from notify.sender import deliver
 from notify.webhooks import Webhook, redact_url
+from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from runtime.topic_reader import TopicReader
 from schemas.codec import ALERT, BUDGET_POLICY
 from schemas.errors import ContractError
-from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
-from schemas.topic_reader import TopicReader
 from schemas.topics import Topics
 
 log = logging.getLogger(__name__)

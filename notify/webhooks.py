@@ -34,9 +34,9 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from runtime.net import is_loopback
+from runtime.private_files import check_secret_file
 from schemas.errors import ConfigError
-from schemas.net import is_loopback
-from schemas.private_files import check_secret_file
 
 WEBHOOK_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -57,7 +57,7 @@ def derived_webhook_id(url: str) -> str:
 
 def read_secret_file(path: Path, what: str) -> SecretStr:
     """The first line of ``path``; ConfigError naming the file (never its text), or when
-    other users can read it (schemas/private_files.py)."""
+    other users can read it (runtime/private_files.py)."""
     check_secret_file(path, f"{what}={path}")
     try:
         lines = path.read_text().splitlines()

@@ -1,5 +1,5 @@
 """Writes a record's generated body reader as a module, for mypyc to compile:
-``python -m schemas.readergen UsageEvent aggregator/usage_reader.py --raw-timestamps``."""
+``python -m schemas.readergen UsageEvent aggregator/counting/usage_reader.py --raw-timestamps``."""
 
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 
+from runtime.http_log import install_log_redaction
+from runtime.private_files import PRIVATE_UMASK
 from schemas.errors import ConfigError, SpendbusError
-from schemas.http_log import install_log_redaction
-from schemas.private_files import PRIVATE_UMASK
 from spendbus.commands.admin import prices_apply_command, sql, usage, verify
 from spendbus.commands.aggregator import aggregator
 from spendbus.commands.budgets import budgets
@@ -84,10 +84,10 @@ _KAFKA_REFUSALS = (
 
 def main() -> None:
     # every log line of every command is rendered redacted: no credential header, bearer
-    # token or virtual key reaches a log, whatever logged it (schemas/http_log.py)
+    # token or virtual key reaches a log, whatever logged it (runtime/http_log.py)
     install_log_redaction()
     # what a command or the processes it starts write (the store, logs, spools) is theirs
-    # alone: 0600 files, 0700 folders (schemas/private_files.py)
+    # alone: 0600 files, 0700 folders (runtime/private_files.py)
     os.umask(os.umask(PRIVATE_UMASK) | PRIVATE_UMASK)
     try:
         sys.exit(cli.main(standalone_mode=False) or 0)

@@ -42,9 +42,9 @@ from aggregator import redact_dsn
 from enforcer import Enforcer, EnforcerConfig
 from ingest.gateway import Gateway, GatewayServer, parse_config
 from ingest.publisher import PublisherConfig, UsagePublisher
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.usage import new_usage_event

@@ -13,13 +13,13 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from schemas.private_files import secret_file_problem
+from runtime.private_files import secret_file_problem
 
 
 def read_secret(source: str, what: str) -> str:
     """The first line of file ``source`` (``-``: standard input), stripped; a click error
     naming ``what`` when it is unreadable, empty (never the text) or readable by other
-    users (schemas/private_files.py)."""
+    users (runtime/private_files.py)."""
     if source == "-":
         line = sys.stdin.readline()
         where = "standard input"

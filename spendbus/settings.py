@@ -68,10 +68,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from aggregator import ClickHouseAccess
+from runtime.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
+from runtime.private_files import check_secret_file
+from runtime.replication import ReplicationPolicy
 from schemas.errors import ConfigError
-from schemas.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
-from schemas.private_files import check_secret_file
-from schemas.replication import ReplicationPolicy
 from schemas.topics import Topics
 
 
@@ -87,7 +87,7 @@ class Settings(BaseModel):
     web_port: int = Field(default=6066, ge=1, le=65535)
     web_host: str = "127.0.0.1"
     web_body_timeout_s: float = Field(default=60.0, gt=0)
-    #: the worker's sink stage in an OS process of its own (aggregator/sink_process.py);
+    #: the worker's sink stage in an OS process of its own (aggregator/sink/process.py);
     #: false (the default) runs it on the worker's own event loop
     sink_process: bool = False
     #: an embedded store's engine in a process of its own, walled in and killable
@@ -115,7 +115,7 @@ class Settings(BaseModel):
     clickhouse_client_key: Path | None = None
     clickhouse_password: SecretStr | None = None
     clickhouse_password_file: Path | None = None
-    #: replication of every topic spendbus creates (schemas/replication.py): None follows
+    #: replication of every topic spendbus creates (runtime/replication.py): None follows
     #: the cluster, min(3, brokers) and RF - 1 in sync from three replicas on
     replication_factor: int | None = Field(default=None, ge=1)
     min_insync_replicas: int | None = Field(default=None, ge=1)

@@ -19,10 +19,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from native_kit import stale_extensions
 
 from schemas.topics import Topics
 from spendbus.stack.topics import ensure_topics
+from tests.native_kit import stale_extensions
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -149,7 +149,7 @@ def pipeline(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
 ) -> Iterator[Any]:
     """A running aggregator worker process on fresh topics and a fresh store (see pipeline_kit)."""
-    from pipeline_kit import Pipeline
+    from tests.pipeline_kit import Pipeline
 
     p = Pipeline(kafka_bootstrap, topics, tmp_path, clickhouse_dsn)
     p.apply_reference()
@@ -164,9 +164,8 @@ def pipeline(
 def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A broker of its own with a SASL_SSL listener (SCRAM users, a CA made for the session,
     deny-by-default ACLs): see kafka_security_kit. Started only for the tests that ask."""
-    from kafka_security_kit import start_secured_kafka
-
     from spendbus.stack.broker_jars import ensure_broker_jars
+    from tests.kafka_security_kit import start_secured_kafka
 
     ensure_broker_jars()
     secured = start_secured_kafka(tmp_path_factory.mktemp("kafka-sasl-ssl"))

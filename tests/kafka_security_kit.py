@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.kafka import KafkaSecurity
+from runtime.kafka import KafkaSecurity
 from spendbus.stack.broker_security import SaslSslListener
 from spendbus.stack.kafka import LocalKafka
 
@@ -82,7 +82,7 @@ class SecuredKafka:
         if user not in self._password_files:
             path.touch(mode=0o600)
             path.write_text(self.passwords[user] + "\n")
-            path.chmod(0o600)  # a secret: private (schemas/private_files.py)
+            path.chmod(0o600)  # a secret: private (runtime/private_files.py)
             self._password_files[user] = path
         return path
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 import yaml
 from aiokafka import AIOKafkaProducer
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.topics import Topics
 from spendbus.stack.broker_probe import free_port

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from native_kit import ROOT, compiled_sources
+
+from tests.native_kit import ROOT, compiled_sources
 
 SOURCES = compiled_sources()
 

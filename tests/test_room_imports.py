@@ -1,11 +1,13 @@
 """The rooms' import rules, read from the source with ast (function-level imports too).
 
 Stages (ingest/, aggregator/, enforcer/, notify/) import no other part of the project
-but schemas/; schemas/ imports no stage and not the CLI; the CLI (spendbus/) reaches
-aggregator/, ingest/ and enforcer/ only through their public ``__init__`` (ingest's
-subpackages that export names with ``__all__`` are public too). Inside each
-room the modules import each other without a cycle, counting the imports written inside
-functions and under ``if TYPE_CHECKING:`` (both only hide one).
+but schemas/ (the contract) and runtime/ (the I/O kit they share); runtime/ imports only
+schemas/; schemas/ imports nothing else of the project. The CLI (spendbus/) reaches
+aggregator/, ingest/, enforcer/ and notify/ only through their public ``__init__``
+(ingest's subpackages that export names with ``__all__`` are public too). Inside the
+aggregator, each shelf imports only the shelves below it. Inside each room the modules
+import each other without a cycle, counting the imports written inside functions and
+under ``if TYPE_CHECKING:`` (both only hide one).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("ingest", "aggregator", "enforcer", "notify")
-ROOMS = ("schemas", *STAGES, "spendbus")
+SHARED = ("schemas", "runtime")
+ROOMS = (*SHARED, *STAGES, "spendbus")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ PUBLIC_FACES = {
     "aggregator": {"aggregator"},
     "ingest": {"ingest", "ingest.gateway", "ingest.publisher", "ingest.taps"},
     "enforcer": {"enforcer"},
+    "notify": {"notify"},
 }
 
 
@@ -96,10 +100,12 @@ def broken_rule(room: str, target: str) -> str | None:
     top = target.split(".")[0]
     if top not in ROOMS or top == room:
         return None
-    if room in STAGES and top != "schemas":
-        return "a stage imports only schemas/ of the project"
+    if room in STAGES and top not in SHARED:
+        return "a stage imports only schemas/ and runtime/ of the project"
+    if room == "runtime" and top != "schemas":
+        return "runtime/ imports only schemas/ of the project"
     if room == "schemas":
-        return "schemas/ imports no stage and not the CLI"
+        return "schemas/ imports nothing else of the project"
     if room == "spendbus" and top in PUBLIC_FACES and target not in PUBLIC_FACES[top]:
         return f"spendbus/ imports {top}/ only through {sorted(PUBLIC_FACES[top])}"
     return None
@@ -228,6 +234,10 @@ def test_the_rules_and_the_cycle_finder_can_fail() -> None:
     assert broken_rule("ingest", "enforcer.check") is not None
     assert broken_rule("notify", "aggregator") is not None
     assert broken_rule("ingest", "schemas.codec") is None
+    assert broken_rule("ingest", "runtime.kafka") is None
+    assert broken_rule("runtime", "aggregator") is not None
+    assert broken_rule("schemas", "runtime.kafka") is not None
+    assert broken_rule("spendbus", "notify.service") is not None
     assert broken_rule("schemas", "spendbus.cli") is not None
     assert broken_rule("spendbus", "aggregator") is None
     assert broken_rule("spendbus", "aggregator.counting") is not None
@@ -237,6 +247,38 @@ def test_the_rules_and_the_cycle_finder_can_fail() -> None:
     graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set(), "e": {"e"}}
     assert import_cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+#: the aggregator's shelves, each with the shelves it may import (the root's config,
+#: metrics, rebalance, errors and faces are below every shelf; app and agents above)
+SHELVES: dict[str, set[str]] = {
+    "counting": set(),
+    "sink": set(),
+    "replay": {"counting", "sink"},
+    "alerts": {"counting", "replay"},
+}
+ROOT_ABOVE_SHELVES = {"aggregator", "aggregator.app", "aggregator.agents"}
+
+
+def shelf_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "aggregator" and parts[1] in SHELVES else None
+
+
+def test_each_shelf_imports_only_the_shelves_below_it() -> None:
+    broken = []
+    for found in room_imports("aggregator"):
+        shelf = shelf_of(found.importer)
+        if shelf is None or not found.target.startswith("aggregator"):
+            continue
+        target_shelf = shelf_of(found.target)
+        if found.target in ROOT_ABOVE_SHELVES or (
+            target_shelf not in (None, shelf) and target_shelf not in SHELVES[shelf]
+        ):
+            broken.append(f"{found.path.relative_to(ROOT)}:{found.line} imports {found.target}")
+    assert not broken, "\n".join(broken)
+    assert shelf_of("aggregator.counting.fold") == "counting"
+    assert shelf_of("aggregator.config") is None
 
 
 def test_no_module_imports_a_conftest_by_name() -> None:

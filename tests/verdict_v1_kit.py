@@ -1,5 +1,5 @@
 """Verdict v1 records as the released aggregator wrote them (before the forecast fields of
-v2): the bytes ``aggregator.verdict_codec.encode_verdict`` produced at commit 8385fb5 for
+v2): the bytes ``aggregator.counting.verdict_codec.encode_verdict`` produced at commit 8385fb5 for
 two counters folded from three events at 10:00, 10:10 and 10:20 UTC on 2026-12-03 ($2 and
 150 tokens each), emitted at 10:21. Every compatibility test of Verdict v2 reads these."""
 

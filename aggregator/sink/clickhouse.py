@@ -309,7 +309,7 @@ def engine_reads_local_files(client: Client) -> bool:
 class ClickHouseSink:
     """Writes PricedUsage batches into usage_events exactly once, and verdicts into budget_state.
 
-    Synchronous and serialised by a lock: the sink stage (``aggregator/sink_stage.py``)
+    Synchronous and serialised by a lock: the sink stage (``aggregator/sink/stage.py``)
     calls ``write_messages`` through ``asyncio.to_thread`` with the usage.priced records
     of one batch, retries the same batch on SinkUnavailable, and commits its offsets only
     after ``write_messages`` returned. On partition revocation it calls ``forget``.

@@ -120,10 +120,11 @@ class EngineHost:
 
 
 def main(fd: int) -> None:
-    # the two packages themselves (light: no engine, no thread), found before the wall
+    # the project's packages themselves (light: no engine, no thread), found before the wall
     # where the owner's PYTHONPATH says, so that every later import comes from their
     # folders, which the wall leaves readable (a listing of the folder around them is not)
-    import aggregator  # noqa: F401
+    import aggregator.sink  # noqa: F401
+    import runtime  # noqa: F401  (the sink's face stands on it)
     import schemas  # noqa: F401
 
     wire, landlock = sibling("engine_wire"), sibling("landlock")

@@ -84,12 +84,17 @@ class EngineKilled(OperationalError):
     killed = True
 
 
+#: the project's packages the engine's process imports from (aggregator's sink, and what
+#: it stands on)
+SPENDBUS_PACKAGES: Final = ("aggregator", "runtime", "schemas")
+
+
 def code_roots() -> list[str]:
     """The folders this process imported spendbus's packages from (their parents)."""
     return sorted(
         {
             str(Path(sys.modules[name].__file__ or "").resolve().parent.parent)
-            for name in ("aggregator", "schemas")
+            for name in SPENDBUS_PACKAGES
         }
     )
 
@@ -103,7 +108,8 @@ def code_folders() -> list[Path]:
         Path(sys.base_prefix),
         Path(sys.exec_prefix),
     }
-    for module in (chdb, clickhouse_connect, sys.modules["aggregator"], sys.modules["schemas"]):
+    packages = [sys.modules[name] for name in SPENDBUS_PACKAGES]
+    for module in (chdb, clickhouse_connect, *packages):
         package = Path(module.__file__ or "").resolve().parent
         folders.add(package)
         # the compiled groups' shared libraries sit beside the packages (setup.py)

@@ -1,18 +1,19 @@
 """Errors of the ClickHouse sink; callers branch on the class or on ``retriable``::
 
     SpendbusError                    (schemas.errors)
-    └── SinkError                    the ClickHouse sink failed
-        ├── SinkUnavailable          retriable: ClickHouse cannot be reached or asked to
-        │   │                        be retried; retry the SAME batch with backoff and
-        │   │                        do not commit its Kafka offsets meanwhile
-        │   └── DataPathInUse        retriable: the embedded engine's data path is
-        │                            locked by another process (named by pid)
-        ├── SinkRejected             not retriable: ClickHouse refused the statement
-        │                            (missing table, type mismatch, bad DDL, closed
-        │                            client, a wrong password, a server certificate
-        │                            that does not verify); stop the worker, never
-        │                            skip the batch
-        └── QueryRefused             an analyst query the read-only guard refuses
+    └── AggregatorError              (aggregator/errors.py)
+        └── SinkError                the ClickHouse sink failed
+            ├── SinkUnavailable      retriable: ClickHouse cannot be reached or asked
+            │   │                    to be retried; retry the SAME batch with backoff
+            │   │                    and do not commit its Kafka offsets meanwhile
+            │   └── DataPathInUse    retriable: the embedded engine's data path is
+            │                        locked by another process (named by pid)
+            ├── SinkRejected         not retriable: ClickHouse refused the statement
+            │                        (missing table, type mismatch, bad DDL, closed
+            │                        client, a wrong password, a server certificate
+            │                        that does not verify); stop the worker, never
+            │                        skip the batch
+            └── QueryRefused         an analyst query the read-only guard refuses
                                      (aggregator/sink/guard.py); nothing ran
 
 A failed batch must never be skipped: its events would be missing from
@@ -25,7 +26,7 @@ from typing import Final
 
 from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
-from schemas.errors import SpendbusError
+from aggregator.errors import AggregatorError
 
 #: ClickHouse error codes that say "try again later", not "this statement is wrong"
 RETRIABLE_CODES: Final = frozenset(
@@ -51,7 +52,7 @@ RETRIABLE_CODES: Final = frozenset(
 )
 
 
-class SinkError(SpendbusError):
+class SinkError(AggregatorError):
     """The ClickHouse sink could not do what it was asked."""
 
 

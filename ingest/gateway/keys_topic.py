@@ -36,10 +36,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from runtime.topic_reader import read_until, start_at_beginning
 from schemas.codec import GATEWAY_KEY
 from schemas.errors import DecodeError, SpendbusError
-from schemas.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
-from schemas.topic_reader import read_until, start_at_beginning
 
 from .config import GatewayConfig, Principal, VirtualKey
 from .identity import KeyStore

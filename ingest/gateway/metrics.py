@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from schemas.http_log import expose_malformed_requests
+from runtime.http_log import expose_malformed_requests
 
 
 class GatewayMetrics:
@@ -12,7 +12,7 @@ class GatewayMetrics:
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.registry = registry or CollectorRegistry()
-        expose_malformed_requests(self.registry)  # refused heads (schemas/http_log.py)
+        expose_malformed_requests(self.registry)  # refused heads (runtime/http_log.py)
         self.requests = Counter(
             "spendbus_gateway_requests",
             "Requests by API family and outcome",

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.kafka import PLAINTEXT, KafkaSecurity
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.topics import Topics
 
 KiB = 1024

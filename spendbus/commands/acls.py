@@ -12,7 +12,7 @@ import json
 
 import click
 
-from schemas.acls import ROLES, role_bindings
+from runtime.acls import ROLES, role_bindings
 
 
 @click.command()

@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 import click
 from rich.table import Table
 
+from runtime.topic_reader import read_latest_values
 from schemas.budgets import Budget
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE
 from schemas.errors import ConfigError, ContractError
 from schemas.money import format_usd, usd_to_nanos
 from schemas.periods import from_micros, to_micros
 from schemas.raises import BudgetRaise, scope_values_of
-from schemas.topic_reader import read_latest_values
 from spendbus.commands.output import console, fail, limits_text
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.compacted import publish

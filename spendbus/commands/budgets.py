@@ -13,12 +13,12 @@ import click
 import yaml
 from rich.table import Table
 
+from runtime.topic_reader import read_latest_values
 from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.ids import canonical_id
 from schemas.pricing import PriceBook, PriceTable
-from schemas.topic_reader import read_latest_values
 from spendbus.commands.budget_raises import budgets_raise, budgets_raises, budgets_revoke_raise
 from spendbus.commands.output import console, limits_text
 from spendbus.commands.store_queries import history_query

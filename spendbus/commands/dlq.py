@@ -16,10 +16,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from runtime.topic_reader import TopicReader
 from schemas.codec import DEAD_LETTER
 from schemas.errors import ContractError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
-from schemas.topic_reader import TopicReader
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish
 from spendbus.stack.local import bootstrap_or_fail

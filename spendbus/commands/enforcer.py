@@ -161,7 +161,7 @@ def serve(
     /v1/* need a bearer token: --token-file, $SPENDBUS_ENFORCER_TOKEN, or on loopback
     <home>/enforcer.token, made on first start (0600); --unix PATH or --insecure-loopback
     serve without one."""
-    from schemas.net import is_loopback
+    from runtime.net import is_loopback
     from spendbus.secret_input import read_secret, refuse_on_command_line
 
     refuse_on_command_line(
@@ -266,7 +266,7 @@ def ensure_token_file(path: Path) -> list[str]:
     file others may read is refused (its token is not a secret any more)."""
     import secrets
 
-    from schemas.private_files import secret_file_problem
+    from runtime.private_files import secret_file_problem
     from spendbus.stack.secret_file import create_once
 
     if not path.exists() and create_once(path, secrets.token_urlsafe(TOKEN_BYTES)):

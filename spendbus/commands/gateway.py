@@ -193,7 +193,7 @@ async def _listen(
 
 def _check_key_strength(config: Any, config_path: Path, listen_host: str) -> None:
     """A key given in clear that is too weak: refused off loopback, a warning on it."""
-    from schemas.net import is_loopback
+    from runtime.net import is_loopback
 
     for name, problem in config.weak_keys():
         if not is_loopback(listen_host):

@@ -24,10 +24,10 @@ import yaml
 from rich.console import Console
 from rich.table import Column, Table
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from runtime.topic_reader import read_latest_values
 from schemas.codec import GATEWAY_KEY
 from schemas.errors import ConfigError, DecodeError, SpendbusError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
-from schemas.topic_reader import read_latest_values
 from spendbus.secret_input import read_secret
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish

@@ -39,7 +39,7 @@ def _delivery_log(settings: Settings) -> tuple[Any, Any] | None:
     from concurrent.futures import ThreadPoolExecutor
 
     from aggregator import apply_schema, open_client
-    from notify.deliveries import Delivery
+    from notify import Delivery
 
     client = open_client(settings.clickhouse_dsn, access=settings.clickhouse_access)
     apply_schema(client)
@@ -136,9 +136,7 @@ def notify_run(
     log_level: str,
 ) -> None:
     """Follow budget.alerts and POST each alert to every webhook that takes it, once."""
-    from notify.metrics import NotifyMetrics
-    from notify.service import Notifier
-    from notify.webhooks import load_webhooks
+    from notify import Notifier, NotifyMetrics, load_webhooks
     from spendbus.stack.local import bootstrap_or_fail
 
     retry = {
@@ -201,8 +199,7 @@ def notify_run(
 @click.option("--json", "as_json", is_flag=True)
 def notify_deliveries(webhook_id: str | None, as_json: bool) -> None:
     """The delivery records: each (alert, webhook) delivered or failed, with its attempts."""
-    from notify.deliveries import DeliveryState
-    from notify.service import read_topic
+    from notify import DeliveryState, read_topic
     from spendbus.stack.local import bootstrap_or_fail
 
     settings = load_settings()

@@ -1,13 +1,13 @@
 """`spendbus prices import`, `update` and `diff`: community price maps in, changes out.
 
-``import --from litellm|genai-prices FILE`` reads the map exactly (spendbus/prices/exact.py),
+``import --from litellm|genai-prices FILE`` reads the map exactly (schemas/pricing/writer/exact.py),
 matches its ids to the newest version of ``--base`` (default: the shipped price file) and
 writes ``--output``: every version of the base plus one new version in force from
 ``--effective-from`` (default: today, 00:00 UTC), whose updated and new entries say where
 their prices came from (``source``). What changed, what conflicted and what could not be
 represented is printed to stderr (``--report-json`` for scripts).
 
-``update`` fetches both maps from their published URLs (spendbus/prices/refresh.py), takes
+``update`` fetches both maps from their published URLs (schemas/pricing/writer/refresh.py), takes
 what they agree on, prints the diff against our newest version and, with ``-o``, writes
 the file with a new version in force from ``--effective-from``.
 
@@ -27,12 +27,16 @@ import click
 
 from schemas.errors import SpendbusError
 from schemas.pricing import PriceTable, default_price_file, load_price_file
+from schemas.pricing.writer import (
+    PUBLISHED,
+    SOURCES,
+    diff_tables,
+    fetch_agreed,
+    import_prices,
+    price_file_text,
+    read_source,
+)
 from spendbus.commands.pricing import BadInput, parse_at
-from spendbus.prices.diff import diff_tables
-from spendbus.prices.pricefile import price_file_text
-from spendbus.prices.refresh import PUBLISHED, fetch_agreed
-from spendbus.prices.sources import SOURCES, read_source
-from spendbus.prices.update import import_prices
 
 
 def _tables(path: Path) -> list[PriceTable]:

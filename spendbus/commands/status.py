@@ -31,7 +31,7 @@ through the worker's ``/sql`` page, as ``spendbus sql`` does.
     clickhouse       dsn (password hidden), reachable (bool|null), via
                      ("worker" | "direct"), usage_events (int|null), error
     replication      replication_factor, min_insync_replicas, brokers (the plan for this
-                     cluster: schemas/replication.py), error (str|null),
+                     cluster: runtime/replication.py), error (str|null),
                      under_replicated: [{topic, replicas, min_insync_replicas,
                      wanted_replicas, wanted_min_insync}]  (contract topics and the
                      counters' changelogs below the plan; `spendbus topics fix-replication`)
@@ -54,8 +54,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from aggregator import ClickHouseAccess
+from runtime.replication import ReplicationProblem
 from schemas.errors import ConfigError
-from schemas.replication import ReplicationProblem
 from schemas.topics import Topics
 from spendbus.commands.status_kafka import STALE_VERDICT_S, KafkaUnreachable, kafka_report
 from spendbus.commands.status_services import clickhouse_report, redact, worker_report

@@ -9,10 +9,10 @@ import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity, preflight
+from runtime.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.codec import VERDICT
 from schemas.errors import ConfigError
-from schemas.kafka import PLAINTEXT, KafkaSecurity, preflight
-from schemas.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.topics import Topics
 from spendbus.stack.topics import replication_report
 

@@ -149,5 +149,5 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-#: the DSN with its password shown as *** (the one helper: aggregator/clickhouse_access.py)
+#: the DSN with its password shown as *** (the one helper: aggregator/sink/access.py)
 redact = redact_dsn

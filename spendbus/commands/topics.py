@@ -18,7 +18,7 @@ console = Console()
 
 @click.group()
 def topics() -> None:
-    """The topics spendbus creates, and their replication (schemas/replication.py)."""
+    """The topics spendbus creates, and their replication (runtime/replication.py)."""
 
 
 def _names(settings: Settings, bootstrap: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Create ACL bindings (schemas.acls) through Kafka's admin API.
+"""Create ACL bindings (runtime.acls) through Kafka's admin API.
 
 aiokafka 0.14's AIOKafkaAdminClient has no create_acls; it ships the CreateAcls request
 (``aiokafka.protocol.admin.CreateAclsRequest``, one binding per request), which its public
@@ -14,9 +14,9 @@ from aiokafka import errors as kafka_errors
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.admin import CreateAclsRequest
 
-from schemas.acls import ALLOW, AclBinding
+from runtime.acls import ALLOW, AclBinding
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.errors import ConfigError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 
 
 async def create_acls(

@@ -7,7 +7,7 @@ controller). One node is what ``spendbus up`` starts by default; ``--brokers 3``
 
 ``cluster.json`` in ``data_dir`` keeps the cluster id and every node's ports, so a restart (in
 this process or another: ``spendbus down``) finds the same cluster at the same addresses.
-Replication follows the size (``schemas.replication``): the internal topics and the default of
+Replication follows the size (``runtime.replication``): the internal topics and the default of
 new topics get min(3, N) replicas, ``min.insync.replicas`` RF - 1 from three replicas on.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.replication import ReplicationPolicy
+from runtime.replication import ReplicationPolicy
 from spendbus.stack.broker_jars import DEFAULT_INFRA_DIR
 from spendbus.stack.broker_probe import free_ports
 from spendbus.stack.broker_process import BrokerStartError, new_cluster_id

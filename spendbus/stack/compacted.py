@@ -1,6 +1,6 @@
 """Publish keyed records (a compacted topic's values and tombstones) and wait for their acks.
 
-Reading them back whole: schemas.topic_reader.read_latest_values."""
+Reading them back whole: runtime.topic_reader.read_latest_values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
 
-from schemas.kafka import PLAINTEXT, KafkaSecurity
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 
 
 async def publish(

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.private_files import PRIVATE_UMASK
+from runtime.private_files import PRIVATE_UMASK
 from spendbus.stack.broker_jars import DEFAULT_INFRA_DIR, ensure_broker_jars, kafka_version
 from spendbus.stack.broker_probe import broker_ready, free_ports
 from spendbus.stack.broker_process import (

@@ -21,8 +21,8 @@ import secrets
 from pathlib import Path
 from typing import Final
 
+from runtime.private_files import check_secret_file
 from schemas.errors import ConfigError
-from schemas.private_files import check_secret_file
 from spendbus.settings import Settings
 from spendbus.stack.secret_file import create_once
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.kafka import KafkaSecurity, preflight
 from schemas.errors import ConfigError
-from schemas.kafka import KafkaSecurity, preflight
 from spendbus.settings import Settings
 from spendbus.stack.broker_jars import ensure_broker_jars
 from spendbus.stack.cluster import CLUSTER_FILE, LocalCluster
@@ -56,7 +56,7 @@ def local_broker(settings: Settings, brokers: int | None = None) -> LocalKafka |
 
 
 def check_kafka(bootstrap: str, security: KafkaSecurity) -> None:
-    """The preflight (schemas.kafka.preflight): a ConfigError naming the setting and the
+    """The preflight (runtime.kafka.preflight): a ConfigError naming the setting and the
     broker within seconds when the cluster refuses these security settings."""
     if security.security_protocol == "PLAINTEXT":
         return  # not probed: nothing changes for a plaintext cluster

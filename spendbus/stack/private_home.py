@@ -4,7 +4,7 @@ The home holds usage with user ids (the Kafka log, the ClickHouse store, the wor
 RocksDB tables), the logs and the secrets (``keys.secret``, ``web.token``). `spendbus up`
 makes it 0700 and tightens one made earlier (0755 before issue 32), logging what it
 changed; the processes spendbus starts (the broker's JVM, the worker) run under umask
-077 (``schemas.private_files.PRIVATE_UMASK``), so what they write is 0600/0700, and the
+077 (``runtime.private_files.PRIVATE_UMASK``), so what they write is 0600/0700, and the
 logs spendbus opens for them are made 0600.
 """
 
@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from schemas.private_files import OPEN_BITS
+from runtime.private_files import OPEN_BITS
 
 log = logging.getLogger(__name__)
 

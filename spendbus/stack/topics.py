@@ -1,5 +1,5 @@
 """Create every topic of the contract (schemas.topics) with its cleanup policy and the
-replication the cluster allows (schemas.replication); find and raise topics below it."""
+replication the cluster allows (runtime.replication); find and raise topics below it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.admin import AlterPartitionReassignmentsRequest
 
-from schemas.errors import ConfigError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
-from schemas.replication import (
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from runtime.replication import (
     FOLLOW_CLUSTER,
     MIN_INSYNC_CONFIG,
     ReplicationPlan,
@@ -25,6 +24,7 @@ from schemas.replication import (
     plan_for,
     replication_problems,
 )
+from schemas.errors import ConfigError
 from schemas.topics import Topics
 
 #: what `spendbus status` tells an operator to run for a topic below the plan

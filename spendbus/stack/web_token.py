@@ -21,9 +21,9 @@ from typing import Final
 
 from pydantic import SecretStr
 
+from runtime.net import is_loopback
+from runtime.private_files import check_secret_file
 from schemas.errors import ConfigError
-from schemas.net import is_loopback
-from schemas.private_files import check_secret_file
 from spendbus.settings import Settings
 from spendbus.stack.secret_file import create_once
 from spendbus.stack.worker import DEFAULT_TOKEN_FILE

@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from runtime.private_files import PRIVATE_UMASK
 from schemas.errors import SpendbusError
-from schemas.private_files import PRIVATE_UMASK
 from spendbus.stack.private_home import open_private_log
 
 #: the token file in SPENDBUS_HOME (spendbus/stack/web_token.py creates it)

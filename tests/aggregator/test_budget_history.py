@@ -19,7 +19,21 @@ from typing import Any
 
 import pytest
 import yaml
-from budget_oracle import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggregator.alerts.publisher import alerts_found
+from aggregator.counting.priced import CountEntry, PricedWriter
+from aggregator.counting.process import BatchProcessor, RawRecord
+from aggregator.counting.reference import Reference
+from aggregator.replay.verify import VerifyReport, compare_history
+from aggregator.sink import ClickHouseSink, apply_schema, open_client
+from schemas.budgets import applicable, budgets_from_yaml
+from schemas.codec import ALERT, PRICED_USAGE, USAGE_EVENT, priced_usage_from_raw
+from schemas.periods import MAX_FUTURE_SKEW_SECONDS, period_key
+from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.usage import new_usage_event
+from tests.budget_oracle import (
     alert_ids,
     comparable,
     counted_events,
@@ -27,20 +41,6 @@ from budget_oracle import (
     stored_alerts,
     stored_history,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from aggregator.alerts import alerts_found
-from aggregator.priced import CountEntry, PricedWriter
-from aggregator.process import BatchProcessor, RawRecord
-from aggregator.reference import Reference
-from aggregator.sink import ClickHouseSink, apply_schema, open_client
-from aggregator.verify import VerifyReport, compare_history
-from schemas.budgets import applicable, budgets_from_yaml
-from schemas.codec import ALERT, PRICED_USAGE, USAGE_EVENT, priced_usage_from_raw
-from schemas.periods import MAX_FUTURE_SKEW_SECONDS, period_key
-from schemas.pricing import PriceBook, price_table_from_yaml
-from schemas.usage import new_usage_event
 
 README = Path(__file__).resolve().parents[2] / "infra" / "clickhouse" / "README.md"
 PRICES = price_table_from_yaml(

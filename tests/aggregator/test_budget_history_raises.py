@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from aggregator.process import BatchProcessor, RawRecord
-from aggregator.raise_audit import RaiseAudit
-from aggregator.reference import Reference
+from aggregator.alerts.raise_audit import RaiseAudit
+from aggregator.counting.process import BatchProcessor, RawRecord
+from aggregator.counting.reference import Reference
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import ALERT, BUDGET_RAISE, PRICED_USAGE, USAGE_EVENT, VERDICT

@@ -17,9 +17,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from aggregator.fold import CounterState, PeriodTotals
-from aggregator.output_batches import Outgoing
-from aggregator.state import CountingStore, encode_counter
+from aggregator.counting.fold import CounterState, PeriodTotals
+from aggregator.counting.output_batches import Outgoing
+from aggregator.counting.state import CountingStore, encode_counter
 
 pytestmark = pytest.mark.integration
 

@@ -12,18 +12,18 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from pipeline_kit import BUDGETS_YAML, price_book
 
 from aggregator.config import AggregatorConfig
-from aggregator.counting import CountingStage
-from aggregator.counting_error import CountingError
+from aggregator.counting.errors import CountingError
+from aggregator.counting.process import BatchProcessor
+from aggregator.counting.reference import Reference
+from aggregator.counting.stage import CountingStage
 from aggregator.metrics import Metrics
-from aggregator.process import BatchProcessor
-from aggregator.reference import Reference
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import USAGE_EVENT, VERDICT
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import BUDGETS_YAML, price_book
 
 pytestmark = pytest.mark.integration
 EVENTS = 12

@@ -13,19 +13,19 @@ import yaml
 from fastavro import schemaless_writer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_process import BUDGETS, T0, event, records, reference
 
-from aggregator.decode import decode_usage_event
-from aggregator.fold import CounterState, PeriodTotals, apply
-from aggregator.priced import TAIL_IS_KNOWN, PricedWriter, zigzag_varint
-from aggregator.process import ApplicableCache, BatchProcessor, VerdictChange
-from aggregator.state import decode_counter, encode_counter
-from aggregator.verdicts import VerdictCoalescer
+from aggregator.counting.decode import decode_usage_event
+from aggregator.counting.fold import CounterState, PeriodTotals, apply
+from aggregator.counting.priced import TAIL_IS_KNOWN, PricedWriter, zigzag_varint
+from aggregator.counting.process import ApplicableCache, BatchProcessor, VerdictChange
+from aggregator.counting.state import decode_counter, encode_counter
+from aggregator.counting.verdicts import VerdictCoalescer
 from schemas.budgets import applicable, budgets_from_yaml
 from schemas.codec import PRICED_USAGE, USAGE_EVENT, VERDICT, priced_usage_from_raw
 from schemas.errors import DecodeError
 from schemas.periods import ROLLING_BUCKETS
 from schemas.usage import new_usage_event
+from tests.aggregator.test_process import BUDGETS, T0, event, records, reference
 
 # --- PricedUsage tail ------------------------------------------------------------------
 

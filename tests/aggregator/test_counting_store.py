@@ -14,19 +14,19 @@ import yaml
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.errors import TopicAlreadyExistsError
-from pipeline_kit import BUDGETS_YAML, price_book
 
 from aggregator.config import AggregatorConfig
-from aggregator.counting import CountingStage
-from aggregator.fold import CounterState, PeriodTotals
+from aggregator.counting.fold import CounterState, PeriodTotals
+from aggregator.counting.process import BatchProcessor
+from aggregator.counting.reference import Reference
+from aggregator.counting.stage import CountingStage
+from aggregator.counting.state import CountingStore, RecoveryStats, encode_counter
 from aggregator.metrics import Metrics
-from aggregator.process import BatchProcessor
-from aggregator.reference import Reference
-from aggregator.state import CountingStore, RecoveryStats, encode_counter
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import USAGE_EVENT
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import BUDGETS_YAML, price_book
 
 pytestmark = pytest.mark.integration
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from test_process import COST, Store, event, records, reference
-
-from aggregator.fold import CounterState
-from aggregator.process import BatchProcessor, RawRecord
+from aggregator.counting.fold import CounterState
+from aggregator.counting.process import BatchProcessor, RawRecord
 from schemas.codec import DEAD_LETTER, USAGE_EVENT, VERDICT
 from schemas.ids import counter_key
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS
+from tests.aggregator.test_process import COST, Store, event, records, reference
 
 NOW = datetime(2026, 12, 10, 12, 0, tzinfo=UTC)
 SECRET = counter_key("per-secret", ("acme", "sk-a"))

@@ -12,10 +12,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.fold import CounterState, apply
-from aggregator.process import BatchProcessor, RawRecord
-from aggregator.reference import Reference
-from aggregator.verdict_codec import encode_verdict
+from aggregator.counting.fold import CounterState, apply
+from aggregator.counting.process import BatchProcessor, RawRecord
+from aggregator.counting.reference import Reference
+from aggregator.counting.verdict_codec import encode_verdict
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import ALERT, USAGE_EVENT, VERDICT
 from schemas.forecast import (

@@ -1,4 +1,4 @@
-"""Forecast alerts from ClickHouse's record (aggregator/forecast_alerts.py) on the real
+"""Forecast alerts from ClickHouse's record (aggregator/alerts/forecasts.py) on the real
 engine: the alert publisher finds, over the stored events, exactly the counters whose
 fold ends with a projection before their period's end, at the same instant, however the
 events arrived; a raise in force at the newest event moves the projection."""
@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 import yaml
-from budget_oracle import forecast_alert_ids
 
-from aggregator.alerts import alerts_found
-from aggregator.fold import CounterState
-from aggregator.process import BatchProcessor, RawRecord
-from aggregator.reference import Reference
+from aggregator.alerts.publisher import alerts_found
+from aggregator.counting.fold import CounterState
+from aggregator.counting.process import BatchProcessor, RawRecord
+from aggregator.counting.reference import Reference
+from aggregator.counting.verdict_codec import period_bounds_us
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
-from aggregator.verdict_codec import period_bounds_us
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_RAISE, PRICED_USAGE, USAGE_EVENT, VERDICT
 from schemas.forecast import forecast_alert_id
@@ -29,6 +28,7 @@ from schemas.periods import to_micros
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.raises import BudgetRaise
 from schemas.usage import new_usage_event
+from tests.budget_oracle import forecast_alert_ids
 
 PRICES = price_table_from_yaml(
     yaml.safe_load(

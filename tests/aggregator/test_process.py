@@ -10,9 +10,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.fold import CounterState
-from aggregator.process import BatchProcessor, RawRecord
-from aggregator.reference import Reference
+from aggregator.counting.fold import CounterState
+from aggregator.counting.process import BatchProcessor, RawRecord
+from aggregator.counting.reference import Reference
 from schemas.budgets import applicable, budgets_from_yaml
 from schemas.codec import ALERT, DEAD_LETTER, PRICED_USAGE, USAGE_EVENT, VERDICT
 from schemas.ids import counter_key, decompose, ids_are_canonical

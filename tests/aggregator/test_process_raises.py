@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from test_process import COST, T0, Store, event, records, reference
-
-from aggregator.process import BatchProcessor
+from aggregator.counting.process import BatchProcessor
 from schemas.codec import ALERT, BUDGET_RAISE, VERDICT
 from schemas.ids import counter_key
 from schemas.periods import to_micros
 from schemas.raises import BudgetRaise
+from tests.aggregator.test_process import COST, T0, Store, event, records, reference
 
 KEY = counter_key("per-secret", ("acme", "sk-a"))
 BASE = 50_000_000  # per-secret's limit_usd "0.05"; each event costs COST (4.5M)

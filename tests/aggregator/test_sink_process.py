@@ -1,4 +1,4 @@
-"""The worker's sink in a process of its own (aggregator/sink_process.py, sink_link.py), on
+"""The worker's sink in a process of its own (aggregator/sink/process.py, sink_link.py), on
 the real broker and engine: it owns the store (``/sql`` answers through it), is started
 again when it dies, and dies or stops with its worker; every event is stored once
 throughout (``SPENDBUS_SINK_PROCESS=true``). By default the sink runs in the worker itself."""
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline, poll, publish_usage
 
-from aggregator.sink_process import NICENESS
+from aggregator.sink.process import NICENESS
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import Pipeline, poll, publish_usage
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +93,7 @@ def test_the_sink_process_owns_the_store_and_is_started_again_when_it_dies(
     first = pipeline.stats()["sink_process"]
     assert first["starts"] == 1 and first["pid"] not in (None, worker)
     assert parent_of(first["pid"]) == worker
-    assert b"aggregator.sink_process" in Path(f"/proc/{first['pid']}/cmdline").read_bytes()
+    assert b"aggregator.sink.process" in Path(f"/proc/{first['pid']}/cmdline").read_bytes()
     # the fold first (niced once its interpreter is up: the pid is known from the spawn on)
     wanted = min(19, niceness(worker) + NICENESS)
     assert poll(lambda: niceness(first["pid"]), lambda n: n == wanted, 30.0, 0.1) == wanted

@@ -1,4 +1,4 @@
-"""The sink stage (aggregator/sink_stage.py) on the real broker and the embedded engine.
+"""The sink stage (aggregator/sink/stage.py) on the real broker and the embedded engine.
 
 Two stages of one sink group share usage.priced as two workers would; the second joins
 while the first is storing, so partitions move mid-stream (revocation: the batch in flight
@@ -17,11 +17,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from aggregator.clickhouse_writer import ClickHouseWriter
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
 from aggregator.sink.clickhouse import month_of
-from aggregator.sink_stage import SinkStage
+from aggregator.sink.stage import SinkStage
+from aggregator.sink.writer import ClickHouseWriter
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.ids import ids_are_canonical
 from schemas.topics import STORE_ROW_HEADER, Topics, store_row_value

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from aggregator.alerts import AlertPublisher
-from aggregator.fold import MAX_UNPRICED_MODEL_ALERTS
-from aggregator.generations import alert_ids
+from aggregator.alerts.publisher import AlertPublisher
+from aggregator.counting.fold import MAX_UNPRICED_MODEL_ALERTS
+from aggregator.counting.process import BatchProcessor, RawRecord
+from aggregator.counting.reference import Reference
 from aggregator.metrics import MAX_UNPRICED_MODELS_LISTED, Metrics
-from aggregator.process import BatchProcessor, RawRecord
-from aggregator.reference import Reference
+from aggregator.replay.generations import alert_ids
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
 from schemas.codec import ALERT, PRICED_USAGE, USAGE_EVENT
 from schemas.pricing import PriceBook, default_price_file, load_price_file

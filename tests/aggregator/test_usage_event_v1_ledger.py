@@ -13,12 +13,12 @@ from importlib import resources
 from typing import Any
 
 from fastavro import parse_schema, schemaless_writer
-from test_process import COST, Store, event, records, reference
 
-from aggregator.decode import decode_usage_event
-from aggregator.process import BatchProcessor, RawRecord
+from aggregator.counting.decode import decode_usage_event
+from aggregator.counting.process import BatchProcessor, RawRecord
 from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICED_USAGE, USAGE_EVENT
+from tests.aggregator.test_process import COST, Store, event, records, reference
 
 V1 = json.loads(
     (resources.files("schemas") / "avro" / "history" / "UsageEvent" / "v1.avsc").read_text()

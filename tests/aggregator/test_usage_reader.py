@@ -1,5 +1,5 @@
 """The generated UsageEvent reader (schemas.avro_reader.compile_record_reader) reads exactly what
-fastavro reads, and the hot-path decoder built on it (aggregator.decode) returns the codec's
+fastavro reads, and the hot-path decoder built on it (aggregator.counting.decode) returns the codec's
 result or raises the codec's DecodeError (same reason, same message) for every input:
 well-formed events of every shape, and damaged ones (flipped, cut, extended bytes)."""
 
@@ -14,9 +14,9 @@ from fastavro import parse_schema, schemaless_reader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import aggregator.decode as hot
-from aggregator import usage_reader
-from aggregator.decode import decode_usage_event, read_usage_event
+import aggregator.counting.decode as hot
+from aggregator.counting import usage_reader
+from aggregator.counting.decode import decode_usage_event, read_usage_event
 from schemas.avro_reader import compile_record_reader, record_reader_source
 from schemas.codec import HEADER_LEN, USAGE_EVENT
 from schemas.errors import DecodeError
@@ -205,7 +205,7 @@ def test_randomly_damaged_events_give_the_codecs_outcome(
 
 
 def test_the_generated_reader_module_is_what_the_schema_generates() -> None:
-    """aggregator/usage_reader.py (compiled with the fold) is the schema's reader as
+    """aggregator/counting/usage_reader.py (compiled with the fold) is the schema's reader as
     ``hot.WRITE_READER`` writes it, and it is the one the hot path uses."""
     expected = reader_module_source(USAGE_EVENT, raw_timestamps=True)
     assert hot.READER_MODULE.read_text() == expected, f"stale: run {hot.WRITE_READER}"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.fold import CounterState, PeriodTotals, verdict_record
-from aggregator.verdict_codec import encode_verdict
+from aggregator.counting.fold import CounterState, PeriodTotals, verdict_record
+from aggregator.counting.verdict_codec import encode_verdict
 from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import VERDICT
 from schemas.periods import from_micros, period_key, to_micros

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline
 
 from aggregator.config import AggregatorConfig
 from aggregator.sink.query import EXAMPLE_QUERIES, ROLLUP_DRIFT
@@ -28,6 +27,7 @@ from schemas.usage import new_usage_event
 from spendbus.demo import ANALYST_QUERIES
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.worker import WorkerProcess
+from tests.pipeline_kit import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -428,7 +428,7 @@ def test_off_loopback_every_page_needs_the_token(
     token_file = tmp_path / "secrets" / "web-token"
     token_file.parent.mkdir()
     token_file.write_text("a-configured-token-of-this-deployment\n")
-    token_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
+    token_file.chmod(0o600)  # a secret: private (runtime/private_files.py)
     port = free_port()
     worker = WorkerProcess(
         run_dir=tmp_path / "run",

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 import yaml
-from pipeline_kit import Pipeline
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.codec import USAGE_EVENT
 from schemas.usage import new_usage_event
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
+from tests.pipeline_kit import Pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -26,11 +26,11 @@ from schemas.pricing import (
     default_price_file,
     load_price_file,
 )
+from schemas.pricing.writer.diff import diff_tables
+from schemas.pricing.writer.exact import load_exact_json, per_million
+from schemas.pricing.writer.pricefile import price_file_text
+from schemas.pricing.writer.sources import read_source
 from spendbus.cli import cli
-from spendbus.prices.diff import diff_tables
-from spendbus.prices.exact import load_exact_json, per_million
-from spendbus.prices.pricefile import price_file_text
-from spendbus.prices.sources import read_source
 
 MAPS = Path(__file__).parent / "price_maps"
 BASE = MAPS / "base.yaml"

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from schemas.pricing import PriceBook, load_price_file
+from schemas.pricing.writer.refresh import PUBLISHED
 from spendbus.cli import cli
-from spendbus.prices.refresh import PUBLISHED
 
 MAPS = Path(__file__).parent / "price_maps"
 BASE = MAPS / "base.yaml"

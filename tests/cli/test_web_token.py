@@ -50,7 +50,7 @@ def test_off_loopback_a_token_must_be_configured(tmp_path: Path) -> None:
 
     token_file = tmp_path / "token"
     token_file.write_text("configured-token\n")
-    token_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
+    token_file.chmod(0o600)  # a secret: private (runtime/private_files.py)
     configured = load_settings(
         {
             "SPENDBUS_HOME": str(tmp_path),
@@ -79,7 +79,7 @@ def test_configured_tokens_are_checked_and_never_shown(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="SPENDBUS_WEB_TOKEN_FILE"):
         worker_token(missing)
     (tmp_path / "empty").write_text("\n")
-    (tmp_path / "empty").chmod(0o600)  # a secret: private (schemas/private_files.py)
+    (tmp_path / "empty").chmod(0o600)  # a secret: private (runtime/private_files.py)
     empty = load_settings(
         {"SPENDBUS_HOME": str(tmp_path), "SPENDBUS_WEB_TOKEN_FILE": str(tmp_path / "empty")}
     )

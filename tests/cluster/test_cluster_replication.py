@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from pipeline_kit import poll
 
-from schemas.replication import ReplicationPolicy
+from runtime.replication import ReplicationPolicy
 from schemas.topics import Topics
 from spendbus.stack.topics import FIX_COMMAND, ensure_topics, replication_report
+from tests.pipeline_kit import poll
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_status_reports_an_under_replicated_ledger_and_fix_replication_raises_it
 ) -> None:
     topics = Topics(prefix=f"t{uuid.uuid4().hex[:10]}.")
     override = ReplicationPolicy(replication_factor=1, allow_under_replication=True)
-    with caplog.at_level(logging.WARNING, logger="schemas.replication"):
+    with caplog.at_level(logging.WARNING, logger="runtime.replication"):
         asyncio.run(ensure_topics(kafka_cluster.bootstrap, topics, 4, replication=override))
     assert "with 1 replica(s) on a cluster of 3 brokers" in caplog.text
     assert replicas_of(kafka_cluster.bootstrap, topics.usage_raw) == [1, 1, 1, 1]

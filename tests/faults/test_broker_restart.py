@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline
 
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.stack.topics import ensure_topics
+from tests.pipeline_kit import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

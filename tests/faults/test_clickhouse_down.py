@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline
 
 from schemas.codec import USAGE_EVENT
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.stack.compacted import publish
+from tests.pipeline_kit import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

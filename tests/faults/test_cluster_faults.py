@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from pipeline_kit import Pipeline, poll
 
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import ALERT
@@ -35,6 +34,7 @@ from schemas.usage import new_usage_event
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.topics import ensure_topics, replication_report
 from spendbus.stack.worker import WorkerProcess
+from tests.pipeline_kit import Pipeline, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

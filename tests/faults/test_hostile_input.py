@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from fastavro import schemaless_writer
-from pipeline_kit import Pipeline
 
 from schemas.codec import DEAD_LETTER, MAGIC, USAGE_EVENT
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

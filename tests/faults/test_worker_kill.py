@@ -9,10 +9,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from pipeline_kit import Pipeline
 
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

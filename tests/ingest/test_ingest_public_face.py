@@ -7,7 +7,8 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from test_room_imports import PUBLIC_FACES
+
+from tests.test_room_imports import PUBLIC_FACES
 
 
 @pytest.mark.parametrize("package", sorted(PUBLIC_FACES["ingest"]))

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline, poll, publish_usage
 
-from aggregator.generations import alert_ids
+from aggregator.replay.generations import alert_ids
 from schemas.ids import counter_key
 from schemas.periods import parse_window, period_key
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import Pipeline, poll, publish_usage
 
 pytestmark = pytest.mark.integration
 

@@ -9,16 +9,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline, publish_usage
 
-from aggregator.generations import topic_values
+from aggregator.replay.generations import topic_values
 from enforcer import Enforcer, EnforcerConfig
+from runtime.topic_reader import read_latest_values
 from schemas.codec import DEAD_LETTER, VERDICT
 from schemas.ids import counter_key
 from schemas.periods import FUTURE_EVENT, period_end, period_key
-from schemas.topic_reader import read_latest_values
 from schemas.usage import BUDGET_EXCEEDED, new_usage_event
 from spendbus.stack.compacted import publish
+from tests.pipeline_kit import Pipeline, publish_usage
 
 pytestmark = pytest.mark.integration
 

@@ -19,15 +19,15 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
-from pipeline_kit import PRICES_YAML, Pipeline, publish_usage
 
-from aggregator.verify import verify_counters
+from aggregator.replay.verify import verify_counters
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.pricing import price_table_from_yaml
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.stack.compacted import publish
+from tests.pipeline_kit import PRICES_YAML, Pipeline, publish_usage
 
 pytestmark = pytest.mark.integration
 

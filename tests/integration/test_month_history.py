@@ -14,19 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from budget_oracle import (
-    HISTORY_SQL,
-    alert_ids,
-    comparable,
-    counted_events,
-    forecast_alert_ids,
-    history,
-    history_of_rows,
-)
-from pipeline_kit import PRICES_YAML, Pipeline, poll, publish_usage
 
-from aggregator.generation_replay import StackPlace
-from aggregator.generations import alert_ids as topic_alert_ids
+from aggregator.replay.generations import alert_ids as topic_alert_ids
+from aggregator.replay.run import StackPlace
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
@@ -36,6 +26,16 @@ from schemas.usage import new_usage_event
 from spendbus.commands.replay import generation_replay
 from spendbus.stack.compacted import publish
 from spendbus.stack.worker import WorkerError
+from tests.budget_oracle import (
+    HISTORY_SQL,
+    alert_ids,
+    comparable,
+    counted_events,
+    forecast_alert_ids,
+    history,
+    history_of_rows,
+)
+from tests.pipeline_kit import PRICES_YAML, Pipeline, poll, publish_usage
 
 pytestmark = pytest.mark.integration
 
@@ -205,7 +205,7 @@ def test_the_month_ledger_is_exact_and_stays_exact_after_a_replay_with_cutover(
 def restart(pipeline: Pipeline, timeout: float = 90.0) -> None:
     """Start the killed worker again. Its group membership outlives it by up to a session
     timeout, and a worker sinking into an embedded store refuses to start while another
-    member of its sink group seems to sink (aggregator/sink_owner.py): try until it left."""
+    member of its sink group seems to sink (aggregator/sink/owner.py): try until it left."""
     deadline = time.monotonic() + timeout
     while True:
         try:

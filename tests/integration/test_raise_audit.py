@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from pipeline_kit import Pipeline, publish_usage
 
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import Pipeline, publish_usage
 
 pytestmark = pytest.mark.integration
 

@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
-from kafka_security_kit import SecuredKafka
-from pipeline_kit import Pipeline
-from test_thin_slice import make_events
 
 from enforcer import Enforcer, EnforcerConfig
 from ingest.publisher import PublisherConfig, UsagePublisher
+from runtime.topic_reader import read_latest_values
 from schemas.codec import GATEWAY_KEY
-from schemas.topic_reader import read_latest_values
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
 from spendbus.stack.topics import ensure_topics
+from tests.integration.test_thin_slice import make_events
+from tests.kafka_security_kit import SecuredKafka
+from tests.pipeline_kit import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -225,7 +225,7 @@ def test_bad_security_settings_fail_fast_naming_the_setting_and_the_broker(
     if change == "password":
         wrong = tmp_path / "wrong.password"
         wrong.write_text("not-the-password\n")
-        wrong.chmod(0o600)  # a secret: private (schemas/private_files.py)
+        wrong.chmod(0o600)  # a secret: private (runtime/private_files.py)
         env["KAFKA_SASL_PASSWORD_FILE"] = str(wrong)
     elif change == "cafile":
         env["KAFKA_SSL_CAFILE"] = str(secured_kafka.untrusted_ca)

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from pipeline_kit import Pipeline, poll
 
 from spendbus.stack.broker_probe import free_port
+from tests.pipeline_kit import Pipeline, poll
 
 pytestmark = pytest.mark.integration
 

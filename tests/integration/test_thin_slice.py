@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from pipeline_kit import Pipeline
 
 from enforcer import Enforcer, EnforcerConfig
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import DEAD_LETTER, USAGE_EVENT
 from schemas.usage import new_usage_event
+from tests.pipeline_kit import Pipeline
 
 pytestmark = pytest.mark.integration
 

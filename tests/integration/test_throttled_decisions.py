@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline, publish_usage
 
 from enforcer import Enforcer, EnforcerConfig
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY
 from spendbus.stack.compacted import publish
+from tests.pipeline_kit import Pipeline, publish_usage
 
 pytestmark = pytest.mark.integration
 

@@ -14,12 +14,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from pipeline_kit import Pipeline, poll
 
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.usage import new_usage_event
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.worker import WorkerProcess
+from tests.pipeline_kit import Pipeline, poll
 
 pytestmark = pytest.mark.integration
 

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import Pipeline
-from test_thin_slice import make_events, publish_events
 
-from aggregator.verify import verify_counters
+from aggregator.replay.verify import verify_counters
+from runtime.topic_reader import read_latest_values
 from schemas.codec import VERDICT
 from schemas.ids import counter_key
-from schemas.topic_reader import read_latest_values
 from spendbus.stack.compacted import publish
+from tests.integration.test_thin_slice import make_events, publish_events
+from tests.pipeline_kit import Pipeline
 
 pytestmark = pytest.mark.integration
 

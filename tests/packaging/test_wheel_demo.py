@@ -13,7 +13,8 @@ import venv
 from pathlib import Path
 
 import pytest
-from native_kit import ROOT
+
+from tests.native_kit import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.generations import publish_switch, switch_to
+from aggregator.replay.generations import publish_switch, switch_to
 from enforcer import Enforcer, EnforcerConfig
 from schemas.codec import VERDICT
 from schemas.ids import counter_key

@@ -7,19 +7,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from pipeline_kit import Pipeline
-from pipeline_kit import publish_usage as publish
-from replay_kit import BASE_TIME, make_events
 
-from aggregator.snapshots import (
+from aggregator.replay.snapshots import (
     Bounds,
     fold_ledger,
     latest_snapshot,
     load_reference,
     write_snapshot,
 )
-from schemas.topic_reader import read_latest_values
+from runtime.topic_reader import read_latest_values
 from schemas.topics import Topics
+from tests.pipeline_kit import Pipeline
+from tests.pipeline_kit import publish_usage as publish
+from tests.replay.kit import BASE_TIME, make_events
 
 pytestmark = pytest.mark.integration
 

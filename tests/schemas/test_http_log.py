@@ -1,4 +1,4 @@
-"""schemas/http_log.py (issue 32): the malformed-request tally logs at most one line per
+"""runtime/http_log.py (issue 32): the malformed-request tally logs at most one line per
 interval (a stepped clock, no wall clock), redact() hides every credential shape, the
 record factory redacts every log line and traceback, and a real aiohttp server through
 the shared handler answers a malformed head 400 without echoing it and a failing handler
@@ -13,8 +13,8 @@ import socket
 import pytest
 from aiohttp import web
 
-from schemas.half_close import AnswerAfterHalfClose
-from schemas.http_log import MALFORMED, MalformedRequests, install_log_redaction, redact
+from runtime.half_close import AnswerAfterHalfClose
+from runtime.http_log import MALFORMED, MalformedRequests, install_log_redaction, redact
 
 SECRET = "tok-0123456789abcdef0123456789abcdef"
 

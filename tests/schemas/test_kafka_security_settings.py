@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.errors import ConfigError
-from schemas.kafka import PLAINTEXT, KafkaSecurity
 from spendbus.settings import load_settings
 
 PASSWORD = "s3cret-pa55-never-shown"
@@ -60,7 +60,7 @@ def test_yaml_file_and_password_file_env_wins(tmp_path: Path) -> None:
     ca = _ca(tmp_path)
     secret_file = tmp_path / "password"
     secret_file.write_text(PASSWORD + "\n")
-    secret_file.chmod(0o600)  # a secret: private (schemas/private_files.py)
+    secret_file.chmod(0o600)  # a secret: private (runtime/private_files.py)
     config = tmp_path / "spendbus.yaml"
     config.write_text(
         "kafka_security_protocol: SASL_SSL\n"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pricing_kit import AT, SONNET, T0, table
 
 from schemas.codec import PRICE_TABLE
 from schemas.errors import ConfigError, ContractError
@@ -22,6 +21,7 @@ from schemas.pricing import (
     load_price_file,
     price_table_from_yaml,
 )
+from tests.schemas.kit import AT, SONNET, T0, table
 
 
 def write(tmp_path: Path, text: str, name: str = "prices.yaml") -> Path:

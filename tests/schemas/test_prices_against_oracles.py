@@ -20,7 +20,7 @@ import pytest
 
 from schemas.pricing import PriceBook, PriceTable, default_price_file
 from schemas.pricing.price_file import load_price_file
-from spendbus.prices.generate import (
+from schemas.pricing.writer.generate import (
     DECISIONS_FILE,
     MARKER,
     SNAPSHOT_FILE,
@@ -29,7 +29,7 @@ from spendbus.prices.generate import (
     generated_version,
     load_decisions,
 )
-from spendbus.prices.oracles import PINS, load_snapshot
+from schemas.pricing.writer.oracles import PINS, load_snapshot
 
 MAPS = ("litellm", "genai-prices")
 

@@ -13,7 +13,6 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-from pricing_kit import AT, SONNET, T0, book, cost, table
 
 from schemas.errors import ContractError, InvalidRecord
 from schemas.pricing import (
@@ -26,6 +25,7 @@ from schemas.pricing import (
     model_id_candidates,
 )
 from schemas.usage import new_usage_event
+from tests.schemas.kit import AT, SONNET, T0, book, cost, table
 
 # --- golden costs ---------------------------------------------------------------------
 

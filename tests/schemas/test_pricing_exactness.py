@@ -8,13 +8,13 @@ from fractions import Fraction
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pricing_kit import AT, book
 
 from schemas.money import line_cost, round_nanos
 from schemas.pricing import (
     LongContextTier,
     ModelPrice,
 )
+from tests.schemas.kit import AT, book
 
 
 def half_even(value: Fraction) -> int:

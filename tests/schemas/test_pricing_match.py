@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pricing_kit import AT, table
 
 from schemas.pricing import ModelPrice, PriceBook, is_snapshot_suffix
 from spendbus.commands.pricing import price
+from tests.schemas.kit import AT, table
 
 
 def entry(match: str) -> ModelPrice:

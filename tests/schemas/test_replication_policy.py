@@ -1,12 +1,12 @@
-"""The replication rule (schemas/replication.py): follows the cluster, overridable, never
+"""The replication rule (runtime/replication.py): follows the cluster, overridable, never
 fewer replicas than the cluster allows without the explicit override."""
 
 from __future__ import annotations
 
 import pytest
 
+from runtime.replication import ReplicationPolicy, replication_problems
 from schemas.errors import ConfigError
-from schemas.replication import ReplicationPolicy, replication_problems
 from spendbus.settings import load_settings
 
 

@@ -1,4 +1,4 @@
-"""schemas.topic_reader against the real broker: empty, partitioned, compacted and
+"""runtime.topic_reader against the real broker: empty, partitioned, compacted and
 truncated topics read to the ends seen at start, a follower going on from there, a stall
 (an end past the log), a broker gone mid-read."""
 
@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 
-from schemas.topic_reader import (
+from runtime.topic_reader import (
     Records,
     TopicReader,
     TopicReadStalled,

@@ -2,7 +2,7 @@
 --
 -- A copy of the compacted topic budget.raises (the truth; key raise_id): each worker that
 -- owns a store writes a raise's row when it first reads it and again when it is revoked
--- (aggregator/raise_audit.py). ReplacingMergeTree keeps the newest row per raise once parts
+-- (aggregator/alerts/raise_audit.py). ReplacingMergeTree keeps the newest row per raise once parts
 -- merge; read it with FINAL or `LIMIT 1 BY raise_id` after `ORDER BY recorded_at DESC`.
 -- scope_values empty: every counter of the budget. mode by: added to the base limit;
 -- to: the limit while the raise lasts. It applies from starts_at until until (or

@@ -1,5 +1,5 @@
 """The ClickHouse sink tests' fixtures: one chdb engine per module, a fresh database per
-test, each test on both insert paths (clickhouse_sink_kit.py)."""
+test, each test on both insert paths (kit.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from clickhouse_sink_kit import WritePath, fresh_database
 
 from aggregator.sink import open_client
+from tests.aggregator.sink.kit import WritePath, fresh_database
 
 
 @pytest.fixture(scope="module")

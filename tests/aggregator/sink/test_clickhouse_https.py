@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import poll
 from pydantic import SecretStr
 
-from aggregator.clickhouse_access import ClickHouseAccess
+from aggregator.sink.access import ClickHouseAccess
 from aggregator.sink.errors import SinkRejected
 from aggregator.sink.store import open_client
 from schemas.errors import ConfigError
@@ -37,6 +36,7 @@ from spendbus.settings import load_settings
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.worker import WorkerError, WorkerProcess
 from spendbus.stack.worker import _alive as worker_alive
+from tests.pipeline_kit import poll
 
 pytestmark = pytest.mark.integration
 
@@ -241,7 +241,7 @@ def test_status_reports_an_https_server_without_its_password(tls_server: TlsServ
 def test_the_settings_read_the_password_from_a_file(tmp_path: Path) -> None:
     secret = tmp_path / "clickhouse-password"
     secret.write_text(PASSWORD + "\n")
-    secret.chmod(0o600)  # a secret: private (schemas/private_files.py)
+    secret.chmod(0o600)  # a secret: private (runtime/private_files.py)
     ca_file = tmp_path / "ca.pem"
     ca_file.write_text("not read here\n")
     env = {
@@ -287,8 +287,8 @@ def test_access_options_that_do_not_fit_the_dsn_are_refused(tmp_path: Path) -> N
 
 
 def test_a_password_in_the_dsn_stays_out_of_reprs_and_printed_dsns() -> None:
-    from aggregator.clickhouse_access import redact_dsn
     from aggregator.config import AggregatorConfig
+    from aggregator.sink.access import redact_dsn
 
     dsn = f"https://{USER}:{PASSWORD}@clickhouse.internal:8443/default"
     settings = load_settings({"CLICKHOUSE_DSN": dsn})
@@ -304,7 +304,7 @@ def test_a_worker_on_an_unverified_server_stops_saying_why_never_the_password(
 ) -> None:
     secret = tmp_path / "clickhouse-password"
     secret.write_text(PASSWORD + "\n")
-    secret.chmod(0o600)  # a secret: private (schemas/private_files.py)
+    secret.chmod(0o600)  # a secret: private (runtime/private_files.py)
     port = free_port()
     worker = WorkerProcess(
         run_dir=tmp_path / "run",

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from taps_support import CAPTURES, encode_events, gzipped
 
 from spendbus.commands.tap import tap
+from tests.ingest.taps.taps_support import CAPTURES, encode_events, gzipped
 
 
 def invoke(*args: str) -> tuple[int, str]:

@@ -1,0 +1,104 @@
+"""The runtime kit every room shares: how a process talks to Kafka and keeps its edges.
+
+``schemas/`` is the contract (what two stages must agree on); this package is the I/O
+they have in common: Kafka clients' security and preflight (``kafka.py``), topics read to
+their end (``topic_reader.py``), replication plans (``replication.py``), the ACLs of each
+role (``acls.py``), loopback checks (``net.py``), quiet and redacted HTTP logs
+(``http_log.py``), pipelined requests after a half-close (``half_close.py``), secret
+files kept private (``private_files.py``) and faces that load on first use
+(``faces.py``). It imports ``schemas/`` and libraries, never a stage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.faces import lazy_names
+
+if TYPE_CHECKING:
+    from runtime.acls import ROLES, AclBinding, role_bindings
+    from runtime.half_close import AnswerAfterHalfClose
+    from runtime.http_log import expose_malformed_requests, install_log_redaction, redact
+    from runtime.kafka import PLAINTEXT, KafkaSecurity, preflight, topic_partitions
+    from runtime.net import LOOPBACK_HOSTS, is_loopback
+    from runtime.private_files import PRIVATE_UMASK, check_secret_file, secret_file_problem
+    from runtime.replication import (
+        FOLLOW_CLUSTER,
+        ReplicationPlan,
+        ReplicationPolicy,
+        plan_for,
+        replication_problems,
+        resolve_plan,
+    )
+    from runtime.topic_reader import (
+        TopicReader,
+        TopicReadStalled,
+        read_latest_values,
+        read_until,
+        start_at_beginning,
+    )
+
+#: each public name and the module that defines it
+_HOMES: dict[str, str] = {
+    "AclBinding": "runtime.acls",
+    "AnswerAfterHalfClose": "runtime.half_close",
+    "FOLLOW_CLUSTER": "runtime.replication",
+    "KafkaSecurity": "runtime.kafka",
+    "LOOPBACK_HOSTS": "runtime.net",
+    "PLAINTEXT": "runtime.kafka",
+    "PRIVATE_UMASK": "runtime.private_files",
+    "ROLES": "runtime.acls",
+    "ReplicationPlan": "runtime.replication",
+    "ReplicationPolicy": "runtime.replication",
+    "TopicReadStalled": "runtime.topic_reader",
+    "TopicReader": "runtime.topic_reader",
+    "check_secret_file": "runtime.private_files",
+    "expose_malformed_requests": "runtime.http_log",
+    "install_log_redaction": "runtime.http_log",
+    "is_loopback": "runtime.net",
+    "lazy_names": "runtime.faces",
+    "plan_for": "runtime.replication",
+    "preflight": "runtime.kafka",
+    "read_latest_values": "runtime.topic_reader",
+    "read_until": "runtime.topic_reader",
+    "redact": "runtime.http_log",
+    "replication_problems": "runtime.replication",
+    "resolve_plan": "runtime.replication",
+    "role_bindings": "runtime.acls",
+    "secret_file_problem": "runtime.private_files",
+    "start_at_beginning": "runtime.topic_reader",
+    "topic_partitions": "runtime.kafka",
+}
+
+__all__ = [
+    "FOLLOW_CLUSTER",
+    "LOOPBACK_HOSTS",
+    "PLAINTEXT",
+    "PRIVATE_UMASK",
+    "ROLES",
+    "AclBinding",
+    "AnswerAfterHalfClose",
+    "KafkaSecurity",
+    "ReplicationPlan",
+    "ReplicationPolicy",
+    "TopicReadStalled",
+    "TopicReader",
+    "check_secret_file",
+    "expose_malformed_requests",
+    "install_log_redaction",
+    "is_loopback",
+    "lazy_names",
+    "plan_for",
+    "preflight",
+    "read_latest_values",
+    "read_until",
+    "redact",
+    "replication_problems",
+    "resolve_plan",
+    "role_bindings",
+    "secret_file_problem",
+    "start_at_beginning",
+    "topic_partitions",
+]
+
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)
