@@ -2,7 +2,8 @@
 
 A face is a package ``__init__`` of the project; its public names are those that do not
 start with ``_`` and are no submodule, less the plumbing a face imports to build itself
-(``from __future__ import annotations``, ``TYPE_CHECKING``, ``runtime.faces``). A lazy
+(``from __future__ import annotations``, ``TYPE_CHECKING``, ``runtime.faces`` outside
+``runtime``). A lazy
 face (PEP 562) lists its names through ``__dir__``, so they count before they load.
 """
 
@@ -50,8 +51,9 @@ def public_members(face: types.ModuleType) -> set[str]:
         value = getattr(face, name)
         if isinstance(value, types.ModuleType):
             continue
-        if name in PLUMBING and value is PLUMBING[name] and face.__name__ != "runtime":
-            continue
+        home = getattr(value, "__module__", "") or ""
+        if name in PLUMBING and value is PLUMBING[name] and not home.startswith(face.__name__):
+            continue  # imported to build the face, not defined below it
         members.add(name)
     return members
 

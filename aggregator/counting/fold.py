@@ -172,7 +172,10 @@ def apply(
         return _change(Change, (key, current, ()))
     ratio = _ratio(budget, totals)
     crossed = tuple(t for t in budget.alert_at if t not in totals.alerted and ratio >= t)
-    totals.alerted.extend(crossed)
+    if crossed:
+        # kept sorted: a set in the changelog, the same however the batches fell
+        totals.alerted.extend(crossed)
+        totals.alerted.sort()
     return _change(Change, (key, current, crossed))
 
 
@@ -423,6 +426,7 @@ def forecast_alert(
     if exhausts is None or not forecast_alert_due(exhausts, bounds[1]):
         return None
     totals.alerted.append(FORECAST_ALERTED)
+    totals.alerted.sort()
     return forecast_alert_record(
         budget.budget_id,
         key,
