@@ -1,7 +1,7 @@
 """The fuzz suite (issue 21), second half: the gateway (``spendbus gateway run`` against
 ``spendbus fake-upstream``) and the aggregator worker's pages (``spendbus aggregator run``:
 /stats, /metrics, /sql), each run as its command runs it, get ``SPENDBUS_FUZZ_EXAMPLES``
-hostile requests each (the strategies of ``fuzz_kit``). No answer is >= 500, the server is
+hostile requests each (the strategies of ``tests.fuzz.kit``). No answer is >= 500, the server is
 alive and answers after, its resident memory grew less than RSS_GROWTH_BOUND, and (gateway)
 every call the provider served is charged: its usage event is on usage.raw."""
 

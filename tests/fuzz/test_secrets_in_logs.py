@@ -1,7 +1,7 @@
 """No secret in any log after a hostile run (issue 32): each server, run as its command runs
 it (the sidecar, the HTTP ingest, the gateway in front of the fake provider, the aggregator
 worker's pages), gets malformed requests that carry its credentials (bare-LF line endings,
-control bytes in headers, oversize heads, invalid methods, pipelined junk: ``fuzz_kit``'s
+control bytes in headers, oversize heads, invalid methods, pipelined junk: ``tests.fuzz.kit``'s
 ``malformed_heads``, and hypothesis-spliced variants of them) over a raw socket. Then every
 log file of the run and each process's captured output is read: no credential appears; the
 malformed requests are logged in at most one line per ``INTERVAL_S`` (plus the first), with
