@@ -19,28 +19,41 @@ from runtime.faces import lazy_names
 if TYPE_CHECKING:
     from aggregator.app import create_app
     from aggregator.config import AggregatorConfig
-    from aggregator.replay.folds import fold_dry_run, write_new_snapshot
-    from aggregator.replay.generations import Difference, current_generation, generation_dsn
-    from aggregator.replay.report import OrgChange, ReplayReport
-    from aggregator.replay.run import (
+    from aggregator.replay import (
+        Bounds,
+        Difference,
+        FoldState,
         GenerationReplay,
+        OrgChange,
         ReplayError,
+        ReplayReport,
         ReplayWorker,
         StackPlace,
+        VerifyReport,
+        current_generation,
+        fold_dry_run,
+        generation_dsn,
         next_generation,
+        verify_counters,
+        write_new_snapshot,
     )
-    from aggregator.replay.snapshots import Bounds, FoldState
-    from aggregator.replay.verify import VerifyReport, verify_counters
-    from aggregator.sink import SinkError, apply_schema, open_client, run_query
-    from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
-    from aggregator.sink.owner import check_embedded_sink
+    from aggregator.sink import (
+        DEFAULT_ACCESS,
+        ClickHouseAccess,
+        SinkError,
+        apply_schema,
+        check_embedded_sink,
+        open_client,
+        redact_dsn,
+        run_query,
+    )
 
 #: each public name and the module that defines it
 _HOMES: dict[str, str] = {
     "AggregatorConfig": "aggregator.config",
     "Bounds": "aggregator.replay",
-    "ClickHouseAccess": "aggregator.sink.access",
-    "DEFAULT_ACCESS": "aggregator.sink.access",
+    "ClickHouseAccess": "aggregator.sink",
+    "DEFAULT_ACCESS": "aggregator.sink",
     "Difference": "aggregator.replay",
     "FoldState": "aggregator.replay",
     "GenerationReplay": "aggregator.replay",
@@ -52,14 +65,14 @@ _HOMES: dict[str, str] = {
     "StackPlace": "aggregator.replay",
     "VerifyReport": "aggregator.replay",
     "apply_schema": "aggregator.sink",
-    "check_embedded_sink": "aggregator.sink.owner",
+    "check_embedded_sink": "aggregator.sink",
     "create_app": "aggregator.app",
     "current_generation": "aggregator.replay",
     "fold_dry_run": "aggregator.replay",
     "generation_dsn": "aggregator.replay",
     "next_generation": "aggregator.replay",
     "open_client": "aggregator.sink",
-    "redact_dsn": "aggregator.sink.access",
+    "redact_dsn": "aggregator.sink",
     "run_query": "aggregator.sink",
     "verify_counters": "aggregator.replay",
     "write_new_snapshot": "aggregator.replay",
