@@ -38,13 +38,10 @@ if TYPE_CHECKING:
         write_new_snapshot,
     )
     from aggregator.sink import (
-        DEFAULT_ACCESS,
-        ClickHouseAccess,
         SinkError,
         apply_schema,
         check_embedded_sink,
         open_client,
-        redact_dsn,
         run_query,
     )
 
@@ -52,8 +49,6 @@ if TYPE_CHECKING:
 _HOMES: dict[str, str] = {
     "AggregatorConfig": "aggregator.config",
     "Bounds": "aggregator.replay",
-    "ClickHouseAccess": "aggregator.sink",
-    "DEFAULT_ACCESS": "aggregator.sink",
     "Difference": "aggregator.replay",
     "FoldState": "aggregator.replay",
     "GenerationReplay": "aggregator.replay",
@@ -72,17 +67,14 @@ _HOMES: dict[str, str] = {
     "generation_dsn": "aggregator.replay",
     "next_generation": "aggregator.replay",
     "open_client": "aggregator.sink",
-    "redact_dsn": "aggregator.sink",
     "run_query": "aggregator.sink",
     "verify_counters": "aggregator.replay",
     "write_new_snapshot": "aggregator.replay",
 }
 
 __all__ = [
-    "DEFAULT_ACCESS",
     "AggregatorConfig",
     "Bounds",
-    "ClickHouseAccess",
     "Difference",
     "FoldState",
     "GenerationReplay",
@@ -101,7 +93,6 @@ __all__ = [
     "generation_dsn",
     "next_generation",
     "open_client",
-    "redact_dsn",
     "run_query",
     "verify_counters",
     "write_new_snapshot",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess
+from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from runtime.net import is_loopback
 from runtime.replication import FOLLOW_CLUSTER, ReplicationPolicy

@@ -1,7 +1,8 @@
 """The runtime kit every room shares: how a process talks to Kafka and keeps its edges.
 
 ``schemas/`` is the contract (what two stages must agree on); this package is the I/O
-they have in common: Kafka clients' security and preflight (``kafka.py``), topics read to
+they have in common: Kafka clients' security and preflight (``kafka.py``), how to reach a ClickHouse
+server over HTTPS (``clickhouse_access.py``), topics read to
 their end (``topic_reader.py``), replication plans (``replication.py``), the ACLs of each
 role (``acls.py``), loopback checks (``net.py``), quiet and redacted HTTP logs
 (``http_log.py``), pipelined requests after a half-close (``half_close.py``), secret
@@ -17,6 +18,7 @@ from runtime.faces import lazy_names
 
 if TYPE_CHECKING:
     from runtime.acls import ROLES, AclBinding, role_bindings
+    from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
     from runtime.half_close import AnswerAfterHalfClose
     from runtime.http_log import expose_malformed_requests, install_log_redaction, redact
     from runtime.kafka import PLAINTEXT, KafkaSecurity, preflight, topic_partitions
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
 
 #: each public name and the module that defines it
 _HOMES: dict[str, str] = {
+    "ClickHouseAccess": "runtime.clickhouse_access",
+    "DEFAULT_ACCESS": "runtime.clickhouse_access",
+    "redact_dsn": "runtime.clickhouse_access",
     "AclBinding": "runtime.acls",
     "AnswerAfterHalfClose": "runtime.half_close",
     "FOLLOW_CLUSTER": "runtime.replication",
@@ -71,6 +76,7 @@ _HOMES: dict[str, str] = {
 }
 
 __all__ = [
+    "DEFAULT_ACCESS",
     "FOLLOW_CLUSTER",
     "LOOPBACK_HOSTS",
     "PLAINTEXT",
@@ -78,6 +84,7 @@ __all__ = [
     "ROLES",
     "AclBinding",
     "AnswerAfterHalfClose",
+    "ClickHouseAccess",
     "KafkaSecurity",
     "ReplicationPlan",
     "ReplicationPolicy",
@@ -93,6 +100,7 @@ __all__ = [
     "read_latest_values",
     "read_until",
     "redact",
+    "redact_dsn",
     "replication_problems",
     "resolve_plan",
     "role_bindings",

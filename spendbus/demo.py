@@ -38,10 +38,10 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from aggregator import redact_dsn
 from enforcer import Enforcer, EnforcerConfig
 from ingest.gateway import Gateway, GatewayServer, parse_config
 from ingest.publisher import PublisherConfig, UsagePublisher
+from runtime.clickhouse_access import redact_dsn
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE

@@ -67,7 +67,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from aggregator import ClickHouseAccess
+from runtime.clickhouse_access import ClickHouseAccess
 from runtime.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
 from runtime.private_files import check_secret_file
 from runtime.replication import ReplicationPolicy

@@ -33,7 +33,7 @@ from aiokafka.errors import KafkaError
 
 from aggregator.counting.fold import CounterState, apply
 from aggregator.replay.snapshots import FoldState
-from aggregator.sink.access import ClickHouseAccess
+from runtime.clickhouse_access import ClickHouseAccess
 from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from runtime.topic_reader import TopicReader, read_latest_values
 from schemas.budgets import Budget, applicable

@@ -55,7 +55,7 @@ from aggregator.replay.snapshots import (
     seed_generation,
     snapshot_from_records,
 )
-from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess
+from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from runtime.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from runtime.topic_reader import read_latest_values

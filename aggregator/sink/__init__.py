@@ -3,8 +3,7 @@
 The library (analyst schema, exactly-once writes, example queries: ``clickhouse.py``,
 ``store.py``, ``query.py``, ``errors.py``), the guard of ``/sql`` (``guard.py``) and the
 embedded engine's own process (``engine_*.py``, ``landlock.py``); beside them the
-worker's side: the sink stage (``stage.py``), the store opened once (``writer.py``,
-``access.py``), the sink in a process of its own (``process.py``, ``link.py``,
+worker's side: the sink stage (``stage.py``), the store opened once (``writer.py``), the sink in a process of its own (``process.py``, ``link.py``,
 ``wire.py``) and the one sink per embedded store (``owner.py``). Reads nothing but
 ``schemas/`` and ClickHouse; the flush order and its failure modes: README.md here.
 """
@@ -16,7 +15,6 @@ from typing import TYPE_CHECKING
 from runtime.faces import lazy_names
 
 if TYPE_CHECKING:
-    from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
     from aggregator.sink.clickhouse import (
         USAGE_COLUMNS,
         VERDICT_COLUMNS,
@@ -40,11 +38,9 @@ if TYPE_CHECKING:
 
 #: each public name and the module that defines it
 _HOMES: dict[str, str] = {
-    "ClickHouseAccess": "aggregator.sink.access",
     "ClickHouseSink": "aggregator.sink.clickhouse",
     "ClickHouseWriter": "aggregator.sink.writer",
     "DDL_DIR": "aggregator.sink.store",
-    "DEFAULT_ACCESS": "aggregator.sink.access",
     "DataPathInUse": "aggregator.sink.errors",
     "EXAMPLE_QUERIES": "aggregator.sink.query",
     "ROLLUP_DRIFT": "aggregator.sink.query",
@@ -60,7 +56,6 @@ _HOMES: dict[str, str] = {
     "check_embedded_sink": "aggregator.sink.owner",
     "open_client": "aggregator.sink.store",
     "rebuild_rollups": "aggregator.sink.store",
-    "redact_dsn": "aggregator.sink.access",
     "rows_from_priced": "aggregator.sink.clickhouse",
     "rows_from_verdicts": "aggregator.sink.clickhouse",
     "run_query": "aggregator.sink.query",
@@ -69,12 +64,10 @@ _HOMES: dict[str, str] = {
 
 __all__ = [
     "DDL_DIR",
-    "DEFAULT_ACCESS",
     "EXAMPLE_QUERIES",
     "ROLLUP_DRIFT",
     "USAGE_COLUMNS",
     "VERDICT_COLUMNS",
-    "ClickHouseAccess",
     "ClickHouseSink",
     "ClickHouseWriter",
     "DataPathInUse",
@@ -88,7 +81,6 @@ __all__ = [
     "check_embedded_sink",
     "open_client",
     "rebuild_rollups",
-    "redact_dsn",
     "rows_from_priced",
     "rows_from_verdicts",
     "run_query",

@@ -9,7 +9,7 @@ The one setting is a DSN:
   same DSN twice works; a different path fails until every client of the first
   one is closed.
 - ``http(s)://user:pass@host:8123/db``: a ClickHouse server. Over ``https://`` the
-  :class:`~aggregator.sink.access.ClickHouseAccess` passed as ``access`` gives the CA,
+  :class:`~runtime.clickhouse_access.ClickHouseAccess` passed as ``access`` gives the CA,
   verification, a client certificate and the password (kept out of the DSN, never shown).
 
 Results come back with time-zone-aware datetimes (``tz_mode="aware"``).
@@ -27,8 +27,8 @@ from urllib.parse import urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
-from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
 from aggregator.sink.errors import DataPathInUse, SinkRejected, translate
+from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
 from schemas.errors import ConfigError
 
 #: the DDL, package data of this module (a wheel carries it; infra/clickhouse/README.md explains it)

@@ -17,12 +17,12 @@ from typing import Any, Protocol, cast
 from clickhouse_connect.driver.client import Client
 
 from aggregator.metrics import Metrics
-from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess
 from aggregator.sink.clickhouse import ClickHouseSink
 from aggregator.sink.engine_link import EngineLink
 from aggregator.sink.errors import SinkError, SinkUnavailable
 from aggregator.sink.guard import KILL_GRACE_SECONDS, READ_ONLY_SESSION, QueryGuard
 from aggregator.sink.store import apply_schema, chdb_path, open_client
+from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import sys
 import click
 from rich.console import Console
 
-from aggregator import redact_dsn
+from runtime.clickhouse_access import redact_dsn
 from spendbus.settings import load_settings
 from spendbus.stack.local import LocalStack, worker_process
 

@@ -53,7 +53,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aggregator import ClickHouseAccess
+from runtime.clickhouse_access import ClickHouseAccess
 from runtime.replication import ReplicationProblem
 from schemas.errors import ConfigError
 from schemas.topics import Topics

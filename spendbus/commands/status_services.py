@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from aggregator import ClickHouseAccess, redact_dsn
+from runtime.clickhouse_access import ClickHouseAccess, redact_dsn
 
 T = TypeVar("T")
 

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from aggregator.sink.access import ClickHouseAccess
 from aggregator.sink.errors import SinkRejected
 from aggregator.sink.store import open_client
+from runtime.clickhouse_access import ClickHouseAccess
 from schemas.errors import ConfigError
 from spendbus.commands.status_services import clickhouse_report
 from spendbus.settings import load_settings
@@ -288,7 +288,7 @@ def test_access_options_that_do_not_fit_the_dsn_are_refused(tmp_path: Path) -> N
 
 def test_a_password_in_the_dsn_stays_out_of_reprs_and_printed_dsns() -> None:
     from aggregator.config import AggregatorConfig
-    from aggregator.sink.access import redact_dsn
+    from runtime.clickhouse_access import redact_dsn
 
     dsn = f"https://{USER}:{PASSWORD}@clickhouse.internal:8443/default"
     settings = load_settings({"CLICKHOUSE_DSN": dsn})

@@ -97,13 +97,10 @@ def test_public_names() -> None:
             "run_query",
             "split_statements",
             # the worker's side of the sink, beside the library
-            "DEFAULT_ACCESS",
-            "ClickHouseAccess",
             "ClickHouseWriter",
             "SinkLink",
             "SinkStage",
             "StoreAccess",
             "check_embedded_sink",
-            "redact_dsn",
         ]
     )
