@@ -220,15 +220,15 @@ class Checker:
         for plan in self._plans(ctx):
             if plan.match and not plan.matches(canon):
                 continue
-            cid, many = counter_ids(plan, ctx)
-            if cid is None:
+            counter_id, many = counter_ids(plan, ctx)
+            if counter_id is None:
                 continue
             if plan.period_from_us <= now_us < plan.period_until_us:
                 period = plan.period
                 end_us = plan.period_end_us
             else:
                 period, end_us = plan.current_period(now_us)
-            self._count(tally, plan, cid, period, end_us)
+            self._count(tally, plan, counter_id, period, end_us)
             if many is not None:
                 for next_key in range(1, len(many)):
                     self._count(tally, plan, many[next_key], period, end_us)
@@ -249,7 +249,7 @@ class Checker:
         return plans
 
     def _count(
-        self, tally: Tally, plan: Plan, cid: CounterId, period: str, end_us: int | None
+        self, tally: Tally, plan: Plan, counter_id: CounterId, period: str, end_us: int | None
     ) -> None:
         """One counter: its limits, spend and state; whether it refuses; its row.
 
@@ -260,31 +260,33 @@ class Checker:
         granted = None
         raised = tally.raised
         if raised and plan.budget_id in raised:
-            granted = tally.raises.active(plan.budget_id, cid[1:], tally.now_us)
+            granted = tally.raises.active(plan.budget_id, counter_id[1:], tally.now_us)
         if granted is None:
-            ln = plan.limit_nanos
-            lt = plan.limit_tokens
-            lr = plan.limit_requests
+            limit_nanos = plan.limit_nanos
+            limit_tokens = plan.limit_tokens
+            limit_requests = plan.limit_requests
         else:
-            ln, lt, lr = granted.limits(plan.limit_nanos, plan.limit_tokens, plan.limit_requests)
-        verdict = tally.verdicts.get(cid)
+            limit_nanos, limit_tokens, limit_requests = granted.limits(
+                plan.limit_nanos, plan.limit_tokens, plan.limit_requests
+            )
+        verdict = tally.verdicts.get(counter_id)
         if verdict is not None and verdict.period == period:
-            sn = verdict.spent_nanos
-            st = verdict.spent_tokens
-            sr = verdict.spent_requests
-        elif tally.ahead and (promoted := self.state.promote(cid, period)) is not None:
+            spent_nanos = verdict.spent_nanos
+            spent_tokens = verdict.spent_tokens
+            spent_requests = verdict.spent_requests
+        elif tally.ahead and (promoted := self.state.promote(counter_id, period)) is not None:
             # a verdict received before our clock reached its period: current now
             verdict = promoted
-            sn = verdict.spent_nanos
-            st = verdict.spent_tokens
-            sr = verdict.spent_requests
+            spent_nanos = verdict.spent_nanos
+            spent_tokens = verdict.spent_tokens
+            spent_requests = verdict.spent_requests
         else:
-            sn = st = sr = 0
-        hn = ht = hr = 0
+            spent_nanos = spent_tokens = spent_requests = 0
+        held_nanos = held_tokens = held_requests = 0
         if (
-            (ln is not None and sn >= ln)
-            or (lt is not None and st >= lt)
-            or (lr is not None and sr >= lr)
+            (limit_nanos is not None and spent_nanos >= limit_nanos)
+            or (limit_tokens is not None and spent_tokens >= limit_tokens)
+            or (limit_requests is not None and spent_requests >= limit_requests)
         ):
             state = EXCEEDED_I
         elif (
@@ -303,19 +305,19 @@ class Checker:
                 # this request's worst case and this replica's holds, scaled to all
                 # replicas, within what is left; else refused as unpriced, too large or
                 # in flight (inline: a call per counter cost more than this reads)
-                cp = (cid, period)
+                counter_period = (counter_id, period)
                 held: CounterHolds | None = None
                 if tally.look_up_holds:
-                    held = tally.held.get(cp)
+                    held = tally.held.get(counter_period)
                     if held is not None:
-                        hn = held.nanos
-                        ht = held.tokens
-                        hr = held.requests
+                        held_nanos = held.nanos
+                        held_tokens = held.tokens
+                        held_requests = held.requests
                 if tally.in_flight:
                     if tally.est_tokens < 0:
                         tally.est_input, tally.est_output = self.estimate_tokens(tally.ctx)
                         tally.est_tokens = tally.est_input + tally.est_output
-                    if ln is not None and tally.est_nanos < 0:
+                    if limit_nanos is not None and tally.est_nanos < 0:
                         tally.est_nanos = self.estimates.nanos(
                             tally.ctx.model or "",
                             tally.est_input,
@@ -334,29 +336,55 @@ class Checker:
                         # a cost that cannot be priced cannot be held against the limit
                         state = UNPRICED_I
                     elif (
-                        (ln is not None and sn + share * (hn + est_nanos) > ln)
-                        or (lt is not None and st + share * (ht + est_tokens) > lt)
-                        or (lr is not None and sr + share * (hr + 1) > lr)
+                        (
+                            limit_nanos is not None
+                            and spent_nanos + share * (held_nanos + est_nanos) > limit_nanos
+                        )
+                        or (
+                            limit_tokens is not None
+                            and spent_tokens + share * (held_tokens + est_tokens) > limit_tokens
+                        )
+                        or (
+                            limit_requests is not None
+                            and spent_requests + share * (held_requests + 1) > limit_requests
+                        )
                     ):
                         # refused: because of what is in flight, or because this request's
                         # worst case alone does not fit (then waiting for the holds to
                         # settle cannot help)
                         if (
-                            (ln is not None and sn + share * est_nanos > ln)
-                            or (lt is not None and st + share * est_tokens > lt)
-                            or (lr is not None and sr + share > lr)
+                            (
+                                limit_nanos is not None
+                                and spent_nanos + share * est_nanos > limit_nanos
+                            )
+                            or (
+                                limit_tokens is not None
+                                and spent_tokens + share * est_tokens > limit_tokens
+                            )
+                            or (
+                                limit_requests is not None
+                                and spent_requests + share > limit_requests
+                            )
                         ):
                             state = TOO_LARGE_I
                         else:
                             state = IN_FLIGHT_I
                     else:
-                        tally.to_hold.append(cp)
+                        tally.to_hold.append(counter_period)
                         tally.found.append(held)
             if (
                 state == OK_I
-                and (sn or st or sr)
+                and (spent_nanos or spent_tokens or spent_requests)
                 and plan.alert_min is not None
-                and alert_reached(plan, ln, lt, lr, sn, st, sr)
+                and alert_reached(
+                    plan,
+                    limit_nanos,
+                    limit_tokens,
+                    limit_requests,
+                    spent_nanos,
+                    spent_tokens,
+                    spent_requests,
+                )
             ):
                 state = ALERT_I
         if tally.reserve:
@@ -369,22 +397,22 @@ class Checker:
             tally.rated.append(len(tally.rows))
         tally.rows.append(
             CounterStatus(
-                plan,
-                cid,
-                period,
-                end_us,
-                verdict,
-                sn,
-                st,
-                sr,
-                hn,
-                ht,
-                hr,
-                state,
-                ln,
-                lt,
-                lr,
-                granted,
+                plan=plan,
+                counter_id=counter_id,
+                period=period,
+                end_us=end_us,
+                verdict=verdict,
+                spent_nanos=spent_nanos,
+                spent_tokens=spent_tokens,
+                spent_requests=spent_requests,
+                held_nanos=held_nanos,
+                held_tokens=held_tokens,
+                held_requests=held_requests,
+                state_i=state,
+                limit_nanos=limit_nanos,
+                limit_tokens=limit_tokens,
+                limit_requests=limit_requests,
+                granted=granted,
             )
         )
 
@@ -536,28 +564,43 @@ class Checker:
         """Verdicts not loaded or stale: fail_mode decides requests an enforce budget covers."""
         reason = self.stale_reason(now_us) or "stale"
         index = self.index
-        hits = [(plan, cid) for plan in index.plans(ctx) for cid in plan.keys(ctx)]
+        hits = [(plan, counter_id) for plan in index.plans(ctx) for counter_id in plan.keys(ctx)]
         if reason != "not_ready" and not any([plan.enforce for plan, _ in hits]):
             return self._evaluate(ctx, now_us, reserve, True)  # warn budgets never block
         closed = self.config.fail_mode == "closed"
         state = FAILED_CLOSED_I if closed else FAILED_OPEN_I
         rows: list[CounterStatus] = []
         first = -1
-        for plan, cid in hits:
+        for plan, counter_id in hits:
             period, end_us = plan.current_period(now_us)
             if first < 0 and plan.enforce:
                 first = len(rows)
             if reserve:
                 plan.counts[state] += 1
-            granted = self.state.raises.active(plan.budget_id, cid[1:], now_us)
-            ln, lt, lr = (
+            granted = self.state.raises.active(plan.budget_id, counter_id[1:], now_us)
+            limit_nanos, limit_tokens, limit_requests = (
                 (plan.limit_nanos, plan.limit_tokens, plan.limit_requests)
                 if granted is None
                 else granted.limits(plan.limit_nanos, plan.limit_tokens, plan.limit_requests)
             )
             rows.append(
                 CounterStatus(
-                    plan, cid, period, end_us, None, 0, 0, 0, 0, 0, 0, state, ln, lt, lr, granted
+                    plan=plan,
+                    counter_id=counter_id,
+                    period=period,
+                    end_us=end_us,
+                    verdict=None,
+                    spent_nanos=0,
+                    spent_tokens=0,
+                    spent_requests=0,
+                    held_nanos=0,
+                    held_tokens=0,
+                    held_requests=0,
+                    state_i=state,
+                    limit_nanos=limit_nanos,
+                    limit_tokens=limit_tokens,
+                    limit_requests=limit_requests,
+                    granted=granted,
                 )
             )
         if log.isEnabledFor(logging.DEBUG):
