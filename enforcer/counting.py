@@ -72,7 +72,8 @@ class Counting:
     def count(
         self, tally: Tally, plan: Plan, counter_id: CounterId, period: str, end_us: int | None
     ) -> None:
-        """One counter: its row, its state; whether it refuses.
+        """One counter: its row and its state (exhausted, a session past the key's bound,
+        what holding this request says (:meth:`_hold`), alerting or ok); whether it refuses.
 
         The limits checked are the budget's, or those of its counter's raise now
         (``raised`` lists the budgets with raises: one dict lookup when none has one); the
@@ -120,7 +121,39 @@ class Counting:
             limit_requests=limit_requests,
             granted=granted,
         )
-        state = self._state(tally, plan, row)
+        if (
+            (limit_nanos is not None and spent_nanos >= limit_nanos)
+            or (limit_tokens is not None and spent_tokens >= limit_tokens)
+            or (limit_requests is not None and spent_requests >= limit_requests)
+        ):
+            state = EXCEEDED_I
+        elif (
+            plan.kind == KIND_SESSION
+            and verdict is None
+            and plan.enforce
+            and tally.in_flight
+            and not self.sessions.admits(tally.ctx, tally.now_us, tally.reserve)
+        ):
+            # a session id new to the key past the key's bound: its own counter would be
+            # one more for every id a client makes up, each escaping the session budget
+            state = SESSIONS_I
+        else:
+            state = self._hold(tally, plan, row) if plan.holdable else OK_I
+            if (
+                state == OK_I
+                and (spent_nanos or spent_tokens or spent_requests)
+                and plan.alert_min is not None
+                and alert_reached(
+                    plan,
+                    limit_nanos,
+                    limit_tokens,
+                    limit_requests,
+                    spent_nanos,
+                    spent_tokens,
+                    spent_requests,
+                )
+            ):
+                state = ALERT_I
         row.state_i = state
         if tally.reserve:
             plan.counts[state] += 1
@@ -131,49 +164,6 @@ class Counting:
                 tally.rated = []
             tally.rated.append(len(tally.rows))
         tally.rows.append(row)
-
-    def _state(self, tally: Tally, plan: Plan, row: CounterStatus) -> int:
-        """The counter's state (an index into STATE_NAMES): exhausted, a session past the
-        key's bound, what holding this request says (:meth:`_hold`), alerting or ok."""
-        limit_nanos = row.limit_nanos
-        limit_tokens = row.limit_tokens
-        limit_requests = row.limit_requests
-        spent_nanos = row.spent_nanos
-        spent_tokens = row.spent_tokens
-        spent_requests = row.spent_requests
-        if (
-            (limit_nanos is not None and spent_nanos >= limit_nanos)
-            or (limit_tokens is not None and spent_tokens >= limit_tokens)
-            or (limit_requests is not None and spent_requests >= limit_requests)
-        ):
-            return EXCEEDED_I
-        if (
-            plan.kind == KIND_SESSION
-            and row.verdict is None
-            and plan.enforce
-            and tally.in_flight
-            and not self.sessions.admits(tally.ctx, tally.now_us, tally.reserve)
-        ):
-            # a session id new to the key past the key's bound: its own counter would be
-            # one more for every id a client makes up, each escaping the session budget
-            return SESSIONS_I
-        state = self._hold(tally, plan, row) if plan.holdable else OK_I
-        if (
-            state == OK_I
-            and (spent_nanos or spent_tokens or spent_requests)
-            and plan.alert_min is not None
-            and alert_reached(
-                plan,
-                limit_nanos,
-                limit_tokens,
-                limit_requests,
-                spent_nanos,
-                spent_tokens,
-                spent_requests,
-            )
-        ):
-            return ALERT_I
-        return state
 
     def _hold(self, tally: Tally, plan: Plan, row: CounterStatus) -> int:
         """This replica's holds on the counter (into ``row``) and, checking, whether this
