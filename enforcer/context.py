@@ -105,9 +105,85 @@ def _units(value: Any) -> dict[str, int]:
     return out
 
 
-def _count(name: str, value: Any, bound: int) -> None:
+def _check_count(name: str, value: Any, bound: int) -> None:
     if type(value) is not int or not 0 <= value <= bound:
         raise InvalidContext(name, f"an integer in 0..{bound} or null")
+
+
+def _org_and_secret(org_id: Any, secret_id: Any) -> tuple[str, str]:
+    """The canonical org (interned) and secret, required non-blank strings."""
+    if type(org_id) is not str or len(org_id) > MAX_ID_LENGTH or not (org := org_id.strip()):
+        _required("org_id", org_id)  # raises the precise error
+        raise AssertionError  # unreachable: _required raised
+    if type(secret_id) is not str or len(secret_id) > MAX_ID_LENGTH:
+        _required("secret_id", secret_id)
+    secret = secret_id.strip()
+    if not secret:
+        _required("secret_id", secret_id)
+    if _LOWER_ORG:
+        org = org.lower()
+    if _LOWER_SECRET:
+        secret = secret.lower()
+    # the state holds orgs interned: lookups compare them by identity
+    return sys.intern(org), secret
+
+
+def _groups(groups: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The groups as given (a tuple) and their canonical values, each once, in order."""
+    if type(groups) is not tuple:
+        if type(groups) is not list:
+            raise InvalidContext("groups", "must be a list of strings")
+        groups = tuple(groups)
+    group: tuple[str, ...] = ()
+    if groups:
+        if len(groups) > MAX_GROUPS:
+            raise InvalidContext("groups", f"more than {MAX_GROUPS} groups")
+        for g in groups:
+            if type(g) is not str or len(g) > MAX_ID_LENGTH:
+                raise InvalidContext("groups", f"each group a string of <= {MAX_ID_LENGTH}")
+        if len(groups) == 1:
+            one = groups[0].strip().lower() if _LOWER_GROUP else groups[0].strip()
+            if one:
+                group = (one,)
+        else:
+            group = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
+    return groups, group
+
+
+def _tags(tags: Any, canon: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """The tags (a copy), each one's canonical value put into ``canon`` as ``tag:<name>``."""
+    if not isinstance(tags, Mapping):
+        raise InvalidContext("tags", "must be a map of string to string")
+    if len(tags) > MAX_TAGS:
+        raise InvalidContext("tags", f"more than {MAX_TAGS} tags")
+    copied = dict(tags)
+    for name, value in copied.items():
+        if type(name) is not str or type(value) is not str:
+            raise InvalidContext("tags", "must be a map of string to string")
+        if len(name) > MAX_ID_LENGTH or len(value) > MAX_ID_LENGTH:
+            raise InvalidContext("tags", f"keys and values of <= {MAX_ID_LENGTH} characters")
+        canon[f"tag:{name}"] = _present(canonical_id(value))
+    return copied
+
+
+def _check_sizes(
+    input_tokens: Any, request_bytes: Any, max_output_tokens: Any, candidates: Any
+) -> None:
+    """The request's token, byte and candidate counts are null or in the contract's range."""
+    if input_tokens is not None and (
+        type(input_tokens) is not int or not 0 <= input_tokens <= MAX_TOKENS_PER_EVENT
+    ):
+        _check_count("input_tokens", input_tokens, MAX_TOKENS_PER_EVENT)
+    if request_bytes is not None:
+        _check_count("request_bytes", request_bytes, MAX_REQUEST_BYTES)
+    if max_output_tokens is not None and (
+        type(max_output_tokens) is not int or not 0 <= max_output_tokens <= MAX_TOKENS_PER_EVENT
+    ):
+        _check_count("max_output_tokens", max_output_tokens, MAX_TOKENS_PER_EVENT)
+    if candidates is not None and (
+        type(candidates) is not int or not 1 <= candidates <= MAX_CANDIDATES
+    ):
+        raise InvalidContext("candidates", f"must be an integer in [1, {MAX_CANDIDATES}]")
 
 
 class Context:
@@ -182,39 +258,10 @@ class Context:
         units: Any = None,
     ) -> None:
         # built once per request: one dict literal (sized once), no call for an absent
-        # field, the contract's canonical_id inlined (the property test against
+        # optional id, the contract's canonical_id inlined (the property test against
         # ``applicable`` holds the two equal)
-        if type(org_id) is not str or len(org_id) > MAX_ID_LENGTH or not (org := org_id.strip()):
-            _required("org_id", org_id)  # raises the precise error
-            raise AssertionError  # unreachable: _required raised
-        if type(secret_id) is not str or len(secret_id) > MAX_ID_LENGTH:
-            _required("secret_id", secret_id)
-        secret = secret_id.strip()
-        if not secret:
-            _required("secret_id", secret_id)
-        if _LOWER_ORG:
-            org = org.lower()
-        if _LOWER_SECRET:
-            secret = secret.lower()
-        # the state holds orgs interned: lookups compare them by identity
-        org = sys.intern(org)
-        if type(groups) is not tuple:
-            if type(groups) is not list:
-                raise InvalidContext("groups", "must be a list of strings")
-            groups = tuple(groups)
-        group: tuple[str, ...] = ()
-        if groups:
-            if len(groups) > MAX_GROUPS:
-                raise InvalidContext("groups", f"more than {MAX_GROUPS} groups")
-            for g in groups:
-                if type(g) is not str or len(g) > MAX_ID_LENGTH:
-                    raise InvalidContext("groups", f"each group a string of <= {MAX_ID_LENGTH}")
-            if len(groups) == 1:
-                one = groups[0].strip().lower() if _LOWER_GROUP else groups[0].strip()
-                if one:
-                    group = (one,)
-            else:  # each group once, in order
-                group = tuple(dict.fromkeys(c for g in groups if (c := canonical_id(g))))
+        org, secret = _org_and_secret(org_id, secret_id)
+        groups, group = _groups(groups)
         users = () if user_id is None else _id("user_id", user_id)
         sessions = () if session_id is None else _id("session_id", session_id)
         canon: dict[str, tuple[str, ...]] = {
@@ -230,38 +277,8 @@ class Context:
             "model": () if model is None else _id("model", model),
             "group": group,
         }
-        if tags:
-            if not isinstance(tags, Mapping):
-                raise InvalidContext("tags", "must be a map of string to string")
-            if len(tags) > MAX_TAGS:
-                raise InvalidContext("tags", f"more than {MAX_TAGS} tags")
-            tags = dict(tags)
-            for k, v in tags.items():
-                if type(k) is not str or type(v) is not str:
-                    raise InvalidContext("tags", "must be a map of string to string")
-                if len(k) > MAX_ID_LENGTH or len(v) > MAX_ID_LENGTH:
-                    raise InvalidContext(
-                        "tags", f"keys and values of <= {MAX_ID_LENGTH} characters"
-                    )
-                canon[f"tag:{k}"] = _present(canonical_id(v))
-        elif tags is None or isinstance(tags, Mapping):
-            tags = {}
-        else:
-            raise InvalidContext("tags", "must be a map of string to string")
-        if input_tokens is not None and (
-            type(input_tokens) is not int or not 0 <= input_tokens <= MAX_TOKENS_PER_EVENT
-        ):
-            _count("input_tokens", input_tokens, MAX_TOKENS_PER_EVENT)
-        if request_bytes is not None:
-            _count("request_bytes", request_bytes, MAX_REQUEST_BYTES)
-        if max_output_tokens is not None and (
-            type(max_output_tokens) is not int or not 0 <= max_output_tokens <= MAX_TOKENS_PER_EVENT
-        ):
-            _count("max_output_tokens", max_output_tokens, MAX_TOKENS_PER_EVENT)
-        if candidates is not None and (
-            type(candidates) is not int or not 1 <= candidates <= MAX_CANDIDATES
-        ):
-            raise InvalidContext("candidates", f"must be an integer in [1, {MAX_CANDIDATES}]")
+        tags = {} if tags is None else _tags(tags, canon)
+        _check_sizes(input_tokens, request_bytes, max_output_tokens, candidates)
         self.org_id = org_id
         self.secret_id = secret_id
         self.project_id = project_id

@@ -1,6 +1,7 @@
-"""Worst-case cost estimates of requests, cached until prices or time move on.
+"""Worst-case estimates of requests: their tokens, and their cost cached until prices
+or time move on.
 
-A check prices the request's worst case (input estimate + max output) with the
+:func:`request_tokens` is a request's input estimate and max output. A check prices the request's worst case (input estimate + max output) with the
 price book in force; :class:`PriceEstimates` keeps the answers per (model,
 input tokens, max output), the last one in front, and whether a model has no
 price at all, all dropped when a new price version arrives or the next table
@@ -11,10 +12,15 @@ from __future__ import annotations
 
 from typing import Final, final
 
+from enforcer.context import Context
 from enforcer.plans import NEVER_US, epoch_micros
 from enforcer.state import EnforcerState
 from schemas.periods import from_micros
+from schemas.usage import MAX_TOKENS_PER_EVENT
 
+#: a request's input is estimated at one token per this many bytes when no token
+#: estimate is given (typical text runs ~4 bytes/token: 3 errs on the side of holding more)
+BYTES_PER_TOKEN_ESTIMATE: Final = 3
 #: estimates cached per (model, input tokens, max output) until prices or time move on
 ESTIMATE_CACHE_SIZE: Final = 4096
 
@@ -99,3 +105,21 @@ class PriceEstimates:
             table = self.state.prices.table_at(from_micros(now_us))
             unpriced = self._unpriced[model] = table is None or table.resolve(model) is None
         return unpriced
+
+
+def request_tokens(ctx: Context, default_output: int) -> tuple[int, int]:
+    """(input estimate, max output) of the request, in tokens: the max output is per
+    candidate (``n``), so the worst case counts every candidate's."""
+    if ctx.input_tokens is not None:
+        input_tokens = ctx.input_tokens
+    elif ctx.request_bytes:
+        input_tokens = min(MAX_TOKENS_PER_EVENT, -(-ctx.request_bytes // BYTES_PER_TOKEN_ESTIMATE))
+    else:
+        input_tokens = 0
+    output = ctx.max_output_tokens
+    if output is None:
+        output = default_output
+    candidates = ctx.candidates
+    if candidates is not None and candidates > 1:
+        output = min(MAX_TOKENS_PER_EVENT, output * candidates)
+    return input_tokens, output

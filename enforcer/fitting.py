@@ -45,13 +45,13 @@ def fitting_max_tokens(
         plan = row.plan
         if not plan.holdable:
             continue
-        lt = row.limit_tokens
-        if lt is not None:
-            room = (lt - row.spent_tokens) // share - row.held_tokens - input_tokens
+        limit_tokens = row.limit_tokens
+        if limit_tokens is not None:
+            room = (limit_tokens - row.spent_tokens) // share - row.held_tokens - input_tokens
             guess = min(guess, room)
-        ln = row.limit_nanos
-        if ln is not None and slope > 0:
-            room_nanos = (ln - row.spent_nanos) / share - row.held_nanos - base
+        limit_nanos = row.limit_nanos
+        if limit_nanos is not None and slope > 0:
+            room_nanos = (limit_nanos - row.spent_nanos) / share - row.held_nanos - base
             guess = min(guess, int(room_nanos / slope))
     guess = max(0, guess)
     # fits(low), not fits(high): the request was refused at max_output
@@ -89,17 +89,20 @@ def fits(
             continue
         if row.state_i == EXCEEDED_I:
             return False
-        lr = row.limit_requests
-        if lr is not None and row.spent_requests + share * (row.held_requests + 1) > lr:
-            return False
-        lt = row.limit_tokens
+        limit_requests = row.limit_requests
         if (
-            lt is not None
-            and row.spent_tokens + share * (row.held_tokens + input_tokens + output) > lt
+            limit_requests is not None
+            and row.spent_requests + share * (row.held_requests + 1) > limit_requests
         ):
             return False
-        ln = row.limit_nanos
-        if ln is not None:
+        limit_tokens = row.limit_tokens
+        if (
+            limit_tokens is not None
+            and row.spent_tokens + share * (row.held_tokens + input_tokens + output) > limit_tokens
+        ):
+            return False
+        limit_nanos = row.limit_nanos
+        if limit_nanos is not None:
             if nanos < 0:
                 nanos = prices.worst_case_nanos(
                     model,
@@ -108,6 +111,6 @@ def fits(
                     max_output_tokens=output,
                     units=units,
                 )
-            if row.spent_nanos + share * (row.held_nanos + nanos) > ln:
+            if row.spent_nanos + share * (row.held_nanos + nanos) > limit_nanos:
                 return False
     return True

@@ -282,20 +282,20 @@ def counter_ids(plan: Plan, ctx: Context) -> tuple[CounterId | None, Sequence[Co
 
 def alert_reached(
     plan: Plan,
-    ln: int | None,
-    lt: int | None,
-    lr: int | None,
-    sn: int,
-    st: int,
-    sr: int,
+    limit_nanos: int | None,
+    limit_tokens: int | None,
+    limit_requests: int | None,
+    spent_nanos: int,
+    spent_tokens: int,
+    spent_requests: int,
 ) -> bool:
     """The counter's largest spent / limit is past the budget's lowest alert threshold."""
     alert_min = plan.alert_min
-    if alert_min is None or not (sn or st or sr):
+    if alert_min is None or not (spent_nanos or spent_tokens or spent_requests):
         return False
-    used = sn / ln if ln else 0.0
-    if lt and st / lt > used:
-        used = st / lt
-    if lr and sr / lr > used:
-        used = sr / lr
+    used = spent_nanos / limit_nanos if limit_nanos else 0.0
+    if limit_tokens and spent_tokens / limit_tokens > used:
+        used = spent_tokens / limit_tokens
+    if limit_requests and spent_requests / limit_requests > used:
+        used = spent_requests / limit_requests
     return used >= alert_min

@@ -17,7 +17,7 @@ from enforcer.state import CounterId
 BURST_FRACTION: Final = 1 / 60
 #: a request bucket holds at least two: with room for one only, the refill that comes
 #: between the bucket filling and the next request is lost, and a saturated replica
-#: admits a few percent under its rate (measured: -9 % at 60 requests/s over 3 replicas)
+#: admits under its rate (bench/bench_rate_limits.py)
 MIN_REQUESTS_BURST: Final = 2.0
 #: buckets kept before the full (idle) ones are dropped
 MAX_BUCKETS: Final = 100_000
@@ -46,7 +46,7 @@ class RateBucket:
 
     def capacity(self, share: int) -> float:
         # tokens: room for the largest request seen, or the refill that comes while the
-        # bucket waits full for the next one is lost (measured: -10 % at 20k tokens/s)
+        # bucket waits full for the next one is lost (the bucket admits under its rate)
         least = self.largest if self.tokens else MIN_REQUESTS_BURST
         return max(least, self.count / share * BURST_FRACTION)
 

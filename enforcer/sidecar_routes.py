@@ -22,6 +22,7 @@ from aiohttp import web
 
 from enforcer.config import EnforcerConfig
 from enforcer.context import Context
+from enforcer.decision import Decision
 from enforcer.errors import InvalidContext
 from enforcer.holds import Holds
 from enforcer.service import Enforcer
@@ -233,92 +234,50 @@ def routes(
     config's ``sidecar_token`` and ``sidecar_tokens``); with none at all every request is
     served as one anonymous caller (:class:`~enforcer.sidecar.Sidecar` listens that way
     only on a unix socket or with ``sidecar_insecure_loopback``)."""
-    config = enforcer.config
     if token is None:
-        tokens = config.sidecar_token_values
+        tokens = enforcer.config.sidecar_token_values
     else:
         tokens = (token,) if isinstance(token, str) else tuple(token)
-    callers = Callers(tuple(t for t in tokens if t))
-    caller_of = callers.of
-    hold_ids = HoldIds(enforcer.holds)
-    # Enforcer.check is this call (compiled) behind an interpreted method: call it directly
-    decide = enforcer.checker.check
-    body_timeout_s = config.sidecar_body_timeout_s
-    in_flight = InFlight(enforcer, config) if config.sidecar_max_in_flight_per_key else None
-    published = enforcer.metrics.published
+    served = Routes(enforcer, refusals, Callers(tuple(t for t in tokens if t)))
+    return {
+        ("POST", "/v1/check"): served.check,
+        ("POST", "/v1/settle"): served.settle,
+        ("GET", "/v1/usage"): served.usage,
+        ("GET", "/v1/spend"): served.usage,
+        ("GET", "/healthz"): served.healthz,
+        ("GET", "/readyz"): served.readyz,
+        ("GET", "/metrics"): served.metrics,
+    }
 
-    async def publish_refusal(event: dict[str, Any]) -> None:
-        """Hand the refusal event to the sink (the ingest publisher spools it: it reaches
-        the broker when it can); a failure is counted and logged, the answer stays."""
-        assert refusals is not None
-        try:
-            await refusals.publish(event)
-        except Exception:
-            published["error"] += 1
-            log.exception("refusal event not published")
-        else:
-            published["ok"] += 1
 
-    async def receive(request: web.BaseRequest) -> bytes:
-        """The body within the body deadline and MAX_BODY, else a 408/413 that closes the
-        connection (nothing of the rest of the body is read)."""
-        declared = request.content_length
-        if declared is not None and declared > MAX_BODY:
-            raise body_refused(413, f"a body of {declared} bytes is over the {MAX_BODY}-byte limit")
-        try:
-            async with asyncio.timeout(body_timeout_s):
-                return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise body_refused(413, f"the body is over the {MAX_BODY}-byte limit") from None
-        except TimeoutError:
-            raise body_refused(
-                408, f"the body was not received within {body_timeout_s:g} s of its head"
-            ) from None
+class Routes:
+    """The sidecar's handlers over one enforcer, with its callers, the hold ids it handed
+    out and the per-key in-flight limit (when configured)."""
 
-    def unauthorized() -> web.Response:
-        """The 401 of a request without an accepted bearer token (checked inline in each
-        route: no middleware layer on the hot path)."""
-        response = error_response(401, "unauthorized", "a valid bearer token is required")
-        response.headers["WWW-Authenticate"] = "Bearer"
-        return response
-
-    def no_such_hold() -> web.Response:
-        """One answer for every hold id that names nothing this caller may settle."""
-        return error_response(
-            404,
-            "unknown_hold",
-            "no hold in flight with this id for this caller (never given, already settled "
-            "or released, expired, or taken with another token)",
+    def __init__(self, enforcer: Enforcer, refusals: UsageSink | None, callers: Callers) -> None:
+        config = enforcer.config
+        self.enforcer = enforcer
+        #: where refusal events go (None: not published)
+        self.refusals = refusals
+        self.caller_of = callers.of
+        self.hold_ids = HoldIds(enforcer.holds)
+        # Enforcer.check is this call (compiled) behind an interpreted method: call it directly
+        self.decide = enforcer.checker.check
+        self.body_timeout_s = config.sidecar_body_timeout_s
+        self.in_flight = (
+            InFlight(enforcer, config) if config.sidecar_max_in_flight_per_key else None
         )
+        self.published = enforcer.metrics.published
 
-    def parse_json(raw: bytes) -> Any:
-        try:
-            return loads(raw)
-        except msgspec.DecodeError:
-            pass
-        except RecursionError:
-            raise invalid_json("nested too deeply to read") from None
-        # what msgspec refuses but the stdlib reads (NaN, ...) gets the same answer as
-        # before: the context's validation says which field is wrong
-        try:
-            return json.loads(raw)
-        except RecursionError:
-            raise invalid_json("nested too deeply to read") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise invalid_json(str(exc)) from None
-
-    async def read_json(request: web.BaseRequest) -> Any:
-        return parse_json(await receive(request))
-
-    async def check(request: web.BaseRequest) -> web.Response:
-        if (caller := caller_of(request)) is None:
+    async def check(self, request: web.BaseRequest) -> web.Response:
+        if (caller := self.caller_of(request)) is None:
             return unauthorized()
         # the common case (the whole body came with the head) reads without a timer
         content = request.content
         if content.is_eof() and (request.content_length or 0) <= MAX_BODY:
             raw = await request.read()
         else:
-            raw = await receive(request)
+            raw = await self.receive(request)
         try:  # the common case without a second coroutine (parse_json has the fallbacks)
             data = loads(raw)
         except (msgspec.DecodeError, RecursionError):
@@ -333,32 +292,39 @@ def routes(
             ctx = Context.from_mapping(data)
         except InvalidContext as exc:
             return error_response(400, "invalid_context", str(exc), field=exc.field)
+        in_flight = self.in_flight
         if in_flight is not None and reserve and not in_flight.admits(ctx.secret_id):
             return json_response(in_flight.refusal(ctx.secret_id))
-        decision = decide(ctx, reserve=reserve)
+        decision = self.decide(ctx, reserve=reserve)
         held = decision.hold_id
         wire_id = None
         if held is not None:
-            wire_id = hold_ids.issue(held, caller)
+            wire_id = self.hold_ids.issue(held, caller)
             if in_flight is not None:
                 in_flight.add(ctx.secret_id, held)
         counters = bool(request.query_string) and request.query.get("counters") == "1"
-        if refusals is not None and reserve and not decision.allowed:
-            out = decision_dict(decision, counters=counters, hold_id=wire_id)
-            event = decision.refusal_event()
-            if event is not None:
-                await publish_refusal(event)
-                out["published"] = True
-            return json_response(out)
+        if self.refusals is not None and reserve and not decision.allowed:
+            return await self.refused(decision, counters, wire_id)
         return web.Response(
             body=decision_json(decision, counters=counters, hold_id=wire_id),
             content_type=JSON_TYPE,
         )
 
-    async def settle(request: web.BaseRequest) -> web.Response:
-        if (caller := caller_of(request)) is None:
+    async def refused(
+        self, decision: Decision, counters: bool, wire_id: str | None
+    ) -> web.Response:
+        """A refusal's answer, its event published first (``published`` says so)."""
+        out = decision_dict(decision, counters=counters, hold_id=wire_id)
+        event = decision.refusal_event()
+        if event is not None:
+            await self.publish_refusal(event)
+            out["published"] = True
+        return json_response(out)
+
+    async def settle(self, request: web.BaseRequest) -> web.Response:
+        if (caller := self.caller_of(request)) is None:
             return unauthorized()
-        data = await read_json(request)
+        data = await self.read_json(request)
         if not isinstance(data, dict):
             return error_response(400, "invalid_settle", "expected a JSON object")
         wire_id = data.get("hold_id")
@@ -370,9 +336,10 @@ def routes(
         usage = data.get("usage")
         if not release and not isinstance(usage, dict):
             return error_response(400, "invalid_settle", "give usage {...} or release: true")
-        hold_id = hold_ids.find(wire_id, caller)
+        hold_id = self.hold_ids.find(wire_id, caller)
         if hold_id is None:
             return no_such_hold()
+        enforcer = self.enforcer
         if release:
             released = enforcer.release(hold_id)
             settled = False
@@ -383,15 +350,15 @@ def routes(
                 settled = enforcer.settle(hold_id, event)
             except ContractError as exc:
                 return error_response(400, "invalid_settle", str(exc))
-        hold_ids.forget(wire_id)
-        if in_flight is not None:
-            in_flight.done(hold_id)
+        self.hold_ids.forget(wire_id)
+        if self.in_flight is not None:
+            self.in_flight.done(hold_id)
         if release:
             return json_response({"settled": False, "released": released})
         return json_response({"settled": settled})
 
-    async def usage(request: web.BaseRequest) -> web.Response:
-        if caller_of(request) is None:
+    async def usage(self, request: web.BaseRequest) -> web.Response:
+        if self.caller_of(request) is None:
             return unauthorized()
         query = request.query
         fields: dict[str, Any] = {}
@@ -414,18 +381,20 @@ def routes(
             ctx = Context.from_mapping(fields)
         except InvalidContext as exc:
             return error_response(400, "invalid_context", str(exc), field=exc.field)
+        enforcer = self.enforcer
         counters = [c.to_json() for c in enforcer.usage(ctx)]
         return json_response(
             {"ready": enforcer.ready, "stale": enforcer.stale, "counters": counters}
         )
 
-    async def healthz(request: web.BaseRequest) -> web.Response:
-        failure = enforcer.follower.failure
+    async def healthz(self, request: web.BaseRequest) -> web.Response:
+        failure = self.enforcer.follower.failure
         if failure is not None:
             return json_response({"status": "failed", "error": repr(failure)}, 500)
         return json_response({"status": "ok"})
 
-    async def readyz(request: web.BaseRequest) -> web.Response:
+    async def readyz(self, request: web.BaseRequest) -> web.Response:
+        enforcer = self.enforcer
         ready, stale = enforcer.ready, enforcer.stale
         body = {
             "ready": ready,
@@ -435,21 +404,78 @@ def routes(
         }
         return json_response(body, 200 if ready and not stale else 503)
 
-    async def metrics(request: web.BaseRequest) -> web.Response:
+    async def metrics(self, request: web.BaseRequest) -> web.Response:
         return web.Response(
-            body=enforcer.metrics.render(),
+            body=self.enforcer.metrics.render(),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
-    return {
-        ("POST", "/v1/check"): check,
-        ("POST", "/v1/settle"): settle,
-        ("GET", "/v1/usage"): usage,
-        ("GET", "/v1/spend"): usage,
-        ("GET", "/healthz"): healthz,
-        ("GET", "/readyz"): readyz,
-        ("GET", "/metrics"): metrics,
-    }
+    async def publish_refusal(self, event: dict[str, Any]) -> None:
+        """Hand the refusal event to the sink (the ingest publisher spools it: it reaches
+        the broker when it can); a failure is counted and logged, the answer stays."""
+        assert self.refusals is not None
+        try:
+            await self.refusals.publish(event)
+        except Exception:
+            self.published["error"] += 1
+            log.exception("refusal event not published")
+        else:
+            self.published["ok"] += 1
+
+    async def receive(self, request: web.BaseRequest) -> bytes:
+        """The body within the body deadline and MAX_BODY, else a 408/413 that closes the
+        connection (nothing of the rest of the body is read)."""
+        declared = request.content_length
+        if declared is not None and declared > MAX_BODY:
+            raise body_refused(413, f"a body of {declared} bytes is over the {MAX_BODY}-byte limit")
+        body_timeout_s = self.body_timeout_s
+        try:
+            async with asyncio.timeout(body_timeout_s):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise body_refused(413, f"the body is over the {MAX_BODY}-byte limit") from None
+        except TimeoutError:
+            raise body_refused(
+                408, f"the body was not received within {body_timeout_s:g} s of its head"
+            ) from None
+
+    async def read_json(self, request: web.BaseRequest) -> Any:
+        return parse_json(await self.receive(request))
+
+
+def unauthorized() -> web.Response:
+    """The 401 of a request without an accepted bearer token (checked inline in each
+    route: no middleware layer on the hot path)."""
+    response = error_response(401, "unauthorized", "a valid bearer token is required")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def no_such_hold() -> web.Response:
+    """One answer for every hold id that names nothing this caller may settle."""
+    return error_response(
+        404,
+        "unknown_hold",
+        "no hold in flight with this id for this caller (never given, already settled "
+        "or released, expired, or taken with another token)",
+    )
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return loads(raw)
+    except msgspec.DecodeError:
+        pass
+    except RecursionError:
+        raise invalid_json("nested too deeply to read") from None
+    # what msgspec refuses but the stdlib reads (NaN, ...) gets the same answer as
+    # before: the context's validation says which field is wrong
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise invalid_json("nested too deeply to read") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid_json(str(exc)) from None
 
 
 def settle_event(usage: dict[str, Any], now_s: float) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import final
 
 from enforcer.context import Context
 from enforcer.counters import CounterStatus
+from enforcer.estimates import request_tokens
 from enforcer.holds import CounterHolds, CounterPeriod
 from enforcer.plans import EXCEEDED_I, NEVER_US, SESSIONS_I, TOO_LARGE_I, UNPRICED_I
 from enforcer.state import EnforcerState
@@ -63,6 +64,12 @@ class Tally:
         self.est_output = 0
         self.est_tokens = -1
         self.est_nanos = -1
+
+    def estimate_tokens(self, default_output: int) -> None:
+        """The request's input estimate and max output, computed when a counter or a rate
+        limit first needs them."""
+        self.est_input, self.est_output = request_tokens(self.ctx, default_output)
+        self.est_tokens = self.est_input + self.est_output
 
     def consider_refusal(self, state: int, end_us: int | None) -> None:
         """The next row refuses: it becomes the refusing one if it is hard and the one so

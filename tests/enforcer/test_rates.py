@@ -109,7 +109,7 @@ def test_a_budget_refusal_takes_nothing_from_the_rate() -> None:
     e, _ = loaded_enforcer([b], [verdict(b, ["acme", "sk-1"], spent_requests=5)])
     for _ in range(3):
         assert e.check(ctx()).decision == "budget_exceeded"
-    assert not e.checker._buckets  # never looked at: the budget refused first
+    assert not e.checker.rate_limits.buckets  # never looked at: the budget refused first
 
 
 def test_tokens_per_minute_take_the_worst_case_and_settle_gives_back_the_rest() -> None:
