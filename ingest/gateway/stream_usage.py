@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any, Final
 
-from ingest.taps import ContentDecoder, DecodeError, json_loads
+from ingest.taps import ContentDecoder, ContentDecodingError, json_loads
 
 #: the longest event held while waiting for its end; past it the rest passes as it comes
 MAX_HELD_EVENT: Final = 1 << 20
@@ -201,7 +201,7 @@ class HiddenUsage:
         self.decoded = False
         try:
             decoder = ContentDecoder(encoding, self._push)
-        except DecodeError:
+        except ContentDecodingError:
             self._passing = True  # unknown encoding: nothing can be read, pass it on
             return
         if not decoder.identity:
@@ -214,7 +214,7 @@ class HiddenUsage:
         if self._decoder is not None:
             try:
                 self._decoder.feed(chunk)
-            except DecodeError:
+            except ContentDecodingError:
                 self._passing = True  # corrupt: what was decoded goes, the rest cannot
                 return self._take()
         else:
@@ -224,7 +224,7 @@ class HiddenUsage:
     def finish(self) -> bytes:
         """What is left at the end: an unfinished event, as it came."""
         if self._decoder is not None and not self._passing:
-            with contextlib.suppress(DecodeError):  # a cut body: what it gave is out
+            with contextlib.suppress(ContentDecodingError):  # a cut body: what it gave is out
                 self._decoder.close()
         self._out += self._held
         self._held.clear()

@@ -18,7 +18,7 @@ def test_public_names() -> None:
         [
             "FORMATS",
             "ContentDecoder",
-            "DecodeError",
+            "ContentDecodingError",
             "EstimatorConfig",
             "RealtimeTap",
             "RequestInfo",
