@@ -34,8 +34,8 @@ from ingest.taps import ContentDecoder, ContentDecodingError, json_loads
 #: the longest event held while waiting for its end; past it the rest passes as it comes
 MAX_HELD_EVENT: Final = 1 << 20
 
-_scan_value: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-_scan_string: Any = json.decoder.scanstring  # type: ignore[attr-defined]
+_scan_value: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # typeshed omits the C scanner's scan_once
+_scan_string: Any = json.decoder.scanstring  # type: ignore[attr-defined]  # typeshed omits json.decoder.scanstring
 _NULL_USAGE = re.compile(r'"usage"[ \t\n\r]*:[ \t\n\r]*null')
 #: an event ends at a blank line: two line ends (CRLF, LF or CR) in a row
 _EVENT_END = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r(?=[^\n]))")

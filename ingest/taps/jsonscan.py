@@ -192,9 +192,9 @@ class JsonPathScanner:
                 path: Path | None = None
                 if top.relevant:
                     if not top.is_obj:
-                        path = (*top.path, "*")  # type: ignore[misc]
+                        path = (*top.path, "*")  # type: ignore[misc]  # a relevant frame has a path (no check on the hot path)
                     elif top.key is not None:
-                        path = (*top.path, top.key)  # type: ignore[misc]
+                        path = (*top.path, top.key)  # type: ignore[misc]  # a relevant frame has a path (no check on the hot path)
                 if len(stack) >= self.max_depth:
                     self._fail(f"JSON nested deeper than {self.max_depth} levels")
                     return
@@ -219,7 +219,7 @@ class JsonPathScanner:
             elif top.is_obj:  # :
                 top.expect_key = False
                 if top.key is not None and self._cap_depth < 0:
-                    wanted = (*top.path, top.key)  # type: ignore[misc]
+                    wanted = (*top.path, top.key)  # type: ignore[misc]  # a key is kept only in a relevant frame, which has a path
                     if wanted in self.paths:
                         self._cap = bytearray()
                         self._cap_path = wanted
