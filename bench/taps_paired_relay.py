@@ -75,8 +75,8 @@ class PairedRelay:
     the client with the first; ``same`` puts both relays on the last core, the client on
     the others. On one core the relays share its caches: the tapping relay's working set
     (the held chunks, the tap's code) evicts the plain relay's, part of the tap's cost is
-    billed to the plain relay, and on a quiet machine the tap read 3-7 % *cheaper* than no
-    tap; split, each pays for its own misses, and the fixed difference between the two
+    billed to the plain relay, and on a quiet machine the tap read *cheaper* than no tap
+    (bench/records/comment_figures_2026-12-07.jsonl); split, each pays for its own misses, and the fixed difference between the two
     cores cancels in the pairs. The relays run SCHED_RR alike where allowed (the one woken
     first runs first, and other processes do not delay them: under normal scheduling the
     relay with less CPU so far ran first, and the other one batched more reads).
