@@ -1,7 +1,8 @@
 """msgspec for the JSON a tap reads, with json's verdict wherever the two could differ.
 
 msgspec's decoder (C) reads bytes without decoding them to ``str`` first and keeps
-integers of any size exact, as json does; it is 3-5x cheaper per document. It is
+integers of any size exact, as json does; it costs a fraction of json per document
+(bench/records/comment_figures_2026-12-07.jsonl). It is
 stricter than json (no NaN/Infinity, no lone surrogates, no numbers beyond a
 double, valid UTF-8 only): whatever it refuses is handed to json, so a document
 json accepts gets json's value and one json refuses gets json's error. Both stop
