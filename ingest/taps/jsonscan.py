@@ -29,7 +29,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .base import CAPTURE_LIMIT, LARGE, Path, loads
+from .base import CAPTURE_LIMIT, LARGE, Path
+from .fastjson import loads
 from .repeats import Repeated, loads_keeping_repeats
 
 _ANY = re.compile(rb'[{}\[\]",:]')
