@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Final
 
 from ingest.errors import SpoolError, SpoolLocked
-# frame and frames_of stay importable from here: the publisher frames its events through it
 from ingest.publisher.spool_frames import SpooledRecord, frame, frames_of, scan_frames
 
 log = logging.getLogger(__name__)
@@ -481,4 +480,5 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+# frame and frames_of stay importable from here: the publisher frames its events through it
 __all__: Sequence[str] = ["Recovery", "Spool", "SpooledRecord", "frame", "frames_of"]
