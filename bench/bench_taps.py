@@ -113,7 +113,7 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.process_time() - start
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--tokens", type=int, default=500, help="output tokens per response")
     parser.add_argument("--repeats", type=int, default=31)
@@ -178,20 +178,61 @@ def main() -> None:
         help="with --work: the cyclic garbage collector off (a collection lands wherever "
         "allocation counts put it, so two trees' counts would differ by where it fell)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     if args.work and args.no_gc:
         gc.disable()
     if args.work:
-        request, events, _ = BUILDERS[args.work](args.tokens)
-        body = json.dumps(request).encode()  # the request as a proxy has it, as in the relay
-        for _ in range(args.work_responses):
-            _tap(args.work, body, events, True, EstimatorConfig())
-        print(
-            json.dumps(
-                {"format": args.work, "responses": args.work_responses, "events": len(events)}
-            )
-        )
+        _work(args.work, args.tokens, args.work_responses)
         return
+    relay_report, in_relay = _in_relay(args)
+    if args.relay_only:
+        relay_report["cpus"] = os.cpu_count()
+        relay_report["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        print(json.dumps({"relay_aiohttp": relay_report}, separators=(",", ":")))
+        return
+    configs = {
+        "parsed": EstimatorConfig(),
+        "payload_bytes": EstimatorConfig(delta_text="payload_bytes"),
+    }
+    formats = _in_process(args.tokens, args.repeats, configs)
+    summary = {
+        fmt: {mode: entry["stream"][mode]["ratio_socket"] for mode in configs}
+        for fmt, entry in formats.items()
+    }
+    report = {
+        "python": sys.version.split()[0],
+        "tokens_per_response": args.tokens,
+        "repeats": args.repeats,
+        "unit": "process CPU microseconds, median of interleaved repeats; per_mib over decoded bytes",
+        "summary": {
+            "stream_tap_added_in_aiohttp_relay": {
+                fmt: row["tap_added_ratio"] for fmt, row in in_relay["formats"].items()
+            },
+            "stream_ratio_socket": summary,
+        },
+        "relay_aiohttp": relay_report,
+        "formats": formats,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(report, separators=(",", ":")))
+
+
+def _work(fmt: str, tokens: int, responses: int) -> None:
+    """``responses`` streamed responses of ``fmt`` through taps, untimed (--work)."""
+    request, events, _ = BUILDERS[fmt](tokens)
+    body = json.dumps(request).encode()  # the request as a proxy has it, as in the relay
+    for _ in range(responses):
+        _tap(fmt, body, events, True, EstimatorConfig())
+    print(json.dumps({"format": fmt, "responses": responses, "events": len(events)}))
+
+
+def _in_relay(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tap in place (PairedRelay): the report's ``relay_aiohttp`` and what it measured."""
     relay_builders = {fmt: BUILDERS[fmt] for fmt in args.relay_formats or BUILDERS}
     relay = PairedRelay(relay_builders, args.tokens, args.pace_ms / 1000, args.round_chunks)
     in_relay = asyncio.run(
@@ -216,19 +257,18 @@ def main() -> None:
         "taps_compiled": _taps_compiled(),
         **in_relay,
     }
-    if args.relay_only:
-        relay_report["cpus"] = os.cpu_count()
-        relay_report["load_avg_1m"] = round(os.getloadavg()[0], 2)
-        print(json.dumps({"relay_aiohttp": relay_report}, separators=(",", ":")))
-        return
+    return relay_report, in_relay
+
+
+def _in_process(
+    tokens: int, repeats: int, configs: dict[str, EstimatorConfig]
+) -> dict[str, dict[str, Any]]:
+    """Per format and case (stream, gzipped stream, body): the tap against the relays,
+    timed in this process, repeats interleaved."""
     pair = socket.socketpair()
-    configs = {
-        "parsed": EstimatorConfig(),
-        "payload_bytes": EstimatorConfig(delta_text="payload_bytes"),
-    }
     formats: dict[str, dict[str, Any]] = {}
     for fmt, build in BUILDERS.items():
-        request, events, body = build(args.tokens)
+        request, events, body = build(tokens)
         gz = gzip.compress(b"".join(events))
         cases = {
             "stream": (events, True, None),
@@ -240,7 +280,7 @@ def main() -> None:
             modes = configs if streaming else {"parsed": configs["parsed"]}
             samples: dict[str, list[float]] = {"relay": [], "relay_socket": [], "python_floor": []}
             samples.update({mode: [] for mode in modes})
-            for _ in range(args.repeats):  # interleaved: a load spike hits all alike
+            for _ in range(repeats):  # interleaved: a load spike hits all alike
                 samples["relay"].append(_timed(partial(_relay, chunks)))
                 samples["relay_socket"].append(_timed(partial(_relay_socket, chunks, pair)))
                 samples["python_floor"].append(_timed(partial(_python_floor, chunks)))
@@ -269,27 +309,7 @@ def main() -> None:
                 }
             entry[case] = row
         formats[fmt] = entry
-    summary = {
-        fmt: {mode: entry["stream"][mode]["ratio_socket"] for mode in configs}
-        for fmt, entry in formats.items()
-    }
-    report = {
-        "python": sys.version.split()[0],
-        "tokens_per_response": args.tokens,
-        "repeats": args.repeats,
-        "unit": "process CPU microseconds, median of interleaved repeats; per_mib over decoded bytes",
-        "summary": {
-            "stream_tap_added_in_aiohttp_relay": {
-                fmt: row["tap_added_ratio"] for fmt, row in in_relay["formats"].items()
-            },
-            "stream_ratio_socket": summary,
-        },
-        "relay_aiohttp": relay_report,
-        "formats": formats,
-        "cpus": os.cpu_count(),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-    }
-    print(json.dumps(report, separators=(",", ":")))
+    return formats
 
 
 if __name__ == "__main__":

@@ -82,6 +82,20 @@ def summarise(
             "p50": round(pct(load["loop_lag_ms"], 0.5), 1),
             "p99": round(pct(load["loop_lag_ms"], 0.99), 1),
         },
+        **_timeline(kind, ledger, load["samples"]),
+    }
+    if kind.startswith("ours"):
+        out.update(_enforcer_figures(probes, verdict_lag_ms, enforcer_replicas))
+    else:
+        out["flush_interval_s"] = opts.flush_interval_s
+        out["flushes"] = polls[0].shared.flushes if polls else 0
+    return out
+
+
+def _timeline(kind: str, ledger: Ledger, samples: list[Any]) -> dict[str, Any]:
+    """The phase sample by sample: the true spend, what the gates saw and held (ours) or had
+    not flushed (baseline), and the calls in flight."""
+    return {
         "timeline_columns": [
             "seconds",
             "true_spend_usd",
@@ -97,30 +111,34 @@ def summarise(
                 held / NANOS,
                 sum(1 for start, end, _ in ledger.calls if start <= t < end),
             ]
-            for t, total, view, held in load["samples"]
+            for t, total, view, held in samples
         ],
     }
-    if kind.startswith("ours"):
-        ratios = [est / actual for est, actual in (p for g in probes for p in g.pairs) if actual]
-        decisions: dict[str, int] = {}
-        for probe in probes:
-            for name, n in probe.decisions.items():
-                decisions[name] = decisions.get(name, 0) + n
-        out["enforcer_replicas"] = enforcer_replicas
-        out["decisions"] = decisions
-        out["hold_estimate_to_actual_cost"] = {
+
+
+def _enforcer_figures(
+    probes: list[EstimateProbe], verdict_lag_ms: list[float], enforcer_replicas: int | None
+) -> dict[str, Any]:
+    """Ours only: the enforcers' decisions, how their holds' estimates compare with the
+    actual cost, and how late the verdicts came."""
+    ratios = [est / actual for est, actual in (p for g in probes for p in g.pairs) if actual]
+    decisions: dict[str, int] = {}
+    for probe in probes:
+        for name, n in probe.decisions.items():
+            decisions[name] = decisions.get(name, 0) + n
+    return {
+        "enforcer_replicas": enforcer_replicas,
+        "decisions": decisions,
+        "hold_estimate_to_actual_cost": {
             "median": round(statistics.median(ratios), 3) if ratios else None,
             "min": round(min(ratios), 3) if ratios else None,
-        }
-        out["verdict_lag_ms"] = {
+        },
+        "verdict_lag_ms": {
             "p50": round(pct(verdict_lag_ms, 0.5), 1) if verdict_lag_ms else None,
             "p99": round(pct(verdict_lag_ms, 0.99), 1) if verdict_lag_ms else None,
             "verdicts": len(verdict_lag_ms),
-        }
-    else:
-        out["flush_interval_s"] = opts.flush_interval_s
-        out["flushes"] = polls[0].shared.flushes if polls else 0
-    return out
+        },
+    }
 
 
 def draw_chart(result: dict[str, Any], path: Path) -> None:

@@ -45,6 +45,16 @@ def _may_run_realtime() -> bool:
     return True
 
 
+def _cores(cpus: list[int], *, pin: bool, split: bool) -> tuple[list[int | None], set[int]]:
+    """``(relay_cores, client_cores)``: a core for each relay (``split``) or one for both,
+    the client on the others; nothing pinned on one core or without ``pin``."""
+    if pin and split and len(cpus) > 1:
+        return [cpus[-2], cpus[-1]], set(cpus[:-2]) or {cpus[0]}
+    if pin and len(cpus) > 1:
+        return [cpus[-1], cpus[-1]], set(cpus[:-1])
+    return [None, None], set(cpus)
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
     return {
@@ -75,8 +85,8 @@ class PairedRelay:
     the client with the first; ``same`` puts both relays on the last core, the client on
     the others. On one core the relays share its caches: the tapping relay's working set
     (the held chunks, the tap's code) evicts the plain relay's, part of the tap's cost is
-    billed to the plain relay, and on a quiet machine the tap read 3-7 % *cheaper* than no
-    tap; split, each pays for its own misses, and the fixed difference between the two
+    billed to the plain relay, and on a quiet machine the tap read *cheaper* than no tap
+    (bench/records/comment_figures_2026-12-07.jsonl); split, each pays for its own misses, and the fixed difference between the two
     cores cancels in the pairs. The relays run SCHED_RR alike where allowed (the one woken
     first runs first, and other processes do not delay them: under normal scheduling the
     relay with less CPU so far ran first, and the other one batched more reads).
@@ -222,14 +232,7 @@ class PairedRelay:
     ) -> dict[str, Any]:
         cpus = sorted(os.sched_getaffinity(0))
         realtime = realtime and _may_run_realtime()
-        relay_cores: list[int | None] = [None, None]
-        client_cores = set(cpus)
-        if pin and split and len(cpus) > 1:
-            relay_cores = [cpus[-2], cpus[-1]]
-            client_cores = set(cpus[:-2]) or {cpus[0]}
-        elif pin and len(cpus) > 1:
-            relay_cores = [cpus[-1], cpus[-1]]
-            client_cores = set(cpus[:-1])
+        relay_cores, client_cores = _cores(cpus, pin=pin, split=split)
         os.sched_setaffinity(0, client_cores)  # before forking: the relays set their own
         upstream = web.Application()
         upstream.router.add_get("/{fmt}/{pair}", self._upstream)
@@ -342,35 +345,19 @@ class PairedRelay:
             os.sched_setaffinity(0, set(cpus))
         taps_reported = sum(state["taps"] for state in end)
         assert taps_reported == taps_asked, (taps_reported, taps_asked)  # every tap read usage
-        out: dict[str, object] = {}
         responses_per_round = {fmt: streams * n for fmt, n in self.responses_per_stream.items()}
-        for fmt, events in ((fmt, len(ev)) for fmt, (_, ev) in self.responses.items()):
-            chunks = rounds * responses_per_round[fmt] * events
-            # two rounds with the roles swapped: their geometric mean cancels whatever
-            # makes one relay (its core, its process) cheaper than the other
-            swapped = zip(ratios[fmt][0::2], ratios[fmt][1::2], strict=False)
-            pairs = [math.sqrt(a * b) for a, b in swapped]
-            row: dict[str, object] = {
-                "tap_added_ratio": round(statistics.median(pairs) - 1, 4),
-                "pair_spread": _spread(pairs),
-                # all rounds' CPU together: sum(tapping) / sum(plain) - 1
-                "tap_added_ratio_pooled": round(
-                    sum(cpu_us[fmt]["tap"]) / sum(cpu_us[fmt]["plain"]) - 1, 4
-                ),
-                "ratio_spread": _spread(ratios[fmt]),
-                "ratios": [round(x, 3) for x in ratios[fmt]],
-                "relay_us": round(statistics.median(cpu_us[fmt]["plain"]), 1),
-                "relay_tap_us": round(statistics.median(cpu_us[fmt]["tap"]), 1),
-                "chunks_per_read": {
-                    role: round(chunks / max(1, n), 3) for role, n in reads[fmt].items()
-                },
-                "events": events,
-                "responses_per_stream": self.responses_per_stream[fmt],
-            }
-            if spin_us:
-                plain_s = sum(cpu_us[fmt]["plain"]) * responses_per_round[fmt] / 1e6
-                row["spin_expected_ratio"] = round(spin_us / 1e6 * reads[fmt]["tap"] / plain_s, 4)
-            out[fmt] = row
+        out: dict[str, object] = {
+            fmt: self._format_row(
+                fmt,
+                rounds,
+                responses_per_round[fmt],
+                ratios[fmt],
+                cpu_us[fmt],
+                reads[fmt],
+                spin_us=spin_us,
+            )
+            for fmt in self.responses
+        }
         return {
             "relay_cores": relay_cores,
             "client_cores": sorted(client_cores),
@@ -378,3 +365,39 @@ class PairedRelay:
             "core_busy": {name: _spread(values) for name, values in busy.items()},
             "formats": out,
         }
+
+    def _format_row(
+        self,
+        fmt: str,
+        rounds: int,
+        responses_per_round: int,
+        ratios: list[float],
+        cpu_us: dict[str, list[float]],
+        reads: dict[str, int],
+        *,
+        spin_us: float,
+    ) -> dict[str, object]:
+        """One format's figures over every round (``responses_per_round``: per relay)."""
+        events = len(self.responses[fmt][1])
+        chunks = rounds * responses_per_round * events
+        # two rounds with the roles swapped: their geometric mean cancels whatever
+        # makes one relay (its core, its process) cheaper than the other
+        swapped = zip(ratios[0::2], ratios[1::2], strict=False)
+        pairs = [math.sqrt(a * b) for a, b in swapped]
+        row: dict[str, object] = {
+            "tap_added_ratio": round(statistics.median(pairs) - 1, 4),
+            "pair_spread": _spread(pairs),
+            # all rounds' CPU together: sum(tapping) / sum(plain) - 1
+            "tap_added_ratio_pooled": round(sum(cpu_us["tap"]) / sum(cpu_us["plain"]) - 1, 4),
+            "ratio_spread": _spread(ratios),
+            "ratios": [round(x, 3) for x in ratios],
+            "relay_us": round(statistics.median(cpu_us["plain"]), 1),
+            "relay_tap_us": round(statistics.median(cpu_us["tap"]), 1),
+            "chunks_per_read": {role: round(chunks / max(1, n), 3) for role, n in reads.items()},
+            "events": events,
+            "responses_per_stream": self.responses_per_stream[fmt],
+        }
+        if spin_us:
+            plain_s = sum(cpu_us["plain"]) * responses_per_round / 1e6
+            row["spin_expected_ratio"] = round(spin_us / 1e6 * reads["tap"] / plain_s, 4)
+        return row

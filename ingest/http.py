@@ -45,7 +45,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from ingest.errors import PublisherClosed, PublishTimeout, SpoolFull, reason_of
-from ingest.publisher import PublisherConfig, UsagePublisher
+from ingest.publisher import PreparedEvent, PublisherConfig, UsagePublisher
 from ingest.receive import BodyRefused, close_after, read_body, run_app, server_options
 from runtime.http_log import expose_malformed_requests
 from schemas.errors import ConfigError, InvalidRecord
@@ -88,48 +88,99 @@ def build_app(
         raise ConfigError(
             "the HTTP ingest needs a bearer token (--token-file or SPENDBUS_INGEST_TOKEN)"
         )
-    expected = token.encode("utf-8")
-    registry = publisher.metrics.registry
-    expose_malformed_requests(registry)  # refused heads (runtime/http_log.py)
-    requests = Counter(
-        "spendbus_ingest_http_requests",
-        "POST /v1/usage requests by status code",
-        ["code"],
-        registry=registry,
+    endpoint = _UsageEndpoint(
+        publisher,
+        expected=token.encode("utf-8"),
+        max_body_bytes=max_body_bytes,
+        max_events=max_events,
+        ack_timeout_s=ack_timeout_s,
+        body_timeout_s=body_timeout_s,
     )
+    app = web.Application(client_max_size=max_body_bytes)
+    app[PUBLISHER_KEY] = publisher
+    app.router.add_post("/v1/usage", endpoint.post_usage)
+    app.router.add_get("/healthz", endpoint.healthz)
+    app.router.add_get("/metrics", endpoint.metrics)
+    return app
 
-    def answer(status: int, body: dict[str, Any], **headers: str) -> web.Response:
-        requests.labels(str(status)).inc()
+
+class _UsageEndpoint:
+    """The handlers of :func:`build_app`, over one publisher and its metrics registry."""
+
+    def __init__(
+        self,
+        publisher: UsagePublisher,
+        *,
+        expected: bytes,
+        max_body_bytes: int,
+        max_events: int,
+        ack_timeout_s: float,
+        body_timeout_s: float,
+    ) -> None:
+        self.publisher = publisher
+        self._expected = expected
+        self.max_body_bytes = max_body_bytes
+        self.max_events = max_events
+        self.ack_timeout_s = ack_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.registry = publisher.metrics.registry
+        expose_malformed_requests(self.registry)  # refused heads (runtime/http_log.py)
+        self._requests = Counter(
+            "spendbus_ingest_http_requests",
+            "POST /v1/usage requests by status code",
+            ["code"],
+            registry=self.registry,
+        )
+
+    def answer(self, status: int, body: dict[str, Any], **headers: str) -> web.Response:
+        self._requests.labels(str(status)).inc()
         return web.json_response(body, status=status, headers=headers or None)
 
-    def authorized(request: web.Request) -> bool:
+    def authorized(self, request: web.Request) -> bool:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer":
             return False
         # constant time over the token's bytes, whatever the client sent
-        return hmac.compare_digest(given.strip().encode("utf-8"), expected)
+        return hmac.compare_digest(given.strip().encode("utf-8"), self._expected)
 
-    async def post_usage(request: web.Request) -> web.Response:
-        if not authorized(request):
-            return answer(
+    async def post_usage(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return self.answer(
                 401, {"error": "missing or invalid bearer token"}, **{"WWW-Authenticate": "Bearer"}
             )
         try:
-            body = await read_body(request, timeout_s=body_timeout_s, max_bytes=max_body_bytes)
+            body = await read_body(
+                request, timeout_s=self.body_timeout_s, max_bytes=self.max_body_bytes
+            )
         except BodyRefused as exc:
-            return close_after(answer(exc.status, {"error": exc.reason}))
+            return close_after(self.answer(exc.status, {"error": exc.reason}))
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-            return answer(400, {"error": f"invalid JSON: {exc}"})
+            return self.answer(400, {"error": f"invalid JSON: {exc}"})
         if not isinstance(payload, list):
-            return answer(400, {"error": "the body must be a JSON array of UsageEvents"})
-        if len(payload) > max_events:
-            return answer(
-                413, {"error": f"{len(payload)} events in one request; at most {max_events}"}
+            return self.answer(400, {"error": "the body must be a JSON array of UsageEvents"})
+        if len(payload) > self.max_events:
+            return self.answer(
+                413, {"error": f"{len(payload)} events in one request; at most {self.max_events}"}
             )
-        prepared = []
-        errors = []
+        prepared, errors = self._prepare(payload)
+        if errors:
+            return self.answer(
+                400,
+                {
+                    "error": f"{len(errors)} of {len(payload)} events are invalid; "
+                    "none of the request was published",
+                    "events": errors,
+                },
+            )
+        return await self._publish(prepared)
+
+    def _prepare(self, payload: list[Any]) -> tuple[list[PreparedEvent], list[dict[str, Any]]]:
+        """Every event validated and encoded: ``(prepared, errors)``, one error per bad event."""
+        publisher = self.publisher
+        prepared: list[PreparedEvent] = []
+        errors: list[dict[str, Any]] = []
         for index, obj in enumerate(payload):
             try:
                 event = usage_event_from_json(obj)
@@ -141,53 +192,42 @@ def build_app(
                 prepared.append(publisher.prepare(event))
             except InvalidRecord as exc:
                 errors.append(event_error(index, obj, exc))
-        if errors:
-            return answer(
-                400,
-                {
-                    "error": f"{len(errors)} of {len(payload)} events are invalid; "
-                    "none of the request was published",
-                    "events": errors,
-                },
-            )
+        return prepared, errors
+
+    async def _publish(self, prepared: list[PreparedEvent]) -> web.Response:
+        """202 once the broker acknowledged every event, else 503 saying why."""
         retry = {"Retry-After": str(RETRY_AFTER_S)}
         try:
-            await publisher.publish_prepared(prepared)
-            await publisher.flush(ack_timeout_s)
+            await self.publisher.publish_prepared(prepared)
+            await self.publisher.flush(self.ack_timeout_s)
         except SpoolFull as exc:
-            return answer(503, {"error": f"spool full: {exc}"}, **retry)
+            return self.answer(503, {"error": f"spool full: {exc}"}, **retry)
         except PublishTimeout:
-            return answer(
+            return self.answer(
                 503,
                 {
-                    "error": f"the broker did not acknowledge within {ack_timeout_s}s; the events "
-                    "are spooled and will be delivered; re-posting them (same event ids) is safe",
+                    "error": f"the broker did not acknowledge within {self.ack_timeout_s}s; the "
+                    "events are spooled and will be delivered; re-posting them (same event ids) "
+                    "is safe",
                     "spooled": len(prepared),
                 },
                 **retry,
             )
         except PublisherClosed as exc:
-            return answer(503, {"error": f"shutting down: {exc}"}, **retry)
-        return answer(202, {"accepted": len(prepared)})
+            return self.answer(503, {"error": f"shutting down: {exc}"}, **retry)
+        return self.answer(202, {"accepted": len(prepared)})
 
-    async def healthz(request: web.Request) -> web.Response:
-        status = publisher.status()
+    async def healthz(self, request: web.Request) -> web.Response:
+        status = self.publisher.status()
         ok = status["state"] == "running"
         return web.json_response(
             {"status": "ok" if ok else "down", **status}, status=200 if ok else 503
         )
 
-    async def metrics(request: web.Request) -> web.Response:
+    async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
-
-    app = web.Application(client_max_size=max_body_bytes)
-    app[PUBLISHER_KEY] = publisher
-    app.router.add_post("/v1/usage", post_usage)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics)
-    return app
 
 
 def create_app(

@@ -180,5 +180,5 @@ def replication_problems(
 
 def fewest_replicas(partitions: Iterable[Mapping[str, object]]) -> int:
     """The fewest replicas of any partition of a described topic (aiokafka's describe_topics)."""
-    counts = [len(p.get("replicas") or ()) for p in partitions]  # type: ignore[arg-type]
+    counts = [len(p.get("replicas") or ()) for p in partitions]  # type: ignore[arg-type]  # aiokafka's untyped describe: replicas is a list
     return min(counts) if counts else 0

@@ -13,7 +13,8 @@ The schemas, expanded and fingerprinted, come from :mod:`schemas.avro_schemas`.
 UsageEvent, written once per upstream call by every proxy, is encoded by a
 writer generated from its schema at import
 (:func:`schemas.avro_writer.compile_record_writer`):
-about 3x less CPU than fastavro's generic writer, byte-identical (a property
+a fraction of the CPU of fastavro's generic writer (bench/records/history_ingest.md),
+byte-identical (a property
 test compares the two). It takes only the value types it knows exactly; any
 other value is handed to fastavro, which encodes it or raises its own error.
 """
@@ -104,7 +105,7 @@ class Codec:
                 f"malformed {self.name}: {len(data) - body.tell()} trailing bytes",
                 reason="malformed",
             )
-        return record  # type: ignore[return-value]
+        return record  # type: ignore[return-value]  # every codec's schema is a record: fastavro reads a dict
 
 
 #: the codecs whose encoding is on a hot path get a generated writer

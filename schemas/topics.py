@@ -39,7 +39,7 @@ GENERATION_PATTERN: Final = re.compile(r"[a-z][a-z0-9]{0,15}")
 CONTROL_KEY: Final = b"current"
 #: usage.priced record header: the source position of the priced event and the month its
 #: occurred_at falls in (``STORE_ROW``: big-endian int32 source_partition, int64
-#: source_offset, int32 YYYYMM in UTC; 16 bytes, unpacked in ~0.2 µs). The counting stage
+#: source_offset, int32 YYYYMM in UTC; 16 bytes, one struct unpack). The counting stage
 #: sets it on every record it writes, and writes the event's scope ids canonical
 #: (schemas.ids.with_canonical_ids): the body is the usage_events row as it is stored, and
 #: the sink fences and inserts it without decoding it (aggregator/sink/README.md). A record

@@ -36,7 +36,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def _docker_answers() -> bool:
     try:
-        import docker  # type: ignore[import-untyped]
+        import docker  # type: ignore[import-untyped]  # docker ships no type stubs
 
         docker.from_env(timeout=2).ping()
         return True
@@ -68,7 +68,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def local_broker(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A broker of our own, for tests that stop and restart it (never the shared one)."""
     from spendbus.stack.broker_jars import ensure_broker_jars
     from spendbus.stack.kafka import LocalKafka

@@ -101,10 +101,10 @@ class Pipeline:
         )
 
     def sql(self, query: str) -> list[list[Any]]:
-        return self.worker.post("/sql", {"sql": query})["rows"]  # type: ignore[no-any-return]
+        return self.worker.post("/sql", {"sql": query})["rows"]  # type: ignore[no-any-return]  # the worker's JSON answer is Any
 
     def stats(self) -> dict[str, Any]:
-        return self.worker.get("/stats")  # type: ignore[no-any-return]
+        return self.worker.get("/stats")  # type: ignore[no-any-return]  # the worker's JSON answer is Any
 
     def sql_until(
         self, query: str, done: Callable[[list[list[Any]]], bool], timeout: float = 90.0

@@ -37,9 +37,10 @@ class GatewayServer:
         await runner.setup()
         # What exists before the first request (imports, config, the enforcer's state, the
         # price book) lives as long as the server: frozen, a full collection no longer walks
-        # it. In the gateway under bench_gateway a full collection took 56-87 ms of CPU with
-        # the event loop held (every stream's next chunk and every admission waited behind
-        # it); frozen, 1-21 ms. Before listening: the one collection here delays no client.
+        # it. Unfrozen, a full collection in the gateway held the event loop long enough to
+        # be felt (every stream's next chunk and every admission waited behind it); frozen,
+        # a small part of that (bench/records/comment_figures_2026-12-07.jsonl). Before
+        # listening: the one collection here delays no client.
         gc.collect()
         gc.freeze()
         try:

@@ -29,13 +29,13 @@ import json
 import re
 from typing import Any, Final
 
-from ingest.taps import ContentDecoder, DecodeError, json_loads
+from ingest.taps import ContentDecoder, ContentDecodingError, json_loads
 
 #: the longest event held while waiting for its end; past it the rest passes as it comes
 MAX_HELD_EVENT: Final = 1 << 20
 
-_scan_value: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-_scan_string: Any = json.decoder.scanstring  # type: ignore[attr-defined]
+_scan_value: Any = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # typeshed omits the C scanner's scan_once
+_scan_string: Any = json.decoder.scanstring  # type: ignore[attr-defined]  # typeshed omits json.decoder.scanstring
 _NULL_USAGE = re.compile(r'"usage"[ \t\n\r]*:[ \t\n\r]*null')
 #: an event ends at a blank line: two line ends (CRLF, LF or CR) in a row
 _EVENT_END = re.compile(rb"(?:\r\n|\n|\r(?!\n))(?:\r\n|\n|\r(?=[^\n]))")
@@ -201,7 +201,7 @@ class HiddenUsage:
         self.decoded = False
         try:
             decoder = ContentDecoder(encoding, self._push)
-        except DecodeError:
+        except ContentDecodingError:
             self._passing = True  # unknown encoding: nothing can be read, pass it on
             return
         if not decoder.identity:
@@ -214,7 +214,7 @@ class HiddenUsage:
         if self._decoder is not None:
             try:
                 self._decoder.feed(chunk)
-            except DecodeError:
+            except ContentDecodingError:
                 self._passing = True  # corrupt: what was decoded goes, the rest cannot
                 return self._take()
         else:
@@ -224,7 +224,7 @@ class HiddenUsage:
     def finish(self) -> bytes:
         """What is left at the end: an unfinished event, as it came."""
         if self._decoder is not None and not self._passing:
-            with contextlib.suppress(DecodeError):  # a cut body: what it gave is out
+            with contextlib.suppress(ContentDecodingError):  # a cut body: what it gave is out
                 self._decoder.close()
         self._out += self._held
         self._held.clear()

@@ -217,7 +217,7 @@ class Sender:
             # Kafka's linger: records go out once a batch is full or the oldest of them
             # has waited linger_ms, in flight or not. Each produce request costs the
             # proxy and the broker far more CPU than a record in it (a proxy's events
-            # come one at a time, ~100/s at 200 streams)
+            # come one at a time, as its responses end)
             if (
                 linger_s
                 and not self._closing

@@ -10,10 +10,8 @@ Directory layout::
     cursor                   the acknowledged position: u64 LE offset + u32 LE crc32 of those 8 bytes
     <base:020d>.seg          segments, named by the logical offset of their first frame
 
-A segment is an 8-byte header (``SBSPOOL`` + format version 1), then frames::
-
-    u32 LE payload length | u32 LE crc32(payload) | payload
-    payload = u16 LE key length | key (the Kafka key: org_id) | value (the Avro-encoded UsageEvent)
+A segment is an 8-byte header (``SBSPOOL`` + format version 1), then frames
+(spool_frames.py: a length, a CRC and the record's key and value).
 
 Offsets are *logical*: they count frame bytes only, across segments, so a
 segment holds ``[base, next segment's base)`` and "bytes not yet acknowledged"
@@ -54,22 +52,19 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from ingest.errors import SpoolError, SpoolLocked
+from ingest.publisher.spool_frames import SpooledRecord, frame, frames_of, scan_frames
 
 log = logging.getLogger(__name__)
 
 SEGMENT_MAGIC: Final = b"SBSPOOL\x01"
 HEADER_LEN: Final = len(SEGMENT_MAGIC)
-FRAME_HEAD: Final = struct.Struct("<II")
-KEY_LEN: Final = struct.Struct("<H")
 CURSOR: Final = struct.Struct("<QI")
-#: a frame longer than this is garbage (an encoded UsageEvent is far smaller)
-MAX_FRAME: Final = 16 * 1024 * 1024
 SEGMENT_SUFFIX: Final = ".seg"
 #: the names of the segments this spool writes (``<base:020d>.seg``)
 _SEGMENT_NAME: Final = re.compile(r"[0-9]{20}\.seg")
@@ -77,23 +72,6 @@ _SEGMENT_NAME: Final = re.compile(r"[0-9]{20}\.seg")
 FOREIGN_SUFFIX: Final = ".foreign"
 #: spool files hold user ids: readable and writable by their owner only
 FILE_MODE: Final = 0o600
-
-_FRAME_KEY_HEAD: Final = struct.Struct("<IIH")
-
-#: one record read back: (key, value)
-SpooledRecord = tuple[bytes, bytes]
-
-
-def frame(
-    key: bytes,
-    value: bytes,
-    _key_len: Callable[[int], bytes] = KEY_LEN.pack,
-    _head: Callable[[int, int], bytes] = FRAME_HEAD.pack,
-    _crc32: Callable[[bytes], int] = zlib.crc32,
-) -> bytes:
-    """The bytes of one spool frame holding ``key`` and ``value``."""
-    payload = b"".join((_key_len(len(key)), key, value))
-    return _head(len(payload), _crc32(payload)) + payload
 
 
 @dataclass
@@ -441,7 +419,7 @@ class Spool:
         want = min(want, end - pos)
         while True:
             buf = os.pread(segment.fd, want, HEADER_LEN + pos - segment.base)
-            used, bad = _scan(buf, out, trusted)
+            used, bad = scan_frames(buf, out, trusted)
             if used or bad or want >= end - pos:
                 return used, bad
             want = min(want * 2, end - pos)  # one frame larger than ``want``: read it whole
@@ -494,43 +472,6 @@ class Spool:
             self._lock_fd = None
 
 
-def _scan(
-    buf: bytes, out: list[SpooledRecord] | None = None, trusted: bool = False
-) -> tuple[int, bool]:
-    """Walk whole frames in ``buf``; returns (bytes of whole valid frames, hit a bad frame).
-
-    With ``out``, appends each record's (key, value). ``trusted`` skips the CRC
-    (frames this process wrote itself). A frame cut by the end of ``buf`` stops
-    the walk without being bad.
-    """
-    size = len(buf)
-    pos = 0
-    unpack = _FRAME_KEY_HEAD.unpack_from
-    crc32 = zlib.crc32
-    while pos + 10 <= size:
-        length, crc, key_len = unpack(buf, pos)
-        if length < 2 or length > MAX_FRAME or key_len > length - 2:
-            return pos, True
-        end = pos + 8 + length
-        if end > size:
-            return pos, False
-        if not trusted and crc32(memoryview(buf)[pos + 8 : end]) != crc:
-            return pos, True
-        if out is not None:
-            key_end = pos + 10 + key_len
-            out.append((buf[pos + 10 : key_end], buf[key_end:end]))
-        pos = end
-    if pos + 8 <= size:  # a header too short for its key length field: a bad length
-        (length,) = struct.unpack_from("<I", buf, pos)
-        if length < 2 or length > MAX_FRAME:
-            return pos, True
-    return pos, False
-
-
-def frames_of(records: Iterable[tuple[bytes, bytes]]) -> bytes:
-    return b"".join(frame(k, v) for k, v in records)
-
-
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -539,4 +480,5 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+# frame and frames_of stay importable from here: the publisher frames its events through it
 __all__: Sequence[str] = ["Recovery", "Spool", "SpooledRecord", "frame", "frames_of"]

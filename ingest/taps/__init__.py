@@ -15,7 +15,7 @@ See README.md beside this file for the invariants and what is read where.
 
 from __future__ import annotations
 
-from .decode import ContentDecoder, DecodeError, supported_encodings
+from .decode import ContentDecoder, ContentDecodingError, supported_encodings
 from .estimate import EstimatorConfig
 from .fastjson import json_loads
 from .formats import FORMATS, open_tap
@@ -28,7 +28,7 @@ from .usage import TapResult, Usage, UsageSource
 __all__ = [
     "FORMATS",
     "ContentDecoder",
-    "DecodeError",
+    "ContentDecodingError",
     "EstimatorConfig",
     "RealtimeTap",
     "RequestInfo",

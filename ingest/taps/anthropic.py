@@ -46,13 +46,13 @@ from .base import (
     Handler,
     Path,
     describe_error,
-    loads,
     may_repeat,
     read_shape,
     shape_decoder,
     text_len,
 )
 from .estimate import EstimatorConfig
+from .fastjson import loads
 from .request import RequestInfo
 from .shapes import AnthropicTextDelta
 from .usage import InvalidUsage, TapResult, Usage, sub, tok

@@ -12,8 +12,6 @@ reported usage, or an estimate from estimate.py with the reason.
 
 from __future__ import annotations
 
-import json
-import json.scanner
 import re
 from abc import ABC, abstractmethod
 from collections import deque
@@ -25,7 +23,7 @@ import msgspec
 from schemas.billed_units import valid_service_tier, valid_unit_name
 
 from .estimate import EstimatorConfig, Observed
-from .fastjson import SHALLOW_SIZE, fast_decode, shallow
+from .fastjson import SHALLOW_SIZE, loads, shallow
 from .repeats import TooManyReadings, has_repeats, loads_keeping_repeats, readings
 from .request import RequestInfo
 from .shapes import LARGE
@@ -120,26 +118,6 @@ def may_repeat(data: bytes | bytearray, keys: tuple[bytes, ...]) -> bool:
     return b"\\u" in data and _ESCAPED_KEY.search(data) is not None
 
 
-_scan_once: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
-    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed: the C scanner takes a decoder
-)
-
-
-def loads(data: bytes | bytearray | str) -> tuple[Any, str | None]:
-    """``json.loads`` that reports instead of raising: ``(value, problem)``.
-
-    msgspec reads the common document; whatever it refuses (malformed JSON, NaN,
-    lone surrogates, numbers beyond a double...) takes :func:`loads_stdlib`, so the
-    value and the problem are exactly json's (see fastjson.py).
-    """
-    if shallow(data):
-        try:
-            return fast_decode(data), None
-        except Exception:  # json decides what is wrong, and says it
-            pass
-    return loads_stdlib(data)
-
-
 def shape_decoder(shape: type[msgspec.Struct]) -> Callable[[bytes | str], Any]:
     """A decoder of ``shape`` (shapes.py), for :func:`read_shape`."""
     return msgspec.json.Decoder(shape).decode
@@ -161,30 +139,6 @@ def read_shape(decode: Callable[[bytes | str], Any], data: bytes) -> Any:
         except Exception:  # not this shape, not UTF-8 or not JSON: the general path decides
             return None
     return None
-
-
-def loads_stdlib(data: bytes | bytearray | str) -> tuple[Any, str | None]:
-    """:func:`loads` with the standard library's json only (the reference behaviour).
-
-    Calls the C scanner behind ``json.loads`` directly (about 3x less overhead
-    per call); anything unusual (leading whitespace, a BOM) takes the
-    ``json.loads`` path.
-    """
-    try:
-        text = data if isinstance(data, str) else data.decode("utf-8")
-        try:
-            value, end = _scan_once(text, 0)
-        except StopIteration:
-            value, end = json.loads(data), len(text)
-        if end != len(text) and not text[end:].isspace():
-            return None, "unreadable: malformed JSON (extra data)"
-        return value, None
-    except RecursionError:
-        return None, "unreadable: JSON nested too deeply"
-    except UnicodeDecodeError:
-        return None, "unreadable: invalid UTF-8 in JSON"
-    except ValueError as exc:
-        return None, f"unreadable: malformed JSON ({str(exc).split(':')[0]})"
 
 
 def read_shaped_run(
@@ -504,8 +458,6 @@ __all__ = [
     "Path",
     "clip",
     "describe_error",
-    "loads",
-    "loads_stdlib",
     "may_repeat",
     "observed",
     "read_shape",

@@ -31,13 +31,13 @@ from typing import Any
 from .base import (
     Handler,
     describe_error,
-    loads,
     read_shape,
     shape_decoder,
     text_len,
 )
 from .estimate import EstimatorConfig
 from .eventstream import message_kind
+from .fastjson import loads
 from .request import RequestInfo
 from .shapes import BedrockTextDelta
 from .usage import InvalidUsage, Usage, tok

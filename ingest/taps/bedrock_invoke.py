@@ -30,10 +30,11 @@ import binascii
 from typing import Any
 
 from .anthropic import AnthropicHandler, may_repeat_event
-from .base import describe_error, loads
+from .base import describe_error
 from .bedrock import stream_error
 from .estimate import EstimatorConfig
 from .eventstream import message_kind
+from .fastjson import loads
 from .request import RequestInfo
 
 #: the keys a ``chunk`` message's payload gives at most once

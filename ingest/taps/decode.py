@@ -4,7 +4,7 @@ The bytes the client receives are never touched: a tap decodes a copy of each
 chunk to read usage from it. Output is pushed to a sink in pieces of at most
 ``DECODE_PIECE`` bytes (brotli may overshoot by one internal buffer), so a
 decompression bomb costs no memory; and decoding stops with a
-:class:`DecodeError` once a body's decoded bytes pass ``MAX_DECODED_BYTES``,
+:class:`ContentDecodingError` once a body's decoded bytes pass ``MAX_DECODED_BYTES``,
 so it costs bounded CPU too (the tap then charges the response
 pessimistically, as for any unreadable body).
 
@@ -46,8 +46,10 @@ MAX_DECODED_BYTES = 64 * 1024 * 1024
 _SLICE = 8 * 1024
 
 
-class DecodeError(Exception):
-    """The body cannot be decoded (corrupt data or an unsupported encoding)."""
+class ContentDecodingError(Exception):
+    """A body's Content-Encoding cannot be undone (corrupt data, an unsupported encoding,
+    or more than ``MAX_DECODED_BYTES``). Not a ``schemas.errors.DecodeError``: that one is
+    a message breaking the record contract; this is an HTTP body the tap cannot read."""
 
 
 def supported_encodings() -> frozenset[str]:
@@ -129,7 +131,7 @@ class _Zlib(_Layer):
                     break
                 out = obj.decompress(obj.unconsumed_tail, DECODE_PIECE)
         except zlib.error as exc:
-            raise DecodeError(f"{self.name}: {exc}") from None
+            raise ContentDecodingError(f"{self.name}: {exc}") from None
         if not obj.eof:
             return b""
         self.members += 1
@@ -145,7 +147,7 @@ class _Zlib(_Layer):
         try:
             out = self.obj.flush()
         except zlib.error as exc:  # pragma: no cover - flush rarely raises
-            raise DecodeError(f"{self.name}: {exc}") from None
+            raise ContentDecodingError(f"{self.name}: {exc}") from None
         if out:
             self.sink(out)
 
@@ -168,7 +170,7 @@ class _Brotli(_Layer):
                     break
                 out = obj.process(b"", output_buffer_limit=DECODE_PIECE)
         except _brotli.error as exc:
-            raise DecodeError(f"br: {exc}") from None
+            raise ContentDecodingError(f"br: {exc}") from None
 
 
 class _SinkWriter:
@@ -195,14 +197,14 @@ class _Zstd(_Layer):
         try:
             self.obj.write(data)
         except _zstandard.ZstdError as exc:
-            raise DecodeError(f"zstd: {exc}") from None
+            raise ContentDecodingError(f"zstd: {exc}") from None
 
 
 class ContentDecoder:
     """Decodes a body of the given Content-Encoding, pushing pieces to ``sink``.
 
     ``encoding`` is the header value, possibly a list (``"gzip, br"``: applied
-    in that order, so decoded in reverse). Raises :class:`DecodeError` on an
+    in that order, so decoded in reverse). Raises :class:`ContentDecodingError` on an
     unsupported encoding (at construction) and on corrupt data (in ``feed``).
     """
 
@@ -213,7 +215,7 @@ class ContentDecoder:
         names = [n for n in names if n and n != "identity"]
         unsupported = [n for n in names if n not in supported_encodings()]
         if unsupported:
-            raise DecodeError(f"unsupported content-encoding {', '.join(unsupported)}")
+            raise ContentDecodingError(f"unsupported content-encoding {', '.join(unsupported)}")
         self.identity = not names
         self.max_bytes = max_bytes
         #: bytes the innermost layer has produced so far
@@ -231,7 +233,7 @@ class ContentDecoder:
     def _bounded(self, piece: bytes) -> None:
         self.decoded += len(piece)
         if self.decoded > self.max_bytes:
-            raise DecodeError(
+            raise ContentDecodingError(
                 f"the body decompresses to more than {self.max_bytes} bytes; reading stopped"
             )
         self._sink(piece)

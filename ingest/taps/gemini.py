@@ -38,7 +38,6 @@ from .base import (
     Path,
     RecentPayloads,
     describe_error,
-    loads,
     may_repeat,
     read_shape,
     read_shaped_run,
@@ -46,6 +45,7 @@ from .base import (
     text_len,
 )
 from .estimate import EstimatorConfig
+from .fastjson import loads
 from .request import RequestInfo
 from .shapes import ABSENT, GeminiChunk, GeminiChunkTail, GeminiUsageChunk
 from .usage import InvalidUsage, Usage, sub, tok, usage_max

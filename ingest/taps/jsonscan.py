@@ -29,7 +29,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .base import CAPTURE_LIMIT, LARGE, Path, loads
+from .base import CAPTURE_LIMIT, LARGE, Path
+from .fastjson import loads
 from .repeats import Repeated, loads_keeping_repeats
 
 _ANY = re.compile(rb'[{}\[\]",:]')
@@ -99,6 +100,7 @@ class JsonPathScanner:
         self._cap: bytearray | None = None
         self._cap_path: Path = ()
         self._cap_depth = -1
+        self._cap_from = 0
 
     # -- public --------------------------------------------------------------
     def feed(self, data: bytes) -> None:
@@ -134,105 +136,118 @@ class JsonPathScanner:
     def _scan(self, data: bytes) -> None:
         i, n = 0, len(data)
         stack = self._stack
-        cap_from = 0
+        # where this chunk's part of the value being captured starts
+        self._cap_from = 0
         while i < n:
             if self._in_str:
-                if self._esc:
-                    self._esc = False
-                    self._key_add(data[i : i + 1])
-                    i += 1
-                    continue
-                m = _STR.search(data, i)
-                if m is None:
-                    self._key_add(data[i:])
-                    break
-                j = m.start()
-                if data[j] == 0x5C:  # backslash: the next byte is escaped
-                    self._key_add(data[i : j + 2])
-                    if j + 1 >= n:
-                        self._esc = True
-                    i = j + 2
-                    continue
-                self._key_add(data[i:j])
-                self._in_str = False
-                i = j + 1
-                if self._key is not None:
-                    key = None if self._key_overflow else _decode_key(bytes(self._key))
-                    stack[-1].key = None if key == "*" else key  # "*" means array elements
-                    self._key = None
+                i = self._in_string(data, i, n)
                 continue
             if not stack:
-                rest = data[i:].lstrip()
-                if not rest:
-                    break
-                if self._done:
-                    self._fail("trailing data after the JSON value")
-                    return
-                first = rest[0]
-                if first not in (0x7B, 0x5B):
-                    self._fail("the body is not a JSON object or array")
-                    return
-                self.root_is_object = first == 0x7B
-                stack.append(_Frame(self.root_is_object, (), () in self._prefixes))
-                i = n - len(rest) + 1
+                i = self._open_root(data, i, n)
                 continue
             top = stack[-1]
             m = (_ANY if top.relevant else _NEST).search(data, i)
             if m is None:
                 break
             j = m.start()
-            c = data[j]
             i = j + 1
-            if c == 0x22:  # "
-                self._in_str = True
-                if top.expect_key and top.relevant:
-                    self._key = bytearray()
-                    self._key_overflow = False
-            elif c == 0x7B or c == 0x5B:  # { [
-                path: Path | None = None
-                if top.relevant:
-                    if not top.is_obj:
-                        path = (*top.path, "*")  # type: ignore[misc]
-                    elif top.key is not None:
-                        path = (*top.path, top.key)  # type: ignore[misc]
-                if len(stack) >= self.max_depth:
-                    self._fail(f"JSON nested deeper than {self.max_depth} levels")
-                    return
-                stack.append(_Frame(c == 0x7B, path, path is not None and path in self._prefixes))
-            elif c == 0x7D or c == 0x5D:  # } ]
-                if top.is_obj != (c == 0x7D):
-                    self._fail("malformed JSON: mismatched brackets")
-                    return
-                if self._cap_depth == len(stack):
-                    self._end_capture(data, cap_from, j)
-                stack.pop()
-                if not stack:
-                    self._done = True
-            elif c == 0x2C:  # ,
-                if self._cap_depth == len(stack):
-                    self._end_capture(data, cap_from, j)
-                if top.is_obj:
-                    top.expect_key = True
-                    top.key = None
-                else:
-                    top.index += 1
-            elif top.is_obj:  # :
-                top.expect_key = False
-                if top.key is not None and self._cap_depth < 0:
-                    wanted = (*top.path, top.key)  # type: ignore[misc]
-                    if wanted in self.paths:
-                        self._cap = bytearray()
-                        self._cap_path = wanted
-                        self._cap_depth = len(stack)
-                        self._cap_in = tuple(f.index for f in stack if not f.is_obj)
-                        cap_from = i
+            self._on_mark(data, data[j], top, j)
             if self.error is not None:
                 return
         if self._cap is not None:
-            self._cap += data[cap_from:n]
+            self._cap += data[self._cap_from : n]
             if len(self._cap) > self.capture_limit:
                 self._store(LARGE)
                 self._cap = None
+
+    def _in_string(self, data: bytes, i: int, n: int) -> int:
+        """Reads on inside a string (a key being kept, or any other); returns where the
+        scan goes on (``n``: the string goes on past this chunk)."""
+        if self._esc:
+            self._esc = False
+            self._key_add(data[i : i + 1])
+            return i + 1
+        m = _STR.search(data, i)
+        if m is None:
+            self._key_add(data[i:])
+            return n
+        j = m.start()
+        if data[j] == 0x5C:  # backslash: the next byte is escaped
+            self._key_add(data[i : j + 2])
+            if j + 1 >= n:
+                self._esc = True
+            return j + 2
+        self._key_add(data[i:j])
+        self._in_str = False
+        if self._key is not None:
+            key = None if self._key_overflow else _decode_key(bytes(self._key))
+            self._stack[-1].key = None if key == "*" else key  # "*" means array elements
+            self._key = None
+        return j + 1
+
+    def _open_root(self, data: bytes, i: int, n: int) -> int:
+        """Outside the document: its first bracket opens the root; returns where the scan
+        goes on (``n``: nothing more here, or the body failed)."""
+        rest = data[i:].lstrip()
+        if not rest:
+            return n
+        if self._done:
+            self._fail("trailing data after the JSON value")
+            return n
+        first = rest[0]
+        if first not in (0x7B, 0x5B):
+            self._fail("the body is not a JSON object or array")
+            return n
+        self.root_is_object = first == 0x7B
+        self._stack.append(_Frame(self.root_is_object, (), () in self._prefixes))
+        return n - len(rest) + 1
+
+    def _on_mark(self, data: bytes, c: int, top: _Frame, j: int) -> None:
+        """The structural byte ``c`` at ``j`` (a quote, a bracket, a comma or a colon)."""
+        stack = self._stack
+        if c == 0x22:  # "
+            self._in_str = True
+            if top.expect_key and top.relevant:
+                self._key = bytearray()
+                self._key_overflow = False
+        elif c == 0x7B or c == 0x5B:  # { [
+            path: Path | None = None
+            if top.relevant:
+                if not top.is_obj:
+                    path = (*top.path, "*")  # type: ignore[misc]  # a relevant frame has a path
+                elif top.key is not None:
+                    path = (*top.path, top.key)  # type: ignore[misc]  # a relevant frame has a path
+            if len(stack) >= self.max_depth:
+                self._fail(f"JSON nested deeper than {self.max_depth} levels")
+                return
+            stack.append(_Frame(c == 0x7B, path, path is not None and path in self._prefixes))
+        elif c == 0x7D or c == 0x5D:  # } ]
+            if top.is_obj != (c == 0x7D):
+                self._fail("malformed JSON: mismatched brackets")
+                return
+            if self._cap_depth == len(stack):
+                self._end_capture(data, self._cap_from, j)
+            stack.pop()
+            if not stack:
+                self._done = True
+        elif c == 0x2C:  # ,
+            if self._cap_depth == len(stack):
+                self._end_capture(data, self._cap_from, j)
+            if top.is_obj:
+                top.expect_key = True
+                top.key = None
+            else:
+                top.index += 1
+        elif top.is_obj:  # :
+            top.expect_key = False
+            if top.key is not None and self._cap_depth < 0:
+                wanted = (*top.path, top.key)  # type: ignore[misc]  # a key is kept only in a relevant frame, which has a path
+                if wanted in self.paths:
+                    self._cap = bytearray()
+                    self._cap_path = wanted
+                    self._cap_depth = len(stack)
+                    self._cap_in = tuple(f.index for f in stack if not f.is_obj)
+                    self._cap_from = j + 1
 
     def _key_add(self, piece: bytes) -> None:
         key = self._key

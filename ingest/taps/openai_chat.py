@@ -34,7 +34,6 @@ from .base import (
     Path,
     RecentPayloads,
     describe_error,
-    loads,
     may_repeat,
     read_shape,
     read_shaped_run,
@@ -42,6 +41,7 @@ from .base import (
     text_len,
 )
 from .estimate import EstimatorConfig
+from .fastjson import loads
 from .request import RequestInfo
 from .shapes import ChatChunk
 from .usage import Usage, modality_units, openai_usage

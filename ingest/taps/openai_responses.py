@@ -26,13 +26,13 @@ from .base import (
     Handler,
     Path,
     describe_error,
-    loads,
     may_repeat,
     read_shape,
     shape_decoder,
     text_len,
 )
 from .estimate import EstimatorConfig
+from .fastjson import loads
 from .request import RequestInfo
 from .shapes import ResponsesTextDelta
 from .usage import Usage, modality_units, openai_usage

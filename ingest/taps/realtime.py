@@ -29,8 +29,9 @@ import contextlib
 from collections import OrderedDict
 from typing import Any
 
-from .base import WHOLE_PARSE_LIMIT, Path, clip, describe_error, loads, may_repeat, text_len
+from .base import WHOLE_PARSE_LIMIT, Path, clip, describe_error, may_repeat, text_len
 from .estimate import EstimatorConfig, Observed, estimate_usage
+from .fastjson import loads
 from .jsonscan import JsonPathScanner
 from .repeats import TooManyReadings, has_repeats, loads_keeping_repeats, readings
 from .request import RequestInfo

@@ -56,7 +56,7 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_object)
 
 def loads_keeping_repeats(data: bytes | bytearray | str) -> tuple[Any, str | None]:
     """``json.loads(data)`` where an object that repeats a key is a :class:`Repeated`;
-    ``(value, None)`` or ``(None, the problem)`` as ``base.loads`` reports it."""
+    ``(value, None)`` or ``(None, the problem)`` as ``fastjson.loads`` reports it."""
     try:
         text = data if isinstance(data, str) else bytes(data).decode("utf-8")
         return _DECODER.decode(text), None

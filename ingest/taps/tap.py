@@ -24,7 +24,7 @@ from .base import (
     may_repeat,
     observed,
 )
-from .decode import ContentDecoder, DecodeError
+from .decode import ContentDecoder, ContentDecodingError
 from .estimate import EstimatorConfig, Observed, estimate_usage
 from .eventstream import EventStreamDecoder, EventStreamError
 from .jsonscan import JsonBody, JsonPathScanner
@@ -123,7 +123,7 @@ class Tap:
                     self._push = self._decoder.feed
             if mode != "auto":
                 self._start(mode)
-        except DecodeError as exc:
+        except ContentDecodingError as exc:
             self._fatal = f"unreadable: {exc}"
         except Exception as exc:  # pragma: no cover - defensive
             self._fatal = _internal(exc)
@@ -179,7 +179,7 @@ class Tap:
         try:
             if self._fatal is None and self._result is None:
                 self._push(data)
-        except (DecodeError, EventStreamError) as exc:
+        except (ContentDecodingError, EventStreamError) as exc:
             self._fatal = f"unreadable: {exc}"
         except Exception as exc:
             self._fatal = _internal(exc)
@@ -259,7 +259,7 @@ class Tap:
         try:
             if self._decoder is not None:
                 self._decoder.close()
-        except DecodeError as exc:
+        except ContentDecodingError as exc:
             self._fatal = f"unreadable: {exc}"
             return
         if self._sse is not None:

@@ -247,7 +247,7 @@ class PriceBook:
         fixed, version, matched, rates, extras = entry
         if fixed is not None:
             return fixed
-        threshold, base, tier, den = rates  # type: ignore[misc]
+        threshold, base, tier, den = rates  # type: ignore[misc]  # rates is None only with a fixed price (returned above)
         inp = event["input_tokens"]
         read = event["cache_read_tokens"]
         write = event["cache_write_tokens"]

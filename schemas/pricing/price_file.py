@@ -192,8 +192,8 @@ def _model_from_yaml(item: Any, where: str, *, fallback: bool = False) -> ModelP
     try:
         return ModelPrice.of(
             match,
-            prices["input_per_mtok"],  # type: ignore[arg-type]
-            prices["output_per_mtok"],  # type: ignore[arg-type]
+            prices["input_per_mtok"],  # type: ignore[arg-type]  # required: checked not None above
+            prices["output_per_mtok"],  # type: ignore[arg-type]  # required: checked not None above
             cache_read_per_mtok=prices["cache_read_per_mtok"],
             cache_write_per_mtok=prices["cache_write_per_mtok"],
             cache_write_1h_per_mtok=prices["cache_write_1h_per_mtok"],

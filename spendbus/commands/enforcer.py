@@ -162,34 +162,14 @@ def serve(
     <home>/enforcer.token, made on first start (0600); --unix PATH or --insecure-loopback
     serve without one."""
     from runtime.net import is_loopback
-    from spendbus.secret_input import read_secret, refuse_on_command_line
+    from spendbus.secret_input import refuse_on_command_line
 
     refuse_on_command_line(
         "token", f"use --token-file FILE (or -, standard input) or set {TOKEN_ENV}"
     )
-    tokens: list[str] = []
-    if token_file is not None:
-        if token:
-            raise click.UsageError(f"--token-file and {TOKEN_ENV} are both set: keep one")
-        if token_file == "-":
-            tokens = [read_secret(token_file, "bearer token")]
-        else:
-            tokens = read_tokens(Path(token_file))
-    elif token is not None:
-        if not token.strip():
-            raise click.UsageError(f"{TOKEN_ENV} is empty")
-        tokens = [token.strip()]
+    tokens = _tokens_given(token_file, token)
     if insecure_loopback:
-        if tokens:
-            raise click.UsageError(
-                f"--insecure-loopback and a token (--token-file or {TOKEN_ENV}): keep one"
-            )
-        if unix is not None:
-            raise click.UsageError("--insecure-loopback is for --host; --unix needs no token")
-        if not is_loopback(host):
-            raise click.UsageError(
-                f"--insecure-loopback: only on loopback (127.0.0.1, ::1, localhost), not {host}"
-            )
+        _check_insecure_loopback(host, unix, has_token=bool(tokens))
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -240,6 +220,40 @@ def serve(
         asyncio.run(serve_publishing_refusals(config, spool.resolve(), started))
     else:
         uvloop.run(serve_publishing_refusals(config, spool.resolve(), started))
+
+
+def _tokens_given(token_file: str | None, token: str | None) -> list[str]:
+    """The bearer tokens from --token-file (``-``: standard input) or the environment's one
+    token; none when neither is given."""
+    from spendbus.secret_input import read_secret
+
+    if token_file is not None:
+        if token:
+            raise click.UsageError(f"--token-file and {TOKEN_ENV} are both set: keep one")
+        if token_file == "-":
+            return [read_secret(token_file, "bearer token")]
+        return read_tokens(Path(token_file))
+    if token is not None:
+        if not token.strip():
+            raise click.UsageError(f"{TOKEN_ENV} is empty")
+        return [token.strip()]
+    return []
+
+
+def _check_insecure_loopback(host: str, unix: Path | None, *, has_token: bool) -> None:
+    """--insecure-loopback serves /v1/* without a token: only alone, and only on loopback."""
+    from runtime.net import is_loopback
+
+    if has_token:
+        raise click.UsageError(
+            f"--insecure-loopback and a token (--token-file or {TOKEN_ENV}): keep one"
+        )
+    if unix is not None:
+        raise click.UsageError("--insecure-loopback is for --host; --unix needs no token")
+    if not is_loopback(host):
+        raise click.UsageError(
+            f"--insecure-loopback: only on loopback (127.0.0.1, ::1, localhost), not {host}"
+        )
 
 
 def default_token_file() -> Path:

@@ -16,7 +16,7 @@ import logging
 import signal
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.console import Console
@@ -126,7 +126,7 @@ def notify_run(
     urls: tuple[str, ...],
     secret_file: Path | None,
     config: Path | None,
-    start: str,
+    start: Literal["earliest", "latest"],  # click.Choice gives one of the two
     retry_base_seconds: float | None,
     retry_max_seconds: float | None,
     max_attempts: int | None,
@@ -170,7 +170,7 @@ def notify_run(
         settings.topics,
         webhooks,
         security=settings.kafka_security,
-        start=start,  # type: ignore[arg-type]
+        start=start,
         delivery_log=None if store is None else store[0],
         logged_keys=None if store is None else store[1],
         metrics=metrics,

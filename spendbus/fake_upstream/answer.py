@@ -21,7 +21,7 @@ from .formats import CHARS_PER_TOKEN, DELTA_CHARS
 from .request import server_tools
 from .routes import Call
 from .stats import Stats
-from .usage import usage_for_request
+from .usage import FakeUsage, usage_for_request
 
 
 def _answer_basis(fmt: str, body: bytes, request: dict[str, Any]) -> bytes:
@@ -51,11 +51,7 @@ async def answer(
     fault = random.Random(f"{config.seed}|fault|{arrival}")
     forced = Forced.read(request) if config.honor_headers else Forced()
 
-    try:
-        parsed = json.loads(body)
-    except (ValueError, RecursionError):
-        parsed = None
-    model = call.model or (parsed.get("model") if isinstance(parsed, dict) else None)
+    parsed, model, stream = _read_call(call, body)
     status = forced.status
     if not isinstance(parsed, dict) or not isinstance(model, str) or not model:
         status, message = 400, "the body must be a JSON object naming a model"
@@ -63,13 +59,8 @@ async def answer(
         message = None
         if status is None and fault.random() < config.error_rate:
             status = fault.choice(config.error_statuses)
-    stream = (
-        call.stream
-        if call.stream is not None
-        else bool(isinstance(parsed, dict) and parsed.get("stream") is True)
-    )
     if status is not None:
-        exchange = synthesize_error(
+        refusal = synthesize_error(
             call.fmt,
             status,
             model=model if isinstance(model, str) and model else "unknown",
@@ -79,23 +70,12 @@ async def answer(
             message=message,
         )
         stats.add(call.route, "errors")
-        return await send(request, call, exchange, config=config, stats=stats, declared=None)
+        return await send(request, call, refusal, config=config, stats=stats, declared=None)
 
     assert isinstance(parsed, dict) and isinstance(model, str)
     basis = _answer_basis(call.fmt, body, parsed)
     rng = random.Random(f"{config.seed}|{call.route}|{model}|{hashlib.sha256(basis).hexdigest()}")
-    usage = usage_for_request(
-        call.fmt,
-        parsed,
-        size=len(body),
-        rng=rng,
-        cache_ratio=config.cache_ratio,
-        output_tokens=config.output_tokens,
-        model=model,
-    )
-    if forced.output_tokens is not None:
-        out = forced.output_tokens
-        usage = replace(usage, output_tokens=out, reasoning_tokens=min(usage.reasoning_tokens, out))
+    usage = _drawn_usage(call, parsed, body, model=model, rng=rng, config=config, forced=forced)
     gzip_body = config.gzip and "gzip" in request.headers.get("Accept-Encoding", "").lower()
     options: dict[str, Any] = {
         "model": model,
@@ -109,29 +89,20 @@ async def answer(
     state = rng.getstate()
     exchange = synthesize(call.fmt, rng=rng, **options)
     # Faults need the whole answer first: they fall before the usage arrives.
-    cut_after = forced.cut_after
-    error_after = forced.error_after
-    before = exchange.usage_after or len(exchange.chunks)
-    if cut_after is None and error_after is None:
-        if fault.random() < config.cut_rate:
-            cut_after = fault.randrange(1, before) if stream and before > 1 else 0
-        elif stream and fault.random() < config.stream_error_rate:
-            error_after = fault.randrange(0, before)
+    cut_after, error_after = _drawn_faults(
+        forced, fault, config, stream=stream, before=exchange.usage_after or len(exchange.chunks)
+    )
     declared = None
     if cut_after is not None or error_after is not None or gzip_body:
-        if cut_after is not None and not stream:
-            declared = len(exchange.body)  # Content-Length of the whole body
-        rng.setstate(state)
-        exchange = synthesize(
-            call.fmt,
+        exchange, declared = _with_faults(
+            exchange,
             rng=rng,
+            state=state,
+            options=options,
             cut_after=cut_after,
-            error_after=error_after if stream else None,
+            error_after=error_after,
             gzip_body=gzip_body,
-            **options,
         )
-        if declared is not None and gzip_body:
-            declared = 2 * len(exchange.body) + 1
     if (
         call.fmt == "openai-responses"
         and parsed.get("background") is True
@@ -139,24 +110,11 @@ async def answer(
         and not exchange.cut
         and not gzip_body
     ):
-        if stream:  # streamed as usual, and kept: the same draws give the same response
-            rng.setstate(state)
-            whole = synthesize(call.fmt, rng=rng, **{**options, "stream": False})
-            openai_responses.background(whole.body, stored)
-        else:  # billed all the same: the answer carries no usage, the retrieval will
-            queued = openai_responses.background(exchange.body, stored)
-            exchange = replace(exchange, chunks=[queued], usage_after=None)
+        exchange = _kept_in_background(exchange, stored, rng=rng, state=state, options=options)
     if exchange.cut:
         stats.add(call.route, "cuts")
     if exchange.error:
         stats.add(call.route, "stream_errors")
-    if not stream:
-        text_tokens = usage.output_tokens - usage.reasoning_tokens
-        lo, hi = DELTA_CHARS[call.fmt]
-        chunks = math.ceil(text_tokens * CHARS_PER_TOKEN / ((lo + hi) / 2))
-        generation = chunks * config.chunk_latency_ms
-    else:
-        generation = 0.0
     return await send(
         request,
         call,
@@ -164,8 +122,123 @@ async def answer(
         config=config,
         stats=stats,
         declared=declared,
-        generation_ms=generation,
+        generation_ms=0.0 if stream else _generation_ms(call, usage, config),
     )
+
+
+def _read_call(call: Call, body: bytes) -> tuple[Any, Any, bool]:
+    """``(parsed body, model, stream)``: the JSON (None if none), the model the route or the
+    body names (unchecked), and whether the answer streams."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        parsed = None
+    model = call.model or (parsed.get("model") if isinstance(parsed, dict) else None)
+    stream = (
+        call.stream
+        if call.stream is not None
+        else bool(isinstance(parsed, dict) and parsed.get("stream") is True)
+    )
+    return parsed, model, stream
+
+
+def _drawn_usage(
+    call: Call,
+    parsed: dict[str, Any],
+    body: bytes,
+    *,
+    model: str,
+    rng: random.Random,
+    config: FakeUpstreamConfig,
+    forced: Forced,
+) -> FakeUsage:
+    """What the answer bills: drawn for the request, its output forced by a header."""
+    usage = usage_for_request(
+        call.fmt,
+        parsed,
+        size=len(body),
+        rng=rng,
+        cache_ratio=config.cache_ratio,
+        output_tokens=config.output_tokens,
+        model=model,
+    )
+    if forced.output_tokens is not None:
+        out = forced.output_tokens
+        usage = replace(usage, output_tokens=out, reasoning_tokens=min(usage.reasoning_tokens, out))
+    return usage
+
+
+def _drawn_faults(
+    forced: Forced, fault: random.Random, config: FakeUpstreamConfig, *, stream: bool, before: int
+) -> tuple[int | None, int | None]:
+    """``(cut_after, error_after)``: as forced, else drawn to fall before chunk ``before``
+    (the one that completes the usage)."""
+    cut_after = forced.cut_after
+    error_after = forced.error_after
+    if cut_after is None and error_after is None:
+        if fault.random() < config.cut_rate:
+            cut_after = fault.randrange(1, before) if stream and before > 1 else 0
+        elif stream and fault.random() < config.stream_error_rate:
+            error_after = fault.randrange(0, before)
+    return cut_after, error_after
+
+
+def _with_faults(
+    exchange: FakeExchange,
+    *,
+    rng: random.Random,
+    state: Any,
+    options: dict[str, Any],
+    cut_after: int | None,
+    error_after: int | None,
+    gzip_body: bool,
+) -> tuple[FakeExchange, int | None]:
+    """``exchange`` drawn again from the same ``state`` of ``rng``, cut, broken off or
+    gzipped; and the Content-Length a cut whole body declared (None: its own)."""
+    declared = None
+    if cut_after is not None and not exchange.stream:
+        declared = len(exchange.body)  # Content-Length of the whole body
+    rng.setstate(state)
+    exchange = synthesize(
+        exchange.fmt,
+        rng=rng,
+        cut_after=cut_after,
+        error_after=error_after if exchange.stream else None,
+        gzip_body=gzip_body,
+        **options,
+    )
+    if declared is not None and gzip_body:
+        declared = 2 * len(exchange.body) + 1
+    return exchange, declared
+
+
+def _kept_in_background(
+    exchange: FakeExchange,
+    stored: dict[str, bytes],
+    *,
+    rng: random.Random,
+    state: Any,
+    options: dict[str, Any],
+) -> FakeExchange:
+    """A background Response, kept for retrieval (``state``: the ``rng`` state ``exchange``
+    was drawn from)."""
+    if exchange.stream:  # streamed as usual, and kept: the same draws give the same response
+        rng.setstate(state)
+        whole = synthesize(exchange.fmt, rng=rng, **{**options, "stream": False})
+        openai_responses.background(whole.body, stored)
+        return exchange
+    # billed all the same: the answer carries no usage, the retrieval will
+    queued = openai_responses.background(exchange.body, stored)
+    return replace(exchange, chunks=[queued], usage_after=None)
+
+
+def _generation_ms(call: Call, usage: FakeUsage, config: FakeUpstreamConfig) -> float:
+    """How long a non-streamed answer takes to generate: as long as its text would take
+    to stream, in chunks of the format's usual size."""
+    text_tokens = usage.output_tokens - usage.reasoning_tokens
+    lo, hi = DELTA_CHARS[call.fmt]
+    chunks = math.ceil(text_tokens * CHARS_PER_TOKEN / ((lo + hi) / 2))
+    return chunks * config.chunk_latency_ms
 
 
 async def send(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -91,35 +92,94 @@ def stream(plan: AnswerPlan) -> tuple[list[bytes], int | None]:
     start_usage = _usage(replace(u, input_tokens=start_input), output=start_output)
     if tools:
         start_usage["server_tool_use"] = {"web_search_requests": 0}
-    chunks = [
-        sse_event(
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": "msg_" + random_id(rng, 24),
-                    "type": "message",
-                    "role": "assistant",
-                    "model": plan.model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": start_usage,
+    blocks = _Blocks([_message_start(plan, start_usage)])
+    lo, hi = DELTA_CHARS[plan.fmt]
+    if plan.thinking:
+        blocks.add(
+            {"type": "thinking", "thinking": "", "signature": ""},
+            split_text(plan.thinking, rng, lo * 4, hi * 4),
+            ("thinking_delta", "thinking"),
+            ({"type": "signature_delta", "signature": random_id(rng, 64)},),
+        )
+    for k in range(tools):
+        preamble = make_text(rng, rng.randint(20, 60))
+        blocks.add({"type": "text", "text": ""}, split_text(preamble, rng, lo, hi))
+        use, result, query = _search_blocks(plan, k)
+        blocks.add(use, ["", query], ("input_json_delta", "partial_json"))
+        blocks.add(result)
+        # A cumulative usage after each server tool call: never a sum.
+        step = k + 1
+        blocks.chunks.append(
+            sse_event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": None, "stop_sequence": None},
+                    "usage": {
+                        "input_tokens": start_input
+                        + (u.input_tokens - start_input) * step // (tools + 1),
+                        "cache_creation_input_tokens": u.cache_write_tokens,
+                        "cache_read_input_tokens": u.cache_read_tokens,
+                        "output_tokens": start_output
+                        + (u.output_tokens - start_output) * step // (tools + 1),
+                        "server_tool_use": {"web_search_requests": step},
+                    },
                 },
+            )
+        )
+    blocks.add({"type": "text", "text": ""}, split_text(plan.text, rng, lo, hi))
+    final = _final_usage(plan)
+    chunks = blocks.chunks
+    chunks.append(
+        sse_event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": _stop(plan), "stop_sequence": None},
+                "usage": final,
             },
         )
-    ]
-    index = 0
+    )
+    chunks.append(sse_event("message_stop", {"type": "message_stop"}))
+    return chunks, len(chunks)
 
-    def block(
+
+def _message_start(plan: AnswerPlan, usage: dict[str, Any]) -> bytes:
+    return sse_event(
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_" + random_id(plan.rng, 24),
+                "type": "message",
+                "role": "assistant",
+                "model": plan.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": usage,
+            },
+        },
+    )
+
+
+class _Blocks:
+    """A stream's content blocks, numbered as they are added after ``chunks``."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.index = 0
+
+    def add(
+        self,
         start: dict[str, Any],
-        pieces: list[str] = [],  # noqa: B006 - never mutated
+        pieces: Sequence[str] = (),
         kind: tuple[str, str] = ("text_delta", "text"),
         tail: tuple[dict[str, Any], ...] = (),
     ) -> None:
         """One content block: its start, a delta of type ``kind`` = (type, field)
         per text piece, then the ``tail`` deltas, its stop."""
-        nonlocal index
+        index, chunks = self.index, self.chunks
         where = {"type": "content_block_delta", "index": index}
         chunks.append(
             sse_event(
@@ -138,67 +198,24 @@ def stream(plan: AnswerPlan) -> tuple[list[bytes], int | None]:
         chunks.append(
             sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
         )
-        index += 1
+        self.index += 1
 
-    lo, hi = DELTA_CHARS[plan.fmt]
-    if plan.thinking:
-        block(
-            {"type": "thinking", "thinking": "", "signature": ""},
-            split_text(plan.thinking, rng, lo * 4, hi * 4),
-            ("thinking_delta", "thinking"),
-            ({"type": "signature_delta", "signature": random_id(rng, 64)},),
-        )
-    for k in range(tools):
-        preamble = make_text(rng, rng.randint(20, 60))
-        block({"type": "text", "text": ""}, split_text(preamble, rng, lo, hi))
-        use, result, query = _search_blocks(plan, k)
-        block(use, ["", query], ("input_json_delta", "partial_json"))
-        block(result)
-        # A cumulative usage after each server tool call: never a sum.
-        step = k + 1
-        chunks.append(
-            sse_event(
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": None, "stop_sequence": None},
-                    "usage": {
-                        "input_tokens": start_input
-                        + (u.input_tokens - start_input) * step // (tools + 1),
-                        "cache_creation_input_tokens": u.cache_write_tokens,
-                        "cache_read_input_tokens": u.cache_read_tokens,
-                        "output_tokens": start_output
-                        + (u.output_tokens - start_output) * step // (tools + 1),
-                        "server_tool_use": {"web_search_requests": step},
-                    },
-                },
-            )
-        )
-    block({"type": "text", "text": ""}, split_text(plan.text, rng, lo, hi))
-    final: dict[str, Any]
-    if tools or rng.random() < 0.5:  # the newer, fully cumulative shape
-        final = {
-            "input_tokens": u.input_tokens,
-            "cache_creation_input_tokens": u.cache_write_tokens,
-            "cache_read_input_tokens": u.cache_read_tokens,
-            "output_tokens": u.output_tokens,
-        }
-        if tools:
-            final["server_tool_use"] = {"web_search_requests": tools}
-    else:
-        final = {"output_tokens": u.output_tokens}
-    chunks.append(
-        sse_event(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": _stop(plan), "stop_sequence": None},
-                "usage": final,
-            },
-        )
-    )
-    chunks.append(sse_event("message_stop", {"type": "message_stop"}))
-    return chunks, len(chunks)
+
+def _final_usage(plan: AnswerPlan) -> dict[str, Any]:
+    """The last ``message_delta``'s usage: fully cumulative (always with server tools), or
+    the older shape of output tokens only."""
+    u, tools = plan.usage, plan.server_tools
+    if not tools and plan.rng.random() >= 0.5:
+        return {"output_tokens": u.output_tokens}
+    final: dict[str, Any] = {
+        "input_tokens": u.input_tokens,
+        "cache_creation_input_tokens": u.cache_write_tokens,
+        "cache_read_input_tokens": u.cache_read_tokens,
+        "output_tokens": u.output_tokens,
+    }
+    if tools:
+        final["server_tool_use"] = {"web_search_requests": tools}
+    return final
 
 
 def body(plan: AnswerPlan) -> bytes:

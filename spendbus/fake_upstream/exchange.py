@@ -133,6 +133,71 @@ def synthesize(
     check_fmt(fmt)
     if hostile_shape is not None:
         hostile.check_shape(hostile_shape)
+    plan = _answer_plan(
+        fmt,
+        model=model,
+        usage=usage,
+        stream=stream,
+        rng=rng,
+        text_chars=text_chars,
+        server_tools=server_tools,
+        request=request,
+        prompt_chars=prompt_chars,
+    )
+    provider = PROVIDERS[fmt]
+    headers = provider.headers(rng)
+    request_bytes = dumps(plan.request).encode()
+    error = None
+    if stream:
+        chunks, usage_after, error = _stream_chunks(
+            provider,
+            plan,
+            hostile_shape=hostile_shape,
+            error_after=error_after,
+            gemini_sse=gemini_sse,
+        )
+        chunks, usage_after, cut = _cut_stream(chunks, usage_after, cut_after)
+        content_type = _stream_content_type(fmt, gemini_sse=gemini_sse)
+    else:
+        chunks, usage_after, cut = _whole_body(
+            provider, plan, hostile_shape=hostile_shape, cut=cut_after is not None
+        )
+        content_type = json_type(fmt)
+    encoding = None
+    if gzip_body:
+        chunks = gzip_chunks(chunks, finished=not cut)
+        encoding = "gzip"
+    return FakeExchange(
+        fmt=fmt,
+        request=plan.request,
+        request_bytes=request_bytes,
+        status=200,
+        content_type=content_type,
+        chunks=chunks,
+        usage=plan.usage,
+        stream=stream,
+        model=model,
+        content_encoding=encoding,
+        headers=headers,
+        usage_after=usage_after,
+        cut=cut,
+        error=error,
+    )
+
+
+def _answer_plan(
+    fmt: str,
+    *,
+    model: str,
+    usage: FakeUsage,
+    stream: bool,
+    rng: random.Random,
+    text_chars: int | None,
+    server_tools: int,
+    request: dict[str, Any] | None,
+    prompt_chars: int | None,
+) -> AnswerPlan:
+    """What the answer says: ``usage`` fitted to ``fmt``, its text, and the request."""
     original = usage
     usage = fit_usage(fmt, usage)
     if server_tools < 0:
@@ -155,7 +220,7 @@ def synthesize(
             prompt_chars=prompt_chars,
         )
     limit = max_output_tokens(fmt, request)
-    plan = AnswerPlan(
+    return AnswerPlan(
         fmt=fmt,
         model=model,
         usage=usage,
@@ -166,42 +231,34 @@ def synthesize(
         server_tools=server_tools,
         stop_at_limit=limit is not None and usage.output_tokens >= limit,
     )
-    provider = PROVIDERS[fmt]
-    headers = provider.headers(rng)
-    request_bytes = dumps(request).encode()
-    if not stream:
-        body = provider.body(plan)
-        if hostile_shape is not None:
-            body = hostile.body(fmt, hostile_shape, body)
-        chunks = [body]
-        usage_after: int | None = 1
-        cut = cut_after is not None
-        if cut:
-            chunks = [body[: len(body) // 2]]
-            usage_after = None
-        encoding = None
-        if gzip_body:
-            chunks = gzip_chunks(chunks, finished=not cut)
-            encoding = "gzip"
-        return FakeExchange(
-            fmt=fmt,
-            request=request,
-            request_bytes=request_bytes,
-            status=200,
-            content_type=json_type(fmt),
-            chunks=chunks,
-            usage=usage,
-            stream=False,
-            model=model,
-            content_encoding=encoding,
-            headers=headers,
-            usage_after=usage_after,
-            cut=cut,
-        )
 
+
+def _whole_body(
+    provider: Provider, plan: AnswerPlan, *, hostile_shape: str | None, cut: bool
+) -> tuple[list[bytes], int | None, bool]:
+    """The non-streamed body as one chunk, and after which chunk it carries the usage;
+    a cut body stops halfway and never carries it."""
+    body = provider.body(plan)
+    if hostile_shape is not None:
+        body = hostile.body(plan.fmt, hostile_shape, body)
+    if cut:
+        return [body[: len(body) // 2]], None, True
+    return [body], 1, False
+
+
+def _stream_chunks(
+    provider: Provider,
+    plan: AnswerPlan,
+    *,
+    hostile_shape: str | None,
+    error_after: int | None,
+    gemini_sse: bool,
+) -> tuple[list[bytes], int | None, str | None]:
+    """The stream's chunks, after which one it carries the usage, and its in-stream error:
+    the provider's error event replaces what follows chunk ``error_after``."""
     chunks, usage_after = provider.stream(plan)
     if hostile_shape is not None:
-        chunks, usage_after = hostile.stream(fmt, hostile_shape, chunks, usage_after)
+        chunks, usage_after = hostile.stream(plan.fmt, hostile_shape, chunks, usage_after)
     error = None
     if error_after is not None:
         error_after = max(0, min(error_after, len(chunks) - 1))
@@ -209,37 +266,28 @@ def synthesize(
         chunks = [*chunks[:error_after], event]
         if usage_after is not None and usage_after > error_after:
             usage_after = None
-    if fmt == "gemini" and not gemini_sse:
+    if plan.fmt == "gemini" and not gemini_sse:
         chunks = gemini.as_json_array(chunks, as_written=hostile_shape is not None)
-    cut = cut_after is not None and cut_after < len(chunks)
-    if cut:
-        assert cut_after is not None
-        chunks = chunks[: max(0, cut_after)]
-        if usage_after is not None and usage_after > len(chunks):
-            usage_after = None
-    content_type = EVENT_STREAM if fmt in EVENT_STREAMS else SSE
+    return chunks, usage_after, error
+
+
+def _cut_stream(
+    chunks: list[bytes], usage_after: int | None, cut_after: int | None
+) -> tuple[list[bytes], int | None, bool]:
+    """The stream ended after ``cut_after`` chunks (if it has more): the usage is carried
+    only if it came before the cut."""
+    if cut_after is None or cut_after >= len(chunks):
+        return chunks, usage_after, False
+    chunks = chunks[: max(0, cut_after)]
+    if usage_after is not None and usage_after > len(chunks):
+        usage_after = None
+    return chunks, usage_after, True
+
+
+def _stream_content_type(fmt: str, *, gemini_sse: bool) -> str:
     if fmt == "gemini":
-        content_type = "text/event-stream" if gemini_sse else json_type(fmt)
-    encoding = None
-    if gzip_body:
-        chunks = gzip_chunks(chunks, finished=not cut)
-        encoding = "gzip"
-    return FakeExchange(
-        fmt=fmt,
-        request=request,
-        request_bytes=request_bytes,
-        status=200,
-        content_type=content_type,
-        chunks=chunks,
-        usage=usage,
-        stream=True,
-        model=model,
-        content_encoding=encoding,
-        headers=headers,
-        usage_after=usage_after,
-        cut=cut,
-        error=error,
-    )
+        return "text/event-stream" if gemini_sse else json_type(fmt)
+    return EVENT_STREAM if fmt in EVENT_STREAMS else SSE
 
 
 def build_request(

@@ -99,34 +99,8 @@ async def serve(
     await ws.prepare(request)
     stats.status(REALTIME, 101)
     session = _Session(random.Random(f"{config.seed}|realtime|{model}"), model)
-
-    sending = asyncio.Lock()  # the session and its response task both send
-
-    async def send(obj: dict[str, Any]) -> None:
-        text = json.dumps({"event_id": session.event_id(), **obj})
-        stats.add(REALTIME, "bytes_out", len(text))
-        async with sending:
-            await ws.send_str(text)
-
-    await send({"type": "session.created", "session": _session_object(session)})
-
-    async def start(limit: int | None) -> bool:
-        """Run one response (waiting for the one before); False when it was cut."""
-        nonlocal cut_after
-        if session.task is not None and not await session.task:
-            return False
-        cut = cut_after
-        cut_after = None
-
-        async def run() -> bool:
-            finished = await _respond(config, stats, session, send, limit, cut)
-            if not finished:  # cut short: the connection is dropped
-                await ws.close()
-            return finished
-
-        session.task = asyncio.ensure_future(run())
-        return True
-
+    link = _Link(ws, session, config=config, stats=stats, cut_after=cut_after)
+    await link.send({"type": "session.created", "session": _session_object(session)})
     try:
         async for msg in ws:
             if msg.type == WSMsgType.BINARY:
@@ -139,65 +113,119 @@ async def serve(
             try:
                 event = json.loads(msg.data)
             except ValueError:
-                await send(_error("invalid_request_error", "The message is not JSON."))
+                await link.send(_error("invalid_request_error", "The message is not JSON."))
                 continue
-            kind = event.get("type") if isinstance(event, dict) else None
-            if kind == "session.update":
-                update = event.get("session") or {}
-                limit = update.get("max_response_output_tokens")
-                if type(limit) is int and limit > 0:
-                    session.max_output = limit
-                if "turn_detection" in update:
-                    detection = update["turn_detection"]
-                    session.server_vad = (
-                        isinstance(detection, dict) and detection.get("type") == "server_vad"
-                    )
-                await send({"type": "session.updated", "session": _session_object(session)})
-            elif kind == "conversation.item.create":
-                item = event.get("item") or {}
-                session.context_tokens += max(1, math.ceil(len(json.dumps(item)) / CHARS_PER_TOKEN))
-                await send(
-                    {
-                        "type": "conversation.item.created",
-                        "item": {"id": f"item_{session.responses}", **item},
-                    }
-                )
-            elif kind == "input_audio_buffer.append":
-                audio = event.get("audio") or ""
-                session.context_tokens += math.ceil(len(audio) / AUDIO_CHARS_PER_TOKEN)
-                if session.server_vad:  # the turn ends with this append: the server answers
-                    item_id = f"item_audio_{session.event_id()[-8:]}"
-                    for name in ("speech_started", "speech_stopped", "committed"):
-                        await send({"type": f"input_audio_buffer.{name}", "item_id": item_id})
-                    await send(
-                        {
-                            "type": "conversation.item.created",
-                            "item": {"id": item_id, "type": "message", "role": "user"},
-                        }
-                    )
-                    if not await start(None):
-                        await ws.close()
-                        return ws
-            elif kind == "input_audio_buffer.commit":
-                await send({"type": "input_audio_buffer.committed", "item_id": "item_commit"})
-            elif kind == "response.cancel":
-                target = event.get("response_id") or session.current
-                if isinstance(target, str) and target == session.current:
-                    session.cancelled.add(target)
-                    stats.add(REALTIME, "cancels")
-            elif kind == "response.create":
-                limit = (event.get("response") or {}).get("max_output_tokens")
-                if not await start(limit if type(limit) is int else None):
-                    await ws.close()
-                    return ws
-            else:
-                await send(_error("invalid_request_error", f"Unknown event type {kind!r}."))
+            if not await link.on_event(event):
+                await ws.close()
+                return ws
     except ConnectionError:
         stats.add(REALTIME, "client_disconnects")
     finally:
         if session.task is not None and not session.task.done():
             session.task.cancel()
     return ws
+
+
+class _Link:
+    """One session's WebSocket: the client's events answered, responses started."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        session: _Session,
+        *,
+        config: FakeUpstreamConfig,
+        stats: Stats,
+        cut_after: int | None,
+    ) -> None:
+        self.ws = ws
+        self.session = session
+        self.config = config
+        self.stats = stats
+        #: the first response is cut after this many deltas (``x-fake-cut-after``)
+        self.cut_after = cut_after
+        self._sending = asyncio.Lock()  # the session and its response task both send
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        text = json.dumps({"event_id": self.session.event_id(), **obj})
+        self.stats.add(REALTIME, "bytes_out", len(text))
+        async with self._sending:
+            await self.ws.send_str(text)
+
+    async def on_event(self, event: Any) -> bool:
+        """Answer one client event; False when a response was cut (the connection goes)."""
+        session = self.session
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind == "session.update":
+            await self._update(event.get("session") or {})
+        elif kind == "conversation.item.create":
+            item = event.get("item") or {}
+            session.context_tokens += max(1, math.ceil(len(json.dumps(item)) / CHARS_PER_TOKEN))
+            await self.send(
+                {
+                    "type": "conversation.item.created",
+                    "item": {"id": f"item_{session.responses}", **item},
+                }
+            )
+        elif kind == "input_audio_buffer.append":
+            return await self._append_audio(event.get("audio") or "")
+        elif kind == "input_audio_buffer.commit":
+            await self.send({"type": "input_audio_buffer.committed", "item_id": "item_commit"})
+        elif kind == "response.cancel":
+            target = event.get("response_id") or session.current
+            if isinstance(target, str) and target == session.current:
+                session.cancelled.add(target)
+                self.stats.add(REALTIME, "cancels")
+        elif kind == "response.create":
+            limit = (event.get("response") or {}).get("max_output_tokens")
+            return await self.start(limit if type(limit) is int else None)
+        else:
+            await self.send(_error("invalid_request_error", f"Unknown event type {kind!r}."))
+        return True
+
+    async def _update(self, update: Any) -> None:
+        session = self.session
+        limit = update.get("max_response_output_tokens")
+        if type(limit) is int and limit > 0:
+            session.max_output = limit
+        if "turn_detection" in update:
+            detection = update["turn_detection"]
+            session.server_vad = (
+                isinstance(detection, dict) and detection.get("type") == "server_vad"
+            )
+        await self.send({"type": "session.updated", "session": _session_object(session)})
+
+    async def _append_audio(self, audio: Any) -> bool:
+        session = self.session
+        session.context_tokens += math.ceil(len(audio) / AUDIO_CHARS_PER_TOKEN)
+        if not session.server_vad:
+            return True
+        # the turn ends with this append: the server answers
+        item_id = f"item_audio_{session.event_id()[-8:]}"
+        for name in ("speech_started", "speech_stopped", "committed"):
+            await self.send({"type": f"input_audio_buffer.{name}", "item_id": item_id})
+        await self.send(
+            {
+                "type": "conversation.item.created",
+                "item": {"id": item_id, "type": "message", "role": "user"},
+            }
+        )
+        return await self.start(None)
+
+    async def start(self, limit: int | None) -> bool:
+        """Run one response (waiting for the one before); False when it was cut."""
+        session = self.session
+        if session.task is not None and not await session.task:
+            return False
+        cut, self.cut_after = self.cut_after, None
+        session.task = asyncio.ensure_future(self._run(limit, cut))
+        return True
+
+    async def _run(self, limit: int | None, cut: int | None) -> bool:
+        finished = await _respond(self.config, self.stats, self.session, self.send, limit, cut)
+        if not finished:  # cut short: the connection is dropped
+            await self.ws.close()
+        return finished
 
 
 async def _respond(
@@ -263,33 +291,36 @@ async def _respond(
     await send(
         {"type": "response.output_text.done", "response_id": response_id, "text": "".join(pieces)}
     )
-    await send(
-        {
-            "type": "response.done",
-            "response": {
-                "id": response_id,
-                "object": "realtime.response",
-                "status": status,
-                "usage": {
-                    "total_tokens": usage.total_tokens,
-                    "input_tokens": usage.input_tokens + usage.cache_read_tokens,
-                    "output_tokens": usage.output_tokens,
-                    "input_token_details": {
-                        "cached_tokens": usage.cache_read_tokens,
-                        "text_tokens": usage.input_tokens + usage.cache_read_tokens,
-                        "audio_tokens": 0,
-                    },
-                    "output_token_details": {"text_tokens": usage.output_tokens, "audio_tokens": 0},
-                },
-            },
-        }
-    )
+    await send(_done_event(response_id, status, usage))
     stats.billed(REALTIME, usage, reported=True)
     session.current = None
     # the next response rereads all of this one from the cache, and its output too
     session.cached_tokens = session.context_tokens
     session.context_tokens += usage.output_tokens
     return True
+
+
+def _done_event(response_id: str, status: str, usage: FakeUsage) -> dict[str, Any]:
+    """``response.done``: the response bills the whole conversation as input."""
+    return {
+        "type": "response.done",
+        "response": {
+            "id": response_id,
+            "object": "realtime.response",
+            "status": status,
+            "usage": {
+                "total_tokens": usage.total_tokens,
+                "input_tokens": usage.input_tokens + usage.cache_read_tokens,
+                "output_tokens": usage.output_tokens,
+                "input_token_details": {
+                    "cached_tokens": usage.cache_read_tokens,
+                    "text_tokens": usage.input_tokens + usage.cache_read_tokens,
+                    "audio_tokens": 0,
+                },
+                "output_token_details": {"text_tokens": usage.output_tokens, "audio_tokens": 0},
+            },
+        },
+    }
 
 
 def _session_object(session: _Session) -> dict[str, Any]:

@@ -172,8 +172,8 @@ def new_cluster_id() -> str:
 # --------------------------------------------------------------------------------------------
 #
 # Most of a broker start on a small machine is the JVM loading and verifying ~6k classes. An
-# AppCDS archive of those classes (JDK 13+ "dynamic archive") cuts a warm start by ~40 %
-# (4.8 s -> 2.9 s here). The first broker started without an archive records one at its clean
+# AppCDS archive of those classes (JDK 13+ "dynamic archive") cuts a good part of a warm
+# start (bench/records/comment_figures_2026-12-07.jsonl). The first broker started without an archive records one at its clean
 # exit (-XX:ArchiveClassesAtExit) into a ".partial" file; once that JVM is gone the partial is
 # checked by mapping it in a throwaway JVM (-Xshare:on) and only then renamed into place. The
 # check matters: a truncated archive (JVM killed while writing it) crashes every JVM that maps it

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.private_files import PRIVATE_UMASK
+from spendbus.stack.broker_config import jvm_command, server_properties
 from spendbus.stack.broker_jars import DEFAULT_INFRA_DIR, ensure_broker_jars, kafka_version
 from spendbus.stack.broker_probe import broker_ready, free_ports
 from spendbus.stack.broker_process import (
@@ -99,7 +100,7 @@ class LocalKafka:
     #: Extra JVM options appended after the defaults (later options win), e.g. ["-Xmx1g"].
     jvm_opts: Sequence[str] = ()
     #: Start the JVM from (and, the first time, record) a class-data-sharing archive kept next to
-    #: the jars: ~40 % faster starts. See class_archive_path.
+    #: the jars: markedly faster starts. See class_archive_path.
     class_archive: bool = True
     #: Extra/overriding server.properties entries, e.g. {"message.timestamp.after.max.ms": ...}.
     extra_config: Mapping[str, str] = field(default_factory=dict)
@@ -290,63 +291,16 @@ class LocalKafka:
         tmp.replace(self.state_path)
 
     def _server_properties(self) -> dict[str, str]:
-        port, cport = self.port, self.controller_port
-        quorum = self.quorum or {self.node_id: cport}
-        voters = ",".join(f"{node}@127.0.0.1:{p}" for node, p in sorted(quorum.items()))
-        rf, min_isr = str(self.replication), str(self.min_insync_replicas)
-        props = {
-            # KRaft combined mode: each JVM is a controller (a voter) and a broker.
-            "process.roles": "broker,controller",
-            "node.id": str(self.node_id),
-            # Static quorum: ourselves, or every node of a LocalCluster. Chosen over the dynamic quorum
-            # (controller.quorum.bootstrap.servers + format --standalone) because the static
-            # voter's endpoint is read from this file at each start instead of being frozen into
-            # the metadata log at format time, so nothing else depends on the controller port.
-            "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self.log_dir),
-            # Topics are declared explicitly (infra topics, faust changelogs); a typo in a topic
-            # name must fail instead of silently creating a new topic.
-            "auto.create.topics.enable": "false",
-            "num.partitions": str(self.partitions_default),
-            "default.replication.factor": rf,
-            "min.insync.replicas": min_isr,
-            # Internal topics default to RF 3 and would never be created on one node; on a
-            # cluster they follow it (a lost broker must not lose the group offsets).
-            "offsets.topic.replication.factor": rf,
-            "transaction.state.log.replication.factor": rf,
-            "transaction.state.log.min.isr": min_isr,
-            "share.coordinator.state.topic.replication.factor": rf,
-            "share.coordinator.state.topic.min.isr": min_isr,
-            # Fewer partitions of internal topics (defaults 50): they are created on first use,
-            # and creating 50 partitions costs seconds of a test's time.
-            "offsets.topic.num.partitions": "4",
-            "transaction.state.log.num.partitions": "4",
-            # After a crash (kill -9) the restarted broker cannot register until the controller
-            # has expired the dead incarnation's session (default 9 s), which fault tests pay on
-            # every crash-restart. 4 s stays well above the heartbeat interval, so a briefly
-            # starved JVM on a loaded machine is not fenced.
-            "broker.heartbeat.interval.ms": "1000",
-            "broker.session.timeout.ms": "4000",
-            # The first consumer group join would otherwise wait 3 s for more members.
-            "group.initial.rebalance.delay.ms": "0",
-            # Compaction is what budget.verdicts, budget.policies, pricing and faust changelogs
-            # rely on. The dedupe buffer defaults to 128 MiB of heap: 32 MiB fits a 512 MiB heap.
-            "log.cleaner.enable": "true",
-            "log.cleaner.threads": "1",
-            # Look for dirty logs every 2 s (default 15 s), so tests can observe compaction.
-            "log.cleaner.backoff.ms": "2000",
-            "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),
-            # Two cores: a handful of threads is plenty.
-            "num.network.threads": "2",
-            "num.io.threads": "4",
-            "background.threads": "4",
-            "num.recovery.threads.per.data.dir": "1",
-        }
+        props = server_properties(
+            node_id=self.node_id,
+            port=self.port,
+            controller_port=self.controller_port,
+            quorum=self.quorum,
+            log_dir=self.log_dir,
+            partitions_default=self.partitions_default,
+            replication=self.replication,
+            min_insync_replicas=self.min_insync_replicas,
+        )
         if self.sasl_ssl is not None:
             props.update(
                 sasl_ssl_properties(
@@ -393,27 +347,17 @@ class LocalKafka:
         return found
 
     def _jvm_args(self, libs: Path, cds: Sequence[str] = ()) -> list[str]:
-        return [
+        return jvm_command(
             self._java(),
-            *cds,
-            f"-Xms{self.heap_min}",
-            f"-Xmx{self.heap_max}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            # Die instead of limping on with a broken heap: a dead broker is an honest failure.
-            "-XX:+ExitOnOutOfMemoryError",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self.infra_dir / 'log4j2.yaml'}",
-            f"-Dkafka.logs.dir={self.data_dir / 'logs'}",
-            # lz4/snappy/zstd unpack their native libraries into java.io.tmpdir and leave them
-            # behind when the JVM is killed: keep them in the data dir rather than in /tmp.
-            f"-Djava.io.tmpdir={self.data_dir / 'tmp'}",
-            f"-Dspendbus.kafka.loglevel={self.log_level}",
-            *self.jvm_opts,
-            "-cp",
-            # The JVM expands "dir/*" to every jar in dir itself; no shell involved.
-            f"{libs}/*",
-        ]
+            libs,
+            cds=cds,
+            heap_min=self.heap_min,
+            heap_max=self.heap_max,
+            infra_dir=self.infra_dir,
+            data_dir=self.data_dir,
+            log_level=self.log_level,
+            jvm_opts=self.jvm_opts,
+        )
 
     def _format_storage(self, libs: Path) -> None:
         """Format log.dirs once (what `kafka-storage.sh format` does); skipped when formatted."""

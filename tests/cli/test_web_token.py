@@ -59,7 +59,7 @@ def test_off_loopback_a_token_must_be_configured(tmp_path: Path) -> None:
         }
     )
     assert worker_token(configured).get_secret_value() == "configured-token"
-    assert client_token(configured).get_secret_value() == "configured-token"  # type: ignore[union-attr]
+    assert client_token(configured).get_secret_value() == "configured-token"  # type: ignore[union-attr]  # a token is configured: not None
 
 
 def test_configured_tokens_are_checked_and_never_shown(tmp_path: Path) -> None:

@@ -406,7 +406,7 @@ async def test_unusable_records_are_skipped_logged_and_counted_never_fatal(
             events = await stack.events(1)
             assert events[0]["org_id"] == "globex"
             # the file's key keeps the file's principal
-            assert stack.gateway.keys.lookup(file_key).principal.org_id == "acme"  # type: ignore[union-attr]
+            assert stack.gateway.keys.lookup(file_key).principal.org_id == "acme"  # type: ignore[union-attr]  # the file's key is known: found
             logged = " ".join(r.getMessage() for r in caplog.records)
             for reason in ("bad_magic", "bad_key", "wrong_schema", "unknown_secret", "malformed"):
                 assert f"({reason})" in logged

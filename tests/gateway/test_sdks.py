@@ -315,14 +315,14 @@ async def test_an_in_flight_refusal_is_retried_by_the_sdk_once_the_hold_is_gone(
         }
         no_retries = anthropic_client(stack.url, KEY_OF["sk-anthropic"])
         with pytest.raises(anthropic.RateLimitError) as refused:
-            await no_retries.messages.create(**request)  # type: ignore[call-overload]
+            await no_retries.messages.create(**request)  # type: ignore[call-overload]  # one dict for both clients: the SDK's typed params aside
         await no_retries.close()
         headers = refused.value.response.headers
         assert headers["retry-after"] == "5" and headers["x-should-retry"] == "true"
         assert "the requests in flight could use what is left" in refused.value.message
 
         retrying = anthropic.AsyncAnthropic(base_url=stack.url, api_key=KEY_OF["sk-anthropic"])
-        answer = asyncio.create_task(retrying.messages.create(**request))  # type: ignore[call-overload]
+        answer = asyncio.create_task(retrying.messages.create(**request))  # type: ignore[call-overload]  # one dict for both clients: the SDK's typed params aside
         await eventually(lambda: stack.enforcer.metrics.decisions["in_flight_budget_exceeded"] == 2)
         assert not answer.done()  # the SDK waits Retry-After before its retry
         assert stack.enforcer.release(other.hold_id)
@@ -359,16 +359,16 @@ async def test_a_rate_limit_throttles_with_429_and_the_sdk_retries_after_it(
         request = {"model": "gpt-4o", "messages": [{"role": "user", "content": PROMPT}]}
         once = openai_client(stack.url, KEY_OF["sk-openai"])
         for _ in range(2):
-            await once.chat.completions.create(**request)  # type: ignore[call-overload]
+            await once.chat.completions.create(**request)  # type: ignore[call-overload]  # one dict for every call: the SDK's typed params aside
         with pytest.raises(openai.RateLimitError) as refused:
-            await once.chat.completions.create(**request)  # type: ignore[call-overload]
+            await once.chat.completions.create(**request)  # type: ignore[call-overload]  # one dict for every call: the SDK's typed params aside
         await once.close()
         assert refused.value.code == "rate_limit_exceeded"
         headers = refused.value.response.headers
         assert headers["retry-after"] == "1" and 0 < int(headers["retry-after-ms"]) <= 1000
         assert headers["x-should-retry"] == "true"
         retrying = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key=KEY_OF["sk-openai"])
-        chat = await retrying.chat.completions.create(**request)  # type: ignore[call-overload]
+        chat = await retrying.chat.completions.create(**request)  # type: ignore[call-overload]  # one dict for every call: the SDK's typed params aside
         await retrying.close()
         assert chat.choices[0].message.content
         decisions = stack.enforcer.metrics.decisions

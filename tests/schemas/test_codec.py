@@ -234,7 +234,7 @@ def test_header_is_the_crc64_fingerprint_of_the_canonical_form(name: str) -> Non
 
 def test_fingerprint_matches_the_avro_spec_test_vector() -> None:
     # The Avro spec's CRC-64-AVRO of the schema "int" is 0x7275d51a3f395c8f, little-endian on the wire.
-    assert fingerprint("int") == (0x7275D51A3F395C8F).to_bytes(8, "little")  # type: ignore[arg-type]
+    assert fingerprint("int") == (0x7275D51A3F395C8F).to_bytes(8, "little")  # type: ignore[arg-type]  # the spec's vector is the bare schema "int"
 
 
 def test_fingerprints_are_distinct() -> None:

@@ -150,10 +150,10 @@ def test_longest_prefix_wins() -> None:
         ModelPrice.of("gpt-4o-mini", "0.15", "0.60"),
         ModelPrice.of("gpt-4o-2024-05-13", "5", "15"),
     )
-    assert t.lookup("gpt-4o-mini-2024-07-18").match == "gpt-4o-mini"  # type: ignore[union-attr]
-    assert t.lookup("gpt-4o-2024-08-06").match == "gpt-4o"  # type: ignore[union-attr]
-    assert t.lookup("gpt-4o-2024-05-13").match == "gpt-4o-2024-05-13"  # type: ignore[union-attr]
-    assert t.lookup("gpt-4o").match == "gpt-4o"  # type: ignore[union-attr]
+    assert t.lookup("gpt-4o-mini-2024-07-18").match == "gpt-4o-mini"  # type: ignore[union-attr]  # the model is priced: found
+    assert t.lookup("gpt-4o-2024-08-06").match == "gpt-4o"  # type: ignore[union-attr]  # the model is priced: found
+    assert t.lookup("gpt-4o-2024-05-13").match == "gpt-4o-2024-05-13"  # type: ignore[union-attr]  # the model is priced: found
+    assert t.lookup("gpt-4o").match == "gpt-4o"  # type: ignore[union-attr]  # the model is priced: found
     assert t.lookup("gpt-4") is None
     assert t.lookup("") is None
 
@@ -190,7 +190,7 @@ def test_model_id_decorations() -> None:
         "claude-sonnet-4-0",  # Anthropic's alias of Sonnet 4
     ):
         assert t.lookup(model) is sonnet_4, model
-    assert t.lookup("models/gemini-2.5-pro").match == "gemini-2.5-pro"  # type: ignore[union-attr]
+    assert t.lookup("models/gemini-2.5-pro").match == "gemini-2.5-pro"  # type: ignore[union-attr]  # the model is priced: found
 
 
 def test_an_entry_for_the_id_as_carried_beats_the_normalised_id() -> None:
@@ -258,7 +258,7 @@ def test_the_version_in_force_at_the_event_time_prices_it() -> None:
     assert Price(0, None, None, True) == NO_VERSION
     assert b.table_at(T0 - timedelta(days=1)) is None
     assert b.unpriced_models(["m"], T0 - timedelta(days=1)) == ["m"]
-    assert b.table_at(datetime(2027, 1, 1, 9, tzinfo=UTC)).version == "v2"  # type: ignore[union-attr]
+    assert b.table_at(datetime(2027, 1, 1, 9, tzinfo=UTC)).version == "v2"  # type: ignore[union-attr]  # a version is in force then: found
 
 
 def test_reapplied_version_replaces_and_removed_version_is_gone() -> None:

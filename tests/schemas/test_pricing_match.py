@@ -93,9 +93,9 @@ def test_another_version_is_unpriced_not_priced_as_its_neighbour(model: str, ent
 
 def test_the_longest_entry_that_prices_a_form_wins() -> None:
     t = table(entry("gpt-4o"), entry("gpt-4o-2024-05-13"), entry("gpt-4o-mini"))
-    assert t.lookup("gpt-4o-2024-05-13").match == "gpt-4o-2024-05-13"  # type: ignore[union-attr]
-    assert t.lookup("gpt-4o-2024-08-06").match == "gpt-4o"  # type: ignore[union-attr]
-    assert t.lookup("gpt-4o-mini-2024-07-18").match == "gpt-4o-mini"  # type: ignore[union-attr]
+    assert t.lookup("gpt-4o-2024-05-13").match == "gpt-4o-2024-05-13"  # type: ignore[union-attr]  # the model is priced: found
+    assert t.lookup("gpt-4o-2024-08-06").match == "gpt-4o"  # type: ignore[union-attr]  # the model is priced: found
+    assert t.lookup("gpt-4o-mini-2024-07-18").match == "gpt-4o-mini"  # type: ignore[union-attr]  # the model is priced: found
 
 
 def test_snapshot_suffix_grammar() -> None:
@@ -294,4 +294,4 @@ def test_a_different_version_never_prices_as_x(data: st.DataObject, x: str, y: s
     assert t.lookup(form) is None, (x, form, t.explain(form))
     # nor when y has an entry of its own: then y's entry prices it
     both = table(entry(x), entry(y))
-    assert both.lookup(form).match == y  # type: ignore[union-attr]
+    assert both.lookup(form).match == y  # type: ignore[union-attr]  # the model is priced: found

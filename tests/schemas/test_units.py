@@ -39,7 +39,7 @@ def test_money_is_exact_and_rounds_half_even() -> None:
     with pytest.raises(ContractError):
         usd_to_nanos("0.0000000001")
     with pytest.raises(ContractError):
-        usd_to_nanos(0.1)  # type: ignore[arg-type]
+        usd_to_nanos(0.1)  # type: ignore[arg-type]  # a float is what is refused
     # 1 token at $0.0005/Mtok = 0.5 nanos -> ties to even: 0; 3 tokens = 1.5 -> 2
     assert round_nanos(line_cost(1, Decimal("0.0005"))) == 0
     assert round_nanos(line_cost(3, Decimal("0.0005"))) == 2
@@ -71,7 +71,7 @@ def test_period_keys_and_resets(window: str, ts: str, key: str, end: str | None)
     assert period_end(w, when) == expected_end
     start = period_start(w, when)
     if start is not None:
-        assert start <= when < period_end(w, when)  # type: ignore[operator]
+        assert start <= when < period_end(w, when)  # type: ignore[operator]  # a period with a start has an end
 
 
 def test_rolling_windows_keep_48_buckets() -> None:

@@ -61,7 +61,7 @@ def canonical(value: Decimal, *, shift: int = 0) -> Decimal:
         ctx.traps[Inexact] = True
         try:
             moved = value.scaleb(shift).normalize()
-            if moved.as_tuple().exponent > 0:  # type: ignore[operator]
+            if moved.as_tuple().exponent > 0:  # type: ignore[operator]  # a finite Decimal: the exponent is an int
                 moved = moved.quantize(Decimal(1))  # 3E+1 -> 30: plain digits
         except (Inexact, InvalidOperation):
             raise ConfigError(f"{value}: cannot be moved {shift} places exactly") from None

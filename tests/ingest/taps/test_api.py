@@ -18,7 +18,7 @@ def test_public_names() -> None:
         [
             "FORMATS",
             "ContentDecoder",
-            "DecodeError",
+            "ContentDecodingError",
             "EstimatorConfig",
             "RealtimeTap",
             "RequestInfo",
@@ -52,7 +52,7 @@ def test_unknown_format_is_a_programming_error() -> None:
 def test_result_is_frozen_and_validated() -> None:
     result = TapResult("m", input_tokens=1, output_tokens=2, usage_source="reported")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        result.input_tokens = 5  # type: ignore[misc]
+        result.input_tokens = 5  # type: ignore[misc]  # frozen: the assignment is what is refused
     with pytest.raises(ValueError):
         TapResult("m", input_tokens=-1)
     with pytest.raises(ValueError):
@@ -102,7 +102,7 @@ def test_usage_names_the_first_invalid_count() -> None:
     with pytest.raises(ValueError, match="cache_read_tokens must be an int >= 0"):
         Usage(input_tokens=1, cache_read_tokens=-1, output_tokens=-1)
     with pytest.raises((TypeError, ValueError)):  # TypeError at the compiled signature
-        Usage(output_tokens="3")  # type: ignore[arg-type]
+        Usage(output_tokens="3")  # type: ignore[arg-type]  # a str is what is refused
     with pytest.raises(ValueError, match="reasoning_tokens exceeds output_tokens"):
         Usage(output_tokens=1, reasoning_tokens=2)
 
@@ -153,4 +153,4 @@ def test_non_2xx_with_an_unreadable_body() -> None:
 
 def test_estimator_is_a_frozen_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
-        EstimatorConfig().output_cap = 1  # type: ignore[misc]
+        EstimatorConfig().output_cap = 1  # type: ignore[misc]  # frozen: the assignment is what is refused

@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from ingest.taps.base import DECODE_PIECE
-from ingest.taps.decode import ContentDecoder, DecodeError, supported_encodings
+from ingest.taps.decode import ContentDecoder, ContentDecodingError, supported_encodings
 
 TEXT = b"data: " + b'{"choices":[],"usage":{"prompt_tokens":5}}' * 200 + b"\n\n"
 
@@ -77,9 +77,9 @@ def test_decompression_bomb_output_is_bounded_per_piece() -> None:
 
 
 def test_corrupt_and_unsupported() -> None:
-    with pytest.raises(DecodeError, match="gzip"):
+    with pytest.raises(ContentDecodingError, match="gzip"):
         decode("gzip", b"\x1f\x8b\x08\x00garbage-garbage-garbage")
-    with pytest.raises(DecodeError, match="unsupported content-encoding compress"):
+    with pytest.raises(ContentDecodingError, match="unsupported content-encoding compress"):
         ContentDecoder("compress", print)
 
 
@@ -115,7 +115,7 @@ def test_a_body_decompressing_past_the_bound_is_cut_off(encoding: str) -> None:
 
     decoder = ContentDecoder(encoding, sink, max_bytes=limit)
     bomb = _bomb(encoding, 32 << 20)
-    with pytest.raises(DecodeError, match=f"more than {limit} bytes"):
+    with pytest.raises(ContentDecodingError, match=f"more than {limit} bytes"):
         for i in range(0, len(bomb), 16 * 1024):
             decoder.feed(bomb[i : i + 16 * 1024])
     assert total <= limit  # nothing past the bound reached the reader

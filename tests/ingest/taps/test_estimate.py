@@ -16,7 +16,7 @@ CFG = EstimatorConfig()
 
 
 def est(request: RequestInfo, **seen: object) -> Usage:
-    return estimate_usage(request, Observed(**{"streaming": True, **seen}), CFG)  # type: ignore[arg-type]
+    return estimate_usage(request, Observed(**{"streaming": True, **seen}), CFG)  # type: ignore[arg-type]  # the fields' types are Observed's to check
 
 
 def test_output_is_text_over_four_at_least_one_per_delta() -> None:
@@ -157,7 +157,7 @@ def test_config_validation() -> None:
     with pytest.raises(ValueError):
         EstimatorConfig(output_cap=-1)
     with pytest.raises(ValueError):
-        EstimatorConfig(delta_text="nope")  # type: ignore[arg-type]
+        EstimatorConfig(delta_text="nope")  # type: ignore[arg-type]  # a bad value is what is refused
     with pytest.raises(ValueError):
         EstimatorConfig(chars_per_token=0)
 

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.taps.base import loads, loads_stdlib
-from ingest.taps.fastjson import json_loads
+from ingest.taps.fastjson import json_loads, loads, loads_stdlib
 
 # -- loads: msgspec first, json's verdict on anything else --------------------------------
 
