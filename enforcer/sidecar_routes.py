@@ -38,6 +38,7 @@ from enforcer.sidecar_json import (
 )
 from schemas.errors import ContractError
 from schemas.periods import from_micros
+from schemas.records import UsageEvent
 from schemas.usage import PRICED_TOKEN_FIELDS, THROTTLED
 from schemas.usage_sink import UsageSink
 
@@ -247,7 +248,7 @@ def routes(
     in_flight = InFlight(enforcer, config) if config.sidecar_max_in_flight_per_key else None
     published = enforcer.metrics.published
 
-    async def publish_refusal(event: dict[str, Any]) -> None:
+    async def publish_refusal(event: UsageEvent) -> None:
         """Hand the refusal event to the sink (the ingest publisher spools it: it reaches
         the broker when it can); a failure is counted and logged, the answer stays."""
         assert refusals is not None
