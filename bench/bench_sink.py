@@ -35,9 +35,9 @@ from typing import Any, cast
 from clickhouse_connect.driver.client import Client
 
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
-from aggregator.sink.clickhouse import month_of
 from aggregator.sink.engine_link import EngineLink
 from aggregator.sink.guard import KILL_GRACE_SECONDS
+from aggregator.sink.rows import month_of
 from schemas.codec import PRICED_USAGE
 from schemas.topics import STORE_ROW_HEADER, store_row_value
 from schemas.usage import new_usage_event

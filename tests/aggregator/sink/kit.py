@@ -21,7 +21,7 @@ from aggregator.sink import (
     apply_schema,
     open_client,
 )
-from aggregator.sink.clickhouse import month_of
+from aggregator.sink.rows import month_of
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.ids import ids_are_canonical
 from schemas.topics import STORE_ROW_HEADER, store_row_value

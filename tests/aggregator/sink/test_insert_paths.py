@@ -17,7 +17,7 @@ from aggregator.sink import (
     rows_from_priced,
 )
 from aggregator.sink.avro_rows import insert_select
-from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, VERDICT_COLUMN_NAMES, month_of
+from aggregator.sink.rows import USAGE_COLUMN_NAMES, VERDICT_COLUMN_NAMES, month_of
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.topics import STORE_ROW, STORE_ROW_HEADER
 from schemas.usage import MAX_TOKENS_PER_EVENT
