@@ -20,7 +20,7 @@ Outcome = Literal["allowed", "refused", "failed_open", "failed_closed"]
 
 class UsageEvent(TypedDict):
     """One upstream LLM call (or one refused admission), as the proxy saw it. Topic usage.raw, key
-    org_id. Token fields are normalised: see DESIGN.md 'Normalised usage'.
+    org_id. Token fields are normalised: see docs/design.md, 'Normalised usage'.
     """
 
     #: Assigned once when the event is created; kept across every retry.

@@ -20,7 +20,7 @@ from schemas.billed_units import (
     valid_unit_name,
 )
 from schemas.errors import InvalidRecord
-from schemas.ids import MAX_ID_LENGTH, canonical_id
+from schemas.ids import MAX_ID_LENGTH
 from schemas.periods import from_micros
 from schemas.records import UsageEvent
 
@@ -59,15 +59,6 @@ MIN_OCCURRED_AT: Final = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_OCCURRED_AT: Final = datetime(2100, 1, 1, tzinfo=UTC)
 REQUIRED_IDS: Final = ("event_id", "provider", "api", "model", "secret_id", "org_id", "gateway_id")
 OPTIONAL_IDS: Final = ("project_id", "grant_id", "permission_id", "user_id", "session_id")
-#: attributes a budget's scope or match can name, with how the event stores them
-SCOPE_ATTRIBUTES: Final = {
-    "secret": "secret_id",
-    "org": "org_id",
-    "project": "project_id",
-    "grant": "grant_id",
-    "user": "user_id",
-    "session": "session_id",
-}
 
 
 def new_event_id() -> str:
@@ -340,17 +331,6 @@ def _explain_invalid(event: Mapping[str, Any]) -> None:
             "characters)",
             record_id=event_id,
         )
-
-
-def canonical_scope_value(event: UsageEvent, attribute: str) -> str | None:
-    """The canonical value of a scope attribute (``org``, ``user``, ``tag:team``...) for an event;
-    None when the event has no text there."""
-    if attribute.startswith("tag:"):
-        value = event["tags"].get(attribute[4:])
-        return None if value is None else canonical_id(value)
-    field = SCOPE_ATTRIBUTES.get(attribute, attribute)
-    found = event.get(field)
-    return canonical_id(found, field) if isinstance(found, str) else None
 
 
 _JSON_TIME_FIELDS: Final = ("occurred_at",)
