@@ -38,7 +38,7 @@ import pyarrow as pa
 from fastavro import parse_schema, writer
 
 from aggregator.sink import apply_schema, open_client, rows_from_priced
-from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, USAGE_COLUMN_TYPES
+from aggregator.sink.rows import USAGE_COLUMN_NAMES, USAGE_COLUMN_TYPES
 from schemas.avro_schemas import expanded_schemas
 from schemas.codec import HEADER_LEN, PRICED_USAGE
 

@@ -44,13 +44,14 @@ from fastavro import schemaless_writer
 from ingest.publisher import PreparedEvent, PublisherConfig, UsagePublisher, prepare
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.codec import USAGE_EVENT
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from schemas.usage import new_usage_event, validate_usage_event
 from spendbus.settings import load_settings
 from spendbus.stack.topics import ensure_topics
 
 BATCH = 1000
-Event = dict[str, Any]
+Event = UsageEvent
 
 
 def make_events(n: int) -> list[Event]:

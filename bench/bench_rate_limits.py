@@ -55,6 +55,7 @@ from ingest.gateway import Gateway, GatewayServer, parse_config  # noqa: E402
 from ingest.publisher import PublisherConfig, UsagePublisher  # noqa: E402
 from runtime.kafka import PLAINTEXT, KafkaSecurity  # noqa: E402
 from schemas.budgets import budgets_from_yaml  # noqa: E402
+from schemas.records import UsageEvent  # noqa: E402
 from schemas.topics import Topics  # noqa: E402
 from schemas.usage import billed_tokens  # noqa: E402
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig  # noqa: E402
@@ -126,7 +127,7 @@ class TokenSink:
         self.publisher = publisher
         self.tokens = tokens
 
-    async def publish(self, event: dict[str, Any]) -> None:
+    async def publish(self, event: UsageEvent) -> None:
         if event["outcome"] in ("allowed", "failed_open"):
             admitted_at = time.monotonic() - (event.get("latency_ms") or 0) / 1000
             self.tokens.append((admitted_at, billed_tokens(event)))

@@ -35,10 +35,11 @@ from typing import Any, cast
 from clickhouse_connect.driver.client import Client
 
 from aggregator.sink import ClickHouseSink, apply_schema, open_client
-from aggregator.sink.clickhouse import month_of
 from aggregator.sink.engine_link import EngineLink
 from aggregator.sink.guard import KILL_GRACE_SECONDS
+from aggregator.sink.rows import month_of
 from schemas.codec import PRICED_USAGE
+from schemas.records import PricedUsage
 from schemas.topics import STORE_ROW_HEADER, store_row_value
 from schemas.usage import new_usage_event
 
@@ -46,7 +47,7 @@ PARTITIONS = 4
 WAYS = ("sink", "sink_engine_process", "sink_rows", "engine_raw")
 
 
-def priced_records(start: int, count: int, now: datetime) -> list[dict[str, Any]]:
+def priced_records(start: int, count: int, now: datetime) -> list[PricedUsage]:
     """Realistic records: decoded from their Avro bytes, as the agent receives them."""
     out = []
     for i in range(start, start + count):
@@ -91,7 +92,7 @@ class Message:
     headers: tuple[tuple[str, bytes], ...]
 
 
-def as_messages(records: list[dict[str, Any]]) -> list[Message]:
+def as_messages(records: list[PricedUsage]) -> list[Message]:
     """The records as the counting stage writes them (these ids are canonical)."""
     return [
         Message(

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 # SPENDBUS_BENCH_ROOT: whose enforcer/ and schemas/ to load (--baseline runs this harness
 # over another checkout's code, so both servers are measured the same way)
@@ -25,6 +25,10 @@ from schemas.budgets import Budget
 from schemas.ids import counter_key
 from schemas.periods import parse_window, period_end, period_key
 from schemas.pricing import ModelPrice, PriceTable
+
+if TYPE_CHECKING:  # types only: a --baseline checkout may predate schemas.records
+    from schemas.records import BudgetAction, BudgetPolicy, Verdict
+    from schemas.records import PriceTable as PriceTableRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -55,7 +59,7 @@ BUDGETS = [
 ]
 
 
-def _verdict(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> dict[str, Any]:
+def _verdict(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> Verdict:
     return {
         "counter_key": counter_key(b.budget_id, values),
         "budget_id": b.budget_id,
@@ -69,12 +73,19 @@ def _verdict(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> dict[s
         "limit_nanos": b.limit_nanos,
         "limit_tokens": b.limit_tokens,
         "limit_requests": b.limit_requests,
-        "action": b.action,
+        # Budget.action is a str, checked against ACTIONS where a budget is parsed
+        "action": cast("BudgetAction", b.action),
         "refusal": b.refusal,
         "reset_at": period_end(b.window, NOW),
         "as_of": NOW,
         "seq": seq,
         "emitted_at": NOW + timedelta(milliseconds=30),
+        # no forecast (a v1 counter's verdict, or a rolling window's)
+        "burn_nanos": None,
+        "burn_tokens": None,
+        "burn_requests": None,
+        "burn_span_us": None,
+        "exhausts_at": None,
     }
 
 
@@ -91,7 +102,8 @@ def loaded(
     config = EnforcerConfig(sidecar_token=SecretStr(TOKEN), hold_timeout_s=hold_timeout_s)
     e = Enforcer(config, clock=clock)
     for b in BUDGETS:
-        e.state.apply_policy(b.budget_id, b.to_record(NOW))
+        # to_record builds the BudgetPolicy record, typed as a plain dict
+        e.state.apply_policy(b.budget_id, cast("BudgetPolicy", b.to_record(NOW)))
     prices = PriceTable(
         version="v1",
         effective_from=NOW - timedelta(days=300),
@@ -100,7 +112,7 @@ def loaded(
             ModelPrice.of("gpt-4o", "2.5", "10"),
         ),
     )
-    e.state.apply_price("v1", prices.to_record())
+    e.state.apply_price("v1", cast("PriceTableRecord", prices.to_record()))  # as above
     by = {b.budget_id: b for b in BUDGETS}
     contexts: list[Context] = []
     n = 0
@@ -190,7 +202,7 @@ class GcPauses:
         }
 
 
-def _pair(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> tuple[str, dict[str, Any]]:
+def _pair(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> tuple[str, Verdict]:
     record = _verdict(b, values, spent, seq)
     return record["counter_key"], record
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from ingest.gateway.gate import BudgetGate, CounterReport
 from schemas.pricing import PriceBook
+from schemas.records import UsageEvent
 from schemas.usage import ALLOWED, BUDGET_EXCEEDED, new_usage_event
 
 
@@ -79,7 +80,7 @@ class PollDecision:
 
     def refusal_event(
         self, *, gateway_id: str | None = None, event_id: str | None = None, **fields: Any
-    ) -> dict[str, Any] | None:
+    ) -> UsageEvent | None:
         """The zero-token UsageEvent of a refusal, like the enforcer's (same Kafka traffic)."""
         if self.allowed:
             return None

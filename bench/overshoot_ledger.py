@@ -19,6 +19,7 @@ from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.codec import VERDICT
 from schemas.ids import decompose
 from schemas.pricing import PriceBook
+from schemas.records import UsageEvent, Verdict
 from schemas.topics import Topics
 from schemas.usage import TOKEN_FIELDS
 
@@ -61,7 +62,7 @@ class RecordingSink:
         self.publisher = publisher
         self.ledger = ledger
 
-    async def publish(self, event: dict[str, Any]) -> None:
+    async def publish(self, event: UsageEvent) -> None:
         self.ledger.record(event)
         await self.publisher.publish(event)
 
@@ -133,14 +134,14 @@ async def final_verdict(
     timeout: float,
     *,
     security: KafkaSecurity = PLAINTEXT,
-) -> dict[str, Any] | None:
+) -> Verdict | None:
     """The counter's newest verdict once it reaches ``expect`` (the worker caught up), else
     the newest seen within ``timeout``."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, **security.client_kwargs()
     )
     await consumer.start()
-    newest: dict[str, Any] | None = None
+    newest: Verdict | None = None
     try:
         # the consumer's own cluster view only knows assigned topics: ask for all
         cluster = await consumer._client.fetch_all_metadata()

@@ -12,6 +12,7 @@ from bench.benchkit import pct
 from bench.overshoot_baseline import PollGate
 from bench.overshoot_ledger import EstimateProbe, Ledger
 from bench.overshoot_setup import MODEL, NANOS, Options
+from schemas.records import Verdict
 from schemas.usage import TOKEN_FIELDS
 
 
@@ -20,7 +21,7 @@ def summarise(
     opts: Options,
     ledger: Ledger,
     load: dict[str, Any],
-    verdict: dict[str, Any] | None,
+    verdict: Verdict | None,
     upstream: dict[str, Any],
     probes: list[EstimateProbe],
     polls: list[PollGate],

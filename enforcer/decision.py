@@ -24,6 +24,7 @@ from enforcer.plans import (
 )
 from enforcer.response import Response, spend_header_of
 from schemas.periods import from_micros
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
 #: X-Spend-Budget headers kept per plan (cleared when full)
@@ -230,7 +231,7 @@ class Decision:
 
     def refusal_event(
         self, *, gateway_id: str | None = None, event_id: str | None = None, **fields: Any
-    ) -> dict[str, Any] | None:
+    ) -> UsageEvent | None:
         """The UsageEvent of a refused request (zero tokens); None when the request was allowed."""
         if self.allowed:
             return None

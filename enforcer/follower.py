@@ -45,7 +45,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -59,6 +59,7 @@ from runtime.topic_reader import read_until, start_at_beginning
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE, VERDICT, Codec
 from schemas.errors import ContractError
 from schemas.generations import GenerationSwitch
+from schemas.records import Verdict
 from schemas.topics import CONTROL_KEY, Topics
 
 log = logging.getLogger("spendbus.enforcer.follower")
@@ -82,7 +83,7 @@ class VerdictLoader:
         self.topics = topics
         self.generation = topics.generation
         #: counter key -> last record (None = tombstone), in offset order
-        self.records: dict[str, dict[str, Any] | None] = {}
+        self.records: dict[str, Verdict | None] = {}
         self.undecodable = 0
         #: where reading stopped: the follower continues from here
         self.positions: dict[TopicPartition, int] = {}
@@ -170,7 +171,7 @@ class Follower:
         )
         self._marked_polls: dict[TopicPartition, int] = {}
         self._ready_event = asyncio.Event()
-        self._handlers: dict[str, tuple[Codec, Callable[[str, Any], Any]]] = {
+        self._handlers: dict[str, tuple[Codec[Mapping[str, object]], Callable[[str, Any], Any]]] = {
             self.topics.budget_policies: (BUDGET_POLICY, state.apply_policy),
             self.topics.pricing: (PRICE_TABLE, state.apply_price),
             self.topics.budget_verdicts: (VERDICT, state.apply_verdict),

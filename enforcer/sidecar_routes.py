@@ -39,6 +39,7 @@ from enforcer.sidecar_json import (
 )
 from schemas.errors import ContractError
 from schemas.periods import from_micros
+from schemas.records import UsageEvent
 from schemas.usage import PRICED_TOKEN_FIELDS, THROTTLED
 from schemas.usage_sink import UsageSink
 
@@ -410,7 +411,7 @@ class Routes:
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
-    async def publish_refusal(self, event: dict[str, Any]) -> None:
+    async def publish_refusal(self, event: UsageEvent) -> None:
         """Hand the refusal event to the sink (the ingest publisher spools it: it reaches
         the broker when it can); a failure is counted and logged, the answer stays."""
         assert self.refusals is not None

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from schemas import records
 from schemas.budgets import Budget
 from schemas.errors import ContractError
 from schemas.forecast import Burn
@@ -36,7 +37,6 @@ from schemas.periods import Window, from_micros, period_end, period_key, to_micr
 from schemas.pricing import PriceBook, PriceTable
 from schemas.raises import RaiseBook
 
-Record = Mapping[str, Any]
 #: a time after every period's end (µs)
 _NEVER = 1 << 62
 
@@ -72,7 +72,7 @@ class CounterVerdict:
     burn_span_us: int | None = None
 
     @classmethod
-    def from_record(cls, record: Record, cid: CounterId | None = None) -> CounterVerdict:
+    def from_record(cls, record: records.Verdict, cid: CounterId | None = None) -> CounterVerdict:
         """``cid``: the counter id of the message key; its strings are shared when the
         record names the same scope values (100k verdicts: less memory, fewer cache misses)."""
         reset_at = record.get("reset_at")
@@ -172,7 +172,7 @@ class EnforcerState:
         self._listeners.append(listener)
 
     # --- budget.policies -------------------------------------------------------------
-    def apply_policy(self, budget_id: str, record: Record | None) -> None:
+    def apply_policy(self, budget_id: str, record: records.BudgetPolicy | None) -> None:
         """Add, replace (``record``) or delete (None) one budget. Raises on a bad record."""
         if record is None:
             if self.budgets.pop(budget_id, None) is not None:
@@ -182,12 +182,12 @@ class EnforcerState:
         self.policy_version += 1
 
     # --- budget.raises ---------------------------------------------------------------
-    def apply_raise(self, raise_id: str, record: Record | None) -> None:
+    def apply_raise(self, raise_id: str, record: records.BudgetRaise | None) -> None:
         """Add, replace (a revocation) or remove one raise. Raises on a bad record."""
         self.raises.apply(raise_id, record)
 
     # --- pricing ---------------------------------------------------------------------
-    def apply_price(self, version: str, record: Record | None) -> None:
+    def apply_price(self, version: str, record: records.PriceTable | None) -> None:
         """Add/replace (``record``) or remove (None) one price version. Raises on a bad record."""
         if record is None:
             self.prices.remove(version)
@@ -196,7 +196,7 @@ class EnforcerState:
         self.price_version += 1
 
     # --- budget.verdicts -------------------------------------------------------------
-    def apply_verdict(self, key: str, record: Record | None) -> bool:
+    def apply_verdict(self, key: str, record: records.Verdict | None) -> bool:
         """Apply one verdict (``key``: the message key, a counter key); False when ignored
         (lower seq, older period). Raises on a bad record or a malformed key."""
         parts = decompose(key)

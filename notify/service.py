@@ -54,6 +54,7 @@ from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from runtime.topic_reader import TopicReader
 from schemas.codec import ALERT, BUDGET_POLICY
 from schemas.errors import ContractError
+from schemas.records import Alert
 from schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ async def read_topic(
 
 @dataclass(frozen=True)
 class Job:
-    alert: dict[str, Any]
+    alert: Alert
     scope: str | None
     offset: int
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from schemas.avro_schemas import Record
 from schemas.codegen import GeneratedSource
 
 #: a generated reader: (message, offset of the body) -> (record, offset past it), or an exception
-BodyReader = Callable[[bytes, int], tuple[Record, int]]
+BodyReader = Callable[[bytes, int], tuple[dict[str, Any], int]]
 
 
 class _NotPlain(Exception):

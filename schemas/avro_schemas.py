@@ -33,8 +33,6 @@ SCHEMA_NAMES: Final = (
 )
 NAMESPACE: Final = "spendbus"
 
-Record = dict[str, Any]
-
 
 def fingerprint(schema: dict[str, Any]) -> bytes:
     """The 8 header bytes for ``schema`` (a self-contained schema)."""

@@ -12,15 +12,14 @@ or map is one block (count, items) then a 0 count, or just 0 when empty (as fast
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from schemas.avro_schemas import Record
 from schemas.codegen import GeneratedSource
 
 #: a generated writer: the record's Avro body, or an exception for fastavro to decide
-BodyWriter = Callable[[Record], bytes]
+BodyWriter = Callable[[Mapping[str, object]], bytes]
 
 _SMALL_LIMIT: Final = 8192
 

@@ -24,23 +24,38 @@ from __future__ import annotations
 import copy
 import io
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from schemas.avro_schemas import NAMESPACE, Record, expanded_schemas, fingerprint, history_versions
+from schemas.avro_schemas import NAMESPACE, expanded_schemas, fingerprint, history_versions
 from schemas.avro_writer import BodyWriter, compile_record_writer
 from schemas.errors import DecodeError
+from schemas.records import (
+    Alert,
+    BudgetPolicy,
+    BudgetRaise,
+    DeadLetter,
+    GenerationSwitch,
+    PricedUsage,
+    PriceTable,
+    Verdict,
+)
 
 MAGIC: Final = b"\xc3\x01"
 HEADER_LEN: Final = 10
 #: a Python object's default repr in an error text (``from <_io.BytesIO object at 0x...>``)
 _OBJECT_REPR: Final = re.compile(r" from <[^<>]* at 0x[0-9a-fA-F]+>")
 
+#: the record a codec decodes (a TypedDict of schemas.records); covariant: every codec is a
+#: ``Codec[Mapping[str, object]]`` to code that takes any of them
+R = TypeVar("R", bound=Mapping[str, object], covariant=True)
+
 
 @dataclass(frozen=True)
-class Codec:
+class Codec(Generic[R]):
     """Encoder/decoder of one record type. Decodes every shipped version of it."""
 
     name: str
@@ -52,7 +67,7 @@ class Codec:
     #: the generated writer of the body (None: fastavro's generic writer only)
     body_writer: BodyWriter | None = field(default=None, repr=False, compare=False)
 
-    def encode(self, record: Record) -> bytes:
+    def encode(self, record: Mapping[str, object]) -> bytes:
         body_writer = self.body_writer
         if body_writer is not None:
             try:
@@ -64,7 +79,7 @@ class Codec:
         schemaless_writer(buf, self.parsed, record)
         return buf.getvalue()
 
-    def decode(self, data: bytes) -> Record:
+    def decode(self, data: bytes) -> R:
         """Decode a message of this type; raise DecodeError naming the problem."""
         if data is None:
             raise DecodeError("no value (null message)", reason="null_value")
@@ -112,7 +127,7 @@ class Codec:
 _SPECIALISED: Final = frozenset({"UsageEvent"})
 
 
-def _build(name: str, schema: dict[str, Any]) -> Codec:
+def _build(name: str, schema: dict[str, Any]) -> Codec[Any]:
     parsed = parse_schema(copy.deepcopy(schema))
     header = MAGIC + fingerprint(schema)
     writers: dict[bytes, Any] = {}
@@ -137,20 +152,23 @@ _FINGERPRINT_OWNER: Final = {
 }
 
 
-def codec_for(name: str) -> Codec:
+def codec_for(name: str) -> Codec[Any]:
     return _CODECS[name]
 
 
-USAGE_EVENT: Final = codec_for("UsageEvent")
-PRICED_USAGE: Final = codec_for("PricedUsage")
-BUDGET_POLICY: Final = codec_for("BudgetPolicy")
-PRICE_TABLE: Final = codec_for("PriceTable")
-VERDICT: Final = codec_for("Verdict")
-ALERT: Final = codec_for("Alert")
-DEAD_LETTER: Final = codec_for("DeadLetter")
-GATEWAY_KEY: Final = codec_for("VirtualKey")
-GENERATION_SWITCH: Final = codec_for("GenerationSwitch")
-BUDGET_RAISE: Final = codec_for("BudgetRaise")
+#: its records as plain dicts: the fold (aggregator/counting) takes the codec's and its own
+#: generated reader's alike, and completes the latter's timestamps in place by field name
+USAGE_EVENT: Final[Codec[dict[str, Any]]] = codec_for("UsageEvent")
+PRICED_USAGE: Final[Codec[PricedUsage]] = codec_for("PricedUsage")
+BUDGET_POLICY: Final[Codec[BudgetPolicy]] = codec_for("BudgetPolicy")
+PRICE_TABLE: Final[Codec[PriceTable]] = codec_for("PriceTable")
+VERDICT: Final[Codec[Verdict]] = codec_for("Verdict")
+ALERT: Final[Codec[Alert]] = codec_for("Alert")
+DEAD_LETTER: Final[Codec[DeadLetter]] = codec_for("DeadLetter")
+#: its records as plain dicts: the gateway's reader (ingest/gateway/keys_topic.py) takes them so
+GATEWAY_KEY: Final[Codec[dict[str, Any]]] = codec_for("VirtualKey")
+GENERATION_SWITCH: Final[Codec[GenerationSwitch]] = codec_for("GenerationSwitch")
+BUDGET_RAISE: Final[Codec[BudgetRaise]] = codec_for("BudgetRaise")
 
 
 def _priced_tail() -> tuple[Any, bool]:
@@ -174,7 +192,7 @@ def _priced_tail() -> tuple[Any, bool]:
 _PRICED_TAIL, _PRICED_STARTS_WITH_EVENT = _priced_tail()
 
 
-def priced_usage_from_raw(raw_usage: bytes, tail: Record) -> bytes | None:
+def priced_usage_from_raw(raw_usage: bytes, tail: Mapping[str, object]) -> bytes | None:
     """PricedUsage bytes = header + the raw UsageEvent body + the tail fields.
 
     Only when ``raw_usage`` was written with the current UsageEvent schema (else

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from schemas.codec import GENERATION_SWITCH
 from schemas.topics import check_generation
@@ -45,7 +44,7 @@ class GenerationSwitch:
 
     @classmethod
     def decode(cls, data: bytes) -> GenerationSwitch:
-        record: dict[str, Any] = GENERATION_SWITCH.decode(data)
+        record = GENERATION_SWITCH.decode(data)
         return cls(
             record["generation"],
             record["previous"],

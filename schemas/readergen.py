@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 
 from schemas.avro_reader import record_reader_source
 from schemas.codec import Codec, codec_for
 
 
-def reader_module_source(codec: Codec, *, raw_timestamps: bool = False) -> str:
+def reader_module_source(
+    codec: Codec[Mapping[str, object]], *, raw_timestamps: bool = False
+) -> str:
     """A module of :func:`record_reader_source` for ``codec``'s current schema, with the
     message header it reads (``HEADER``), so its user can tell it is not stale."""
     source = record_reader_source(

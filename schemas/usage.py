@@ -1,14 +1,16 @@
 """UsageEvent records: decision vocabulary, construction, validation, JSON form.
 
 Records are plain dicts (what fastavro reads and writes) so the hot path pays
-no conversion; this module is the one place that knows their rules.
+no conversion, typed as ``schemas.records.UsageEvent``; this module is the one place
+that knows their rules.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from schemas.billed_units import (
     MAX_UNITS_PER_EVENT,
@@ -18,10 +20,9 @@ from schemas.billed_units import (
     valid_unit_name,
 )
 from schemas.errors import InvalidRecord
-from schemas.ids import MAX_ID_LENGTH, canonical_id
+from schemas.ids import MAX_ID_LENGTH
 from schemas.periods import from_micros
-
-Record = dict[str, Any]
+from schemas.records import UsageEvent
 
 # Decision values, shared by the enforcer (which decides), the aggregator (which
 # counts and logs) and ClickHouse (which reports).
@@ -58,15 +59,6 @@ MIN_OCCURRED_AT: Final = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_OCCURRED_AT: Final = datetime(2100, 1, 1, tzinfo=UTC)
 REQUIRED_IDS: Final = ("event_id", "provider", "api", "model", "secret_id", "org_id", "gateway_id")
 OPTIONAL_IDS: Final = ("project_id", "grant_id", "permission_id", "user_id", "session_id")
-#: attributes a budget's scope or match can name, with how the event stores them
-SCOPE_ATTRIBUTES: Final = {
-    "secret": "secret_id",
-    "org": "org_id",
-    "project": "project_id",
-    "grant": "grant_id",
-    "user": "user_id",
-    "session": "session_id",
-}
 
 
 def new_event_id() -> str:
@@ -79,9 +71,10 @@ def new_event_id() -> str:
     return str(uuid.UUID(int=value))
 
 
-def billed_tokens(event: Record) -> int:
-    """Every billed token of the event: input + cache reads + cache writes + output."""
-    return int(
+def billed_tokens(event: UsageEvent | Mapping[str, int]) -> int:
+    """Every billed token of the event (or of its token counts alone): input + cache reads +
+    cache writes + output."""
+    return (
         event["input_tokens"]
         + event["cache_read_tokens"]
         + event["cache_write_tokens"]
@@ -105,9 +98,9 @@ def new_usage_event(
     occurred_at: Any = None,
     event_id: Any = None,
     **optional: Any,
-) -> Record:
+) -> UsageEvent:
     """A complete, validated UsageEvent record; ``optional`` takes any other schema field."""
-    record: Record = {
+    record: dict[str, Any] = {
         "event_id": event_id or new_event_id(),
         "occurred_at": occurred_at or datetime.now(UTC),
         "provider": provider,
@@ -149,10 +142,13 @@ def new_usage_event(
         )
     record.update(optional)
     validate_usage_event(record)
-    return record
+    return cast(UsageEvent, record)  # validated: every field of the schema, of its type
 
 
-def validate_usage_event(event: Record) -> None:
+# Any: the values of an event not yet validated are what the validators read and check
+
+
+def validate_usage_event(event: Mapping[str, Any]) -> None:
     """Raise InvalidRecord naming the first field that breaks the contract."""
     # Every proxy and the aggregator validate each event: the common, valid case takes a
     # quick test; only an event it does not pass is read again to name the fault.
@@ -160,7 +156,7 @@ def validate_usage_event(event: Record) -> None:
         _explain_invalid(event)
 
 
-def _plainly_valid(event: Record) -> bool:
+def _plainly_valid(event: Mapping[str, Any]) -> bool:
     """True when ``event`` keeps the contract with exact types (``str``, ``int``, ``list``...).
 
     Strictly narrower than :func:`_explain_invalid`: it never passes an event that
@@ -237,7 +233,7 @@ def _plainly_valid(event: Record) -> bool:
     )
 
 
-def _explain_invalid(event: Record) -> None:
+def _explain_invalid(event: Mapping[str, Any]) -> None:
     """Read ``event`` field by field; raise InvalidRecord naming the first fault found."""
     event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
     for name in REQUIRED_IDS:
@@ -337,20 +333,10 @@ def _explain_invalid(event: Record) -> None:
         )
 
 
-def canonical_scope_value(event: Record, attribute: str) -> str | None:
-    """The canonical value of a scope attribute (``org``, ``user``, ``tag:team``...) for an event."""
-    if attribute.startswith("tag:"):
-        value = event["tags"].get(attribute[4:])
-        return None if value is None else canonical_id(value)
-    field = SCOPE_ATTRIBUTES.get(attribute, attribute)
-    value = event.get(field)
-    return None if value is None else canonical_id(value, field)
-
-
 _JSON_TIME_FIELDS: Final = ("occurred_at",)
 
 
-def usage_event_from_json(obj: Any) -> Record:
+def usage_event_from_json(obj: Any) -> UsageEvent:
     """A UsageEvent from its JSON form (HTTP ingest, JSON lines); validated.
 
     ``occurred_at`` is an RFC 3339 string or integer microseconds since the epoch;
@@ -399,7 +385,7 @@ def usage_event_from_json(obj: Any) -> Record:
     return new_usage_event(**data)
 
 
-def usage_event_to_json(event: Record) -> dict[str, Any]:
-    out = dict(event)
+def usage_event_to_json(event: UsageEvent) -> dict[str, object]:
+    out: dict[str, object] = dict(event)
     out["occurred_at"] = event["occurred_at"].isoformat().replace("+00:00", "Z")
     return out

@@ -8,10 +8,12 @@ commands in ``spendbus/commands/`` wire the real one in).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
+
+from schemas.records import UsageEvent
 
 
 class UsageSink(Protocol):
     """Where usage events go (``ingest.publisher.UsagePublisher``)."""
 
-    async def publish(self, event: dict[str, Any]) -> None: ...
+    async def publish(self, event: UsageEvent) -> None: ...

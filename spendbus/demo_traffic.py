@@ -16,6 +16,7 @@ from enforcer import Enforcer
 from ingest.gateway import Gateway
 from ingest.publisher import UsagePublisher
 from schemas.pricing import PriceBook
+from schemas.records import UsageEvent
 from spendbus.fake_upstream import FakeUsage, build_request
 
 EXHAUSTED_SECRET = ("initech", "sk-initech-intern")
@@ -98,9 +99,9 @@ class RecordingSink:
         self.publisher = publisher
         self.ledger = ledger
         self.prices = prices
-        self.last: dict[str, Any] | None = None
+        self.last: UsageEvent | None = None
 
-    async def publish(self, event: dict[str, Any]) -> None:
+    async def publish(self, event: UsageEvent) -> None:
         await self.publisher.publish(event)
         self.last = event
         ledger = self.ledger

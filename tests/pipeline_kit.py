@@ -16,6 +16,7 @@ from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
 from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
@@ -161,7 +162,7 @@ def poll(
     return value
 
 
-async def publish_usage(bootstrap: str, topic: str, events: list[dict[str, Any]]) -> None:
+async def publish_usage(bootstrap: str, topic: str, events: list[UsageEvent]) -> None:
     """Publish events keyed by org (as the publisher does), in order, acknowledged."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()

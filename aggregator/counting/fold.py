@@ -12,6 +12,7 @@ it protects: one table write updates both or neither.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, NamedTuple
@@ -116,7 +117,8 @@ def counts_request(budget: Budget, outcome: str, charge_of: str | None = None) -
 def apply(
     state: CounterState,
     budget: Budget,
-    event: dict[str, Any],
+    # a UsageEvent, or a stored usage_events row (replay's counters_from_rows): read only
+    event: Mapping[str, Any],
     cost_nanos: int,
     partition: int,
     offset: int,

@@ -28,6 +28,7 @@ from runtime.topic_reader import TopicReader
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import ContractError
 from schemas.periods import ROLLING_BUCKETS
+from schemas.records import Verdict
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -174,7 +175,7 @@ async def verify_counters(
     """Recompute, then compare each counter's newest period with its live verdict and,
     given ``history_query``, every (counter, period) with ClickHouse's budget_history."""
     states, report, _ = await recompute(bootstrap, topics, progress, security=security)
-    live: dict[str, dict[str, Any]] = {}
+    live: dict[str, Verdict] = {}
 
     def keep(messages: list[Any]) -> None:
         for m in messages:

@@ -1,7 +1,7 @@
 """The aggregator's sink: usage.priced and budget.verdicts into ClickHouse, exactly once.
 
 The library (analyst schema, exactly-once writes, example queries: ``clickhouse.py``,
-``store.py``, ``query.py``, ``errors.py``), the guard of ``/sql`` (``guard.py``) and the
+``rows.py``, ``store.py``, ``query.py``, ``errors.py``), the guard of ``/sql`` (``guard.py``) and the
 embedded engine's own process (``engine_*.py``, ``landlock.py``); beside them the
 worker's side: the sink stage (``stage.py``), the store opened once (``writer.py``), the sink in a process of its own (``process.py``, ``link.py``,
 ``wire.py``) and the one sink per embedded store (``owner.py``). Reads nothing but
@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING
 from runtime.faces import lazy_names
 
 if TYPE_CHECKING:
-    from aggregator.sink.clickhouse import (
-        USAGE_COLUMNS,
-        VERDICT_COLUMNS,
-        ClickHouseSink,
-        rows_from_priced,
-        rows_from_verdicts,
-    )
+    from aggregator.sink.clickhouse import ClickHouseSink
     from aggregator.sink.errors import DataPathInUse, SinkError, SinkRejected, SinkUnavailable
     from aggregator.sink.link import SinkLink
     from aggregator.sink.owner import check_embedded_sink
     from aggregator.sink.query import EXAMPLE_QUERIES, ROLLUP_DRIFT, run_query
+    from aggregator.sink.rows import (
+        USAGE_COLUMNS,
+        VERDICT_COLUMNS,
+        rows_from_priced,
+        rows_from_verdicts,
+    )
     from aggregator.sink.stage import SinkStage
     from aggregator.sink.store import (
         DDL_DIR,
@@ -50,14 +50,14 @@ _HOMES: dict[str, str] = {
     "SinkStage": "aggregator.sink.stage",
     "SinkUnavailable": "aggregator.sink.errors",
     "StoreAccess": "aggregator.sink.writer",
-    "USAGE_COLUMNS": "aggregator.sink.clickhouse",
-    "VERDICT_COLUMNS": "aggregator.sink.clickhouse",
+    "USAGE_COLUMNS": "aggregator.sink.rows",
+    "VERDICT_COLUMNS": "aggregator.sink.rows",
     "apply_schema": "aggregator.sink.store",
     "check_embedded_sink": "aggregator.sink.owner",
     "open_client": "aggregator.sink.store",
     "rebuild_rollups": "aggregator.sink.store",
-    "rows_from_priced": "aggregator.sink.clickhouse",
-    "rows_from_verdicts": "aggregator.sink.clickhouse",
+    "rows_from_priced": "aggregator.sink.rows",
+    "rows_from_verdicts": "aggregator.sink.rows",
     "run_query": "aggregator.sink.query",
     "split_statements": "aggregator.sink.store",
 }

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from ingest.receive import server_options
 from ingest.taps import EstimatorConfig
+from schemas.records import UsageEvent
 
 from .background import BackgroundResponses
 from .call import Call, elapsed_ms
@@ -224,11 +225,11 @@ class GatewayCore:
         if event is not None:
             self.publish_soon(event)
 
-    def publish_soon(self, event: dict[str, Any]) -> None:
+    def publish_soon(self, event: UsageEvent) -> None:
         """Publish in a task of its own, tracked until done (``drain``)."""
         self.track(asyncio.ensure_future(self.publish(event)))
 
-    async def publish(self, event: dict[str, Any]) -> None:
+    async def publish(self, event: UsageEvent) -> None:
         try:
             await self.sink.publish(event)
         except Exception:

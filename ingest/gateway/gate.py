@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from schemas.records import UsageEvent
 from schemas.usage_sink import UsageSink as UsageSink  # defined in schemas: the sidecar shares it
 
 
@@ -40,7 +41,7 @@ class GateDecision(Protocol):
 
     def refusal_event(
         self, *, gateway_id: str | None = None, event_id: str | None = None, **fields: Any
-    ) -> dict[str, Any] | None:
+    ) -> UsageEvent | None:
         """The UsageEvent of a refused request (None when allowed)."""
         ...
 

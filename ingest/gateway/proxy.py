@@ -41,6 +41,7 @@ from prometheus_client import generate_latest
 from ingest.receive import BodyRefused, close_after, read_body
 from ingest.taps import TapResult, open_tap, read_request
 from schemas.errors import InvalidRecord, SpendbusError
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
 from .background import response_id_of, top_up_fields
@@ -340,7 +341,7 @@ class Gateway(GatewayCore):
         decision: GateDecision,
         result: TapResult,
         upstream: aiohttp.ClientResponse,
-    ) -> dict[str, Any] | None:
+    ) -> UsageEvent | None:
         """The response's UsageEvent: its hold settled to it now, its publishing started."""
         request_id = next(
             (upstream.headers[h] for h in REQUEST_ID_HEADERS if h in upstream.headers), None
@@ -374,7 +375,7 @@ class Gateway(GatewayCore):
         return event
 
     # -- background responses (background.py) ----------------------------------------------
-    def _remember_background(self, call: Call, answer: bytes, event: dict[str, Any]) -> None:
+    def _remember_background(self, call: Call, answer: bytes, event: UsageEvent) -> None:
         """A background response, charged its estimate: metered when fetched."""
         response_id = response_id_of(answer, streamed=call.stream)
         if response_id is None or call.info is None:

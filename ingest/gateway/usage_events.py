@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ingest.taps import TapResult
+from schemas.records import UsageEvent
 from schemas.usage import TOKEN_FIELDS, new_usage_event
 
 from .call import Call
@@ -20,7 +21,7 @@ def tap_usage_event(
     status_code: int,
     decision_fields: Mapping[str, Any],
     **response_fields: Any,
-) -> dict[str, Any]:
+) -> UsageEvent:
     """The call's UsageEvent from what its tap read (``decision_fields``: the gate's
     ``usage_fields()``; ``response_fields``: request_id, latency_ms when known).
 

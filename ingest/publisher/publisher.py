@@ -34,11 +34,11 @@ from schemas.avro_schemas import expanded_schemas
 from schemas.codec import USAGE_EVENT
 from schemas.errors import InvalidRecord
 from schemas.ids import MAX_ID_LENGTH, canonical_id
+from schemas.records import UsageEvent
 from schemas.usage import validate_usage_event
 
 log = logging.getLogger(__name__)
 
-Record = dict[str, Any]
 State = Literal["new", "running", "stopping", "stopped"]
 
 #: the legal lifecycle transitions
@@ -75,7 +75,9 @@ class PreparedEvent(NamedTuple):
     value: bytes
 
 
-def prepare(event: Record, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> PreparedEvent:
+def prepare(
+    event: UsageEvent, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+) -> PreparedEvent:
     """Validate and encode one UsageEvent; raise InvalidRecord naming the field at fault.
 
     The key is the canonical org_id. The bytes returned are the bytes that are
@@ -112,7 +114,7 @@ def prepare(event: Record, *, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) 
     return PreparedEvent(event_id, key, value)
 
 
-def _check_remaining_fields(event: Record, event_id: str) -> None:
+def _check_remaining_fields(event: UsageEvent, event_id: str) -> None:
     """The fields :func:`validate_usage_event` leaves to the encoder, checked with their names."""
     if type(event.get("stream", False)) is not bool:
         raise InvalidRecord("stream", "must be true or false", record_id=event_id)
@@ -258,7 +260,7 @@ class UsagePublisher:
 
     # -- publishing ------------------------------------------------------------------------------
 
-    def prepare(self, event: Record) -> PreparedEvent:
+    def prepare(self, event: UsageEvent) -> PreparedEvent:
         """:func:`prepare` with this publisher's limits, counting rejections."""
         try:
             return prepare(event, max_record_bytes=self.config.max_record_bytes)
@@ -266,7 +268,7 @@ class UsagePublisher:
             self.metrics.rejected(exc.field)
             raise
 
-    async def publish(self, event: Record) -> None:
+    async def publish(self, event: UsageEvent) -> None:
         """Validate, encode and spool one event (InvalidRecord if it breaks the contract).
 
         Returns once the event is in the spool; a valid event is never lost from
@@ -291,7 +293,7 @@ class UsagePublisher:
             # a caller publishing in a tight loop never waits: give the sender its turn
             await asyncio.sleep(0)
 
-    async def publish_many(self, events: Iterable[Record]) -> int:
+    async def publish_many(self, events: Iterable[UsageEvent]) -> int:
         """Validate every event first (InvalidRecord: none is published), then spool them.
 
         Returns how many were spooled (fewer than given only under ``drop_newest``).

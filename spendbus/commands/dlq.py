@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -26,13 +27,16 @@ from spendbus.stack.local import bootstrap_or_fail
 
 console = Console()
 
+#: a DeadLetter record, or for a letter that cannot be read, just its reason and detail
+Letter = Mapping[str, Any]
+
 
 async def read_letters(
     bootstrap: str, topic: str, *, security: KafkaSecurity = PLAINTEXT
-) -> list[tuple[int, int, dict[str, Any]]]:
+) -> list[tuple[int, int, Letter]]:
     """Every dead letter as (partition, offset, DeadLetter record), up to the end offsets
     seen at start."""
-    letters: list[tuple[int, int, dict[str, Any]]] = []
+    letters: list[tuple[int, int, Letter]] = []
     async with TopicReader(bootstrap, topic, security=security) as reader:
         async for _, messages in reader:
             for m in messages:
@@ -50,7 +54,7 @@ def dlq() -> None:
     """Dead letters: what the aggregator could not read or price, with the reason."""
 
 
-def _letters() -> tuple[str, str, list[tuple[int, int, dict[str, Any]]]]:
+def _letters() -> tuple[str, str, list[tuple[int, int, Letter]]]:
     settings = load_settings()
     bootstrap = bootstrap_or_fail(settings)
     topics = settings.topics
@@ -61,7 +65,7 @@ def _letters() -> tuple[str, str, list[tuple[int, int, dict[str, Any]]]]:
     )
 
 
-def _public(record: dict[str, Any]) -> dict[str, Any]:
+def _public(record: Letter) -> dict[str, Any]:
     out = dict(record)
     for name in ("key", "value"):
         if isinstance(out.get(name), bytes):

@@ -13,6 +13,7 @@ from runtime.kafka import PLAINTEXT, KafkaSecurity, preflight
 from runtime.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.codec import VERDICT
 from schemas.errors import ConfigError
+from schemas.records import Verdict
 from schemas.topics import Topics
 from spendbus.stack.topics import replication_report
 
@@ -226,7 +227,7 @@ async def _newest_verdict(
 ) -> dict[str, Any]:
     """The newest verdict: the last record of each partition, the latest ``emitted_at``."""
     last = [tp for tp in ends if tp.topic == topic and ends[tp] > starts[tp]]
-    newest: dict[str, Any] | None = None
+    newest: Verdict | None = None
     if last:
         consumer.assign(last)
         for tp in last:
@@ -268,7 +269,7 @@ async def _replication(
     }
 
 
-def _later(newest: dict[str, Any] | None, message: Any) -> dict[str, Any] | None:
+def _later(newest: Verdict | None, message: Any) -> Verdict | None:
     try:
         verdict = VERDICT.decode(message.value)
     except Exception:  # a record status cannot read says nothing about freshness

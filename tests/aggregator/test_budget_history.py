@@ -32,6 +32,7 @@ from schemas.budgets import applicable, budgets_from_yaml
 from schemas.codec import ALERT, PRICED_USAGE, USAGE_EVENT, priced_usage_from_raw
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS, period_key
 from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 from tests.budget_oracle import (
     alert_ids,
@@ -125,7 +126,7 @@ class Worker:
         return out
 
 
-def usage(i: int, org: str, secret: str, minutes: int, model: str, **over: Any) -> dict[str, Any]:
+def usage(i: int, org: str, secret: str, minutes: int, model: str, **over: Any) -> UsageEvent:
     fields: dict[str, Any] = dict(
         event_id=f"ev-{i}",
         provider="anthropic",
@@ -162,7 +163,7 @@ EVENT = st.tuples(
 def test_history_and_alerts_equal_a_brute_force_recomputation(
     engine: str, raw: list[Any], batch_size: int, data: st.DataObject
 ) -> None:
-    payloads: dict[int, dict[str, Any]] = {}
+    payloads: dict[int, UsageEvent] = {}
     for i, org, secret, minutes, model, outcome, future in raw:
         if i in payloads:
             continue  # the same id always carries the same payload

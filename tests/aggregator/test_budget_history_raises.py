@@ -26,6 +26,7 @@ from schemas.ids import counter_key
 from schemas.periods import to_micros
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.raises import BudgetRaise
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
 PRICES = price_table_from_yaml(
@@ -91,7 +92,7 @@ def a_raise(
     )
 
 
-def usage(i: int, secret: str, minutes: int) -> dict[str, Any]:
+def usage(i: int, secret: str, minutes: int) -> UsageEvent:
     return new_usage_event(
         event_id=f"hr-{i}",
         provider="anthropic",

@@ -41,6 +41,7 @@ def test_an_event_from_the_future_is_dead_lettered_and_leaves_the_period() -> No
     dead = DEAD_LETTER.decode(out.dead_letters[0][1])
     assert dead["reason"] == FUTURE_EVENT and dead["source_offset"] == 3
     assert "2027-03-15" in dead["detail"] and "max_future_skew_seconds" in dead["detail"]
+    assert dead["value"] is not None
     assert USAGE_EVENT.decode(dead["value"])["event_id"] == "ev-99"  # nothing lost: requeue it
     assert counter(store).period == "m:2026-12"
     assert out.verdict_changes == {} and out.priced == []

@@ -29,6 +29,7 @@ from schemas.forecast import (
 from schemas.ids import counter_key
 from schemas.periods import to_micros
 from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.records import Alert, UsageEvent
 from schemas.usage import new_usage_event
 
 DAY, MONTH, TOTAL, ROLLING = budgets_from_yaml(
@@ -162,7 +163,8 @@ def test_the_verdict_carries_the_burn_and_the_projection() -> None:
     span = 58 * 60_000_000
     assert verdict["burn_span_us"] == span
     expected = to_micros(T0 + timedelta(minutes=48)) + -(-(10**9) * span // (9 * 10**9))
-    assert to_micros(verdict["exhausts_at"]) == expected
+    exhausts_at = verdict["exhausts_at"]
+    assert exhausts_at is not None and to_micros(exhausts_at) == expected
     # a total window has a forecast (no period start); a rolling one none
     state = CounterState()
     apply(state, TOTAL, event(0), 1, 0, 0)
@@ -181,7 +183,7 @@ def _reference() -> Reference:
     return ref
 
 
-def _usage(i: int, minutes: float, output_tokens: int) -> dict[str, Any]:
+def _usage(i: int, minutes: float, output_tokens: int) -> UsageEvent:
     return new_usage_event(
         event_id=f"u{i}",
         provider="anthropic",
@@ -204,7 +206,7 @@ def test_the_fold_sends_a_forecast_alert_once_per_counter_and_period() -> None:
     counters: dict[str, Any] = {}
     seen: dict[str, Any] = {}
 
-    def run(events: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
+    def run(events: list[UsageEvent], start: int) -> list[Alert]:
         batch = [
             RawRecord(0, start + n, b"acme", USAGE_EVENT.encode(e)) for n, e in enumerate(events)
         ]
@@ -222,7 +224,8 @@ def test_the_fold_sends_a_forecast_alert_once_per_counter_and_period() -> None:
     assert [(a["kind"], a["alert_id"]) for a in alerts] == [
         ("forecast", f"forecast|{day_key}|d:2026-12-03")
     ]
-    assert T0 < alerts[0]["exhausts_at"] < datetime(2026, 12, 4, tzinfo=UTC)
+    exhausts_at = alerts[0]["exhausts_at"]
+    assert exhausts_at is not None and T0 < exhausts_at < datetime(2026, 12, 4, tzinfo=UTC)
     assert alerts[0]["limit_nanos"] == 10 * 10**9
     # more of the same: no second one in this period (the mark is in the counter's value)
     assert [a["kind"] for a in run([_usage(i, i, 100_000) for i in range(5, 7)], 5)] == []

@@ -27,6 +27,7 @@ from schemas.forecast import forecast_alert_id
 from schemas.periods import to_micros
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.raises import BudgetRaise
+from schemas.records import UsageEvent, Verdict
 from schemas.usage import new_usage_event
 from tests.budget_oracle import forecast_alert_ids
 
@@ -84,7 +85,7 @@ def reference(*raises: BudgetRaise) -> Reference:
     return ref
 
 
-def ledger() -> list[dict[str, Any]]:
+def ledger() -> list[UsageEvent]:
     """Three orgs, 40 events each: acme spends ~$0.36 an hour from 08:00 (its day and month
     run out before they end, its secrets' weeks do not), globex a cent every half hour
     (nothing runs out), initech $5.64 between 02:00 and 04:00 (its day is exhausted
@@ -115,15 +116,15 @@ def ledger() -> list[dict[str, Any]]:
 
 
 def fold(
-    events: list[dict[str, Any]], ref: Reference, client: Any, batches: int
-) -> dict[str, tuple[dict[str, Any], CounterState, Any]]:
+    events: list[UsageEvent], ref: Reference, client: Any, batches: int
+) -> dict[str, tuple[Verdict, CounterState, Any]]:
     """Folds ``events`` in ``batches`` batches (one partition, offsets in list order) into
     the counters and the store; returns each counter's last (verdict, state, budget)."""
     processor = BatchProcessor(ref, source_topic="usage.raw")
     sink = ClickHouseSink(client)
     counters: dict[str, Any] = {}
     seen: dict[str, Any] = {}
-    last: dict[str, tuple[dict[str, Any], CounterState, Any]] = {}
+    last: dict[str, tuple[Verdict, CounterState, Any]] = {}
     size = -(-len(events) // batches)
     for start in range(0, len(events), size):
         batch = [
@@ -142,7 +143,7 @@ def fold(
 
 
 def expected_forecasts(
-    last: dict[str, tuple[dict[str, Any], CounterState, Any]],
+    last: dict[str, tuple[Verdict, CounterState, Any]],
 ) -> dict[str, datetime]:
     """alert id -> exhausts_at, from the fold's final verdicts: a projection before the
     period's end (windows that end only)."""
@@ -229,6 +230,6 @@ def test_a_raise_in_force_at_the_newest_event_moves_the_projection(engine: str) 
     assert {i: at for i, at in plain.items() if i not in day} == raised
 
 
-def found_after(client: Any, events: list[dict[str, Any]], ref: Reference) -> dict[str, datetime]:
+def found_after(client: Any, events: list[UsageEvent], ref: Reference) -> dict[str, datetime]:
     fold(events, ref, client, 2)
     return found(client, ref)

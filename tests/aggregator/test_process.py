@@ -18,6 +18,7 @@ from schemas.codec import ALERT, DEAD_LETTER, PRICED_USAGE, USAGE_EVENT, VERDICT
 from schemas.ids import counter_key, decompose, ids_are_canonical
 from schemas.periods import period_key
 from schemas.pricing import PriceBook, price_table_from_yaml
+from schemas.records import UsageEvent
 from schemas.topics import parse_store_row
 from schemas.usage import new_usage_event
 
@@ -54,7 +55,7 @@ def reference() -> Reference:
     return ref
 
 
-def event(i: int = 0, **over: Any) -> dict[str, Any]:
+def event(i: int = 0, **over: Any) -> UsageEvent:
     base: dict[str, Any] = dict(
         event_id=f"ev-{i}",
         provider="anthropic",
@@ -71,7 +72,7 @@ def event(i: int = 0, **over: Any) -> dict[str, Any]:
     return new_usage_event(**base)
 
 
-def records(events: list[dict[str, Any]], partition: int = 0, start: int = 0) -> list[RawRecord]:
+def records(events: list[UsageEvent], partition: int = 0, start: int = 0) -> list[RawRecord]:
     return [
         RawRecord(partition, start + n, e["org_id"].encode(), USAGE_EVENT.encode(e))
         for n, e in enumerate(events)
@@ -244,7 +245,8 @@ def test_alerts_fire_once_per_threshold_and_period() -> None:
     assert [a["alert_id"] for a in forecasts] == [
         f"forecast|{counter_key('per-secret', ('acme', 'sk-a'))}|m:2026-11"
     ]
-    assert forecasts[0]["exhausts_at"] > forecasts[0]["as_of"] == T0
+    exhausts_at = forecasts[0]["exhausts_at"]
+    assert exhausts_at is not None and exhausts_at > forecasts[0]["as_of"] == T0
     assert (
         VERDICT.decode(outs[-1].verdicts[counter_key("per-secret", ("acme", "sk-a"))])["state"]
         == "exceeded"
@@ -346,7 +348,7 @@ def test_counters_equal_a_brute_force_recomputation(
         for eid, org, secret, hours, inp, out in raw
     ]
     # the same event id always carries the same payload (a duplicate publish)
-    first: dict[str, dict[str, Any]] = {}
+    first: dict[str, UsageEvent] = {}
     evs = [first.setdefault(e["event_id"], e) for e in evs]
     batch = records(evs)
     store, processor = Store(), BatchProcessor(ref, source_topic="usage.raw")

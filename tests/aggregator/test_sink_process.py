@@ -10,11 +10,11 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from aggregator.sink.process import NICENESS
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from tests.pipeline_kit import Pipeline, poll, publish_usage
@@ -26,7 +26,7 @@ DEADLINE_SECONDS = 90.0
 STORED = "SELECT count(), uniqExact(event_id) FROM usage_events"
 
 
-def usage(n: int, start: int) -> list[dict[str, Any]]:
+def usage(n: int, start: int) -> list[UsageEvent]:
     return [
         new_usage_event(
             provider="openai",
@@ -59,7 +59,7 @@ def niceness(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
-def publish_and_wait(pipeline: Pipeline, events: list[dict[str, Any]], total: int) -> None:
+def publish_and_wait(pipeline: Pipeline, events: list[UsageEvent], total: int) -> None:
     asyncio.run(publish_usage(pipeline.bootstrap, pipeline.topics.usage_raw, events))
     rows = pipeline.sql_until(STORED, lambda r: int(r[0][0]) >= total, DEADLINE_SECONDS)
     assert [int(v) for v in rows[0]] == [total, total], pipeline.worker.log_tail(60)

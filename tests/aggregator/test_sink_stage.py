@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import Metrics
-from aggregator.sink.clickhouse import month_of
+from aggregator.sink.rows import month_of
 from aggregator.sink.stage import SinkStage
 from aggregator.sink.writer import ClickHouseWriter
 from schemas.codec import PRICED_USAGE, VERDICT

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -23,7 +24,7 @@ V2 = json.loads(
 V2_FIELDS = [f["name"] for f in V2["fields"]]
 
 
-def v2_bytes(record: dict[str, Any]) -> bytes:
+def v2_bytes(record: Mapping[str, Any]) -> bytes:
     out = io.BytesIO()
     out.write(MAGIC + fingerprint(V2))
     schemaless_writer(out, parse_schema(V2), {name: record[name] for name in V2_FIELDS})
@@ -33,7 +34,7 @@ def v2_bytes(record: dict[str, Any]) -> bytes:
 def test_v3_adds_charge_of_only_and_v2_bytes_read_it_null_by_both_readers() -> None:
     v3 = USAGE_EVENT.schema
     assert [f["name"] for f in v3["fields"]] == [*V2_FIELDS, "charge_of"]
-    record = event(0, units={"web_search": 2}, service_tier="priority")
+    record: Mapping[str, Any] = event(0, units={"web_search": 2}, service_tier="priority")
     data = v2_bytes(record)
     assert data[:10] != USAGE_EVENT.header  # the v2 writer's header
     by_codec, by_fold = USAGE_EVENT.decode(data), decode_usage_event(data)

@@ -10,6 +10,7 @@ import pytest
 from bench.overshoot_baseline import PollGate, SharedTotal
 from schemas.codec import USAGE_EVENT
 from schemas.pricing import PriceBook
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
 CAP = 1_000_000_000  # $1
@@ -19,7 +20,7 @@ def gate(shared: SharedTotal) -> PollGate:
     return PollGate(shared, PriceBook.from_file(), "cap", CAP)
 
 
-def served(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+def served(input_tokens: int, output_tokens: int) -> UsageEvent:
     return new_usage_event(
         provider="anthropic",
         api="anthropic-messages",

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from enforcer import Enforcer, EnforcerConfig
 from schemas.budgets import Budget
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE
 from schemas.ids import counter_key
 from schemas.periods import parse_window, period_end, period_key
 from schemas.pricing import ModelPrice, PriceTable
+from schemas.raises import BudgetRaise
+from schemas.records import BudgetAction, BudgetPolicy, Verdict
+from schemas.records import BudgetRaise as BudgetRaiseRecord
+from schemas.records import PriceTable as PriceTableRecord
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 MODEL = "claude-sonnet-4-5"
@@ -83,7 +88,7 @@ def verdict(
     at: datetime = NOW,
     period: str | None = None,
     emitted_at: datetime | None = None,
-) -> dict[str, Any]:
+) -> Verdict:
     """A Verdict record for counter (b, scope_values) in the period of ``at``."""
     exceeded = any(
         limit is not None and spent >= limit
@@ -106,18 +111,40 @@ def verdict(
         "limit_nanos": b.limit_nanos,
         "limit_tokens": b.limit_tokens,
         "limit_requests": b.limit_requests,
-        "action": b.action,
+        # Budget.action is a str, checked against ACTIONS where a budget is parsed
+        "action": cast(BudgetAction, b.action),
         "refusal": b.refusal,
         "reset_at": period_end(b.window, at),
         "as_of": at,
         "seq": seq,
         "emitted_at": emitted_at or at + timedelta(milliseconds=50),
+        # a verdict without a forecast (a v1 counter's, or a rolling window's)
+        "burn_nanos": None,
+        "burn_tokens": None,
+        "burn_requests": None,
+        "burn_span_us": None,
+        "exhausts_at": None,
     }
+
+
+def policy_record(b: Budget, applied_at: datetime = NOW) -> BudgetPolicy:
+    """``b``'s BudgetPolicy record as the enforcer reads it from budget.policies."""
+    return BUDGET_POLICY.decode(BUDGET_POLICY.encode(b.to_record(applied_at)))
+
+
+def price_record(table: PriceTable = PRICES) -> PriceTableRecord:
+    """``table``'s PriceTable record as the enforcer reads it from the pricing topic."""
+    return PRICE_TABLE.decode(PRICE_TABLE.encode(table.to_record()))
+
+
+def raise_record(r: BudgetRaise) -> BudgetRaiseRecord:
+    """``r``'s BudgetRaise record as the enforcer reads it from budget.raises."""
+    return BUDGET_RAISE.decode(BUDGET_RAISE.encode(r.to_record()))
 
 
 def loaded_enforcer(
     budgets: Sequence[Budget] = (),
-    verdicts: Sequence[dict[str, Any]] = (),
+    verdicts: Sequence[Verdict] = (),
     *,
     clock: FakeClock | None = None,
     **config: Any,
@@ -126,8 +153,8 @@ def loaded_enforcer(
     clock = clock or FakeClock()
     enforcer = Enforcer(EnforcerConfig(**config), clock=clock)
     for b in budgets:
-        enforcer.state.apply_policy(b.budget_id, b.to_record(NOW))
-    enforcer.state.apply_price(PRICES.version, PRICES.to_record())
+        enforcer.state.apply_policy(b.budget_id, policy_record(b))
+    enforcer.state.apply_price(PRICES.version, price_record())
     for v in verdicts:
         enforcer.state.apply_verdict(v["counter_key"], v)
     enforcer.state.ready = True

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from enforcer.holds import SPARE_TOTALS, Holds
 from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
-from tests.enforcer.kit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
+from tests.enforcer.kit import NOW, budget, ctx, loaded_enforcer, policy_record, refresh, verdict
 
 USD = 1_000_000_000
 MIDNIGHT = NOW.replace(hour=0) + timedelta(days=1)  # NOW is 2026-11-30 12:00Z
@@ -75,7 +75,7 @@ def test_a_changed_window_takes_effect_at_the_next_check() -> None:
     e, _ = loaded_enforcer([daily], [verdict(daily, ["acme"], spent_nanos=USD)])
     assert e.check(ctx()).counters[0].period == "d:2026-11-30"
     monthly = budget("b", window="month", limit_usd=1)
-    e.state.apply_policy("b", monthly.to_record(NOW))
+    e.state.apply_policy("b", policy_record(monthly))
     d = e.check(ctx())
     # the held verdict is of a day period: for a monthly budget it is another period
     assert d.allowed and d.counters[0].period == "m:2026-11" and d.counters[0].spent_nanos == 0

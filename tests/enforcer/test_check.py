@@ -13,6 +13,7 @@ from enforcer import Context, Enforcer, InvalidContext
 from enforcer.plans import Index
 from schemas.budgets import applicable
 from schemas.ids import canonical_id, counter_key
+from schemas.records import Verdict
 from schemas.usage import (
     ALLOWED,
     BUDGET_EXCEEDED,
@@ -23,13 +24,22 @@ from schemas.usage import (
     MAX_TOKENS_PER_EVENT,
     validate_usage_event,
 )
-from tests.enforcer.kit import NOW, FakeClock, budget, ctx, loaded_enforcer, refresh, verdict
+from tests.enforcer.kit import (
+    NOW,
+    FakeClock,
+    budget,
+    ctx,
+    loaded_enforcer,
+    policy_record,
+    refresh,
+    verdict,
+)
 
 USD = 1_000_000_000
 ORG = budget("org-monthly", limit_usd=100)
 
 
-def apply(enforcer: Enforcer, record: dict[str, Any]) -> bool:
+def apply(enforcer: Enforcer, record: Verdict) -> bool:
     return enforcer.state.apply_verdict(record["counter_key"], record)
 
 
@@ -414,7 +424,7 @@ def test_policy_deletion_and_change_take_effect() -> None:
     e, _ = loaded_enforcer([ORG], [verdict(ORG, ["acme"], spent_nanos=100 * USD)])
     assert not e.check(ctx()).allowed
     raised = budget("org-monthly", limit_usd=200)
-    e.state.apply_policy("org-monthly", raised.to_record(NOW))
+    e.state.apply_policy("org-monthly", policy_record(raised))
     assert e.check(ctx()).allowed  # limits are the policy's, spend is the verdict's
     e.state.apply_policy("org-monthly", None)
     assert e.check(ctx()).counters == ()

@@ -9,7 +9,8 @@ from datetime import timedelta
 from schemas.codec import VERDICT
 from schemas.periods import to_micros
 from schemas.raises import BudgetRaise
-from tests.enforcer.kit import NOW, FakeClock, budget, ctx, loaded_enforcer, verdict
+from schemas.records import Verdict
+from tests.enforcer.kit import NOW, FakeClock, budget, ctx, loaded_enforcer, raise_record, verdict
 from tests.verdict_v1_kit import AS_OF, DAILY_KEY, DAILY_V1
 
 USD = 1_000_000_000
@@ -17,9 +18,7 @@ HOUR = 3_600_000_000
 DAY = budget("org-daily", window="day", limit_usd=10, limit_requests=1000)
 
 
-def with_burn(
-    record: dict[str, object], nanos: int, requests: int, span_us: int
-) -> dict[str, object]:
+def with_burn(record: Verdict, nanos: int, requests: int, span_us: int) -> Verdict:
     """``record`` as a v2 verdict: the trailing window's burn (its exhausts_at is the
     aggregator's; the enforcer projects on its own limits)."""
     return VERDICT.decode(
@@ -57,7 +56,7 @@ def test_usage_projects_the_burn_on_the_limits_checked() -> None:
         until_us=to_micros(NOW + timedelta(hours=1)),
         reason="demo day",
     )
-    e.state.apply_raise(granted.raise_id, granted.to_record())
+    e.state.apply_raise(granted.raise_id, raise_record(granted))
     shown = e.usage(ctx())[0].to_json()
     assert shown["exhausts_at"] == (at + timedelta(hours=2)).isoformat().replace("+00:00", "Z")
 

@@ -23,6 +23,7 @@ from enforcer import Enforcer, EnforcerConfig, InvalidContext, Sidecar
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT, VERDICT
 from schemas.ids import counter_key
+from schemas.records import Verdict
 from schemas.topics import Topics
 from schemas.usage import ALLOWED, BUDGET_EXCEEDED, FAILED_OPEN, IN_FLIGHT_BUDGET_EXCEEDED
 from tests.enforcer.kit import NOW, PRICES, FakeClock, budget, ctx, verdict
@@ -55,7 +56,7 @@ def prices(topics: Topics) -> Message:
     return topics.pricing, PRICES.version, PRICE_TABLE.encode(PRICES.to_record())
 
 
-def verdict_msg(topics: Topics, record: dict[str, Any]) -> Message:
+def verdict_msg(topics: Topics, record: Verdict) -> Message:
     return topics.budget_verdicts, record["counter_key"], VERDICT.encode(record)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from schemas.pricing import ModelPrice, PriceBook, PriceTable
-from tests.enforcer.kit import PRICES, budget, ctx, loaded_enforcer
+from tests.enforcer.kit import PRICES, budget, ctx, loaded_enforcer, price_record
 
 USD_BUDGET = budget("org-monthly", limit_usd=100)
 
@@ -55,7 +55,7 @@ def test_a_newly_priced_model_is_held_at_what_it_will_be_charged() -> None:
         effective_from=PRICES.effective_from,
         models=(*PRICES.models, ModelPrice.of("gpt-4o-mini", "0.15", "0.60")),
     )
-    e.state.apply_price(newer.version, newer.to_record())
+    e.state.apply_price(newer.version, price_record(newer))
     d = e.check(ctx(model="gpt-4o-mini-2024-07-18"))
     assert d.allowed
     [row] = e.usage(ctx(model="gpt-4o-mini-2024-07-18"))

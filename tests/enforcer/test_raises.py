@@ -10,7 +10,7 @@ from datetime import timedelta
 from schemas.periods import to_micros
 from schemas.raises import BudgetRaise
 from schemas.usage import BUDGET_EXCEEDED
-from tests.enforcer.kit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
+from tests.enforcer.kit import NOW, budget, ctx, loaded_enforcer, raise_record, refresh, verdict
 
 USD = 1_000_000_000
 SECRET = budget("secret-monthly", scope="secret", limit_usd=10)
@@ -39,7 +39,7 @@ def test_a_raised_counter_is_allowed_until_its_raise_ends_then_refused() -> None
     e, clock = loaded_enforcer([SECRET], spent)
     assert e.check(ctx()).decision == BUDGET_EXCEEDED
     r = a_raise(("acme", "sk-1"))
-    e.state.apply_raise(r.raise_id, r.to_record())
+    e.state.apply_raise(r.raise_id, raise_record(r))
     d = e.check(ctx())
     assert d.allowed, d.body
     row = d.counters[0]
@@ -65,13 +65,13 @@ def test_a_budget_wide_raise_covers_every_counter_and_shows_in_the_refusal() -> 
     spent = [verdict(SECRET, ["acme", "sk-1"], spent_nanos=16 * USD)]
     e, _ = loaded_enforcer([SECRET], spent)
     r = a_raise((), mode="to")  # the limit is $5 while it lasts: below the spend
-    e.state.apply_raise(r.raise_id, r.to_record())
+    e.state.apply_raise(r.raise_id, raise_record(r))
     d = e.check(ctx())
     assert d.decision == BUDGET_EXCEEDED and d.body is not None
     assert (d.body["limit_nanos"], d.body["base_limit_nanos"]) == (5 * USD, 10 * USD)
     assert d.body["raise"]["mode"] == "to"
     wide = a_raise((), mode="by")
     e.state.apply_raise(r.raise_id, None)
-    e.state.apply_raise(wide.raise_id, wide.to_record())
+    e.state.apply_raise(wide.raise_id, raise_record(wide))
     assert e.check(ctx(secret_id="sk-9")).allowed
     assert e.check(ctx()).decision == BUDGET_EXCEEDED  # $16 spent of $15

@@ -10,7 +10,7 @@ import pytest
 from enforcer import Context
 from enforcer.errors import InvalidContext
 from schemas.pricing import ModelPrice, PriceTable
-from tests.enforcer.kit import MODEL, budget, ctx, loaded_enforcer, verdict
+from tests.enforcer.kit import MODEL, budget, ctx, loaded_enforcer, price_record, verdict
 
 #: $3 / $15 per Mtok, web search $0.01; 1000 + 1000 tokens: 18_000_000 nanos
 UNIT_PRICES = PriceTable(
@@ -33,7 +33,7 @@ SEARCH = 10_000_000
 def enforcer_with_units(limit_nanos: int, spent_nanos: int = 0):  # type: ignore[no-untyped-def]
     org = budget("org", limit_nanos=limit_nanos)
     e, _ = loaded_enforcer([org], [verdict(org, ["acme"], spent_nanos=spent_nanos)])
-    e.state.apply_price(UNIT_PRICES.version, UNIT_PRICES.to_record())
+    e.state.apply_price(UNIT_PRICES.version, price_record(UNIT_PRICES))
     return e
 
 

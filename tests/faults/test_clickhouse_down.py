@@ -27,11 +27,11 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from schemas.codec import USAGE_EVENT
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.stack.compacted import publish
@@ -76,7 +76,7 @@ def fill(disk: Path) -> Path:
     return filler
 
 
-def make_events(rng: random.Random, n: int, start: int) -> list[dict[str, Any]]:
+def make_events(rng: random.Random, n: int, start: int) -> list[UsageEvent]:
     return [
         new_usage_event(
             provider="anthropic",
@@ -98,7 +98,7 @@ class Load:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.rng = random.Random(7)
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[UsageEvent] = []
 
     async def run_for(self, seconds: float) -> None:
         per_tick = max(1, int(RATE * TICK))

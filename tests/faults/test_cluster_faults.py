@@ -29,6 +29,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import ALERT
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.stack.broker_probe import free_port
@@ -41,7 +42,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 EVENTS = 2_400
 
 
-def make_events(n: int, seed: int) -> list[dict[str, Any]]:
+def make_events(n: int, seed: int) -> list[UsageEvent]:
     rng = random.Random(seed)
     return [
         new_usage_event(

@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from fastavro import schemaless_writer
 
 from schemas.codec import DEAD_LETTER, MAGIC, USAGE_EVENT
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 from tests.pipeline_kit import Pipeline
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 HOSTILE = 10_000
 
 
-def valid(i: int, rng: random.Random) -> dict[str, Any]:
+def valid(i: int, rng: random.Random) -> UsageEvent:
     return new_usage_event(
         provider="openai",
         api="openai-chat",

@@ -4,10 +4,10 @@ principal, and the top-up that charges the reported usage beyond the estimate on
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ingest.gateway.background import BackgroundResponses, response_id_of, top_up_fields
 from ingest.taps import RequestInfo, TapResult
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
 
@@ -19,7 +19,7 @@ class Clock:
         return self.now
 
 
-def estimate(**tokens: int) -> dict[str, Any]:
+def estimate(**tokens: int) -> UsageEvent:
     return new_usage_event(
         provider="openai",
         api="openai-responses",

@@ -19,6 +19,7 @@ import pytest
 from aggregator.replay.generations import alert_ids
 from schemas.ids import counter_key
 from schemas.periods import parse_window, period_key
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from tests.pipeline_kit import Pipeline, poll, publish_usage
@@ -44,7 +45,7 @@ def spendbus(pipeline: Pipeline, home: Path, *args: str) -> str:
     return done.stdout
 
 
-def events(secret: str, first: int, count: int, start: datetime) -> list[dict[str, Any]]:
+def events(secret: str, first: int, count: int, start: datetime) -> list[UsageEvent]:
     """``count`` calls a minute apart from ``start``, $0.0045 each (pipeline_kit's prices)."""
     return [
         new_usage_event(

@@ -16,6 +16,7 @@ from runtime.topic_reader import read_latest_values
 from schemas.codec import DEAD_LETTER, VERDICT
 from schemas.ids import counter_key
 from schemas.periods import FUTURE_EVENT, period_end, period_key
+from schemas.records import UsageEvent
 from schemas.usage import BUDGET_EXCEEDED, new_usage_event
 from spendbus.stack.compacted import publish
 from tests.pipeline_kit import Pipeline, publish_usage
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 MARCH = datetime(2027, 3, 15, tzinfo=UTC)
 
 
-def spend(n: int, **over: Any) -> list[dict[str, Any]]:
+def spend(n: int, **over: Any) -> list[UsageEvent]:
     """``n`` calls of sk-1 at acme, now: 20k input tokens of Sonnet each ($0.06)."""
     fields: dict[str, Any] = dict(
         provider="anthropic",

@@ -24,6 +24,7 @@ from aggregator.replay.verify import verify_counters
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.pricing import price_table_from_yaml
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.stack.compacted import publish
@@ -158,7 +159,7 @@ def _month(day: date, months: int) -> date:
     return day.replace(year=index // 12, month=index % 12 + 1)
 
 
-def event(n: int, at: datetime) -> dict[str, Any]:
+def event(n: int, at: datetime) -> UsageEvent:
     return new_usage_event(
         event_id=f"cal-{n:03d}",
         provider="anthropic",

@@ -21,6 +21,7 @@ from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
 from schemas.pricing import price_table_from_yaml
+from schemas.records import UsageEvent
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.commands.replay import generation_replay
@@ -54,7 +55,7 @@ EVENTS = 4000
 SKEW = timedelta(seconds=MAX_FUTURE_SKEW_SECONDS)
 
 
-def month_ledger(seed: int) -> list[dict[str, Any]]:
+def month_ledger(seed: int) -> list[UsageEvent]:
     """November, as a backfill delivers it: mostly in time order, 10 % late by up to the
     whole month, 3 % published twice, a model without a price in several orgs, refusals,
     and three events from the future."""
@@ -92,14 +93,14 @@ def month_ledger(seed: int) -> list[dict[str, Any]]:
     for e in rng.sample(events, EVENTS * 3 // 100):  # retried publishes, anywhere later
         ledger.insert(rng.randint(ledger.index(e) + 1, len(ledger)), e)
     for n in range(3):
-        future = dict(events[n], event_id=f"future-{seed}-{n}")
+        future: UsageEvent = {**events[n], "event_id": f"future-{seed}-{n}"}
         future["occurred_at"] = datetime(2027, 3, 15, tzinfo=UTC) + timedelta(minutes=n)
         ledger.insert(rng.randint(0, len(ledger)), future)
     return ledger
 
 
 def start_pipeline(
-    bootstrap: str, topics: Topics, home: Path, dsn: str, ledger: list[dict[str, Any]]
+    bootstrap: str, topics: Topics, home: Path, dsn: str, ledger: list[UsageEvent]
 ) -> tuple[Pipeline, datetime]:
     """Reference data and the whole ledger on the topics first, then the worker."""
     pipeline = Pipeline(bootstrap, topics, home, dsn)
@@ -125,7 +126,7 @@ def start_pipeline(
     return pipeline, published_at
 
 
-def expected(pipeline: Pipeline, ledger: list[dict[str, Any]], published_at: datetime) -> Any:
+def expected(pipeline: Pipeline, ledger: list[UsageEvent], published_at: datetime) -> Any:
     counted = counted_events([(e, published_at) for e in ledger], SKEW)
     rows = history(counted, BUDGETS, pipeline.prices)
     return counted, rows, alert_ids(rows, counted, pipeline.prices)

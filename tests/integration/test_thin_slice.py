@@ -15,13 +15,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from enforcer import Enforcer, EnforcerConfig
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import DEAD_LETTER, USAGE_EVENT
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 from tests.pipeline_kit import Pipeline
 
 pytestmark = pytest.mark.integration
 
 
-def make_events(n: int, seed: int = 7) -> list[dict[str, Any]]:
+def make_events(n: int, seed: int = 7) -> list[UsageEvent]:
     rng = random.Random(seed)
     events = []
     for _ in range(n):
@@ -42,7 +43,7 @@ def make_events(n: int, seed: int = 7) -> list[dict[str, Any]]:
     return events
 
 
-async def publish_events(pipeline: Pipeline, spool: Path, events: list[dict[str, Any]]) -> None:
+async def publish_events(pipeline: Pipeline, spool: Path, events: list[UsageEvent]) -> None:
     config = PublisherConfig(
         bootstrap=pipeline.bootstrap, topic_prefix=pipeline.topics.prefix, spool_dir=spool
     )

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
 from enforcer import Enforcer, EnforcerConfig
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY
+from schemas.records import UsageEvent
 from spendbus.stack.compacted import publish
 from tests.pipeline_kit import Pipeline, publish_usage
 
@@ -26,7 +26,7 @@ RATED = {
 }
 
 
-async def decide_and_publish(pipeline: Pipeline) -> list[dict[str, Any]]:
+async def decide_and_publish(pipeline: Pipeline) -> list[UsageEvent]:
     [budget] = budgets_from_yaml([RATED])
     await publish(
         pipeline.bootstrap,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ingest.publisher import PublisherConfig, UsagePublisher
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.worker import WorkerProcess
@@ -56,7 +57,7 @@ def test_a_second_worker_takes_partitions_and_gives_them_back_exactly(
         args=("--no-sink",),  # the embedded store is one process per path: the first sinks
     )
 
-    async def publish(chunk: list[dict[str, object]], spool: str) -> None:
+    async def publish(chunk: list[UsageEvent], spool: str) -> None:
         config = PublisherConfig(
             bootstrap=pipeline.bootstrap,
             topic_prefix=pipeline.topics.prefix,

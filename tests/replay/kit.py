@@ -6,9 +6,9 @@ import asyncio
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from aggregator.replay.run import GenerationReplay, StackPlace
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 from spendbus.commands.replay import generation_replay
 from tests.pipeline_kit import Pipeline
@@ -18,7 +18,7 @@ from tests.pipeline_kit import publish_usage as publish  # the replay tests' nam
 BASE_TIME = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 
-def make_events(n: int, seed: int, start: int = 0) -> list[dict[str, Any]]:
+def make_events(n: int, seed: int, start: int = 0) -> list[UsageEvent]:
     """Realistic events with fixed ids and times, so two runs publish the same ledger."""
     rng = random.Random(seed)
     out = []
@@ -42,7 +42,7 @@ def make_events(n: int, seed: int, start: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-def publish_events(pipeline: Pipeline, events: list[dict[str, Any]]) -> None:
+def publish_events(pipeline: Pipeline, events: list[UsageEvent]) -> None:
     asyncio.run(publish(pipeline.bootstrap, pipeline.topics.usage_raw, events))
 
 

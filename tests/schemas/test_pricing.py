@@ -24,6 +24,7 @@ from schemas.pricing import (
     PriceBook,
     model_id_candidates,
 )
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 from tests.schemas.kit import AT, SONNET, T0, book, cost, table
 
@@ -291,7 +292,7 @@ def test_times_need_a_zone() -> None:
 # --- events, worst case -------------------------------------------------------------
 
 
-def event(**kw: object) -> dict[str, Any]:
+def event(**kw: object) -> UsageEvent:
     fields: dict[str, Any] = {
         "provider": "anthropic",
         "api": "anthropic-messages",

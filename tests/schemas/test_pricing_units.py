@@ -21,6 +21,7 @@ from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICE_TABLE
 from schemas.errors import ConfigError
 from schemas.pricing import PriceBook, PriceTable, load_price_file
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
 FILE = """
@@ -53,7 +54,7 @@ def book(tmp_path: Path) -> PriceBook:
     return PriceBook.from_file(path)
 
 
-def event(at: datetime, model: str = "claude-sonnet-4-5", **over: Any) -> dict[str, Any]:
+def event(at: datetime, model: str = "claude-sonnet-4-5", **over: Any) -> UsageEvent:
     return new_usage_event(
         provider="anthropic",
         api="anthropic-messages",

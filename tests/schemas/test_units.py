@@ -22,6 +22,7 @@ from schemas.periods import (
     rolling_bucket,
     rolling_live_buckets,
 )
+from schemas.records import UsageEvent
 from schemas.usage import (
     MAX_OCCURRED_AT,
     MAX_TOKENS_PER_EVENT,
@@ -103,7 +104,7 @@ def test_canonical_ids() -> None:
     assert canonical_id(" Org-A ", "org_id") == "Org-A"
 
 
-def event(**over: Any) -> dict[str, Any]:
+def event(**over: Any) -> UsageEvent:
     base = dict(
         provider="openai",
         api="openai-chat",

@@ -21,9 +21,10 @@ from aggregator.sink import (
     apply_schema,
     open_client,
 )
-from aggregator.sink.clickhouse import month_of
+from aggregator.sink.rows import month_of
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.ids import ids_are_canonical
+from schemas.records import PricedUsage, Verdict
 from schemas.topics import STORE_ROW_HEADER, store_row_value
 from schemas.usage import new_usage_event
 
@@ -41,7 +42,7 @@ def priced(
     occurred_at: datetime | None = None,
     cost_nanos: int | None = None,
     **event: Any,
-) -> dict[str, Any]:
+) -> PricedUsage:
     """A PricedUsage record as the sink receives it (decoded from its Avro bytes)."""
     fields: dict[str, Any] = {
         "provider": "anthropic",
@@ -69,7 +70,7 @@ def priced(
     return PRICED_USAGE.decode(PRICED_USAGE.encode(record))
 
 
-def batch(offsets: range, partitions: int = 1, **kw: Any) -> list[dict[str, Any]]:
+def batch(offsets: range, partitions: int = 1, **kw: Any) -> list[PricedUsage]:
     """Records of ``partitions`` partitions, interleaved, each in offset order."""
     return [priced(o, partition=p, **kw) for o in offsets for p in range(partitions)]
 
@@ -129,7 +130,7 @@ class Message:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-def as_message(record: dict[str, Any]) -> Message:
+def as_message(record: PricedUsage) -> Message:
     """The record as the counting stage writes it: with the store-row header when its ids
     are canonical (aggregator/counting/process.py)."""
     event = record["event"]
@@ -152,7 +153,7 @@ class WritePath:
     def sink(self, client: Any, **kwargs: Any) -> ClickHouseSink:
         return ClickHouseSink(client, avro_inserts=self.avro, **kwargs)
 
-    def write(self, sink: ClickHouseSink, records: list[dict[str, Any]]) -> int:
+    def write(self, sink: ClickHouseSink, records: list[PricedUsage]) -> int:
         if self.avro:
             return sink.write_messages([as_message(r) for r in records])
         return sink.write(records)
@@ -169,7 +170,7 @@ def fresh_database(engine: str) -> Any:
     return ch
 
 
-def verdict(counter: str, seq: int, period: str = "m:2026-11", spent: int = 0) -> dict[str, Any]:
+def verdict(counter: str, seq: int, period: str = "m:2026-11", spent: int = 0) -> Verdict:
     record = {
         "counter_key": counter,
         "budget_id": counter.split(",")[0],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, rows_from_priced
+from aggregator.sink.rows import USAGE_COLUMN_NAMES, rows_from_priced
 from tests.aggregator.sink.kit import (
     WritePath,
     priced,

@@ -17,7 +17,7 @@ from aggregator.sink import (
     rebuild_rollups,
     run_query,
 )
-from aggregator.sink.clickhouse import month_of
+from aggregator.sink.rows import month_of
 from schemas.errors import SpendbusError
 from tests.aggregator.sink.kit import (
     T0,

@@ -17,8 +17,9 @@ from aggregator.sink import (
     rows_from_priced,
 )
 from aggregator.sink.avro_rows import insert_select
-from aggregator.sink.clickhouse import USAGE_COLUMN_NAMES, VERDICT_COLUMN_NAMES, month_of
+from aggregator.sink.rows import USAGE_COLUMN_NAMES, VERDICT_COLUMN_NAMES, month_of
 from schemas.codec import PRICED_USAGE, VERDICT
+from schemas.records import CounterCount, PricedUsage, Verdict
 from schemas.topics import STORE_ROW, STORE_ROW_HEADER
 from schemas.usage import MAX_TOKENS_PER_EVENT
 from tests.aggregator.sink.kit import (
@@ -110,7 +111,7 @@ _optional_id = st.none() | _text.filter(lambda t: t == t.strip())
 
 
 @st.composite
-def _events(draw: st.DrawFn, offset: int) -> dict[str, Any]:
+def _events(draw: st.DrawFn, offset: int) -> PricedUsage:
     """A priced record with every column's kind of value (nulls, maps, unicode, extremes)."""
     tokens = st.integers(0, MAX_TOKENS_PER_EVENT)
     output = draw(tokens)
@@ -146,7 +147,7 @@ def _events(draw: st.DrawFn, offset: int) -> dict[str, Any]:
 
 
 @st.composite
-def _counts(draw: st.DrawFn) -> dict[str, Any]:
+def _counts(draw: st.DrawFn) -> CounterCount:
     """One PricedUsage.counts item: the counter an event counts in, with its policy."""
     limit = st.none() | st.integers(0, 2**62)
     return {
@@ -190,7 +191,7 @@ def test_the_engine_stores_avro_bodies_exactly_as_python_rows(engine: str, data:
 
 
 @st.composite
-def _verdicts(draw: st.DrawFn, seq: int) -> dict[str, Any]:
+def _verdicts(draw: st.DrawFn, seq: int) -> Verdict:
     """A Verdict with every column's kind of value (nulls, unicode, both enums, extremes)."""
     limit = st.none() | st.integers(0, 2**62)
     instant = st.integers(0, 10**11).map(lambda us: T0 - timedelta(microseconds=us))

@@ -9,13 +9,14 @@ from aiokafka import AIOKafkaConsumer
 
 from ingest.publisher import PublisherConfig
 from schemas.codec import USAGE_EVENT
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
 #: a port nothing listens on (bound then closed would race; port 1 needs root to listen)
 DEAD_BOOTSTRAP = "127.0.0.1:1"
 
 
-def event(i: int = 0, org: str = "acme", **fields: Any) -> dict[str, Any]:
+def event(i: int = 0, org: str = "acme", **fields: Any) -> UsageEvent:
     return new_usage_event(
         provider="anthropic",
         api="anthropic-messages",

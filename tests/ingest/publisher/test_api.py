@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -14,6 +15,7 @@ from ingest.errors import PublisherClosed, PublishTimeout, SpoolFull, SpoolLocke
 from ingest.publisher import InvalidRecord, UsagePublisher, prepare
 from ingest.publisher.spool import frame
 from schemas.codec import USAGE_EVENT
+from schemas.records import UsageEvent
 from tests.ingest.publisher.kit import config, event
 
 
@@ -68,7 +70,7 @@ def test_keys_stay_canonical_past_the_key_cache() -> None:
 )
 def test_prepare_names_the_bad_field(change: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidRecord) as caught:
-        prepare({**event(), **change})
+        prepare(cast(UsageEvent, {**event(), **change}))  # the wrong shape is the point
     assert caught.value.field == field
 
 
@@ -84,7 +86,8 @@ async def test_publish_before_start_and_after_stop_is_refused(tmp_path: Path) ->
 
 async def test_invalid_event_in_a_batch_publishes_none_of_it(tmp_path: Path) -> None:
     async with UsagePublisher(config(tmp_path)) as pub:
-        batch = [event(0), {**event(1), "input_tokens": -5}, event(2)]
+        # the middle one breaks the contract: the point of the test
+        batch = [event(0), cast(UsageEvent, {**event(1), "input_tokens": -5}), event(2)]
         with pytest.raises(InvalidRecord) as caught:
             await pub.publish_many(batch)
         assert caught.value.field == "input_tokens"
