@@ -143,7 +143,7 @@ def sidecar_server(port_queue: Any, cpu: int | None, loop: str, handler_cpu: boo
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        port_queue.put(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]  # a started site has its server
         await asyncio.Event().wait()
         sweeper.cancel()
 

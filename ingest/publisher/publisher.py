@@ -286,7 +286,7 @@ class UsagePublisher:
         # the common path, kept short: one write(), a counter, a wake-up
         spool.append(data)
         self._spooled += 1
-        self._sender.notify()  # type: ignore[union-attr]
+        self._sender.notify()  # type: ignore[union-attr]  # a running spool has its sender
         if self.config.fsync == "always":
             await self._sync_upto(spool.write_end)
         elif not self._spooled % _WRITE_GROUP:

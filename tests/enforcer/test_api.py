@@ -44,7 +44,7 @@ def test_config_is_frozen_and_validated() -> None:
     config = enforcer.EnforcerConfig()
     assert config.fail_mode == "open" and config.grace_s == 900
     with pytest.raises(ValidationError):
-        config.fail_mode = "closed"  # type: ignore[misc]
+        config.fail_mode = "closed"  # type: ignore[misc]  # frozen: the assignment must raise
     with pytest.raises(ConfigError, match="sidecar_token is required"):
         enforcer.load_config(sidecar_host="0.0.0.0")
     with pytest.raises(ConfigError, match="fail_mode"):

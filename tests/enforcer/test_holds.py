@@ -43,11 +43,11 @@ def test_settle_then_a_covering_verdict_drops_the_hold() -> None:
     key = verdict(b, ["acme"])["counter_key"]
     d = e.check(ctx())
     cid = ("org", "acme")  # the counter id: decompose(counter key)
-    assert e.holds.totals(cid, "m:2026-11").nanos == ESTIMATE  # type: ignore[union-attr]
+    assert e.holds.totals(cid, "m:2026-11").nanos == ESTIMATE  # type: ignore[union-attr]  # held: not None
     occurred = NOW + timedelta(seconds=1)
     assert e.settle(d.hold_id, usage(input_tokens=100, output_tokens=10, occurred_at=occurred))
     actual = 100 * 3_000 + 10 * 15_000
-    assert e.holds.totals(cid, "m:2026-11").nanos == actual  # type: ignore[union-attr]
+    assert e.holds.totals(cid, "m:2026-11").nanos == actual  # type: ignore[union-attr]  # held: not None
     assert not e.settle(d.hold_id, usage())  # settles once
     # a verdict whose as_of is before the event does not cover it
     e.state.apply_verdict(key, verdict(b, ["acme"], seq=2, at=NOW))
@@ -129,7 +129,7 @@ def test_holds_track_each_counter_separately() -> None:
     h = holds.reserve([(a, "p"), (b, "p")], nanos=10, tokens=5, requests=1, now_us=0)
     holds.settle(h, nanos=7, tokens=3, requests=1, occurred_us=100, now_us=1)
     assert holds.on_verdict(a, "p", 100, 1) == 1
-    assert (a, "p") not in holds.held and holds.totals(b, "p").nanos == 7  # type: ignore[union-attr]
+    assert (a, "p") not in holds.held and holds.totals(b, "p").nanos == 7  # type: ignore[union-attr]  # held: not None
     assert len(holds) == 1 and holds.held_nanos == 7
     assert holds.on_verdict(b, "other-period", 100, 1) == 0
     assert holds.on_verdict(b, "p", 99, 2) == 0

@@ -90,7 +90,7 @@ def test_throttled_answer_default_and_native() -> None:
     assert event["outcome"] == "refused" and event["decision_budget_id"] == "rated"
     assert e.peek(ctx()).decision == "throttled"  # a peek sees it too, and takes nothing
     clock.advance(0.5)
-    assert e.check(ctx()).retry_after == 1 and e.check(ctx()).body["retry_after_ms"] == 500  # type: ignore[index]
+    assert e.check(ctx()).retry_after == 1 and e.check(ctx()).body["retry_after_ms"] == 500  # type: ignore[index]  # a refusal has a body
     clock.advance(0.5)
     assert e.check(ctx()).allowed
     native, _ = loaded_enforcer([b], [], refusal_style="native")

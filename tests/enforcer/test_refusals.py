@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
+from enforcer import Decision
 from enforcer.response import header_text
 from tests.enforcer.kit import NOW, budget, ctx, loaded_enforcer, refresh, verdict
 
@@ -20,7 +23,7 @@ RESET = "2026-12-01T00:00:00Z"
 TWELVE_HOURS = str(12 * 3600)
 
 
-def refused(style: str = "default", **fields: object):  # type: ignore[no-untyped-def]
+def refused(style: str = "default", **fields: object) -> Decision:
     e, _ = loaded_enforcer([ORG], EXHAUSTED, refusal_style=style)
     d = e.check(ctx(**fields))
     assert not d.allowed
@@ -135,7 +138,9 @@ def test_native_with_an_unknown_provider_falls_back_to_default() -> None:
         ("bedrock", lambda b: "message" in b),
     ],
 )
-def test_failed_closed_is_503_retry_after_30_in_every_style(provider, check) -> None:  # type: ignore[no-untyped-def]
+def test_failed_closed_is_503_retry_after_30_in_every_style(
+    provider: str | None, check: Callable[[Any], bool]
+) -> None:
     e, clock = loaded_enforcer(
         [ORG], fail_mode="closed", refusal_style="default" if provider is None else "native"
     )

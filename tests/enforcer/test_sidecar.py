@@ -17,6 +17,9 @@ from enforcer.sidecar_json import MAX_BODY
 from tests.enforcer.kit import NOW, budget, loaded_enforcer, refresh, verdict
 from tests.slow_sender import head, send_then_stall
 
+#: the ``client`` fixture: a test client of the sidecar and the enforcer behind it
+Served = tuple[TestClient[web.Request, None], Enforcer]
+
 USD = 1_000_000_000
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -63,7 +66,7 @@ async def client(
         yield c, e
 
 
-async def test_bearer_token_is_required_on_v1(client) -> None:  # type: ignore[no-untyped-def]
+async def test_bearer_token_is_required_on_v1(client: Served) -> None:
     c, _ = client
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": TOKEN}):
         r = await c.post("/v1/check", json=CTX, headers=headers)
@@ -74,7 +77,7 @@ async def test_bearer_token_is_required_on_v1(client) -> None:  # type: ignore[n
         assert (await c.get(path)).status == 200
 
 
-async def test_check_reserve_settle(client) -> None:  # type: ignore[no-untyped-def]
+async def test_check_reserve_settle(client: Served) -> None:
     c, e = client
     r = await c.post("/v1/check", json=CTX, headers=AUTH)
     assert r.status == 200
@@ -113,7 +116,7 @@ async def test_check_reserve_settle(client) -> None:  # type: ignore[no-untyped-
     assert (await r.json()) == {"settled": False, "released": True}
 
 
-async def test_refusal_answer_carries_what_the_proxy_renders(client) -> None:  # type: ignore[no-untyped-def]
+async def test_refusal_answer_carries_what_the_proxy_renders(client: Served) -> None:
     c, e = client
     e.state.apply_verdict(
         verdict(ORG, ["acme"])["counter_key"], verdict(ORG, ["acme"], spent_nanos=USD, seq=2)
@@ -125,7 +128,7 @@ async def test_refusal_answer_carries_what_the_proxy_renders(client) -> None:  #
     assert d["exceeded_budgets"] == ["org"] and "published" not in d  # no publisher here
 
 
-async def test_bad_requests_are_400(client) -> None:  # type: ignore[no-untyped-def]
+async def test_bad_requests_are_400(client: Served) -> None:
     c, _ = client
     cases: list[tuple[str, Any]] = [
         ("/v1/check", {"org_id": "acme"}),
@@ -151,7 +154,7 @@ async def test_bad_requests_are_400(client) -> None:  # type: ignore[no-untyped-
     assert r.status == 400 and (await r.json())["error"] == "invalid_json"
 
 
-async def test_usage_is_the_counters_of_the_ctx(client) -> None:  # type: ignore[no-untyped-def]
+async def test_usage_is_the_counters_of_the_ctx(client: Served) -> None:
     c, _ = client
     r = await c.get(
         "/v1/usage",
@@ -166,7 +169,7 @@ async def test_usage_is_the_counters_of_the_ctx(client) -> None:  # type: ignore
     assert row["as_of"] == NOW.isoformat().replace("+00:00", "Z")
 
 
-async def test_readyz_and_metrics(client) -> None:  # type: ignore[no-untyped-def]
+async def test_readyz_and_metrics(client: Served) -> None:
     c, e = client
     r = await c.get("/readyz")
     assert r.status == 200 and (await r.json())["counters"] == 1
@@ -187,7 +190,7 @@ async def test_no_token_configured_means_open_on_loopback(how: str) -> None:
         assert (await c.post("/v1/check", json=CTX)).status == 200
 
 
-async def test_unknown_paths_are_404_and_other_methods_405(client) -> None:  # type: ignore[no-untyped-def]
+async def test_unknown_paths_are_404_and_other_methods_405(client: Served) -> None:
     c, e = client
     for method, path in (("POST", "/v1/nope"), ("GET", "/"), ("GET", "/v1/check/")):
         r = await c.request(method, path, headers=AUTH)
@@ -200,7 +203,7 @@ async def test_unknown_paths_are_404_and_other_methods_405(client) -> None:  # t
     assert len(e.holds) == 0 and sum(e.metrics.decisions.values()) == 0
 
 
-async def test_a_body_over_the_limit_is_413_and_decides_nothing(client) -> None:  # type: ignore[no-untyped-def]
+async def test_a_body_over_the_limit_is_413_and_decides_nothing(client: Served) -> None:
     c, e = client
     big = {**CTX, "model": "m" * MAX_BODY}
     r = await c.post("/v1/check", json=big, headers=AUTH)
@@ -209,7 +212,7 @@ async def test_a_body_over_the_limit_is_413_and_decides_nothing(client) -> None:
     assert (await c.post("/v1/check", json=CTX, headers=AUTH)).status == 200
 
 
-async def test_json_the_fast_decoder_refuses_gets_the_same_answer_as_before(client) -> None:  # type: ignore[no-untyped-def]
+async def test_json_the_fast_decoder_refuses_gets_the_same_answer_as_before(client: Served) -> None:
     c, _ = client
     # NaN is not JSON; the stdlib reads it, and the context says which field is wrong
     body = b'{"org_id": "acme", "secret_id": "sk-1", "input_tokens": NaN}'
@@ -299,7 +302,7 @@ def test_the_short_allowed_answer_is_byte_for_byte_the_full_one() -> None:
     assert {(ALLOWED, True), (ALLOWED, False)} <= shapes
 
 
-async def test_check_answers_with_the_bytes_of_the_full_decision(client) -> None:  # type: ignore[no-untyped-def]
+async def test_check_answers_with_the_bytes_of_the_full_decision(client: Served) -> None:
     c, e = client
     import msgspec
 
@@ -321,7 +324,7 @@ async def test_check_answers_with_the_bytes_of_the_full_decision(client) -> None
         e.release(again.hold_id)
 
 
-async def test_json_nested_too_deeply_is_400_not_500(client) -> None:  # type: ignore[no-untyped-def]
+async def test_json_nested_too_deeply_is_400_not_500(client: Served) -> None:
     c, e = client
     deep_array = b"[" * 50_000 + b"]" * 50_000  # well inside MAX_BODY
     deep_object = b'{"a":' * 20_000 + b"1" + b"}" * 20_000
@@ -382,7 +385,7 @@ async def test_a_key_past_its_in_flight_limit_is_throttled_429_until_one_settles
         async def check(secret: str = "sk-1") -> dict[str, Any]:
             r = await c.post("/v1/check", json={**CTX, "secret_id": secret}, headers=AUTH)
             assert r.status == 200
-            return await r.json()  # type: ignore[no-any-return]
+            return await r.json()  # type: ignore[no-any-return]  # aiohttp's json() is Any
 
         first, second = await check(), await check()
         assert first["allowed"] and second["allowed"]

@@ -31,6 +31,9 @@ from schemas.errors import ConfigError
 from schemas.topics import Topics
 from tests.enforcer.kit import NOW, PRICES, FakeClock, budget, loaded_enforcer, verdict
 
+#: the ``two_callers`` fixture: a test client, the enforcer behind it and its clock
+TwoCallers = tuple[TestClient[web.Request, None], Enforcer, FakeClock]
+
 USD = 1_000_000_000
 ANN, BOB = "token-of-ann-0123456789abcdef", "token-of-bob-0123456789abcdef"
 AS_ANN = {"Authorization": f"Bearer {ANN}"}
@@ -92,7 +95,9 @@ async def _settle(
     return r.status, await r.json()
 
 
-async def test_a_hold_is_settled_or_released_only_by_the_caller_that_took_it(two_callers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_hold_is_settled_or_released_only_by_the_caller_that_took_it(
+    two_callers: TwoCallers,
+) -> None:
     c, e, _ = two_callers
     anns = await _hold(c, AS_ANN)
     held = e.holds.held_nanos
@@ -115,7 +120,9 @@ async def test_a_hold_is_settled_or_released_only_by_the_caller_that_took_it(two
     assert await _settle(c, AS_BOB, {"hold_id": bobs, "release": True}) == never
 
 
-async def test_hold_ids_are_random_opaque_strings_not_the_enforcers_counter(two_callers) -> None:  # type: ignore[no-untyped-def]
+async def test_hold_ids_are_random_opaque_strings_not_the_enforcers_counter(
+    two_callers: TwoCallers,
+) -> None:
     c, e, _ = two_callers
     ids = [await _hold(c, AS_ANN) for _ in range(100)]
     assert len(set(ids)) == len(ids)
@@ -133,7 +140,9 @@ async def test_hold_ids_are_random_opaque_strings_not_the_enforcers_counter(two_
     assert len(prefixes) > 90
 
 
-async def test_expired_holds_forget_their_ids_and_the_ids_kept_are_bounded(two_callers) -> None:  # type: ignore[no-untyped-def]
+async def test_expired_holds_forget_their_ids_and_the_ids_kept_are_bounded(
+    two_callers: TwoCallers,
+) -> None:
     c, e, clock = two_callers
     old = [await _hold(c, AS_ANN) for _ in range(50)]
     clock.advance(61)  # past hold_timeout_s: the follower's sweep drops them

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from enforcer import Context
+from enforcer import Context, Enforcer
 from enforcer.errors import InvalidContext
 from schemas.pricing import ModelPrice, PriceTable
 from tests.enforcer.kit import MODEL, budget, ctx, loaded_enforcer, price_record, verdict
@@ -30,7 +30,7 @@ TOKENS = 18_000_000
 SEARCH = 10_000_000
 
 
-def enforcer_with_units(limit_nanos: int, spent_nanos: int = 0):  # type: ignore[no-untyped-def]
+def enforcer_with_units(limit_nanos: int, spent_nanos: int = 0) -> Enforcer:
     org = budget("org", limit_nanos=limit_nanos)
     e, _ = loaded_enforcer([org], [verdict(org, ["acme"], spent_nanos=spent_nanos)])
     e.state.apply_price(UNIT_PRICES.version, price_record(UNIT_PRICES))

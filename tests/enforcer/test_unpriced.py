@@ -34,7 +34,7 @@ def test_a_model_without_a_price_is_refused_under_an_enforce_usd_budget() -> Non
 
 def test_a_request_naming_no_model_cannot_be_priced_either() -> None:
     e, _ = loaded_enforcer([USD_BUDGET])
-    assert e.check(ctx(model=None)).body["reason"] == "model_unpriced"  # type: ignore[index]
+    assert e.check(ctx(model=None)).body["reason"] == "model_unpriced"  # type: ignore[index]  # a refusal has a body
 
 
 def test_allow_free_per_budget_or_globally_admits_it_at_zero() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aggregator.replay.snapshots import (
     Bounds,
+    FoldState,
     fold_ledger,
     latest_snapshot,
     load_reference,
@@ -29,7 +31,7 @@ def _apply_reference(bootstrap: str, topics: Topics, home: Path) -> None:
     Pipeline(bootstrap, topics, home, f"chdb://{home / 'unused'}").apply_reference()
 
 
-async def _fold_all(bootstrap: str, topics: Topics, **kwargs):  # type: ignore[no-untyped-def]
+async def _fold_all(bootstrap: str, topics: Topics, **kwargs: Any) -> FoldState:
     reference = await load_reference(bootstrap, topics)
     return await fold_ledger(bootstrap, topics, reference, **kwargs)
 
