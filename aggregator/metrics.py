@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from aggregator.counting.process import BatchStats
+from aggregator.counting.batch_output import BatchStats
 from runtime.http_log import expose_malformed_requests
 
 #: the loop probe's sleep: ~100 wake-ups a second, a few µs each

@@ -22,12 +22,13 @@ The dedupe entry is written in the same batch as the counters it protects.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from aggregator.counting.applicable import Applicable, ApplicableCache, EventCounts
+from aggregator.counting.batch_output import BatchOutput, BatchStats, VerdictChange
 from aggregator.counting.decode import read_usage_event
 from aggregator.counting.fold import (
     COUNTED_OUTCOMES,
@@ -40,10 +41,10 @@ from aggregator.counting.fold import (
     period_of,
     unpriced_alert,
 )
-from aggregator.counting.priced import CountCache, CountEntry, PricedWriter, counts_bytes
+from aggregator.counting.priced import CountCache, CountEntry, PricedWriter
 from aggregator.counting.reference import Reference
-from aggregator.counting.verdict_codec import encode_verdict, period_bounds_us
-from schemas.budgets import Budget, applicable
+from aggregator.counting.verdict_codec import period_bounds_us
+from schemas.budgets import Budget
 from schemas.codec import (
     ALERT,
     DEAD_LETTER,
@@ -60,11 +61,6 @@ from schemas.usage import billed_tokens, validate_usage_event
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
 #: Counter readers may return a CounterState (a live object, updated in place) or its JSON.
 StateReader = Callable[[int, str], Any]
-
-#: an hour in µs: every calendar period starts on a UTC hour
-_HOUR_US = 3_600_000_000
-#: the (budget, counter key, scope values, rolling bucket width in µs or 0) an event counts in
-Applicable = list[tuple[Budget, str, tuple[str, ...], int]]
 
 
 class SourceRecord(Protocol):
@@ -91,150 +87,6 @@ class RawRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int | None = None
-
-
-@dataclass
-class BatchStats:
-    events: int = 0
-    charged: int = 0
-    duplicates: int = 0
-    redelivered: int = 0
-    dead_letters: int = 0
-    unpriced: int = 0
-    cost_nanos: int = 0
-
-
-@dataclass(slots=True)  # not frozen: compiled, each frozen field is set the slow, generic way
-class VerdictChange:
-    """A counter whose newest period changed in this batch (or was re-delivered)."""
-
-    budget: Budget
-    scope_values: tuple[str, ...]
-    state: CounterState
-
-    def encode(self, key: str, now: datetime) -> bytes:
-        return self.encode_at(key, to_micros(now))
-
-    def encode_at(self, key: str, emitted_at_us: int) -> bytes:
-        """The Verdict, ``emitted_at`` given in microseconds since the epoch."""
-        return encode_verdict(self.budget, key, self.scope_values, self.state, emitted_at_us)
-
-
-@dataclass
-class BatchOutput:
-    #: (partition, key, value, store-row header) for usage.priced: the partition is the
-    #: source partition, so one sink owner reads every priced record of one usage.raw
-    #: partition in offset order; the header (schemas.topics.STORE_ROW_HEADER) lets the sink
-    #: fence and insert the body (its ids canonical) without decoding it
-    priced: list[tuple[int, bytes, bytes, bytes]] = field(default_factory=list)
-    #: counter key -> what its Verdict is made of (last state of the batch only)
-    verdict_changes: dict[str, VerdictChange] = field(default_factory=dict)
-    alerts: list[tuple[bytes, bytes]] = field(default_factory=list)
-    dead_letters: list[tuple[bytes | None, bytes]] = field(default_factory=list)
-    #: (source partition, counter key) -> the counter's state after the batch
-    counter_states: dict[tuple[int, str], CounterState] = field(default_factory=dict)
-    #: (source partition, event id or marker) -> position that first carried it
-    seen_writes: dict[tuple[int, str], str] = field(default_factory=dict)
-    #: models seen without a price (alerted once each by the caller)
-    unpriced_models: set[str] = field(default_factory=set)
-    #: models first seen past MAX_UNPRICED_MODEL_ALERTS: in the overflow alert, not their own
-    unpriced_alerts_folded: int = 0
-    stats: BatchStats = field(default_factory=BatchStats)
-    now: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    @property
-    def counter_writes(self) -> dict[tuple[int, str], dict[str, Any]]:
-        """The counters' new values as stored (JSON), for stores that keep JSON."""
-        return {where: state.to_json() for where, state in self.counter_states.items()}
-
-    @property
-    def verdicts(self) -> dict[str, bytes]:
-        """Every changed counter's Verdict, encoded now (callers that do not coalesce)."""
-        return {key: c.encode(key, self.now) for key, c in self.verdict_changes.items()}
-
-
-class EventCounts:
-    """What every event of one applicable set, time grain and request flag counts in: the
-    period of each counter (in ``Applicable`` order) and the PricedUsage ``counts``."""
-
-    def __init__(self, periods: list[str], entries: list[CountEntry], month: int) -> None:
-        self.periods = periods
-        self.entries = entries
-        self.data = counts_bytes(entries)
-        #: YYYYMM of the events' occurred_at in UTC (a grain never spans two months)
-        self.month = month
-
-
-class ApplicableCache:
-    """``schemas.budgets.applicable`` memoised on the attributes the budgets read.
-
-    Events of one org, secret and user count in the same counters; working out the
-    counter keys (canonical ids, matches, key composition) costs more than folding the
-    event, so it is done once per distinct combination of the attributes any budget
-    looks at, and forgotten whenever the budgets change.
-    """
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self.limit = limit
-        self._budgets: Sequence[Budget] = ()
-        self._plain: tuple[str, ...] = ()
-        self._tags: tuple[str, ...] = ()
-        self._groups = False
-        self._cache: dict[tuple[Any, ...], Applicable] = {}
-        #: (id of an Applicable of ``_cache``, occurred µs // grain, counted, a further
-        #: charge) -> its counts; cleared with ``_cache``, so an id always names a live list
-        self.counts: dict[tuple[int, int, bool, bool], EventCounts] = {}
-        #: the time within which every period key and rolling bucket stays the same
-        self.grain_us = _HOUR_US
-
-    def reset(self, budgets: Sequence[Budget]) -> None:
-        self._budgets = budgets
-        self._cache.clear()
-        self.counts.clear()
-        self.grain_us = math.gcd(
-            _HOUR_US,
-            *[
-                b.window.bucket_us if b.window.kind == "rolling" else b.window.grain_us
-                for b in budgets
-            ],
-        )
-        read: set[str] = {"org_id"}
-        for budget in budgets:
-            read.update(budget.match)
-            read.add(_SCOPE_ATTRIBUTE.get(budget.scope, budget.scope))
-            if budget.scope == "session":
-                read.update(("session_id", "user_id", "secret_id"))
-        self._groups = "group" in read
-        self._tags = tuple(sorted(a[4:] for a in read if a.startswith("tag:")))
-        self._plain = tuple(sorted(a for a in read if a != "group" and not a.startswith("tag:")))
-
-    def lookup(self, event: dict[str, Any]) -> Applicable:
-        signature: tuple[Any, ...] = tuple([event.get(a) for a in self._plain])
-        if self._groups:
-            signature += (tuple(event.get("groups") or ()),)
-        if self._tags:
-            tags = event.get("tags") or {}
-            signature += tuple([tags.get(t) for t in self._tags])
-        found = self._cache.get(signature)
-        if found is None:
-            if len(self._cache) >= self.limit:
-                self._cache.clear()
-                self.counts.clear()
-            found = self._cache[signature] = [
-                (b, key, values, b.window.bucket_us if b.window.kind == "rolling" else 0)
-                for b, key, values in applicable(self._budgets, event)
-            ]
-        return found
-
-
-_SCOPE_ATTRIBUTE = {
-    "secret": "secret_id",
-    "project": "project_id",
-    "grant": "grant_id",
-    "user": "user_id",
-    "org": "org_id",
-    "session": "session_id",
-}
 
 
 class BatchProcessor:

@@ -44,9 +44,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from aggregator.config import AggregatorConfig
+from aggregator.counting.batch_output import BatchStats, VerdictChange
 from aggregator.counting.changelogs import ensure_changelogs
 from aggregator.counting.fold import CounterState
-from aggregator.counting.process import BatchProcessor, BatchStats, RawRecord, VerdictChange
+from aggregator.counting.process import BatchProcessor, RawRecord
 from aggregator.counting.reference import Reference, ReferenceFollower
 from aggregator.counting.state import encode_counter
 from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
