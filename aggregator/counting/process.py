@@ -2,21 +2,24 @@
 
 Pure over its inputs (reference data, the counter and dedupe state handed in
 through two small readers), so it is tested without Kafka; the counting stage
-(``counting.py``) only moves bytes between topics, its state store and this class.
+(``stage.py``) only moves bytes between topics, its state store and this class.
 
-Per record, in order:
-  1. decode and validate (schemas.codec, schemas.usage) -> else a dead letter;
-  2. dedupe by event_id: an id first seen at another offset is a duplicate
-     publish and is skipped (counted); the same offset is a re-delivery and
+Per record, in order (each a method of ``_BatchFold``):
+  1. ``admit``: decode and validate (schemas.codec, schemas.usage), the event time
+     within its bound -> else a dead letter;
+  2. ``first_delivery``: dedupe by event_id: an id first seen at another offset is a
+     duplicate publish and is skipped (counted); the same offset is a re-delivery and
      goes on, the counter fences below make it harmless;
-  3. price it by the version in force at its occurred_at;
-  4. add it to every counter of every applicable budget (fold.apply; each
-     counter skips an offset it already applied);
-  5. emit the priced event, first-time threshold alerts, and note each counter
-     whose newest period changed (``verdict_changes``: the caller decides when
-     its Verdict goes out, see ``verdicts.VerdictCoalescer``);
-  6. after the batch, each changed counter's forecast alert, once per period, when its
-     projection falls before the period's end (schemas/forecast.py).
+  3. ``price``: by the version in force at its occurred_at (an unpriced model alerted);
+  4. ``plan``: the counters of every applicable budget and their periods
+     (``applicable.py``);
+  5. ``fold_counters``: add it to each (fold.apply; each counter skips an offset it
+     already applied), first-time threshold alerts, and note each counter whose newest
+     period changed (``verdict_changes``: the caller decides when its Verdict goes out,
+     see ``verdicts.VerdictCoalescer``);
+  6. ``encode_priced``: the priced event;
+then ``finish``: after the batch, each changed counter's forecast alert, once per
+period, when its projection falls before the period's end (schemas/forecast.py).
 The dedupe entry is written in the same batch as the counters it protects.
 """
 
@@ -54,6 +57,7 @@ from schemas.codec import (
 from schemas.errors import ContractError
 from schemas.ids import ids_are_canonical, with_canonical_ids
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
+from schemas.pricing import Price
 from schemas.raises import BudgetRaise, raised_budget
 from schemas.topics import store_row_value
 from schemas.usage import billed_tokens, validate_usage_event
@@ -136,209 +140,11 @@ class BatchProcessor:
         seen: StateReader,
         now: datetime | None = None,
     ) -> BatchOutput:
-        out = BatchOutput(now=now or datetime.now(UTC))
-        now = out.now
-        now_us = to_micros(now)
-        max_skew_us = self.max_future_skew_us
         self._refresh_budgets()
-        lookup = self._applicable.lookup
-        price_event = self.reference.prices.price_event
-        raises = self.reference.raises
-        raised = raises.by_budget
-        # each counter is read once per batch; its state object is updated in place
-        states: dict[str, CounterState] = {}
-        seen_in_batch: dict[str, str] = {}
-        seen_writes = out.seen_writes
-        verdict_changes = out.verdict_changes
-        priced_out = out.priced
-        write_priced = PricedWriter(now).write
-        event_counts = self._applicable.counts
-        grain_us = self._applicable.grain_us
-        events = duplicates = redelivered = dead_letters = unpriced = charged = 0
-        cost_nanos = 0
+        batch = _BatchFold(self, counters, seen, now or datetime.now(UTC))
         for record in records:
-            events += 1
-            partition = record.partition
-            offset = record.offset
-            try:
-                event, occurred_us = read_usage_event(record.value)
-                validate_usage_event(event)
-            except ContractError as exc:
-                out.dead_letters.append((record.key, self._dead_letter(record, exc, now)))
-                dead_letters += 1
-                continue
-            # event time is trusted up to a bounded skew ahead of when the record reached
-            # Kafka (the earlier of its timestamp and this worker's clock, so a replay
-            # decides as the live fold did): an event from the future is never counted
-            received_us = now_us
-            stamp = record.timestamp
-            if stamp is not None and 0 <= stamp * 1000 < received_us:
-                received_us = stamp * 1000
-            if occurred_us > received_us + max_skew_us:
-                out.dead_letters.append(
-                    (record.key, self._future(record, occurred_us, received_us, now))
-                )
-                dead_letters += 1
-                continue
-            position = f"{partition}:{offset}"
-            seen_key = event["event_id"]
-            first = seen_in_batch.get(seen_key) or seen(partition, seen_key)
-            if first is not None:
-                if first != position:
-                    duplicates += 1
-                    continue
-                redelivered += 1
-            seen_in_batch[seen_key] = position
-            seen_writes[(partition, seen_key)] = position
-
-            price = price_event(event)
-            if price.unpriced:
-                unpriced += 1
-                model = event["model"]
-                out.unpriced_models.add(model)
-                # one alert per model (per source partition: the marker lives in the
-                # partition's dedupe state, written in the same batch as the alert), for
-                # the first models this process alerts; every later one shares the one
-                # overflow alert (the names are the clients')
-                marker = f"\x00unpriced\x00{model}"
-                if marker not in seen_in_batch and seen(partition, marker) is None:
-                    seen_in_batch[marker] = position
-                    seen_writes[(partition, marker)] = position
-                    alerted: str | None = model
-                    if self._unpriced_alerted < MAX_UNPRICED_MODEL_ALERTS:
-                        self._unpriced_alerted += 1
-                    else:
-                        out.unpriced_alerts_folded += 1
-                        alerted = UNPRICED_OVERFLOW
-                        overflow = f"\x00unpriced\x00{UNPRICED_OVERFLOW}"
-                        if overflow in seen_in_batch or seen(partition, overflow) is not None:
-                            alerted = None  # the overflow alert went out already
-                        else:
-                            seen_in_batch[overflow] = position
-                            seen_writes[(partition, overflow)] = position
-                    if alerted is not None:
-                        out.alerts.append(
-                            (
-                                f"unpriced|{alerted}".encode(),
-                                ALERT.encode(unpriced_alert(alerted, event["occurred_at"])),
-                            )
-                        )
-            cost = price.cost_nanos
-            charged += 1
-            cost_nanos += cost
-            tokens = billed_tokens(event)
-            counted = event["outcome"] in COUNTED_OUTCOMES
-            # a further charge of another call (UsageEvent v3) is no request of its own
-            charge = event.get("charge_of") is not None
-            found = lookup(event)
-            # every counter the event counts in travels with its priced record, so the
-            # sink stores the exact budget history once per event (infra/clickhouse);
-            # the periods and those bytes are the same for a whole grain of time
-            where = (id(found), occurred_us // grain_us, counted, charge)
-            counts = event_counts.get(where)
-            if counts is None:
-                counts = self._event_counts(
-                    found, occurred_us, event["occurred_at"], counted, charge
-                )
-                if len(event_counts) >= 100_000:
-                    event_counts.clear()
-                event_counts[where] = counts
-            periods = counts.periods
-            n = 0
-            for budget, key, scope_values, _ in found:
-                period = periods[n]
-                n += 1
-                if raised and budget.budget_id in raised:
-                    # a raise in force at the event's time: its state labels and alerts
-                    # measure the raised limits (by event time: a replay decides alike)
-                    granted = raises.active(budget.budget_id, scope_values, occurred_us)
-                    if granted is not None:
-                        budget = self._raised_budget(budget, granted)
-                state = states.get(key)
-                if state is None:
-                    raw = counters(partition, key)
-                    if raw is None:
-                        state = CounterState()
-                    elif isinstance(raw, CounterState):
-                        state = raw
-                    else:
-                        state = CounterState.from_json(raw)
-                    states[key] = state
-                    out.counter_states[(partition, key)] = state
-                change = apply(
-                    state, budget, event, cost, partition, offset, occurred_us, tokens, period
-                )
-                # a fenced (re-delivered) record still re-sends the verdict: the crash
-                # that caused the re-delivery may have come before the verdict left
-                if change is None:
-                    if key not in verdict_changes:
-                        verdict_changes[key] = VerdictChange(budget, scope_values, state)
-                    continue
-                if change.current:
-                    held = verdict_changes.get(key)
-                    if held is None:
-                        verdict_changes[key] = VerdictChange(budget, scope_values, state)
-                    elif held.budget is not budget:
-                        # the limits of its last event (a raise may have begun or ended)
-                        held.budget = budget
-                for threshold in change.new_alerts:
-                    alert = alert_record(
-                        budget, key, change.period, threshold, state.periods[change.period]
-                    )
-                    out.alerts.append((key.encode(), ALERT.encode(alert)))
-            # usage.priced carries the ids as counted (canonical), so the sink stores every
-            # body as it is; the rare event with other ids is encoded again
-            raw_value: Any = record.value
-            if not ids_are_canonical(event):
-                event = with_canonical_ids(event)
-                raw_value = USAGE_EVENT.encode(event)
-            # the event's own bytes are reused when it was written with the current schema
-            priced = write_priced(
-                raw_value,
-                cost,
-                price.price_version,
-                price.matched,
-                price.unpriced,
-                partition,
-                offset,
-                counts.entries,
-                counts.data,
-            )
-            if priced is None:
-                priced = PRICED_USAGE.encode(
-                    {
-                        "event": event,
-                        "cost_nanos": cost,
-                        "price_version": price.price_version,
-                        "price_match": price.matched,
-                        "unpriced": price.unpriced,
-                        "source_partition": partition,
-                        "source_offset": offset,
-                        "priced_at": now,
-                        "counts": [c.record for c in counts.entries],
-                    }
-                )
-            store_row = store_row_value(partition, offset, counts.month)
-            priced_out.append((partition, event["org_id"].encode(), priced, store_row))
-        out.stats = BatchStats(
-            events, charged, duplicates, redelivered, dead_letters, unpriced, cost_nanos
-        )
-        # a counter without a current period never had an event applied: nothing to say
-        for key in [k for k, c in verdict_changes.items() if not c.state.period]:
-            del verdict_changes[key]
-        # a forecast alert once per (counter, period), from the batch's last state (marked
-        # in the counter, written with it); with a store the publisher's come from ClickHouse
-        for key, held in verdict_changes.items():
-            counter = held.state
-            window = held.budget.window
-            if window.kind == "total" or window.kind == "rolling":
-                continue  # never ends: no forecast alert
-            at_us = counter.periods[counter.period].as_of_us
-            bounds = period_bounds_us(window, counter.period, at_us)
-            forecast = forecast_alert(held.budget, key, counter, bounds)
-            if forecast is not None:
-                out.alerts.append((key.encode(), ALERT.encode(forecast)))
-        return out
+            batch.fold_record(record)
+        return batch.finish()
 
     def _future(
         self, record: SourceRecord, occurred_us: int, received_us: int, now: datetime
@@ -391,3 +197,302 @@ class BatchProcessor:
                 "failed_at": now,
             }
         )
+
+
+class _BatchFold:
+    """One batch on its way through the stages, each a method: admit (decode, validate,
+    event time), dedupe, price (and the unpriced alerts), plan (the counters and their
+    periods), fold (into each counter), encode (the priced record); then, once per batch,
+    the verdicts to send and the forecast alerts. Holds what the stages share while the
+    batch lasts; the processor holds what outlives it."""
+
+    def __init__(
+        self, processor: BatchProcessor, counters: StateReader, seen: StateReader, now: datetime
+    ) -> None:
+        self.processor = processor
+        self.counters = counters
+        self.seen = seen
+        self.out = BatchOutput(now=now)
+        self.now = now
+        self.now_us = to_micros(now)
+        self.max_skew_us = processor.max_future_skew_us
+        applicable = processor._applicable
+        self.lookup = applicable.lookup
+        self.event_counts = applicable.counts
+        self.grain_us = applicable.grain_us
+        self.price_event = processor.reference.prices.price_event
+        self.raises = processor.reference.raises
+        self.raised = self.raises.by_budget
+        self.write_priced = PricedWriter(now).write
+        # each counter is read once per batch; its state object is updated in place
+        self.states: dict[str, CounterState] = {}
+        self.seen_in_batch: dict[str, str] = {}
+        self.events = 0
+        self.charged = 0
+        self.duplicates = 0
+        self.redelivered = 0
+        self.dead_letters = 0
+        self.unpriced = 0
+        self.cost_nanos = 0
+
+    def fold_record(self, record: SourceRecord) -> None:
+        self.events += 1
+        admitted = self.admit(record)
+        if admitted is None:
+            return
+        event, occurred_us = admitted
+        partition = record.partition
+        offset = record.offset
+        position = f"{partition}:{offset}"
+        if not self.first_delivery(partition, event["event_id"], position):
+            return
+        price = self.price(event, partition, position)
+        cost = price.cost_nanos
+        self.charged += 1
+        self.cost_nanos += cost
+        found = self.lookup(event)
+        counts = self.plan(event, found, occurred_us)
+        self.fold_counters(event, found, counts, cost, partition, offset, occurred_us)
+        self.out.priced.append(self.encode_priced(record, event, price, counts))
+
+    def admit(self, record: SourceRecord) -> tuple[dict[str, Any], int] | None:
+        """The event and its occurred_at in µs; None when it went to the dead letters
+        (undecodable, invalid, or from the future)."""
+        try:
+            admitted = read_usage_event(record.value)
+            validate_usage_event(admitted[0])
+        except ContractError as exc:
+            self.dead_letter(record, self.processor._dead_letter(record, exc, self.now))
+            return None
+        occurred_us = admitted[1]
+        # event time is trusted up to a bounded skew ahead of when the record reached
+        # Kafka (the earlier of its timestamp and this worker's clock, so a replay
+        # decides as the live fold did): an event from the future is never counted
+        received_us = self.now_us
+        stamp = record.timestamp
+        if stamp is not None and 0 <= stamp * 1000 < received_us:
+            received_us = stamp * 1000
+        if occurred_us > received_us + self.max_skew_us:
+            letter = self.processor._future(record, occurred_us, received_us, self.now)
+            self.dead_letter(record, letter)
+            return None
+        return admitted
+
+    def dead_letter(self, record: SourceRecord, letter: bytes) -> None:
+        self.out.dead_letters.append((record.key, letter))
+        self.dead_letters += 1
+
+    def first_delivery(self, partition: int, event_id: str, position: str) -> bool:
+        """False for a duplicate publish (the id first came at another position); a
+        re-delivery (same position) goes on, the counters' fences absorb it."""
+        first = self.seen_in_batch.get(event_id) or self.seen(partition, event_id)
+        if first is not None:
+            if first != position:
+                self.duplicates += 1
+                return False
+            self.redelivered += 1
+        self.mark_seen(partition, event_id, position)
+        return True
+
+    def mark_seen(self, partition: int, seen_key: str, position: str) -> None:
+        self.seen_in_batch[seen_key] = position
+        self.out.seen_writes[(partition, seen_key)] = position
+
+    def was_seen(self, partition: int, seen_key: str) -> bool:
+        return seen_key in self.seen_in_batch or self.seen(partition, seen_key) is not None
+
+    def price(self, event: dict[str, Any], partition: int, position: str) -> Price:
+        price = self.price_event(event)
+        if price.unpriced:
+            self.unpriced += 1
+            self.alert_unpriced(event, partition, position)
+        return price
+
+    def alert_unpriced(self, event: dict[str, Any], partition: int, position: str) -> None:
+        """One alert per model (per source partition: the marker lives in the partition's
+        dedupe state, written in the same batch as the alert), for the first models this
+        process alerts; every later one shares the one overflow alert (the names are the
+        clients')."""
+        model = event["model"]
+        out = self.out
+        out.unpriced_models.add(model)
+        marker = f"\x00unpriced\x00{model}"
+        if self.was_seen(partition, marker):
+            return
+        self.mark_seen(partition, marker, position)
+        alerted = model
+        processor = self.processor
+        if processor._unpriced_alerted < MAX_UNPRICED_MODEL_ALERTS:
+            processor._unpriced_alerted += 1
+        else:
+            out.unpriced_alerts_folded += 1
+            alerted = UNPRICED_OVERFLOW
+            overflow = f"\x00unpriced\x00{UNPRICED_OVERFLOW}"
+            if self.was_seen(partition, overflow):
+                return  # the overflow alert went out already
+            self.mark_seen(partition, overflow, position)
+        out.alerts.append(
+            (
+                f"unpriced|{alerted}".encode(),
+                ALERT.encode(unpriced_alert(alerted, event["occurred_at"])),
+            )
+        )
+
+    def plan(self, event: dict[str, Any], found: Applicable, occurred_us: int) -> EventCounts:
+        """Every counter the event counts in travels with its priced record, so the sink
+        stores the exact budget history once per event (infra/clickhouse); the periods and
+        those bytes are the same for a whole grain of time."""
+        counted = event["outcome"] in COUNTED_OUTCOMES
+        # a further charge of another call (UsageEvent v3) is no request of its own
+        charge = event.get("charge_of") is not None
+        event_counts = self.event_counts
+        where = (id(found), occurred_us // self.grain_us, counted, charge)
+        counts = event_counts.get(where)
+        if counts is None:
+            counts = self.processor._event_counts(
+                found, occurred_us, event["occurred_at"], counted, charge
+            )
+            if len(event_counts) >= 100_000:
+                event_counts.clear()
+            event_counts[where] = counts
+        return counts
+
+    def fold_counters(
+        self,
+        event: dict[str, Any],
+        found: Applicable,
+        counts: EventCounts,
+        cost: int,
+        partition: int,
+        offset: int,
+        occurred_us: int,
+    ) -> None:
+        """The event into each of its counters, and what that changes: verdicts, alerts."""
+        tokens = billed_tokens(event)
+        periods = counts.periods
+        raised = self.raised
+        verdict_changes = self.out.verdict_changes
+        n = 0
+        for budget, key, scope_values, _ in found:
+            period = periods[n]
+            n += 1
+            if raised and budget.budget_id in raised:
+                budget = self.raised_at(budget, scope_values, occurred_us)
+            state = self.counter(partition, key)
+            change = apply(
+                state, budget, event, cost, partition, offset, occurred_us, tokens, period
+            )
+            # a fenced (re-delivered) record still re-sends the verdict: the crash
+            # that caused the re-delivery may have come before the verdict left
+            if change is None:
+                if key not in verdict_changes:
+                    verdict_changes[key] = VerdictChange(budget, scope_values, state)
+                continue
+            if change.current:
+                held = verdict_changes.get(key)
+                if held is None:
+                    verdict_changes[key] = VerdictChange(budget, scope_values, state)
+                elif held.budget is not budget:
+                    # the limits of its last event (a raise may have begun or ended)
+                    held.budget = budget
+            for threshold in change.new_alerts:
+                alert = alert_record(
+                    budget, key, change.period, threshold, state.periods[change.period]
+                )
+                self.out.alerts.append((key.encode(), ALERT.encode(alert)))
+
+    def raised_at(self, budget: Budget, scope_values: tuple[str, ...], occurred_us: int) -> Budget:
+        """The budget with the raise in force at the event's time, if any: its state labels
+        and alerts measure the raised limits (by event time: a replay decides alike)."""
+        granted = self.raises.active(budget.budget_id, scope_values, occurred_us)
+        if granted is None:
+            return budget
+        return self.processor._raised_budget(budget, granted)
+
+    def counter(self, partition: int, key: str) -> CounterState:
+        """The counter's live state, read from the caller's store once per batch."""
+        state = self.states.get(key)
+        if state is None:
+            raw = self.counters(partition, key)
+            if raw is None:
+                state = CounterState()
+            elif isinstance(raw, CounterState):
+                state = raw
+            else:
+                state = CounterState.from_json(raw)
+            self.states[key] = state
+            self.out.counter_states[(partition, key)] = state
+        return state
+
+    def encode_priced(
+        self, record: SourceRecord, event: dict[str, Any], price: Price, counts: EventCounts
+    ) -> tuple[int, bytes, bytes, bytes]:
+        """The usage.priced record: (source partition, key, body, store-row header)."""
+        partition = record.partition
+        offset = record.offset
+        # usage.priced carries the ids as counted (canonical), so the sink stores every
+        # body as it is; the rare event with other ids is encoded again
+        raw_value: Any = record.value
+        if not ids_are_canonical(event):
+            event = with_canonical_ids(event)
+            raw_value = USAGE_EVENT.encode(event)
+        # the event's own bytes are reused when it was written with the current schema
+        priced = self.write_priced(
+            raw_value,
+            price.cost_nanos,
+            price.price_version,
+            price.matched,
+            price.unpriced,
+            partition,
+            offset,
+            counts.entries,
+            counts.data,
+        )
+        if priced is None:
+            priced = PRICED_USAGE.encode(
+                {
+                    "event": event,
+                    "cost_nanos": price.cost_nanos,
+                    "price_version": price.price_version,
+                    "price_match": price.matched,
+                    "unpriced": price.unpriced,
+                    "source_partition": partition,
+                    "source_offset": offset,
+                    "priced_at": self.now,
+                    "counts": [c.record for c in counts.entries],
+                }
+            )
+        store_row = store_row_value(partition, offset, counts.month)
+        return (partition, event["org_id"].encode(), priced, store_row)
+
+    def finish(self) -> BatchOutput:
+        out = self.out
+        out.stats = BatchStats(
+            self.events,
+            self.charged,
+            self.duplicates,
+            self.redelivered,
+            self.dead_letters,
+            self.unpriced,
+            self.cost_nanos,
+        )
+        verdict_changes = out.verdict_changes
+        # a counter without a current period never had an event applied: nothing to say
+        for key in [k for k, c in verdict_changes.items() if not c.state.period]:
+            del verdict_changes[key]
+        self.forecast_alerts()
+        return out
+
+    def forecast_alerts(self) -> None:
+        """A forecast alert once per (counter, period), from the batch's last state (marked
+        in the counter, written with it); with a store the publisher's come from ClickHouse."""
+        for key, held in self.out.verdict_changes.items():
+            counter = held.state
+            window = held.budget.window
+            if window.kind == "total" or window.kind == "rolling":
+                continue  # never ends: no forecast alert
+            at_us = counter.periods[counter.period].as_of_us
+            bounds = period_bounds_us(window, counter.period, at_us)
+            forecast = forecast_alert(held.budget, key, counter, bounds)
+            if forecast is not None:
+                self.out.alerts.append((key.encode(), ALERT.encode(forecast)))
