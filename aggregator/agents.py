@@ -97,7 +97,7 @@ def _sink_in_this_process(
     )
     sink_stage = SinkStage(config, config.topics, writer, metrics)
     metrics.watch_lag(config.sink_app_id, sink_stage.lag)
-    app.spendbus_sink = sink_stage  # type: ignore[attr-defined]
+    app.spendbus_sink = sink_stage  # type: ignore[attr-defined]  # faust.App declares no such field
 
     @app.service
     class Sink(mode.Service):
@@ -131,7 +131,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
         max_future_skew_seconds=config.max_future_skew_seconds,
     )
     metrics = Metrics()
-    app.spendbus_metrics = metrics  # type: ignore[attr-defined]
+    app.spendbus_metrics = metrics  # type: ignore[attr-defined]  # faust.App declares no such field
 
     stage = CountingStage(config, topics, processor, metrics, follower.ready)
     metrics.watch_lag(config.counting_group, stage.lag)
@@ -175,7 +175,7 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
             # everything below reaches the store through it
             link = store = SinkLink(config, metrics)
             metrics.watch_lag(config.sink_app_id, link.lag)
-            app.spendbus_sink_link = link  # type: ignore[attr-defined]
+            app.spendbus_sink_link = link  # type: ignore[attr-defined]  # faust.App declares no such field
             sink_link = link
 
             @app.service
@@ -308,6 +308,6 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     # logged once per interval without its head (runtime/http_log.py); and a client that
     # half-closed after its request still gets the answer (runtime/half_close.py)
     # Faust's aiohttp driver keeps its AppRunner (not yet set up) there
-    app.web._runner.__class__ = AnswerAfterHalfClose  # type: ignore[attr-defined]
+    app.web._runner.__class__ = AnswerAfterHalfClose  # type: ignore[attr-defined]  # on the aiohttp driver only
 
-    app.spendbus_counting = stage  # type: ignore[attr-defined]
+    app.spendbus_counting = stage  # type: ignore[attr-defined]  # faust.App declares no such field

@@ -106,7 +106,7 @@ class Bounds:
         if self.since is None and self.until is None:
             return True
         try:
-            occurred: datetime = USAGE_EVENT.decode(value)["occurred_at"]  # type: ignore[arg-type]
+            occurred: datetime = USAGE_EVENT.decode(value)["occurred_at"]  # type: ignore[arg-type]  # None: ContractError
         except ContractError:
             return True  # the processor dead-letters it and counts it
         return (self.since is None or occurred >= self.since) and (
