@@ -19,8 +19,8 @@ In memory: the counters (bounded by the number of counters) and the event ids of
 the current checkpoint interval (``pending_seen``, bounded by
 ``AggregatorConfig.max_pending_event_ids``); older event ids are looked up in RocksDB.
 
-Keys in RocksDB: ``c<counter key>`` -> ``CounterState.to_json()`` as compact JSON
-(the changelog value), ``s<event id>`` -> the position (``partition:offset``) that
+Keys in RocksDB: ``c<counter key>`` -> the changelog value (``counter_codec.py``),
+``s<event id>`` -> the position (``partition:offset``) that
 first carried it, ``m:offsets`` -> JSON of the changelog topics and the offsets the
 store reaches.
 """
@@ -39,6 +39,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
+from aggregator.counting.counter_codec import decode_counter, encode_counter
 from aggregator.counting.fold import CounterState
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 
@@ -53,75 +54,6 @@ OPEN_RETRY_SECONDS = 30.0
 
 class _StoreLocked(Exception):
     """Another process (or owner) still holds a partition's RocksDB."""
-
-
-def encode_counter(state: CounterState) -> bytes:
-    """The changelog value: ``state.to_json()`` as compact JSON.
-
-    Written directly (one per counter per batch, and a rolling counter carries up to 48
-    buckets: ``json.dumps`` of the dict cost 14-80 µs); byte-identical to
-    :func:`encode_counter_json`, which it defers to for any value outside the plain shape
-    (a test holds the two equal).
-    """
-    try:
-        return _write_counter(state).encode()
-    except _NotPlain:
-        return encode_counter_json(state)
-
-
-def encode_counter_json(state: CounterState) -> bytes:
-    """The reference encoding of the changelog value."""
-    return json.dumps(state.to_json(), separators=(",", ":")).encode()
-
-
-class _NotPlain(Exception):
-    """A value the direct writer does not take: ``json.dumps`` writes it."""
-
-
-def _plain_string(value: object) -> str:
-    """``value`` between quotes, when JSON needs no escape in it (printable ASCII, no ``"``
-    or ``\\``): what ``json.dumps`` writes for such a string."""
-    if (
-        type(value) is not str
-        or not value.isascii()
-        or not value.isprintable()
-        or '"' in value
-        or "\\" in value
-    ):
-        raise _NotPlain
-    return f'"{value}"'
-
-
-def _int(value: object) -> int:
-    if type(value) is not int:  # a bool or a float is written differently by json.dumps
-        raise _NotPlain
-    return value
-
-
-def _write_counter(state: CounterState) -> str:
-    fence = ",".join([f'"{_int(p)}":{_int(o)}' for p, o in state.fence.items()])
-    periods = []
-    for key, t in state.periods.items():
-        alerted = _dumps(t.alerted) if t.alerted else "[]"
-        buckets = t.buckets
-        for b in buckets:  # int keys: json.dumps writes them as str(b) does (a bool would not)
-            if type(b) is not int:
-                raise _NotPlain
-        periods.append(
-            f"{_plain_string(key)}:[{_int(t.nanos)},{_int(t.tokens)},{_int(t.requests)},"
-            f"{_int(t.as_of_us)},{alerted},{_dumps(buckets) if buckets else '{}'}]"
-        )
-    return (
-        f'{{"p":{_plain_string(state.period)},"s":{_int(state.seq)},"f":{{{fence}}},'
-        f'"t":{{{",".join(periods)}}}}}'
-    )
-
-
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def decode_counter(value: bytes) -> CounterState:
-    return CounterState.from_json(json.loads(value))
 
 
 def _scan(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

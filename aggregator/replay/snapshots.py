@@ -46,10 +46,10 @@ from aiokafka.errors import KafkaError
 from aggregator.config import AggregatorConfig
 from aggregator.counting.batch_output import BatchStats, VerdictChange
 from aggregator.counting.changelogs import ensure_changelogs
+from aggregator.counting.counter_codec import encode_counter
 from aggregator.counting.fold import CounterState
 from aggregator.counting.process import BatchProcessor, RawRecord
 from aggregator.counting.reference import Reference, ReferenceFollower
-from aggregator.counting.state import encode_counter
 from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from runtime.topic_reader import read_latest_values, read_until
 from schemas.codec import PRICED_USAGE, USAGE_EVENT
