@@ -45,14 +45,13 @@ from aggregator.replay.report import (
     org_changes,
     priced_org_spend,
 )
+from aggregator.replay.seeding import SeedResult, seed_generation
 from aggregator.replay.snapshots import (
     FoldState,
-    SeedResult,
     fold_ledger,
     incomplete_snapshots,
     ledger_ends,
     load_reference,
-    seed_generation,
     snapshot_from_records,
 )
 from aggregator.sink.access import DEFAULT_ACCESS, ClickHouseAccess
@@ -197,7 +196,7 @@ class GenerationReplay:
 
     def _seed(self, snapshot: tuple[str, FoldState]) -> None:
         """Write the snapshot into the new generation's changelogs, verdicts and group
-        offsets (``aggregator.replay.snapshots.seed_generation``) before its worker starts."""
+        offsets (``aggregator.replay.seeding.seed_generation``) before its worker starts."""
         place = self.place
         config = AggregatorConfig(
             bootstrap=place.bootstrap,
