@@ -12,8 +12,8 @@ from aggregator.counting.fold import CounterState
 def encode_counter(state: CounterState) -> bytes:
     """The changelog value: ``state.to_json()`` as compact JSON.
 
-    Written directly (one per counter per batch, and a rolling counter carries up to 48
-    buckets: ``json.dumps`` of the dict cost 14-80 µs); byte-identical to
+    Written directly, faster than ``json.dumps`` of the dict (one per counter per batch,
+    and a rolling counter carries up to 48 buckets); byte-identical to
     :func:`encode_counter_json`, which it defers to for any value outside the plain shape
     (a test holds the two equal).
     """
