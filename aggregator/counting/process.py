@@ -4,9 +4,9 @@ Pure over its inputs (reference data, the counter and dedupe state handed in
 through two small readers), so it is tested without Kafka; the counting stage
 (``stage.py``) only moves bytes between topics, its state store and this class.
 
-Per record, in order (each a method of ``_BatchFold``):
-  1. ``admit``: decode and validate (schemas.codec, schemas.usage), the event time
-     within its bound -> else a dead letter;
+Per record, in order (``_BatchFold.fold_record``, each stage a method of it):
+  1. decode and validate (``decode.py``, schemas.usage), then ``from_the_future``: the
+     event time within its bound -> else a dead letter;
   2. ``first_delivery``: dedupe by event_id: an id first seen at another offset is a
      duplicate publish and is skipped (counted); the same offset is a re-delivery and
      goes on, the counter fences below make it harmless;
@@ -200,8 +200,8 @@ class BatchProcessor:
 
 
 class _BatchFold:
-    """One batch on its way through the stages, each a method: admit (decode, validate,
-    event time), dedupe, price (and the unpriced alerts), plan (the counters and their
+    """One batch on its way through the stages, each a method: decode and validate, the
+    event-time bound, dedupe, price (and the unpriced alerts), plan (the counters and their
     periods), fold (into each counter), encode (the priced record); then, once per batch,
     the verdicts to send and the forecast alerts. Holds what the stages share while the
     batch lasts; the processor holds what outlives it."""
@@ -217,13 +217,13 @@ class _BatchFold:
         self.now_us = to_micros(now)
         self.max_skew_us = processor.max_future_skew_us
         applicable = processor._applicable
-        self.lookup = applicable.lookup
+        self.applicable = applicable
         self.event_counts = applicable.counts
         self.grain_us = applicable.grain_us
-        self.price_event = processor.reference.prices.price_event
+        self.prices = processor.reference.prices
         self.raises = processor.reference.raises
         self.raised = self.raises.by_budget
-        self.write_priced = PricedWriter(now).write
+        self.priced_writer = PricedWriter(now)
         # each counter is read once per batch; its state object is updated in place
         self.states: dict[str, CounterState] = {}
         self.seen_in_batch: dict[str, str] = {}
@@ -237,10 +237,14 @@ class _BatchFold:
 
     def fold_record(self, record: SourceRecord) -> None:
         self.events += 1
-        admitted = self.admit(record)
-        if admitted is None:
+        try:
+            event, occurred_us = read_usage_event(record.value)
+            validate_usage_event(event)
+        except ContractError as exc:
+            self.dead_letter(record, self.processor._dead_letter(record, exc, self.now))
             return
-        event, occurred_us = admitted
+        if self.from_the_future(record, occurred_us):
+            return
         partition = record.partition
         offset = record.offset
         position = f"{partition}:{offset}"
@@ -250,24 +254,15 @@ class _BatchFold:
         cost = price.cost_nanos
         self.charged += 1
         self.cost_nanos += cost
-        found = self.lookup(event)
+        found = self.applicable.lookup(event)
         counts = self.plan(event, found, occurred_us)
         self.fold_counters(event, found, counts, cost, partition, offset, occurred_us)
-        self.out.priced.append(self.encode_priced(record, event, price, counts))
+        self.out.priced.append(self.encode_priced(record, partition, offset, event, price, counts))
 
-    def admit(self, record: SourceRecord) -> tuple[dict[str, Any], int] | None:
-        """The event and its occurred_at in µs; None when it went to the dead letters
-        (undecodable, invalid, or from the future)."""
-        try:
-            admitted = read_usage_event(record.value)
-            validate_usage_event(admitted[0])
-        except ContractError as exc:
-            self.dead_letter(record, self.processor._dead_letter(record, exc, self.now))
-            return None
-        occurred_us = admitted[1]
-        # event time is trusted up to a bounded skew ahead of when the record reached
-        # Kafka (the earlier of its timestamp and this worker's clock, so a replay
-        # decides as the live fold did): an event from the future is never counted
+    def from_the_future(self, record: SourceRecord, occurred_us: int) -> bool:
+        """Event time is trusted up to a bounded skew ahead of when the record reached
+        Kafka (the earlier of its timestamp and this worker's clock, so a replay decides as
+        the live fold did): an event from the future is dead-lettered, never counted."""
         received_us = self.now_us
         stamp = record.timestamp
         if stamp is not None and 0 <= stamp * 1000 < received_us:
@@ -275,8 +270,8 @@ class _BatchFold:
         if occurred_us > received_us + self.max_skew_us:
             letter = self.processor._future(record, occurred_us, received_us, self.now)
             self.dead_letter(record, letter)
-            return None
-        return admitted
+            return True
+        return False
 
     def dead_letter(self, record: SourceRecord, letter: bytes) -> None:
         self.out.dead_letters.append((record.key, letter))
@@ -291,7 +286,8 @@ class _BatchFold:
                 self.duplicates += 1
                 return False
             self.redelivered += 1
-        self.mark_seen(partition, event_id, position)
+        self.seen_in_batch[event_id] = position
+        self.out.seen_writes[(partition, event_id)] = position
         return True
 
     def mark_seen(self, partition: int, seen_key: str, position: str) -> None:
@@ -302,7 +298,7 @@ class _BatchFold:
         return seen_key in self.seen_in_batch or self.seen(partition, seen_key) is not None
 
     def price(self, event: dict[str, Any], partition: int, position: str) -> Price:
-        price = self.price_event(event)
+        price = self.prices.price_event(event)
         if price.unpriced:
             self.unpriced += 1
             self.alert_unpriced(event, partition, position)
@@ -371,6 +367,7 @@ class _BatchFold:
         tokens = billed_tokens(event)
         periods = counts.periods
         raised = self.raised
+        states = self.states
         verdict_changes = self.out.verdict_changes
         n = 0
         for budget, key, scope_values, _ in found:
@@ -378,7 +375,9 @@ class _BatchFold:
             n += 1
             if raised and budget.budget_id in raised:
                 budget = self.raised_at(budget, scope_values, occurred_us)
-            state = self.counter(partition, key)
+            state = states.get(key)
+            if state is None:
+                state = self.read_counter(partition, key)
             change = apply(
                 state, budget, event, cost, partition, offset, occurred_us, tokens, period
             )
@@ -409,27 +408,30 @@ class _BatchFold:
             return budget
         return self.processor._raised_budget(budget, granted)
 
-    def counter(self, partition: int, key: str) -> CounterState:
-        """The counter's live state, read from the caller's store once per batch."""
-        state = self.states.get(key)
-        if state is None:
-            raw = self.counters(partition, key)
-            if raw is None:
-                state = CounterState()
-            elif isinstance(raw, CounterState):
-                state = raw
-            else:
-                state = CounterState.from_json(raw)
-            self.states[key] = state
-            self.out.counter_states[(partition, key)] = state
+    def read_counter(self, partition: int, key: str) -> CounterState:
+        """The counter's live state, read from the caller's store (once per batch: the
+        fold then updates it in place)."""
+        raw = self.counters(partition, key)
+        if raw is None:
+            state = CounterState()
+        elif isinstance(raw, CounterState):
+            state = raw
+        else:
+            state = CounterState.from_json(raw)
+        self.states[key] = state
+        self.out.counter_states[(partition, key)] = state
         return state
 
     def encode_priced(
-        self, record: SourceRecord, event: dict[str, Any], price: Price, counts: EventCounts
+        self,
+        record: SourceRecord,
+        partition: int,
+        offset: int,
+        event: dict[str, Any],
+        price: Price,
+        counts: EventCounts,
     ) -> tuple[int, bytes, bytes, bytes]:
         """The usage.priced record: (source partition, key, body, store-row header)."""
-        partition = record.partition
-        offset = record.offset
         # usage.priced carries the ids as counted (canonical), so the sink stores every
         # body as it is; the rare event with other ids is encoded again
         raw_value: Any = record.value
@@ -437,7 +439,7 @@ class _BatchFold:
             event = with_canonical_ids(event)
             raw_value = USAGE_EVENT.encode(event)
         # the event's own bytes are reused when it was written with the current schema
-        priced = self.write_priced(
+        priced = self.priced_writer.write(
             raw_value,
             price.cost_nanos,
             price.price_version,
