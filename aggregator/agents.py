@@ -97,7 +97,7 @@ def _sink_in_this_process(
     )
     sink_stage = SinkStage(config, config.topics, writer, metrics)
     metrics.watch_lag(config.sink_app_id, sink_stage.lag)
-    app.spendbus_sink = sink_stage  # type: ignore[attr-defined]
+    app.spendbus_sink = sink_stage  # type: ignore[attr-defined]  # faust.App declares no such field
 
     @app.service
     class Sink(mode.Service):
@@ -125,40 +125,9 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     follower = ReferenceFollower(
         config.bootstrap, topics, reference, security=config.kafka_security
     )
-    processor = BatchProcessor(
-        reference,
-        source_topic=topics.usage_raw,
-        max_future_skew_seconds=config.max_future_skew_seconds,
-    )
     metrics = Metrics()
-    app.spendbus_metrics = metrics  # type: ignore[attr-defined]
-
-    stage = CountingStage(config, topics, processor, metrics, follower.ready)
-    metrics.watch_lag(config.counting_group, stage.lag)
-
-    # faust's App.task is @no_type_check: called, not a decorator, the tasks keep their types
-    async def load_reference() -> None:
-        await follower.start()
-
-    app.task(load_reference)
-
-    @app.service
-    class Counting(mode.Service):
-        """Starts the counting stage with the worker and stops it (last checkpoint) with it."""
-
-        async def on_start(self) -> None:
-            stage.on_crash = self._crash_worker
-            await stage.start()
-
-        async def on_stop(self) -> None:
-            await stage.stop()
-            await follower.stop()
-
-        async def _crash_worker(self, exc: BaseException) -> None:
-            # nothing past the last checkpoint was committed: the next owner re-reads it
-            log.critical("counting stage failed, stopping the worker: %r", exc)
-            asyncio.get_running_loop().call_later(10, os._exit, 70)
-            await app.crash(exc)
+    app.spendbus_metrics = metrics  # type: ignore[attr-defined]  # faust.App declares no such field
+    stage = _counting(app, config, reference, follower, metrics)
 
     token = config.web_token.get_secret_value() if config.web_token is not None else None
     authorized = bearer_check(token)
@@ -171,112 +140,11 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     if config.clickhouse_dsn:
         store: StoreAccess
         if config.sink_process:
-            # the sink stage and the store in an OS process of their own (sink_process.py):
-            # everything below reaches the store through it
-            link = store = SinkLink(config, metrics)
-            metrics.watch_lag(config.sink_app_id, link.lag)
-            app.spendbus_sink_link = link  # type: ignore[attr-defined]
-            sink_link = link
-
-            @app.service
-            class SinkProcess(mode.Service):
-                """Starts the sink process with the worker (restarted if it dies) and
-                stops it with it."""
-
-                async def on_start(self) -> None:
-                    await sink_link.start()
-
-                async def on_stop(self) -> None:
-                    await sink_link.stop()
-
+            link = store = _sink_process(app, config, metrics)
         else:
             store = _sink_in_this_process(app, config, metrics)
-
-        # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts/publisher.py)
-        publisher = AlertPublisher(
-            config.bootstrap,
-            topics,
-            store.read,
-            security=config.kafka_security,
-            is_current=lambda: generation_is_current(
-                config.bootstrap, topics, security=config.kafka_security
-            ),
-            folded=metrics.unpriced_alerts_folded.inc,
-            reference=reference,
-            ready=follower.ready,
-        )
-
-        # every raise into budget_raises, the audit table (aggregator/alerts/raise_audit.py)
-        audit = RaiseAudit(reference, store.read, store.insert_until_done)
-
-        async def audit_raises() -> None:
-            await store.open()
-            while True:
-                try:
-                    await audit.run(follower.ready)
-                except SinkError as exc:  # ClickHouse away: again
-                    log.warning("raise audit: %s; starting again in 5s", exc)
-                    await asyncio.sleep(5)
-
-        async def publish_alerts() -> None:
-            await store.open()
-            while True:
-                try:
-                    await publisher.run()
-                except (SinkError, KafkaError) as exc:  # ClickHouse or Kafka away: again
-                    log.warning("alert publisher: %s; starting again in 5s", exc)
-                    await asyncio.sleep(5)
-
-        app.task(audit_raises)
-        app.task(publish_alerts)
-
-        @app.page("/sql")
-        class SqlView(faust.web.View):
-            """Analyst queries, read-only, while the worker owns the store (bearer token).
-
-            401 without the token, 400 for a body that is not ``{"sql": "..."}`` or SQL the
-            engine cannot parse or run, 403 for a query the guard or the engine's read-only
-            mode refuses (``refused`` names why), 503 while ClickHouse is away.
-            """
-
-            async def post(self, request: faust.web.Request) -> faust.web.Response:
-                if token is None:
-                    return _unauthorized(
-                        self, "this worker has no web token: /sql is off", status=403
-                    )
-                if not authorized(request):
-                    return _unauthorized(self, "a valid bearer token is required")
-                try:
-                    async with asyncio.timeout(config.web_body_timeout_s):
-                        raw = await request.read()
-                except TimeoutError:
-                    return self.json(
-                        {
-                            "error": "request body not received within "
-                            f"{config.web_body_timeout_s:g} s of its headers"
-                        },
-                        status=408,
-                    )
-                try:
-                    body = json.loads(raw)
-                except (ValueError, RecursionError):  # nested too deeply too: a 400, not a 500
-                    return self.json(
-                        {"error": 'the body must be JSON: {"sql": "SELECT ..."}'}, status=400
-                    )
-                if not isinstance(body, dict) or not isinstance(body.get("sql"), str):
-                    return self.json({"error": 'expected {"sql": "SELECT ..."}'}, status=400)
-                try:
-                    columns, rows = await store.query(body["sql"])
-                except QueryRefused as exc:
-                    status = 400 if exc.reason in ("bad_request", "empty", "limit") else 403
-                    return self.json({"error": str(exc), "refused": exc.reason}, status=status)
-                except SinkUnavailable as exc:
-                    return self.json({"error": str(exc)}, status=503)
-                except SinkError as exc:  # the analyst's SQL error goes back to the analyst
-                    return self.json({"error": str(exc)}, status=400)
-                return self.json(
-                    {"columns": columns, "rows": json.loads(json.dumps(rows, default=str))}
-                )
+        _store_tasks(app, config, store, reference, follower, metrics)
+        _sql_page(app, config, store, token, authorized)
 
     @app.page("/stats")
     async def stats(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
@@ -308,6 +176,175 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
     # logged once per interval without its head (runtime/http_log.py); and a client that
     # half-closed after its request still gets the answer (runtime/half_close.py)
     # Faust's aiohttp driver keeps its AppRunner (not yet set up) there
-    app.web._runner.__class__ = AnswerAfterHalfClose  # type: ignore[attr-defined]
+    app.web._runner.__class__ = AnswerAfterHalfClose  # type: ignore[attr-defined]  # on the aiohttp driver only
 
-    app.spendbus_counting = stage  # type: ignore[attr-defined]
+    app.spendbus_counting = stage  # type: ignore[attr-defined]  # faust.App declares no such field
+
+
+def _counting(
+    app: faust.App,
+    config: AggregatorConfig,
+    reference: Reference,
+    follower: ReferenceFollower,
+    metrics: Metrics,
+) -> CountingStage:
+    """The counting stage, its reference loaded by a task of the worker and its service
+    started and stopped with the worker."""
+    processor = BatchProcessor(
+        reference,
+        source_topic=config.topics.usage_raw,
+        max_future_skew_seconds=config.max_future_skew_seconds,
+    )
+    stage = CountingStage(config, config.topics, processor, metrics, follower.ready)
+    metrics.watch_lag(config.counting_group, stage.lag)
+
+    # faust's App.task is @no_type_check: called, not a decorator, the tasks keep their types
+    async def load_reference() -> None:
+        await follower.start()
+
+    app.task(load_reference)
+
+    @app.service
+    class Counting(mode.Service):
+        """Starts the counting stage with the worker and stops it (last checkpoint) with it."""
+
+        async def on_start(self) -> None:
+            stage.on_crash = self._crash_worker
+            await stage.start()
+
+        async def on_stop(self) -> None:
+            await stage.stop()
+            await follower.stop()
+
+        async def _crash_worker(self, exc: BaseException) -> None:
+            # nothing past the last checkpoint was committed: the next owner re-reads it
+            log.critical("counting stage failed, stopping the worker: %r", exc)
+            asyncio.get_running_loop().call_later(10, os._exit, 70)
+            await app.crash(exc)
+
+    return stage
+
+
+def _sink_process(app: faust.App, config: AggregatorConfig, metrics: Metrics) -> SinkLink:
+    """The sink stage and the store in an OS process of their own (sink/process.py):
+    everything else reaches the store through the link, started and stopped with the
+    worker (restarted if it dies)."""
+    link = SinkLink(config, metrics)
+    metrics.watch_lag(config.sink_app_id, link.lag)
+    app.spendbus_sink_link = link  # type: ignore[attr-defined]  # faust.App declares no such field
+
+    @app.service
+    class SinkProcess(mode.Service):
+        """Starts the sink process with the worker (restarted if it dies) and
+        stops it with it."""
+
+        async def on_start(self) -> None:
+            await link.start()
+
+        async def on_stop(self) -> None:
+            await link.stop()
+
+    return link
+
+
+def _store_tasks(
+    app: faust.App,
+    config: AggregatorConfig,
+    store: StoreAccess,
+    reference: Reference,
+    follower: ReferenceFollower,
+    metrics: Metrics,
+) -> None:
+    """The worker's tasks that read the store: the alert publisher and the raises' audit,
+    each started again while ClickHouse or Kafka is away."""
+    # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts/publisher.py)
+    publisher = AlertPublisher(
+        config.bootstrap,
+        config.topics,
+        store.read,
+        security=config.kafka_security,
+        is_current=lambda: generation_is_current(
+            config.bootstrap, config.topics, security=config.kafka_security
+        ),
+        folded=metrics.unpriced_alerts_folded.inc,
+        reference=reference,
+        ready=follower.ready,
+    )
+
+    # every raise into budget_raises, the audit table (aggregator/alerts/raise_audit.py)
+    audit = RaiseAudit(reference, store.read, store.insert_until_done)
+
+    async def audit_raises() -> None:
+        await store.open()
+        while True:
+            try:
+                await audit.run(follower.ready)
+            except SinkError as exc:  # ClickHouse away: again
+                log.warning("raise audit: %s; starting again in 5s", exc)
+                await asyncio.sleep(5)
+
+    async def publish_alerts() -> None:
+        await store.open()
+        while True:
+            try:
+                await publisher.run()
+            except (SinkError, KafkaError) as exc:  # ClickHouse or Kafka away: again
+                log.warning("alert publisher: %s; starting again in 5s", exc)
+                await asyncio.sleep(5)
+
+    app.task(audit_raises)
+    app.task(publish_alerts)
+
+
+def _sql_page(
+    app: faust.App,
+    config: AggregatorConfig,
+    store: StoreAccess,
+    token: str | None,
+    authorized: Callable[[Any], bool],
+) -> None:
+    @app.page("/sql")
+    class SqlView(faust.web.View):
+        """Analyst queries, read-only, while the worker owns the store (bearer token).
+
+        401 without the token, 400 for a body that is not ``{"sql": "..."}`` or SQL the
+        engine cannot parse or run, 403 for a query the guard or the engine's read-only
+        mode refuses (``refused`` names why), 503 while ClickHouse is away.
+        """
+
+        async def post(self, request: faust.web.Request) -> faust.web.Response:
+            if token is None:
+                return _unauthorized(self, "this worker has no web token: /sql is off", status=403)
+            if not authorized(request):
+                return _unauthorized(self, "a valid bearer token is required")
+            try:
+                async with asyncio.timeout(config.web_body_timeout_s):
+                    raw = await request.read()
+            except TimeoutError:
+                return self.json(
+                    {
+                        "error": "request body not received within "
+                        f"{config.web_body_timeout_s:g} s of its headers"
+                    },
+                    status=408,
+                )
+            try:
+                body = json.loads(raw)
+            except (ValueError, RecursionError):  # nested too deeply too: a 400, not a 500
+                return self.json(
+                    {"error": 'the body must be JSON: {"sql": "SELECT ..."}'}, status=400
+                )
+            if not isinstance(body, dict) or not isinstance(body.get("sql"), str):
+                return self.json({"error": 'expected {"sql": "SELECT ..."}'}, status=400)
+            try:
+                columns, rows = await store.query(body["sql"])
+            except QueryRefused as exc:
+                status = 400 if exc.reason in ("bad_request", "empty", "limit") else 403
+                return self.json({"error": str(exc), "refused": exc.reason}, status=status)
+            except SinkUnavailable as exc:
+                return self.json({"error": str(exc)}, status=503)
+            except SinkError as exc:  # the analyst's SQL error goes back to the analyst
+                return self.json({"error": str(exc)}, status=400)
+            return self.json(
+                {"columns": columns, "rows": json.loads(json.dumps(rows, default=str))}
+            )

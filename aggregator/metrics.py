@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from runtime.http_log import expose_malformed_requests
 
-#: the loop probe's sleep: ~100 wake-ups a second, a few µs each
+#: the loop probe's sleep: 100 wake-ups a second, each cheap
 LOOP_PROBE_SECONDS = 0.01
 #: the most unpriced model names /stats lists: the names are the clients' (a new one per
 #: request would grow the set without end); the rest are counted, not kept (issue 21)

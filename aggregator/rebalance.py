@@ -15,7 +15,7 @@ class RebalancingStage(Protocol):
     async def on_assigned(self, assigned: list[TopicPartition]) -> None: ...
 
 
-class StageRebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class StageRebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # its base is Any: aiokafka has no types
     """Calls the stage's ``on_revoked`` / ``on_assigned`` (aiokafka awaits both inside the
     rebalance: partitions move only after ``on_revoked`` returned)."""
 

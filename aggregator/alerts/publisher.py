@@ -31,8 +31,7 @@ This publisher turns them into messages:
 An alert therefore goes out a sink batch plus a poll after its event was folded (about
 two seconds at the defaults), carrying the counter's spend and state when it was found.
 
-Cost, measured on the embedded engine (2 shared cores): with 100k stored events the
-first, whole poll took 0.52 s and a poll of what changed 0.14 s; both grow with the
+Cost: the first poll reads everything, later ones what changed; both grow with the
 table (the filter on ``inserted_at`` reads that column whole), so a poll that took t
 seconds waits ``BUSY_FACTOR`` * t before the next: alerts come later on a large store
 rather than the sink starving.

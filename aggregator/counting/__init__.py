@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 from runtime.faces import lazy_names
 
 if TYPE_CHECKING:
+    from aggregator.counting.batch_output import BatchStats, VerdictChange
     from aggregator.counting.errors import CountingError
     from aggregator.counting.fold import CounterState, PeriodTotals, apply, counter_state
-    from aggregator.counting.process import BatchProcessor, BatchStats, RawRecord, VerdictChange
+    from aggregator.counting.process import BatchProcessor, RawRecord
     from aggregator.counting.reference import Reference, ReferenceFollower
     from aggregator.counting.stage import CountingStage
     from aggregator.counting.state import CountingStore
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 #: each public name and the module that defines it
 _HOMES: dict[str, str] = {
     "BatchProcessor": "aggregator.counting.process",
-    "BatchStats": "aggregator.counting.process",
+    "BatchStats": "aggregator.counting.batch_output",
     "CounterState": "aggregator.counting.fold",
     "CountingError": "aggregator.counting.errors",
     "CountingStage": "aggregator.counting.stage",
@@ -34,7 +35,7 @@ _HOMES: dict[str, str] = {
     "RawRecord": "aggregator.counting.process",
     "Reference": "aggregator.counting.reference",
     "ReferenceFollower": "aggregator.counting.reference",
-    "VerdictChange": "aggregator.counting.process",
+    "VerdictChange": "aggregator.counting.batch_output",
     "apply": "aggregator.counting.fold",
     "counter_state": "aggregator.counting.fold",
 }

@@ -59,7 +59,7 @@ def decode_usage_event(data: bytes | None) -> dict[str, Any]:
 def read_usage_event(data: bytes | None) -> tuple[dict[str, Any], int]:
     """The event and its ``occurred_at`` in microseconds since the epoch (the fold's unit)."""
     if type(data) is not bytes or data[:HEADER_LEN] != _HEADER:
-        record = USAGE_EVENT.decode(data)  # type: ignore[arg-type]
+        record = USAGE_EVENT.decode(data)  # type: ignore[arg-type]  # None too: decode refuses it by name
         return record, to_micros(record["occurred_at"])
     try:
         record, end = _READ(data, HEADER_LEN)

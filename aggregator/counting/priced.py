@@ -3,8 +3,8 @@
 A PricedUsage body is the UsageEvent body followed by eight fields (Avro writes
 a record as its fields one after another), so the aggregator reuses the bytes it
 read and writes only the tail. ``schemas.codec.priced_usage_from_raw`` does that
-with fastavro (~12 µs a record); the tail is small and fixed, so here it is
-written directly (~2 µs). The last field, ``counts`` (the counters the event counts
+with fastavro; the tail is small and fixed, so here it is written directly, at a
+fraction of the cost. The last field, ``counts`` (the counters the event counts
 in: the budget history, ``infra/clickhouse/README.md``), is the same for every event of
 one counter set, period and bucket, so its items are encoded once (``CountEntry``) and
 joined. The writer checks at import that the schema's tail is the one it knows; on any

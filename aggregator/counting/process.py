@@ -2,32 +2,36 @@
 
 Pure over its inputs (reference data, the counter and dedupe state handed in
 through two small readers), so it is tested without Kafka; the counting stage
-(``counting.py``) only moves bytes between topics, its state store and this class.
+(``stage.py``) only moves bytes between topics, its state store and this class.
 
-Per record, in order:
-  1. decode and validate (schemas.codec, schemas.usage) -> else a dead letter;
-  2. dedupe by event_id: an id first seen at another offset is a duplicate
-     publish and is skipped (counted); the same offset is a re-delivery and
+Per record, in order (``_BatchFold.fold_record``, each stage a method of it):
+  1. decode and validate (``decode.py``, schemas.usage), then ``from_the_future``: the
+     event time within its bound -> else a dead letter;
+  2. ``first_delivery``: dedupe by event_id: an id first seen at another offset is a
+     duplicate publish and is skipped (counted); the same offset is a re-delivery and
      goes on, the counter fences below make it harmless;
-  3. price it by the version in force at its occurred_at;
-  4. add it to every counter of every applicable budget (fold.apply; each
-     counter skips an offset it already applied);
-  5. emit the priced event, first-time threshold alerts, and note each counter
-     whose newest period changed (``verdict_changes``: the caller decides when
-     its Verdict goes out, see ``verdicts.VerdictCoalescer``);
-  6. after the batch, each changed counter's forecast alert, once per period, when its
-     projection falls before the period's end (schemas/forecast.py).
+  3. ``price``: by the version in force at its occurred_at (an unpriced model alerted);
+  4. ``plan``: the counters of every applicable budget and their periods
+     (``applicable.py``);
+  5. ``fold_counters``: add it to each (fold.apply; each counter skips an offset it
+     already applied), first-time threshold alerts, and note each counter whose newest
+     period changed (``verdict_changes``: the caller decides when its Verdict goes out,
+     see ``verdicts.VerdictCoalescer``);
+  6. ``encode_priced``: the priced event;
+then ``finish``: after the batch, each changed counter's forecast alert, once per
+period, when its projection falls before the period's end (schemas/forecast.py).
 The dedupe entry is written in the same batch as the counters it protects.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from aggregator.counting.applicable import Applicable, ApplicableCache, EventCounts
+from aggregator.counting.batch_output import BatchOutput, BatchStats, VerdictChange
 from aggregator.counting.decode import read_usage_event
 from aggregator.counting.fold import (
     COUNTED_OUTCOMES,
@@ -40,10 +44,10 @@ from aggregator.counting.fold import (
     period_of,
     unpriced_alert,
 )
-from aggregator.counting.priced import CountCache, CountEntry, PricedWriter, counts_bytes
+from aggregator.counting.priced import CountCache, CountEntry, PricedWriter
 from aggregator.counting.reference import Reference
-from aggregator.counting.verdict_codec import encode_verdict, period_bounds_us
-from schemas.budgets import Budget, applicable
+from aggregator.counting.verdict_codec import period_bounds_us
+from schemas.budgets import Budget
 from schemas.codec import (
     ALERT,
     DEAD_LETTER,
@@ -53,6 +57,7 @@ from schemas.codec import (
 from schemas.errors import ContractError
 from schemas.ids import ids_are_canonical, with_canonical_ids
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
+from schemas.pricing import Price
 from schemas.raises import BudgetRaise, raised_budget
 from schemas.topics import store_row_value
 from schemas.usage import billed_tokens, validate_usage_event
@@ -60,11 +65,6 @@ from schemas.usage import billed_tokens, validate_usage_event
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
 #: Counter readers may return a CounterState (a live object, updated in place) or its JSON.
 StateReader = Callable[[int, str], Any]
-
-#: an hour in µs: every calendar period starts on a UTC hour
-_HOUR_US = 3_600_000_000
-#: the (budget, counter key, scope values, rolling bucket width in µs or 0) an event counts in
-Applicable = list[tuple[Budget, str, tuple[str, ...], int]]
 
 
 class SourceRecord(Protocol):
@@ -91,150 +91,6 @@ class RawRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int | None = None
-
-
-@dataclass
-class BatchStats:
-    events: int = 0
-    charged: int = 0
-    duplicates: int = 0
-    redelivered: int = 0
-    dead_letters: int = 0
-    unpriced: int = 0
-    cost_nanos: int = 0
-
-
-@dataclass(slots=True)  # not frozen: compiled, each frozen field is set the slow, generic way
-class VerdictChange:
-    """A counter whose newest period changed in this batch (or was re-delivered)."""
-
-    budget: Budget
-    scope_values: tuple[str, ...]
-    state: CounterState
-
-    def encode(self, key: str, now: datetime) -> bytes:
-        return self.encode_at(key, to_micros(now))
-
-    def encode_at(self, key: str, emitted_at_us: int) -> bytes:
-        """The Verdict, ``emitted_at`` given in microseconds since the epoch."""
-        return encode_verdict(self.budget, key, self.scope_values, self.state, emitted_at_us)
-
-
-@dataclass
-class BatchOutput:
-    #: (partition, key, value, store-row header) for usage.priced: the partition is the
-    #: source partition, so one sink owner reads every priced record of one usage.raw
-    #: partition in offset order; the header (schemas.topics.STORE_ROW_HEADER) lets the sink
-    #: fence and insert the body (its ids canonical) without decoding it
-    priced: list[tuple[int, bytes, bytes, bytes]] = field(default_factory=list)
-    #: counter key -> what its Verdict is made of (last state of the batch only)
-    verdict_changes: dict[str, VerdictChange] = field(default_factory=dict)
-    alerts: list[tuple[bytes, bytes]] = field(default_factory=list)
-    dead_letters: list[tuple[bytes | None, bytes]] = field(default_factory=list)
-    #: (source partition, counter key) -> the counter's state after the batch
-    counter_states: dict[tuple[int, str], CounterState] = field(default_factory=dict)
-    #: (source partition, event id or marker) -> position that first carried it
-    seen_writes: dict[tuple[int, str], str] = field(default_factory=dict)
-    #: models seen without a price (alerted once each by the caller)
-    unpriced_models: set[str] = field(default_factory=set)
-    #: models first seen past MAX_UNPRICED_MODEL_ALERTS: in the overflow alert, not their own
-    unpriced_alerts_folded: int = 0
-    stats: BatchStats = field(default_factory=BatchStats)
-    now: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    @property
-    def counter_writes(self) -> dict[tuple[int, str], dict[str, Any]]:
-        """The counters' new values as stored (JSON), for stores that keep JSON."""
-        return {where: state.to_json() for where, state in self.counter_states.items()}
-
-    @property
-    def verdicts(self) -> dict[str, bytes]:
-        """Every changed counter's Verdict, encoded now (callers that do not coalesce)."""
-        return {key: c.encode(key, self.now) for key, c in self.verdict_changes.items()}
-
-
-class EventCounts:
-    """What every event of one applicable set, time grain and request flag counts in: the
-    period of each counter (in ``Applicable`` order) and the PricedUsage ``counts``."""
-
-    def __init__(self, periods: list[str], entries: list[CountEntry], month: int) -> None:
-        self.periods = periods
-        self.entries = entries
-        self.data = counts_bytes(entries)
-        #: YYYYMM of the events' occurred_at in UTC (a grain never spans two months)
-        self.month = month
-
-
-class ApplicableCache:
-    """``schemas.budgets.applicable`` memoised on the attributes the budgets read.
-
-    Events of one org, secret and user count in the same counters; working out the
-    counter keys (canonical ids, matches, key composition) costs more than folding the
-    event, so it is done once per distinct combination of the attributes any budget
-    looks at, and forgotten whenever the budgets change.
-    """
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self.limit = limit
-        self._budgets: Sequence[Budget] = ()
-        self._plain: tuple[str, ...] = ()
-        self._tags: tuple[str, ...] = ()
-        self._groups = False
-        self._cache: dict[tuple[Any, ...], Applicable] = {}
-        #: (id of an Applicable of ``_cache``, occurred µs // grain, counted, a further
-        #: charge) -> its counts; cleared with ``_cache``, so an id always names a live list
-        self.counts: dict[tuple[int, int, bool, bool], EventCounts] = {}
-        #: the time within which every period key and rolling bucket stays the same
-        self.grain_us = _HOUR_US
-
-    def reset(self, budgets: Sequence[Budget]) -> None:
-        self._budgets = budgets
-        self._cache.clear()
-        self.counts.clear()
-        self.grain_us = math.gcd(
-            _HOUR_US,
-            *[
-                b.window.bucket_us if b.window.kind == "rolling" else b.window.grain_us
-                for b in budgets
-            ],
-        )
-        read: set[str] = {"org_id"}
-        for budget in budgets:
-            read.update(budget.match)
-            read.add(_SCOPE_ATTRIBUTE.get(budget.scope, budget.scope))
-            if budget.scope == "session":
-                read.update(("session_id", "user_id", "secret_id"))
-        self._groups = "group" in read
-        self._tags = tuple(sorted(a[4:] for a in read if a.startswith("tag:")))
-        self._plain = tuple(sorted(a for a in read if a != "group" and not a.startswith("tag:")))
-
-    def lookup(self, event: dict[str, Any]) -> Applicable:
-        signature: tuple[Any, ...] = tuple([event.get(a) for a in self._plain])
-        if self._groups:
-            signature += (tuple(event.get("groups") or ()),)
-        if self._tags:
-            tags = event.get("tags") or {}
-            signature += tuple([tags.get(t) for t in self._tags])
-        found = self._cache.get(signature)
-        if found is None:
-            if len(self._cache) >= self.limit:
-                self._cache.clear()
-                self.counts.clear()
-            found = self._cache[signature] = [
-                (b, key, values, b.window.bucket_us if b.window.kind == "rolling" else 0)
-                for b, key, values in applicable(self._budgets, event)
-            ]
-        return found
-
-
-_SCOPE_ATTRIBUTE = {
-    "secret": "secret_id",
-    "project": "project_id",
-    "grant": "grant_id",
-    "user": "user_id",
-    "org": "org_id",
-    "session": "session_id",
-}
 
 
 class BatchProcessor:
@@ -284,209 +140,11 @@ class BatchProcessor:
         seen: StateReader,
         now: datetime | None = None,
     ) -> BatchOutput:
-        out = BatchOutput(now=now or datetime.now(UTC))
-        now = out.now
-        now_us = to_micros(now)
-        max_skew_us = self.max_future_skew_us
         self._refresh_budgets()
-        lookup = self._applicable.lookup
-        price_event = self.reference.prices.price_event
-        raises = self.reference.raises
-        raised = raises.by_budget
-        # each counter is read once per batch; its state object is updated in place
-        states: dict[str, CounterState] = {}
-        seen_in_batch: dict[str, str] = {}
-        seen_writes = out.seen_writes
-        verdict_changes = out.verdict_changes
-        priced_out = out.priced
-        write_priced = PricedWriter(now).write
-        event_counts = self._applicable.counts
-        grain_us = self._applicable.grain_us
-        events = duplicates = redelivered = dead_letters = unpriced = charged = 0
-        cost_nanos = 0
+        batch = _BatchFold(self, counters, seen, now or datetime.now(UTC))
         for record in records:
-            events += 1
-            partition = record.partition
-            offset = record.offset
-            try:
-                event, occurred_us = read_usage_event(record.value)
-                validate_usage_event(event)
-            except ContractError as exc:
-                out.dead_letters.append((record.key, self._dead_letter(record, exc, now)))
-                dead_letters += 1
-                continue
-            # event time is trusted up to a bounded skew ahead of when the record reached
-            # Kafka (the earlier of its timestamp and this worker's clock, so a replay
-            # decides as the live fold did): an event from the future is never counted
-            received_us = now_us
-            stamp = record.timestamp
-            if stamp is not None and 0 <= stamp * 1000 < received_us:
-                received_us = stamp * 1000
-            if occurred_us > received_us + max_skew_us:
-                out.dead_letters.append(
-                    (record.key, self._future(record, occurred_us, received_us, now))
-                )
-                dead_letters += 1
-                continue
-            position = f"{partition}:{offset}"
-            seen_key = event["event_id"]
-            first = seen_in_batch.get(seen_key) or seen(partition, seen_key)
-            if first is not None:
-                if first != position:
-                    duplicates += 1
-                    continue
-                redelivered += 1
-            seen_in_batch[seen_key] = position
-            seen_writes[(partition, seen_key)] = position
-
-            price = price_event(event)
-            if price.unpriced:
-                unpriced += 1
-                model = event["model"]
-                out.unpriced_models.add(model)
-                # one alert per model (per source partition: the marker lives in the
-                # partition's dedupe state, written in the same batch as the alert), for
-                # the first models this process alerts; every later one shares the one
-                # overflow alert (the names are the clients')
-                marker = f"\x00unpriced\x00{model}"
-                if marker not in seen_in_batch and seen(partition, marker) is None:
-                    seen_in_batch[marker] = position
-                    seen_writes[(partition, marker)] = position
-                    alerted: str | None = model
-                    if self._unpriced_alerted < MAX_UNPRICED_MODEL_ALERTS:
-                        self._unpriced_alerted += 1
-                    else:
-                        out.unpriced_alerts_folded += 1
-                        alerted = UNPRICED_OVERFLOW
-                        overflow = f"\x00unpriced\x00{UNPRICED_OVERFLOW}"
-                        if overflow in seen_in_batch or seen(partition, overflow) is not None:
-                            alerted = None  # the overflow alert went out already
-                        else:
-                            seen_in_batch[overflow] = position
-                            seen_writes[(partition, overflow)] = position
-                    if alerted is not None:
-                        out.alerts.append(
-                            (
-                                f"unpriced|{alerted}".encode(),
-                                ALERT.encode(unpriced_alert(alerted, event["occurred_at"])),
-                            )
-                        )
-            cost = price.cost_nanos
-            charged += 1
-            cost_nanos += cost
-            tokens = billed_tokens(event)
-            counted = event["outcome"] in COUNTED_OUTCOMES
-            # a further charge of another call (UsageEvent v3) is no request of its own
-            charge = event.get("charge_of") is not None
-            found = lookup(event)
-            # every counter the event counts in travels with its priced record, so the
-            # sink stores the exact budget history once per event (infra/clickhouse);
-            # the periods and those bytes are the same for a whole grain of time
-            where = (id(found), occurred_us // grain_us, counted, charge)
-            counts = event_counts.get(where)
-            if counts is None:
-                counts = self._event_counts(
-                    found, occurred_us, event["occurred_at"], counted, charge
-                )
-                if len(event_counts) >= 100_000:
-                    event_counts.clear()
-                event_counts[where] = counts
-            periods = counts.periods
-            n = 0
-            for budget, key, scope_values, _ in found:
-                period = periods[n]
-                n += 1
-                if raised and budget.budget_id in raised:
-                    # a raise in force at the event's time: its state labels and alerts
-                    # measure the raised limits (by event time: a replay decides alike)
-                    granted = raises.active(budget.budget_id, scope_values, occurred_us)
-                    if granted is not None:
-                        budget = self._raised_budget(budget, granted)
-                state = states.get(key)
-                if state is None:
-                    raw = counters(partition, key)
-                    if raw is None:
-                        state = CounterState()
-                    elif isinstance(raw, CounterState):
-                        state = raw
-                    else:
-                        state = CounterState.from_json(raw)
-                    states[key] = state
-                    out.counter_states[(partition, key)] = state
-                change = apply(
-                    state, budget, event, cost, partition, offset, occurred_us, tokens, period
-                )
-                # a fenced (re-delivered) record still re-sends the verdict: the crash
-                # that caused the re-delivery may have come before the verdict left
-                if change is None:
-                    if key not in verdict_changes:
-                        verdict_changes[key] = VerdictChange(budget, scope_values, state)
-                    continue
-                if change.current:
-                    held = verdict_changes.get(key)
-                    if held is None:
-                        verdict_changes[key] = VerdictChange(budget, scope_values, state)
-                    elif held.budget is not budget:
-                        # the limits of its last event (a raise may have begun or ended)
-                        held.budget = budget
-                for threshold in change.new_alerts:
-                    alert = alert_record(
-                        budget, key, change.period, threshold, state.periods[change.period]
-                    )
-                    out.alerts.append((key.encode(), ALERT.encode(alert)))
-            # usage.priced carries the ids as counted (canonical), so the sink stores every
-            # body as it is; the rare event with other ids is encoded again
-            raw_value: Any = record.value
-            if not ids_are_canonical(event):
-                event = with_canonical_ids(event)
-                raw_value = USAGE_EVENT.encode(event)
-            # the event's own bytes are reused when it was written with the current schema
-            priced = write_priced(
-                raw_value,
-                cost,
-                price.price_version,
-                price.matched,
-                price.unpriced,
-                partition,
-                offset,
-                counts.entries,
-                counts.data,
-            )
-            if priced is None:
-                priced = PRICED_USAGE.encode(
-                    {
-                        "event": event,
-                        "cost_nanos": cost,
-                        "price_version": price.price_version,
-                        "price_match": price.matched,
-                        "unpriced": price.unpriced,
-                        "source_partition": partition,
-                        "source_offset": offset,
-                        "priced_at": now,
-                        "counts": [c.record for c in counts.entries],
-                    }
-                )
-            store_row = store_row_value(partition, offset, counts.month)
-            priced_out.append((partition, event["org_id"].encode(), priced, store_row))
-        out.stats = BatchStats(
-            events, charged, duplicates, redelivered, dead_letters, unpriced, cost_nanos
-        )
-        # a counter without a current period never had an event applied: nothing to say
-        for key in [k for k, c in verdict_changes.items() if not c.state.period]:
-            del verdict_changes[key]
-        # a forecast alert once per (counter, period), from the batch's last state (marked
-        # in the counter, written with it); with a store the publisher's come from ClickHouse
-        for key, held in verdict_changes.items():
-            counter = held.state
-            window = held.budget.window
-            if window.kind == "total" or window.kind == "rolling":
-                continue  # never ends: no forecast alert
-            at_us = counter.periods[counter.period].as_of_us
-            bounds = period_bounds_us(window, counter.period, at_us)
-            forecast = forecast_alert(held.budget, key, counter, bounds)
-            if forecast is not None:
-                out.alerts.append((key.encode(), ALERT.encode(forecast)))
-        return out
+            batch.fold_record(record)
+        return batch.finish()
 
     def _future(
         self, record: SourceRecord, occurred_us: int, received_us: int, now: datetime
@@ -539,3 +197,304 @@ class BatchProcessor:
                 "failed_at": now,
             }
         )
+
+
+class _BatchFold:
+    """One batch on its way through the stages, each a method: decode and validate, the
+    event-time bound, dedupe, price (and the unpriced alerts), plan (the counters and their
+    periods), fold (into each counter), encode (the priced record); then, once per batch,
+    the verdicts to send and the forecast alerts. Holds what the stages share while the
+    batch lasts; the processor holds what outlives it."""
+
+    def __init__(
+        self, processor: BatchProcessor, counters: StateReader, seen: StateReader, now: datetime
+    ) -> None:
+        self.processor = processor
+        self.counters = counters
+        self.seen = seen
+        self.out = BatchOutput(now=now)
+        self.now = now
+        self.now_us = to_micros(now)
+        self.max_skew_us = processor.max_future_skew_us
+        applicable = processor._applicable
+        self.applicable = applicable
+        self.event_counts = applicable.counts
+        self.grain_us = applicable.grain_us
+        self.prices = processor.reference.prices
+        self.raises = processor.reference.raises
+        self.raised = self.raises.by_budget
+        self.priced_writer = PricedWriter(now)
+        # each counter is read once per batch; its state object is updated in place
+        self.states: dict[str, CounterState] = {}
+        self.seen_in_batch: dict[str, str] = {}
+        self.events = 0
+        self.charged = 0
+        self.duplicates = 0
+        self.redelivered = 0
+        self.dead_letters = 0
+        self.unpriced = 0
+        self.cost_nanos = 0
+
+    def fold_record(self, record: SourceRecord) -> None:
+        self.events += 1
+        try:
+            event, occurred_us = read_usage_event(record.value)
+            validate_usage_event(event)
+        except ContractError as exc:
+            self.dead_letter(record, self.processor._dead_letter(record, exc, self.now))
+            return
+        if self.from_the_future(record, occurred_us):
+            return
+        partition = record.partition
+        offset = record.offset
+        position = f"{partition}:{offset}"
+        if not self.first_delivery(partition, event["event_id"], position):
+            return
+        price = self.price(event, partition, position)
+        cost = price.cost_nanos
+        self.charged += 1
+        self.cost_nanos += cost
+        found = self.applicable.lookup(event)
+        counts = self.plan(event, found, occurred_us)
+        self.fold_counters(event, found, counts, cost, partition, offset, occurred_us)
+        self.out.priced.append(self.encode_priced(record, partition, offset, event, price, counts))
+
+    def from_the_future(self, record: SourceRecord, occurred_us: int) -> bool:
+        """Event time is trusted up to a bounded skew ahead of when the record reached
+        Kafka (the earlier of its timestamp and this worker's clock, so a replay decides as
+        the live fold did): an event from the future is dead-lettered, never counted."""
+        received_us = self.now_us
+        stamp = record.timestamp
+        if stamp is not None and 0 <= stamp * 1000 < received_us:
+            received_us = stamp * 1000
+        if occurred_us > received_us + self.max_skew_us:
+            letter = self.processor._future(record, occurred_us, received_us, self.now)
+            self.dead_letter(record, letter)
+            return True
+        return False
+
+    def dead_letter(self, record: SourceRecord, letter: bytes) -> None:
+        self.out.dead_letters.append((record.key, letter))
+        self.dead_letters += 1
+
+    def first_delivery(self, partition: int, event_id: str, position: str) -> bool:
+        """False for a duplicate publish (the id first came at another position); a
+        re-delivery (same position) goes on, the counters' fences absorb it."""
+        first = self.seen_in_batch.get(event_id) or self.seen(partition, event_id)
+        if first is not None:
+            if first != position:
+                self.duplicates += 1
+                return False
+            self.redelivered += 1
+        self.seen_in_batch[event_id] = position
+        self.out.seen_writes[(partition, event_id)] = position
+        return True
+
+    def mark_seen(self, partition: int, seen_key: str, position: str) -> None:
+        self.seen_in_batch[seen_key] = position
+        self.out.seen_writes[(partition, seen_key)] = position
+
+    def was_seen(self, partition: int, seen_key: str) -> bool:
+        return seen_key in self.seen_in_batch or self.seen(partition, seen_key) is not None
+
+    def price(self, event: dict[str, Any], partition: int, position: str) -> Price:
+        price = self.prices.price_event(event)
+        if price.unpriced:
+            self.unpriced += 1
+            self.alert_unpriced(event, partition, position)
+        return price
+
+    def alert_unpriced(self, event: dict[str, Any], partition: int, position: str) -> None:
+        """One alert per model (per source partition: the marker lives in the partition's
+        dedupe state, written in the same batch as the alert), for the first models this
+        process alerts; every later one shares the one overflow alert (the names are the
+        clients')."""
+        model = event["model"]
+        out = self.out
+        out.unpriced_models.add(model)
+        marker = f"\x00unpriced\x00{model}"
+        if self.was_seen(partition, marker):
+            return
+        self.mark_seen(partition, marker, position)
+        alerted = model
+        processor = self.processor
+        if processor._unpriced_alerted < MAX_UNPRICED_MODEL_ALERTS:
+            processor._unpriced_alerted += 1
+        else:
+            out.unpriced_alerts_folded += 1
+            alerted = UNPRICED_OVERFLOW
+            overflow = f"\x00unpriced\x00{UNPRICED_OVERFLOW}"
+            if self.was_seen(partition, overflow):
+                return  # the overflow alert went out already
+            self.mark_seen(partition, overflow, position)
+        out.alerts.append(
+            (
+                f"unpriced|{alerted}".encode(),
+                ALERT.encode(unpriced_alert(alerted, event["occurred_at"])),
+            )
+        )
+
+    def plan(self, event: dict[str, Any], found: Applicable, occurred_us: int) -> EventCounts:
+        """Every counter the event counts in travels with its priced record, so the sink
+        stores the exact budget history once per event (infra/clickhouse); the periods and
+        those bytes are the same for a whole grain of time."""
+        counted = event["outcome"] in COUNTED_OUTCOMES
+        # a further charge of another call (UsageEvent v3) is no request of its own
+        charge = event.get("charge_of") is not None
+        event_counts = self.event_counts
+        where = (id(found), occurred_us // self.grain_us, counted, charge)
+        counts = event_counts.get(where)
+        if counts is None:
+            counts = self.processor._event_counts(
+                found, occurred_us, event["occurred_at"], counted, charge
+            )
+            if len(event_counts) >= 100_000:
+                event_counts.clear()
+            event_counts[where] = counts
+        return counts
+
+    def fold_counters(
+        self,
+        event: dict[str, Any],
+        found: Applicable,
+        counts: EventCounts,
+        cost: int,
+        partition: int,
+        offset: int,
+        occurred_us: int,
+    ) -> None:
+        """The event into each of its counters, and what that changes: verdicts, alerts."""
+        tokens = billed_tokens(event)
+        periods = counts.periods
+        raised = self.raised
+        states = self.states
+        verdict_changes = self.out.verdict_changes
+        n = 0
+        for budget, key, scope_values, _ in found:
+            period = periods[n]
+            n += 1
+            if raised and budget.budget_id in raised:
+                budget = self.raised_at(budget, scope_values, occurred_us)
+            state = states.get(key)
+            if state is None:
+                state = self.read_counter(partition, key)
+            change = apply(
+                state, budget, event, cost, partition, offset, occurred_us, tokens, period
+            )
+            # a fenced (re-delivered) record still re-sends the verdict: the crash
+            # that caused the re-delivery may have come before the verdict left
+            if change is None:
+                if key not in verdict_changes:
+                    verdict_changes[key] = VerdictChange(budget, scope_values, state)
+                continue
+            if change.current:
+                held = verdict_changes.get(key)
+                if held is None:
+                    verdict_changes[key] = VerdictChange(budget, scope_values, state)
+                elif held.budget is not budget:
+                    # the limits of its last event (a raise may have begun or ended)
+                    held.budget = budget
+            for threshold in change.new_alerts:
+                alert = alert_record(
+                    budget, key, change.period, threshold, state.periods[change.period]
+                )
+                self.out.alerts.append((key.encode(), ALERT.encode(alert)))
+
+    def raised_at(self, budget: Budget, scope_values: tuple[str, ...], occurred_us: int) -> Budget:
+        """The budget with the raise in force at the event's time, if any: its state labels
+        and alerts measure the raised limits (by event time: a replay decides alike)."""
+        granted = self.raises.active(budget.budget_id, scope_values, occurred_us)
+        if granted is None:
+            return budget
+        return self.processor._raised_budget(budget, granted)
+
+    def read_counter(self, partition: int, key: str) -> CounterState:
+        """The counter's live state, read from the caller's store (once per batch: the
+        fold then updates it in place)."""
+        raw = self.counters(partition, key)
+        if raw is None:
+            state = CounterState()
+        elif isinstance(raw, CounterState):
+            state = raw
+        else:
+            state = CounterState.from_json(raw)
+        self.states[key] = state
+        self.out.counter_states[(partition, key)] = state
+        return state
+
+    def encode_priced(
+        self,
+        record: SourceRecord,
+        partition: int,
+        offset: int,
+        event: dict[str, Any],
+        price: Price,
+        counts: EventCounts,
+    ) -> tuple[int, bytes, bytes, bytes]:
+        """The usage.priced record: (source partition, key, body, store-row header)."""
+        # usage.priced carries the ids as counted (canonical), so the sink stores every
+        # body as it is; the rare event with other ids is encoded again
+        raw_value: Any = record.value
+        if not ids_are_canonical(event):
+            event = with_canonical_ids(event)
+            raw_value = USAGE_EVENT.encode(event)
+        # the event's own bytes are reused when it was written with the current schema
+        priced = self.priced_writer.write(
+            raw_value,
+            price.cost_nanos,
+            price.price_version,
+            price.matched,
+            price.unpriced,
+            partition,
+            offset,
+            counts.entries,
+            counts.data,
+        )
+        if priced is None:
+            priced = PRICED_USAGE.encode(
+                {
+                    "event": event,
+                    "cost_nanos": price.cost_nanos,
+                    "price_version": price.price_version,
+                    "price_match": price.matched,
+                    "unpriced": price.unpriced,
+                    "source_partition": partition,
+                    "source_offset": offset,
+                    "priced_at": self.now,
+                    "counts": [c.record for c in counts.entries],
+                }
+            )
+        store_row = store_row_value(partition, offset, counts.month)
+        return (partition, event["org_id"].encode(), priced, store_row)
+
+    def finish(self) -> BatchOutput:
+        out = self.out
+        out.stats = BatchStats(
+            self.events,
+            self.charged,
+            self.duplicates,
+            self.redelivered,
+            self.dead_letters,
+            self.unpriced,
+            self.cost_nanos,
+        )
+        verdict_changes = out.verdict_changes
+        # a counter without a current period never had an event applied: nothing to say
+        for key in [k for k, c in verdict_changes.items() if not c.state.period]:
+            del verdict_changes[key]
+        self.forecast_alerts()
+        return out
+
+    def forecast_alerts(self) -> None:
+        """A forecast alert once per (counter, period), from the batch's last state (marked
+        in the counter, written with it); with a store the publisher's come from ClickHouse."""
+        for key, held in self.out.verdict_changes.items():
+            counter = held.state
+            window = held.budget.window
+            if window.kind == "total" or window.kind == "rolling":
+                continue  # never ends: no forecast alert
+            at_us = counter.periods[counter.period].as_of_us
+            bounds = period_bounds_us(window, counter.period, at_us)
+            forecast = forecast_alert(held.budget, key, counter, bounds)
+            if forecast is not None:
+                self.out.alerts.append((key.encode(), ALERT.encode(forecast)))

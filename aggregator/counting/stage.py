@@ -1,9 +1,9 @@
 """The counting stage: usage.raw in large batches, counters, verdicts, outputs.
 
-Why not a Faust agent: Faust's stream path costs ~220 µs a message on the
-development VM even for an empty agent (an Event, a conductor dispatch, a queue
-hop and an ack per record), which caps a worker at ~4.5k events/s before any
-work. This stage reads usage.raw with aiokafka's ``getmany`` (thousands of
+Why not a Faust agent: Faust's stream path costs more a message than the whole
+fold of an event, even for an empty agent (an Event, a conductor dispatch, a queue
+hop and an ack per record), which caps a worker far below its target before any
+work (bench/records/history_aggregator.md). This stage reads usage.raw with aiokafka's ``getmany`` (thousands of
 records a call), folds each batch with :class:`~aggregator.counting.process.BatchProcessor`
 and writes whole record batches with ``create_batch``/``send_batch``, so what is
 paid per event is the decode, the fold and one append per output record. It runs
@@ -153,7 +153,7 @@ class CountingStage:
         await self._producer.start()
         # aiokafka has one produce request in flight per broker connection: verdicts get a
         # connection of their own, so an enforcer's input never waits behind a request of
-        # changelog and priced batches (their p99 at 2k events/s halved under load)
+        # changelog and priced batches (it cut the verdicts' p99 under load)
         self._verdict_producer = self._new_producer()
         await self._verdict_producer.start()
         self._outgoing = Outgoing(
@@ -275,7 +275,7 @@ class CountingStage:
             if gone or new:
                 self.verdicts.forget()
             # a full collection walks every object of the process (Faust, aiokafka, the
-            # reference data, the recovered counters): 150-300 ms with the loop stopped, the
+            # reference data, the recovered counters): long pauses with the loop stopped, the
             # verdict latency's p99. What exists now lives as long as the worker: collect
             # once, then keep it out of later collections (unreachable objects are still
             # freed by reference counting)

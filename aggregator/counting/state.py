@@ -19,8 +19,8 @@ In memory: the counters (bounded by the number of counters) and the event ids of
 the current checkpoint interval (``pending_seen``, bounded by
 ``AggregatorConfig.max_pending_event_ids``); older event ids are looked up in RocksDB.
 
-Keys in RocksDB: ``c<counter key>`` -> ``CounterState.to_json()`` as compact JSON
-(the changelog value), ``s<event id>`` -> the position (``partition:offset``) that
+Keys in RocksDB: ``c<counter key>`` -> the changelog value (``counter_codec.py``),
+``s<event id>`` -> the position (``partition:offset``) that
 first carried it, ``m:offsets`` -> JSON of the changelog topics and the offsets the
 store reaches.
 """
@@ -35,10 +35,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch
 
+from aggregator.counting.counter_codec import decode_counter, encode_counter
 from aggregator.counting.fold import CounterState
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 
@@ -53,75 +55,6 @@ OPEN_RETRY_SECONDS = 30.0
 
 class _StoreLocked(Exception):
     """Another process (or owner) still holds a partition's RocksDB."""
-
-
-def encode_counter(state: CounterState) -> bytes:
-    """The changelog value: ``state.to_json()`` as compact JSON.
-
-    Written directly (one per counter per batch, and a rolling counter carries up to 48
-    buckets: ``json.dumps`` of the dict cost 14-80 µs); byte-identical to
-    :func:`encode_counter_json`, which it defers to for any value outside the plain shape
-    (a test holds the two equal).
-    """
-    try:
-        return _write_counter(state).encode()
-    except _NotPlain:
-        return encode_counter_json(state)
-
-
-def encode_counter_json(state: CounterState) -> bytes:
-    """The reference encoding of the changelog value."""
-    return json.dumps(state.to_json(), separators=(",", ":")).encode()
-
-
-class _NotPlain(Exception):
-    """A value the direct writer does not take: ``json.dumps`` writes it."""
-
-
-def _plain_string(value: object) -> str:
-    """``value`` between quotes, when JSON needs no escape in it (printable ASCII, no ``"``
-    or ``\\``): what ``json.dumps`` writes for such a string."""
-    if (
-        type(value) is not str
-        or not value.isascii()
-        or not value.isprintable()
-        or '"' in value
-        or "\\" in value
-    ):
-        raise _NotPlain
-    return f'"{value}"'
-
-
-def _int(value: object) -> int:
-    if type(value) is not int:  # a bool or a float is written differently by json.dumps
-        raise _NotPlain
-    return value
-
-
-def _write_counter(state: CounterState) -> str:
-    fence = ",".join([f'"{_int(p)}":{_int(o)}' for p, o in state.fence.items()])
-    periods = []
-    for key, t in state.periods.items():
-        alerted = _dumps(t.alerted) if t.alerted else "[]"
-        buckets = t.buckets
-        for b in buckets:  # int keys: json.dumps writes them as str(b) does (a bool would not)
-            if type(b) is not int:
-                raise _NotPlain
-        periods.append(
-            f"{_plain_string(key)}:[{_int(t.nanos)},{_int(t.tokens)},{_int(t.requests)},"
-            f"{_int(t.as_of_us)},{alerted},{_dumps(buckets) if buckets else '{}'}]"
-        )
-    return (
-        f'{{"p":{_plain_string(state.period)},"s":{_int(state.seq)},"f":{{{fence}}},'
-        f'"t":{{{",".join(periods)}}}}}'
-    )
-
-
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def decode_counter(value: bytes) -> CounterState:
-    return CounterState.from_json(json.loads(value))
 
 
 def _scan(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -406,18 +339,7 @@ class CountingStore:
         if not partitions:
             return stats
         started = time.perf_counter()
-        unreadable: set[int] = set()
-        for partition in partitions:
-            path = self.root / self.counters_topic / str(partition)
-            store = self.partitions[partition] = PartitionState(path=path)
-            try:
-                store.db = await self._open(path)
-            except _StoreLocked:
-                raise
-            except Exception as exc:  # corrupt or foreign files: the changelogs rebuild it
-                log.warning("partition %d: cannot open %s (%s): wiped", partition, path, exc)
-                await self._wipe(store)
-                unreadable.add(partition)
+        unreadable = await self._open_stores(partitions)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=None,
@@ -428,93 +350,16 @@ class CountingStore:
         )
         await consumer.start()
         try:
-            topic_of = {self.counters_topic: "counters", self.seen_topic: "seen"}
-            tps = [TopicPartition(t, p) for t in topic_of for p in partitions]
+            tps = [TopicPartition(t, p) for t in self._topic_of() for p in partitions]
             consumer.assign(tps)
             starts = await consumer.beginning_offsets(tps)
             ends = await consumer.end_offsets(tps)
-            pending: set[TopicPartition] = set()
-            for partition in partitions:
-                store = self.partitions[partition]
-                assert store.db is not None
-                recorded = self._read_meta(store.db)
-                mine = [TopicPartition(t, partition) for t in topic_of]
-                if partition in unreadable:
-                    stats.wiped += 1
-                    recorded = {topic_of[tp.topic]: starts[tp] for tp in mine}
-                elif recorded is None or any(
-                    not starts[tp] <= recorded[topic_of[tp.topic]] <= ends[tp] for tp in mine
-                ):
-                    log.warning(
-                        "partition %d: local store %s (offsets %s) does not match the "
-                        "changelogs (start %s, end %s): wiped, restoring from the start",
-                        partition,
-                        store.path,
-                        recorded,
-                        [starts[tp] for tp in mine],
-                        [ends[tp] for tp in mine],
-                    )
-                    await self._wipe(store)
-                    stats.wiped += 1
-                    recorded = {topic_of[tp.topic]: starts[tp] for tp in mine}
-                store.offsets = recorded
-                for tp in mine:
-                    consumer.seek(tp, recorded[topic_of[tp.topic]])
-                    if recorded[topic_of[tp.topic]] < ends[tp]:
-                        pending.add(tp)
+            pending = await self._seek_recorded(
+                consumer, partitions, unreadable, starts, ends, stats
+            )
             # the counters' latest values: the local store, then the tail over it
-            latest: dict[int, dict[str, bytes | None]] = {}
-            for partition in partitions:
-                db = self.partitions[partition].db
-                assert db is not None
-                values = latest[partition] = {}
-                for key, value in _scan(db, _COUNTER):
-                    values[key.decode()] = value
-                stats.local_counters += len(values)
-            while pending:
-                batches = await consumer.getmany(timeout_ms=500, max_records=50_000)
-                by_partition: dict[int, WriteBatch] = {}
-                for tp, messages in batches.items():
-                    if not messages:
-                        continue
-                    stats.records += len(messages)
-                    store = self.partitions[tp.partition]
-                    batch = by_partition.get(tp.partition)
-                    if batch is None:
-                        batch = by_partition[tp.partition] = WriteBatch(raw_mode=True)
-                    if tp.topic == self.counters_topic:
-                        into = latest[tp.partition]
-                        for m in messages:
-                            if m.key is None:
-                                continue
-                            into[m.key.decode()] = m.value
-                            if m.value is None:
-                                batch.delete(_COUNTER + m.key)
-                            else:
-                                batch.put(_COUNTER + m.key, m.value)
-                    else:
-                        for m in messages:
-                            if m.key is None:
-                                continue
-                            stats.seen += 1
-                            if m.value is None:
-                                batch.delete(_SEEN + m.key)
-                            else:
-                                batch.put(_SEEN + m.key, m.value)
-                    store.offsets[topic_of[tp.topic]] = messages[-1].offset + 1
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
-                        # past the last record: nothing between it and the end is readable
-                        self.partitions[tp.partition].offsets[topic_of[tp.topic]] = ends[tp]
-                        if tp.partition not in by_partition:
-                            by_partition[tp.partition] = WriteBatch(raw_mode=True)
-                # each applied chunk is a prefix of both changelogs: store it with its offsets
-                for partition, batch in by_partition.items():
-                    store = self.partitions[partition]
-                    batch.put(_META, self._meta(store.offsets))
-                    assert store.db is not None
-                    store.db.write(batch)
+            latest = self._local_counters(partitions, stats)
+            await self._apply_tail(consumer, pending, ends, latest, stats)
         finally:
             await consumer.stop()
         for partition in partitions:
@@ -538,3 +383,150 @@ class CountingStore:
             stats.seconds,
         )
         return stats
+
+    def _topic_of(self) -> dict[str, str]:
+        """changelog topic -> its name in the recorded offsets"""
+        return {self.counters_topic: "counters", self.seen_topic: "seen"}
+
+    async def _open_stores(self, partitions: set[int]) -> set[int]:
+        """Open each partition's RocksDB; the partitions whose files could not be opened
+        (wiped: the changelogs rebuild them)."""
+        unreadable: set[int] = set()
+        for partition in partitions:
+            path = self.root / self.counters_topic / str(partition)
+            store = self.partitions[partition] = PartitionState(path=path)
+            try:
+                store.db = await self._open(path)
+            except _StoreLocked:
+                raise
+            except Exception as exc:  # corrupt or foreign files: the changelogs rebuild it
+                log.warning("partition %d: cannot open %s (%s): wiped", partition, path, exc)
+                await self._wipe(store)
+                unreadable.add(partition)
+        return unreadable
+
+    async def _seek_recorded(
+        self,
+        consumer: AIOKafkaConsumer,
+        partitions: set[int],
+        unreadable: set[int],
+        starts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
+        stats: RecoveryStats,
+    ) -> set[TopicPartition]:
+        """Seek each changelog partition to the offset its store recorded, or wipe a store
+        the changelogs no longer match and seek to their start; the changelog partitions
+        with records left to read."""
+        topic_of = self._topic_of()
+        pending: set[TopicPartition] = set()
+        for partition in partitions:
+            store = self.partitions[partition]
+            assert store.db is not None
+            recorded = self._read_meta(store.db)
+            mine = [TopicPartition(t, partition) for t in topic_of]
+            if partition in unreadable:
+                stats.wiped += 1
+                recorded = {topic_of[tp.topic]: starts[tp] for tp in mine}
+            elif recorded is None or any(
+                not starts[tp] <= recorded[topic_of[tp.topic]] <= ends[tp] for tp in mine
+            ):
+                log.warning(
+                    "partition %d: local store %s (offsets %s) does not match the "
+                    "changelogs (start %s, end %s): wiped, restoring from the start",
+                    partition,
+                    store.path,
+                    recorded,
+                    [starts[tp] for tp in mine],
+                    [ends[tp] for tp in mine],
+                )
+                await self._wipe(store)
+                stats.wiped += 1
+                recorded = {topic_of[tp.topic]: starts[tp] for tp in mine}
+            store.offsets = recorded
+            for tp in mine:
+                consumer.seek(tp, recorded[topic_of[tp.topic]])
+                if recorded[topic_of[tp.topic]] < ends[tp]:
+                    pending.add(tp)
+        return pending
+
+    def _local_counters(
+        self, partitions: set[int], stats: RecoveryStats
+    ) -> dict[int, dict[str, bytes | None]]:
+        """partition -> counter key -> the changelog value its local store holds"""
+        latest: dict[int, dict[str, bytes | None]] = {}
+        for partition in partitions:
+            db = self.partitions[partition].db
+            assert db is not None
+            values = latest[partition] = {}
+            for key, value in _scan(db, _COUNTER):
+                values[key.decode()] = value
+            stats.local_counters += len(values)
+        return latest
+
+    async def _apply_tail(
+        self,
+        consumer: AIOKafkaConsumer,
+        pending: set[TopicPartition],
+        ends: dict[TopicPartition, int],
+        latest: dict[int, dict[str, bytes | None]],
+        stats: RecoveryStats,
+    ) -> None:
+        """Read the changelogs from the recorded offsets to their ends, each fetched chunk
+        written into the local stores with the offsets it reaches (over ``latest``)."""
+        topic_of = self._topic_of()
+        while pending:
+            batches = await consumer.getmany(timeout_ms=500, max_records=50_000)
+            by_partition: dict[int, WriteBatch] = {}
+            for tp, messages in batches.items():
+                if not messages:
+                    continue
+                stats.records += len(messages)
+                batch = by_partition.get(tp.partition)
+                if batch is None:
+                    batch = by_partition[tp.partition] = WriteBatch(raw_mode=True)
+                if tp.topic == self.counters_topic:
+                    _apply_counters(messages, batch, latest[tp.partition])
+                else:
+                    stats.seen += _apply_seen(messages, batch)
+                self.partitions[tp.partition].offsets[topic_of[tp.topic]] = messages[-1].offset + 1
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+                    # past the last record: nothing between it and the end is readable
+                    self.partitions[tp.partition].offsets[topic_of[tp.topic]] = ends[tp]
+                    if tp.partition not in by_partition:
+                        by_partition[tp.partition] = WriteBatch(raw_mode=True)
+            # each applied chunk is a prefix of both changelogs: store it with its offsets
+            for partition, batch in by_partition.items():
+                store = self.partitions[partition]
+                batch.put(_META, self._meta(store.offsets))
+                assert store.db is not None
+                store.db.write(batch)
+
+
+def _apply_counters(
+    messages: list[Any], batch: WriteBatch, latest: dict[str, bytes | None]
+) -> None:
+    """Counter changelog records into a partition's WriteBatch and its latest values."""
+    for m in messages:
+        if m.key is None:
+            continue
+        latest[m.key.decode()] = m.value
+        if m.value is None:
+            batch.delete(_COUNTER + m.key)
+        else:
+            batch.put(_COUNTER + m.key, m.value)
+
+
+def _apply_seen(messages: list[Any], batch: WriteBatch) -> int:
+    """Seen changelog records into a partition's WriteBatch; how many were applied."""
+    applied = 0
+    for m in messages:
+        if m.key is None:
+            continue
+        applied += 1
+        if m.value is None:
+            batch.delete(_SEEN + m.key)
+        else:
+            batch.put(_SEEN + m.key, m.value)
+    return applied

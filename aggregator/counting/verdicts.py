@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aggregator.counting.batch_output import VerdictChange
 from aggregator.counting.fold import counter_state
-from aggregator.counting.process import VerdictChange
 
 
 @dataclass(slots=True)

@@ -1,8 +1,8 @@
 """Replays: every counter rebuilt from the ledger, beside the serving one or in memory.
 
 A generation (``generations.py``) is one build of everything the aggregator derives: its
-topics and its store. ``GenerationReplay`` (``run.py``) starts or attaches a new one,
-catches it up, compares it (``checks.py``, ``report.py``) and cuts over;
+topics and its store. ``GenerationReplay`` (``run.py``) starts or attaches a new one
+(seeded from a snapshot by ``seeding.py``), catches it up, compares it (``checks.py``, ``report.py``) and cuts over;
 ``fold_dry_run`` (``folds.py``) folds the ledger in memory from a snapshot
 (``snapshots.py``); ``verify_counters`` (``verify.py``) checks a running one. See
 docs/replay.md.

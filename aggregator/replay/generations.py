@@ -446,7 +446,7 @@ def install_alert_relay(
     """Run an :class:`AlertRelay` as a task of a replay generation's Faust app."""
     relay = AlertRelay(bootstrap, topics, security=security)
 
-    @app.task  # type: ignore[untyped-decorator]
+    @app.task  # type: ignore[untyped-decorator]  # Faust's App.task is @no_type_check
     async def relay_alerts() -> None:
         await relay.run()
 

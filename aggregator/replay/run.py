@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from aggregator.config import AggregatorConfig
 from aggregator.counting.fold import CounterState
+from aggregator.counting.reference import Reference
 from aggregator.replay.checks import (
     clickhouse_after_fences,
     clickhouse_differences,
@@ -45,14 +46,13 @@ from aggregator.replay.report import (
     org_changes,
     priced_org_spend,
 )
+from aggregator.replay.seeding import SeedResult, seed_generation
 from aggregator.replay.snapshots import (
     FoldState,
-    SeedResult,
     fold_ledger,
     incomplete_snapshots,
     ledger_ends,
     load_reference,
-    seed_generation,
     snapshot_from_records,
 )
 from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
@@ -197,7 +197,7 @@ class GenerationReplay:
 
     def _seed(self, snapshot: tuple[str, FoldState]) -> None:
         """Write the snapshot into the new generation's changelogs, verdicts and group
-        offsets (``aggregator.replay.snapshots.seed_generation``) before its worker starts."""
+        offsets (``aggregator.replay.seeding.seed_generation``) before its worker starts."""
         place = self.place
         config = AggregatorConfig(
             bootstrap=place.bootstrap,
@@ -291,7 +291,21 @@ class GenerationReplay:
             priced_org_spend(place.bootstrap, previous_topics, ends, security=place.security)
         )
         report.org_changes = org_changes(before, fold.org_spend())
-        if not place.dsn:
+        self._compare_clickhouse(report, reference, fold, ends, settle_seconds)
+        self._compare_verdicts(report, reference, fold, previous_topics, settle_seconds)
+        return report
+
+    def _compare_clickhouse(
+        self,
+        report: ReplayReport,
+        reference: Reference,
+        fold: FoldState,
+        ends: dict[int, int],
+        settle_seconds: float,
+    ) -> None:
+        """The generation's ClickHouse rows against the fold at the cut, as far as its start
+        lets them be rebuilt."""
+        if not self.place.dsn:
             report.clickhouse_scope = "not compared: the generation runs without a ClickHouse sink"
         elif self.snapshot is not None:
             report.vs_clickhouse = clickhouse_after_fences(
@@ -310,9 +324,18 @@ class GenerationReplay:
                 "counters recomputed from every usage_events row below the cut"
             )
 
-        # Verdicts keep moving under live traffic: each is compared with the state the
-        # fold showed at the verdict's own seq. From the cut on, the fold goes record by
-        # record and keeps every state each counter passes through.
+    def _compare_verdicts(
+        self,
+        report: ReplayReport,
+        reference: Reference,
+        fold: FoldState,
+        previous_topics: Topics,
+        settle_seconds: float,
+    ) -> None:
+        """Verdicts keep moving under live traffic: each is compared with the state the
+        fold showed at the verdict's own seq. From the cut on, the fold goes record by
+        record and keeps every state each counter passes through."""
+        place = self.place
         history: dict[str, dict[int, CounterView]] = {}
         for key, (view, seq) in fold_views(fold).items():
             history[key] = {seq: view}
@@ -355,7 +378,7 @@ class GenerationReplay:
                 report.vs_previous = [
                     Difference(d.counter_key, d.field, d.found, d.expected) for d in vs_previous
                 ]
-                return report
+                return
             time.sleep(0.5)
 
     def _sql(self, query: str) -> dict[str, Any]:

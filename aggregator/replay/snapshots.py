@@ -24,15 +24,11 @@ Record layout on the topic (keys are UTF-8; values JSON):
   without its manifest is incomplete and never read. Snapshot ids sort by time.
 Older snapshots' keys are tombstoned once a newer manifest is acknowledged.
 
-:func:`seed_generation` starts a real generation worker from a snapshot: it writes the
-snapshot into the generation's counting changelogs (the encoding ``aggregator.counting.state``
-recovers), publishes each counter's verdict, and commits the generation's group at the
-fences, so the worker recovers the state and reads on from there.
+``seeding.py`` starts a real generation worker from a snapshot.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -40,20 +36,14 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
-from aggregator.config import AggregatorConfig
-from aggregator.counting.changelogs import ensure_changelogs
-from aggregator.counting.fold import CounterState
-from aggregator.counting.process import BatchProcessor, BatchStats, RawRecord, VerdictChange
+from aggregator.counting.batch_output import BatchStats
+from aggregator.counting.process import BatchProcessor, RawRecord
 from aggregator.counting.reference import Reference, ReferenceFollower
-from aggregator.counting.state import encode_counter
 from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from runtime.topic_reader import read_latest_values, read_until
 from schemas.codec import PRICED_USAGE, USAGE_EVENT
 from schemas.errors import ConfigError, ContractError
-from schemas.ids import decompose
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -105,7 +95,7 @@ class Bounds:
         if self.since is None and self.until is None:
             return True
         try:
-            occurred: datetime = USAGE_EVENT.decode(value)["occurred_at"]  # type: ignore[arg-type]
+            occurred: datetime = USAGE_EVENT.decode(value)["occurred_at"]  # type: ignore[arg-type]  # None: ContractError
         except ContractError:
             return True  # the processor dead-letters it and counts it
         return (self.since is None or occurred >= self.since) and (
@@ -388,152 +378,3 @@ def incomplete_snapshots(values: dict[bytes, bytes | None]) -> list[str]:
     return sorted(
         {k.decode().split("|")[0] for k, v in values.items() if v is not None} - with_manifest
     )
-
-
-# --- seeding a generation worker from a snapshot -------------------------------------------
-
-
-@dataclass(frozen=True)
-class SeedResult:
-    """What :func:`seed_generation` wrote for one generation."""
-
-    counters: int
-    dedupe_entries: int
-    verdicts: int
-    #: counters whose budget is gone: seeded, but no verdict (the counting stage sends none)
-    without_budget: int
-    #: usage.raw partition -> the offset the generation's group was committed at
-    fences: dict[int, int]
-
-
-async def committed_offsets(
-    bootstrap: str, group: str, *, security: KafkaSecurity = PLAINTEXT
-) -> dict[TopicPartition, int]:
-    """The group's committed offsets (none for a group that never committed)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
-    await admin.start()
-    try:
-        for attempt in range(60):
-            try:
-                committed = await admin.list_consumer_group_offsets(group)
-                break
-            except KafkaError as exc:  # a fresh cluster elects its group coordinator first
-                if not exc.retriable or attempt == 59:
-                    raise
-                await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
-    return {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
-
-
-async def seed_generation(
-    config: AggregatorConfig, state: FoldState, reference: Reference
-) -> SeedResult:
-    """Make a fresh generation's worker start from ``state`` (a snapshot) instead of offset 0.
-
-    In this order (a crash before step 4 leaves a group without offsets: seeding again
-    rewrites the same compacted values, so it is safe to retry):
-
-    1. refuse a generation whose counting group has committed offsets already (its
-       workers ran: seeding would move them back);
-    2. create the two changelog topics exactly as the counting stage does;
-    3. write every counter and dedupe entry into changelog partition = source partition,
-       in the encoding ``aggregator.counting.state`` recovers, and each counter's verdict (the
-       counting stage's own ``VerdictChange.encode``) into the generation's verdict topic:
-       a counter no later event touches would otherwise never get one. All acknowledged;
-    4. commit the counting group's usage.raw offsets at the snapshot's fences (a manual
-       commit; the group has no members yet). The worker then recovers the changelogs and
-       reads on from the fences.
-    """
-    topics = config.topics
-    bootstrap = config.bootstrap
-    security = config.kafka_security
-    group = config.counting_group
-    # Step 1
-    if await committed_offsets(bootstrap, group, security=security):
-        raise ConfigError(
-            f"consumer group {group} has committed offsets already: its generation was "
-            "started before and cannot be seeded from a snapshot (replay into a new name)"
-        )
-    partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
-    numbers = {tp.partition for tp in partitions}
-    foreign = sorted(set(state.fences) - numbers)
-    if foreign:
-        raise ConfigError(
-            f"the snapshot has partitions {foreign} that {topics.usage_raw} does not have "
-            f"({len(numbers)} partitions): it was taken of another ledger"
-        )
-    ends = await ledger_ends(bootstrap, topics, security=security)
-    for partition, fence in state.fences.items():
-        if fence > ends[partition]:
-            raise ConfigError(
-                f"{topics.usage_raw}[{partition}]: snapshot fence {fence} is past the end "
-                f"{ends[partition]}: it was taken of another ledger"
-            )
-    # Step 2: the counting stage's own code (topic config, partitions) creates them
-    await ensure_changelogs(config, topics)
-    # Step 3
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=20,
-        max_request_size=4 * 1024 * 1024,
-        **security.client_kwargs(),
-    )
-    await producer.start()
-    verdicts = without_budget = 0
-    emitted_at = datetime.now(UTC)
-    try:
-        futures: list[asyncio.Future[Any]] = []
-        for key, (partition, data) in sorted(state.counters.items()):
-            counter = CounterState.from_json(data)
-            futures.append(
-                await producer.send(
-                    config.counter_changelog,
-                    key=key.encode(),
-                    value=encode_counter(counter),
-                    partition=partition,
-                )
-            )
-            if not counter.period:
-                continue  # never applied an event: the counting stage sends no verdict
-            budget_id, *scope_values = decompose(key)
-            budget = reference.budgets.get(budget_id)
-            if budget is None:
-                without_budget += 1
-                continue
-            change = VerdictChange(budget, tuple(scope_values), counter)
-            futures.append(
-                await producer.send(
-                    topics.budget_verdicts, key=key.encode(), value=change.encode(key, emitted_at)
-                )
-            )
-            verdicts += 1
-        for event_id, (partition, position) in state.seen.items():
-            futures.append(
-                await producer.send(
-                    config.seen_changelog,
-                    key=event_id.encode(),
-                    value=position.encode(),
-                    partition=partition,
-                )
-            )
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-    # Step 4
-    fences = {tp.partition: state.fences.get(tp.partition, 0) for tp in partitions}
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        **security.client_kwargs(),
-    )
-    await consumer.start()
-    try:
-        consumer.assign(partitions)
-        await consumer.commit({tp: fences[tp.partition] for tp in partitions})
-    finally:
-        await consumer.stop()
-    return SeedResult(len(state.counters), len(state.seen), verdicts, without_budget, fences)

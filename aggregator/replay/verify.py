@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from aggregator.counting.batch_output import BatchStats
 from aggregator.counting.fold import CounterState
-from aggregator.counting.process import BatchProcessor, BatchStats, RawRecord
+from aggregator.counting.process import BatchProcessor, RawRecord
 from aggregator.counting.reference import Reference, ReferenceFollower
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from runtime.topic_reader import TopicReader

@@ -1,7 +1,7 @@
 """Rows the engine reads itself: PricedUsage (or Verdict) bodies as one Avro container.
 
 The cheapest way into ``usage_events`` that stays exact (bench/bench_insert_formats.py:
-~3.8x Python rows, the ids being canonical already) is to hand the engine the Avro bytes
+well ahead of Python rows, the ids being canonical already) is to hand the engine the Avro bytes
 the counting stage wrote and let it decode them: no fastavro decode, no Python tuples, no
 Native serialisation. A batch of bodies written with the current PricedUsage schema
 becomes one Avro object-container file (the schema, then one block holding the bodies as
@@ -91,14 +91,14 @@ def insert_select(
 
     The insert's ``settings`` are part of the statement: passed to clickhouse-connect's
     chdb client instead, each call reads the session's settings, SETs every one and SETs
-    them back, a dozen engine queries that cost ~6 ms of CPU an INSERT (issue 19).
+    them back, a dozen engine queries whose CPU every INSERT paid (issue 19).
 
     The structure names every field by its path and type, so the engine infers nothing
     and reads the nested fields straight into columns: a select of 40 subcolumns of an
-    inferred ``event`` tuple cost ~17 ms an INSERT before its first row (issue 19). A
+    inferred ``event`` tuple cost every INSERT an inference before its first row (issue 19). A
     ``LowCardinality`` column is read as its plain type and cast in the select, once per
-    column: read straight into ``LowCardinality``, Avro's enums and strings cost ~2x the
-    whole parse (bench/bench_sink.py)."""
+    column: read straight into ``LowCardinality``, Avro's enums and strings cost more than
+    the whole parse otherwise does (bench/bench_sink.py)."""
     sources = _sources(schema_name)
     fields = []
     exprs = []

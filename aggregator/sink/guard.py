@@ -27,10 +27,9 @@ The second wall does not depend on either: an embedded store's engine runs in a 
 of its own that cannot open a file outside the store, and that the worker kills when a
 query outlives its time limit (``aggregator/sink/engine_host.py``).
 
-The tree is read from EXPLAIN AST's text: one node a line, indented by depth, with its
-declared child count. A quoted alias may hold a line break and so print lines of its
-own; the declared counts are checked, and a name that is not a plain identifier is
-refused, so a tree that does not read back exactly is refused rather than guessed.
+The tree is read from EXPLAIN AST's text (``explain_tree.py``); a tree that does not
+read back exactly, or a function name that is not a plain identifier, is refused
+rather than guessed.
 """
 
 from __future__ import annotations
@@ -38,12 +37,12 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from clickhouse_connect.driver.client import Client
 
 from aggregator.sink.errors import QueryRefused, SinkError, translate
+from aggregator.sink.explain_tree import Node, parse_tree, unreadable
 from aggregator.sink.query import run_query
 
 #: the statements /sql runs (EXPLAIN AST's name of each)
@@ -178,9 +177,6 @@ EXTRA_FUNCTIONS: Final = frozenset(
 CLIENT_FORMAT: Final = "Native"
 
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LINE: Final = re.compile(r"(?P<indent> *)(?P<kind>[A-Za-z][A-Za-z ]*?)(?: (?P<rest>.*?))?")
-_CHILDREN: Final = re.compile(r" ?\(children (\d+)\)$")
-_ALIAS: Final = re.compile(r" \(alias [^)]*\)$")
 #: ClickHouse's READONLY error code: the engine's read-only mode refused the statement
 READONLY_CODE: Final = 164
 #: TIMEOUT_EXCEEDED, TOO_MANY_ROWS_OR_BYTES, MEMORY_LIMIT_EXCEEDED: past the session's limits
@@ -208,65 +204,6 @@ _EMPTY_QUERY: Final = "Empty query"
 #: the clauses that would make the engine's client write a file or change the session:
 #: formatQuery prints each at the start of a line (literals never hold a line break there)
 _REFUSED_CLAUSES: Final = re.compile(r"^\s*(INTO\s+OUTFILE|FORMAT|SETTINGS)\b", re.MULTILINE)
-
-
-@dataclass
-class Node:
-    """One node of an EXPLAIN AST tree."""
-
-    kind: str
-    name: str
-    declared: int
-    children: list[Node] = field(default_factory=list)
-
-
-def parse_tree(lines: list[str]) -> Node:
-    """The tree of EXPLAIN AST's text lines; QueryRefused when it does not read back exactly."""
-    stack: list[tuple[int, Node]] = []
-    root: Node | None = None
-    for line in lines:
-        text = line.rstrip("\n")
-        declared = 0
-        counted = _CHILDREN.search(text)
-        if counted:
-            declared = int(counted.group(1))
-            text = text[: counted.start()]
-        text = _ALIAS.sub("", text)
-        match = _LINE.fullmatch(text)
-        if match is None:
-            raise _unreadable()
-        depth = len(match.group("indent"))
-        node = Node(match.group("kind").strip(), (match.group("rest") or "").strip(), declared)
-        while stack and stack[-1][0] >= depth:
-            stack.pop()
-        if not stack:
-            if root is not None or depth != 0:
-                raise _unreadable()
-            root = node
-        elif depth != stack[-1][0] + 1:
-            raise _unreadable()
-        else:
-            stack[-1][1].children.append(node)
-        stack.append((depth, node))
-    if root is None:
-        raise _unreadable()
-    _check_counts(root)
-    return root
-
-
-def _check_counts(node: Node) -> None:
-    if len(node.children) != node.declared:
-        raise _unreadable()
-    for child in node.children:
-        _check_counts(child)
-
-
-def _unreadable() -> QueryRefused:
-    return QueryRefused(
-        "the query's syntax tree does not read back exactly (a quoted name with a line "
-        "break?): refused",
-        reason="unreadable",
-    )
 
 
 class FunctionCatalog:
@@ -383,7 +320,7 @@ class QueryGuard:
             raise QueryRefused('"sql" must be a string', reason="bad_request")
         canonical = self._canonical(sql)
         if self._canonical(canonical) != canonical:  # a fixed point, or not understood
-            raise _unreadable()
+            raise unreadable()
         clause = _REFUSED_CLAUSES.search(canonical)
         if clause is not None:
             raise _clause_refused(clause.group(1).split()[0].upper())
@@ -496,7 +433,7 @@ def _check_nodes(node: Node, parent: Node | None, catalog: FunctionCatalog) -> N
     if node.kind == "Function":
         name = node.name
         if _NAME.fullmatch(name) is None:
-            raise _unreadable()
+            raise unreadable()
         if parent is not None and parent.kind == "TableExpression":
             if name not in TABLE_FUNCTIONS:
                 raise QueryRefused(

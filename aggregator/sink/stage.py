@@ -2,8 +2,7 @@
 
 Why not a Faust agent: Faust's per-message stream path (an Event, a conductor dispatch,
 a queue hop and an ack per record) costs more than the whole insert, which capped the
-sink at ~3,500 rows/s end to end while the counting stage, off that path, did ten times
-as much. Like the counting stage, this stage reads with aiokafka's ``getmany`` (its own
+sink end to end far below the counting stage, off that path. Like the counting stage, this stage reads with aiokafka's ``getmany`` (its own
 consumer in the sink group ``config.sink_app_id``, client id ``sink_client_id``: how
 ``sink_owner.py`` tells its own earlier process from a second sink) and hands whole
 batches to :class:`~aggregator.agents.ClickHouseWriter`.
@@ -246,7 +245,8 @@ class SinkStage:
             if held >= size:
                 return
             wait = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            # a few thousand records a call: making 50k records at once holds the loop ~80 ms
+            # a few thousand records a call: making a whole batch's records at once holds the
+            # loop too long for the verdicts' latency
             fetched = await consumer.getmany(
                 timeout_ms=int(wait * 1000), max_records=min(size - held, RECORDS_PER_FETCH)
             )

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregator.counting.counter_codec import decode_counter, encode_counter, encode_counter_json
 from aggregator.counting.fold import CounterState, PeriodTotals
-from aggregator.counting.state import decode_counter, encode_counter, encode_counter_json
 
 INTS = st.integers(-(2**70), 2**70)
 PERIOD_KEYS = st.one_of(

@@ -17,9 +17,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from aggregator.counting.counter_codec import encode_counter
 from aggregator.counting.fold import CounterState, PeriodTotals
 from aggregator.counting.output_batches import Outgoing
-from aggregator.counting.state import CountingStore, encode_counter
+from aggregator.counting.state import CountingStore
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,13 @@ from fastavro import schemaless_writer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregator.counting.applicable import ApplicableCache
+from aggregator.counting.batch_output import VerdictChange
+from aggregator.counting.counter_codec import decode_counter, encode_counter
 from aggregator.counting.decode import decode_usage_event
 from aggregator.counting.fold import CounterState, PeriodTotals, apply
 from aggregator.counting.priced import TAIL_IS_KNOWN, PricedWriter, zigzag_varint
-from aggregator.counting.process import ApplicableCache, BatchProcessor, VerdictChange
-from aggregator.counting.state import decode_counter, encode_counter
+from aggregator.counting.process import BatchProcessor
 from aggregator.counting.verdicts import VerdictCoalescer
 from schemas.budgets import applicable, budgets_from_yaml
 from schemas.codec import PRICED_USAGE, USAGE_EVENT, VERDICT, priced_usage_from_raw

@@ -16,11 +16,12 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.errors import TopicAlreadyExistsError
 
 from aggregator.config import AggregatorConfig
+from aggregator.counting.counter_codec import encode_counter
 from aggregator.counting.fold import CounterState, PeriodTotals
 from aggregator.counting.process import BatchProcessor
 from aggregator.counting.reference import Reference
 from aggregator.counting.stage import CountingStage
-from aggregator.counting.state import CountingStore, RecoveryStats, encode_counter
+from aggregator.counting.state import CountingStore, RecoveryStats
 from aggregator.metrics import Metrics
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import USAGE_EVENT

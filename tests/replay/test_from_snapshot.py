@@ -19,12 +19,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aggregator.config import AggregatorConfig
 from aggregator.replay.generations import fold_views, group_progress, verdict_views
 from aggregator.replay.run import StackPlace
+from aggregator.replay.seeding import committed_offsets, seed_generation
 from aggregator.replay.snapshots import (
-    committed_offsets,
     fold_ledger,
     ledger_ends,
     load_reference,
-    seed_generation,
     snapshot_records,
     write_snapshot,
 )

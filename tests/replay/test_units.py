@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from aggregator.config import AggregatorConfig
-from aggregator.counting.process import BatchStats
+from aggregator.counting.batch_output import BatchStats
 from aggregator.replay.generations import Difference, compare_views, generation_dsn
 from aggregator.replay.snapshots import CHUNK, FoldState, snapshot_from_records, snapshot_records
 from schemas.codec import GENERATION_SWITCH

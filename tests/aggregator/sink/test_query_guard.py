@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from aggregator.sink.errors import QueryRefused
-from aggregator.sink.guard import READ_ONLY_SESSION, FunctionCatalog, QueryGuard, parse_tree
+from aggregator.sink.explain_tree import parse_tree
+from aggregator.sink.guard import READ_ONLY_SESSION, FunctionCatalog, QueryGuard
 from aggregator.sink.store import open_client
 
 pytestmark = pytest.mark.integration
