@@ -289,7 +289,7 @@ def test_priced_bytes_with_counts_equal_the_codec(entries: list[Any], offset: in
         "counts": [c.record for c in counts],
     }
     assert mine == priced_usage_from_raw(raw, tail)
-    assert PRICED_USAGE.decode(mine)["counts"] == [c.record for c in counts]  # type: ignore[arg-type]
+    assert PRICED_USAGE.decode(mine)["counts"] == [c.record for c in counts]  # type: ignore[arg-type]  # the writer's bytes, never None here
 
 
 def test_verify_compares_every_period_with_budget_history() -> None:

@@ -92,7 +92,7 @@ def test_a_cut_seals_batches_and_settles_only_its_epoch(kafka_bootstrap: str, un
     asyncio.run(scenario())
 
 
-class _Watched(AIOKafkaProducer):  # type: ignore[misc]
+class _Watched(AIOKafkaProducer):  # type: ignore[misc]  # aiokafka ships no types: its class is Any
     """A real producer that remembers which topics it was given batches of."""
 
     def __init__(self, **config: Any) -> None:

@@ -76,7 +76,7 @@ def test_priced_bytes_equal_the_codec(
         source_offset=offset,
     )
     assert mine == priced_usage_from_raw(raw, tail)
-    assert PRICED_USAGE.decode(mine)["source_offset"] == offset  # type: ignore[arg-type]
+    assert PRICED_USAGE.decode(mine)["source_offset"] == offset  # type: ignore[arg-type]  # the writer's bytes, never None here
 
 
 def test_a_raw_event_of_another_schema_version_is_left_to_the_codec() -> None:
@@ -158,7 +158,7 @@ def _raw_with(**fields: Any) -> bytes:
 )
 def test_hot_decode_fails_exactly_like_the_codec(value: bytes | None) -> None:
     with pytest.raises(DecodeError) as codec:
-        USAGE_EVENT.decode(value)  # type: ignore[arg-type]
+        USAGE_EVENT.decode(value)  # type: ignore[arg-type]  # a null record must be refused as one
     with pytest.raises(DecodeError) as hot:
         decode_usage_event(value)
     assert (hot.value.reason, str(hot.value)) == (codec.value.reason, str(codec.value))

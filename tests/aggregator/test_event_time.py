@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from aggregator.counting.batch_output import BatchOutput
 from aggregator.counting.fold import CounterState
 from aggregator.counting.process import BatchProcessor, RawRecord
 from schemas.codec import DEAD_LETTER, USAGE_EVENT, VERDICT
@@ -16,7 +17,9 @@ NOW = datetime(2026, 12, 10, 12, 0, tzinfo=UTC)
 SECRET = counter_key("per-secret", ("acme", "sk-a"))
 
 
-def run(store: Store, processor: BatchProcessor, batch: list[RawRecord], now: datetime = NOW):  # type: ignore[no-untyped-def]
+def run(
+    store: Store, processor: BatchProcessor, batch: list[RawRecord], now: datetime = NOW
+) -> BatchOutput:
     out = processor.process(batch, store.read_counter, store.read_seen, now=now)
     for (_, key), value in out.counter_writes.items():
         store.counters[key] = value

@@ -10,6 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregator.counting.batch_output import BatchOutput
 from aggregator.counting.fold import CounterState
 from aggregator.counting.process import BatchProcessor, RawRecord
 from aggregator.counting.reference import Reference
@@ -92,7 +93,9 @@ class Store:
     def read_seen(self, partition: int, key: str) -> Any:
         return self.seen.get(key)
 
-    def run(self, processor: BatchProcessor, batch: list[RawRecord], now: datetime = T0):  # type: ignore[no-untyped-def]
+    def run(
+        self, processor: BatchProcessor, batch: list[RawRecord], now: datetime = T0
+    ) -> BatchOutput:
         out = processor.process(batch, self.read_counter, self.read_seen, now=now)
         for (_, key), value in out.counter_writes.items():
             self.counters[key] = value
