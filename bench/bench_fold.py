@@ -28,8 +28,12 @@ sys.path.insert(0, os.environ.get("SPENDBUS_BENCH_ROOT") or str(HERE.parent))
 def one_round(n: int) -> float:
     """CPU µs per event of folding ``n`` fresh events (new tables each round)."""
     sys.path.insert(1, str(HERE.parent))  # benchkit itself is this checkout's
-    from aggregator.counting.process import BatchProcessor, RawRecord
-    from aggregator.counting.reference import Reference
+    try:
+        from aggregator.counting.process import BatchProcessor, RawRecord
+        from aggregator.counting.reference import Reference
+    except ImportError:  # a baseline from before the aggregator's shelves (2026-12-07)
+        from aggregator.process import BatchProcessor, RawRecord  # type: ignore[no-redef, import-not-found]  # the same classes' older home
+        from aggregator.reference import Reference  # type: ignore[no-redef, import-not-found]  # the same class's older home
     from bench.benchkit import BUDGETS, events
     from schemas.budgets import budgets_from_yaml
     from schemas.pricing import PriceBook, default_price_file, load_price_file
