@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
     from runtime.half_close import AnswerAfterHalfClose
     from runtime.http_log import expose_malformed_requests, install_log_redaction, redact
-    from runtime.kafka import PLAINTEXT, KafkaSecurity, preflight, topic_partitions
+    from runtime.kafka import (
+        PLAINTEXT,
+        KafkaSecurity,
+        committed_offsets,
+        preflight,
+        topic_partitions,
+    )
     from runtime.net import LOOPBACK_HOSTS, is_loopback
     from runtime.private_files import PRIVATE_UMASK, check_secret_file, secret_file_problem
     from runtime.replication import (
@@ -49,6 +55,7 @@ _HOMES: dict[str, str] = {
     "AnswerAfterHalfClose": "runtime.half_close",
     "FOLLOW_CLUSTER": "runtime.replication",
     "KafkaSecurity": "runtime.kafka",
+    "committed_offsets": "runtime.kafka",
     "LOOPBACK_HOSTS": "runtime.net",
     "PLAINTEXT": "runtime.kafka",
     "PRIVATE_UMASK": "runtime.private_files",
@@ -91,6 +98,7 @@ __all__ = [
     "TopicReadStalled",
     "TopicReader",
     "check_secret_file",
+    "committed_offsets",
     "expose_malformed_requests",
     "install_log_redaction",
     "is_loopback",

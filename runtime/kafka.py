@@ -240,3 +240,23 @@ async def topic_partitions(
             )
         out.extend(TopicPartition(item["topic"], p["partition"]) for p in item["partitions"])
     return sorted(out)
+
+
+async def committed_offsets(
+    bootstrap: str, group: str, *, security: KafkaSecurity = PLAINTEXT
+) -> dict[TopicPartition, int]:
+    """The group's committed offsets (none for a group that never committed)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
+    await admin.start()
+    try:
+        for attempt in range(60):
+            try:
+                committed = await admin.list_consumer_group_offsets(group)
+                break
+            except kafka_errors.KafkaError as exc:  # a fresh cluster elects its coordinator first
+                if not exc.retriable or attempt == 59:
+                    raise
+                await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+    return {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}

@@ -29,12 +29,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
 from aggregator.counting.fold import CounterState, apply
 from aggregator.replay.snapshots import FoldState
 from runtime.clickhouse_access import ClickHouseAccess
-from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from runtime.kafka import PLAINTEXT, KafkaSecurity, committed_offsets, topic_partitions
 from runtime.topic_reader import TopicReader, read_latest_values
 from schemas.budgets import Budget, applicable
 from schemas.codec import ALERT, VERDICT
@@ -146,19 +145,7 @@ async def group_progress(
 ) -> GroupProgress:
     """Committed offsets of the generation's consumer group on usage.raw, against the ends."""
     partitions = await topic_partitions(bootstrap, topics.usage_raw, security=security)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
-    await admin.start()
-    try:
-        for attempt in range(60):
-            try:
-                committed = await admin.list_consumer_group_offsets(topics.aggregator_app_id)
-                break
-            except KafkaError as exc:  # a fresh cluster elects its group coordinator first
-                if not exc.retriable or attempt == 59:
-                    raise
-                await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
+    committed = await committed_offsets(bootstrap, topics.aggregator_app_id, security=security)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, **security.client_kwargs()
     )
@@ -169,8 +156,7 @@ async def group_progress(
         await consumer.stop()
     per: dict[int, tuple[int, int]] = {}
     for tp in partitions:
-        meta = committed.get(tp)
-        per[tp.partition] = (meta.offset if meta is not None and meta.offset >= 0 else 0, ends[tp])
+        per[tp.partition] = (committed.get(tp, 0), ends[tp])
     return GroupProgress(
         committed=sum(c for c, _ in per.values()),
         end=sum(e for _, e in per.values()),

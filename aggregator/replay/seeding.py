@@ -14,8 +14,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
 from aggregator.config import AggregatorConfig
 from aggregator.counting.batch_output import VerdictChange
@@ -24,7 +22,7 @@ from aggregator.counting.counter_codec import encode_counter
 from aggregator.counting.fold import CounterState
 from aggregator.counting.reference import Reference
 from aggregator.replay.snapshots import FoldState, ledger_ends
-from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
+from runtime.kafka import committed_offsets, topic_partitions
 from schemas.errors import ConfigError
 from schemas.ids import decompose
 
@@ -40,26 +38,6 @@ class SeedResult:
     without_budget: int
     #: usage.raw partition -> the offset the generation's group was committed at
     fences: dict[int, int]
-
-
-async def committed_offsets(
-    bootstrap: str, group: str, *, security: KafkaSecurity = PLAINTEXT
-) -> dict[TopicPartition, int]:
-    """The group's committed offsets (none for a group that never committed)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **security.client_kwargs())
-    await admin.start()
-    try:
-        for attempt in range(60):
-            try:
-                committed = await admin.list_consumer_group_offsets(group)
-                break
-            except KafkaError as exc:  # a fresh cluster elects its group coordinator first
-                if not exc.retriable or attempt == 59:
-                    raise
-                await asyncio.sleep(0.5)
-    finally:
-        await admin.close()
-    return {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
 
 
 async def seed_generation(

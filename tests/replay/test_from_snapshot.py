@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aggregator.config import AggregatorConfig
 from aggregator.replay.generations import fold_views, group_progress, verdict_views
 from aggregator.replay.run import StackPlace
-from aggregator.replay.seeding import committed_offsets, seed_generation
+from aggregator.replay.seeding import seed_generation
 from aggregator.replay.snapshots import (
     fold_ledger,
     ledger_ends,
@@ -27,7 +27,7 @@ from aggregator.replay.snapshots import (
     snapshot_records,
     write_snapshot,
 )
-from runtime.kafka import topic_partitions
+from runtime.kafka import committed_offsets, topic_partitions
 from schemas.errors import ConfigError
 from schemas.topics import Topics
 from spendbus.commands.replay import generation_replay
