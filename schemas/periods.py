@@ -179,7 +179,7 @@ def to_micros(ts: datetime) -> int:
 
 
 def from_micros(us: int) -> datetime:
-    return EPOCH + timedelta(microseconds=us)
+    return EPOCH + timedelta(0, 0, us)  # positional: the keyword form costs more
 
 
 def _midnight(window: Window, day: date) -> datetime:

@@ -78,13 +78,17 @@ def zigzag_varint(n: int) -> bytes:
     """Avro's int/long encoding: zig-zag, then base-128 varint."""
     if 0 <= n < 64:
         return _SMALL[n]
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    z = (n << 1) ^ (n >> 63)
+    # the varint's bytes gathered in one integer, little-endian: one conversion at the end
+    # instead of a method call per byte
+    packed = 0
+    length = 0
+    while z > 0x7F:
+        packed |= ((z & 0x7F) | 0x80) << (length * 8)
+        z >>= 7
+        length += 1
+    packed |= z << (length * 8)
+    return packed.to_bytes(length + 1, "little")
 
 
 _SMALL: Final = [bytes((n << 1,)) for n in range(64)]

@@ -59,7 +59,7 @@ from schemas.ids import ids_are_canonical, with_canonical_ids
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
 from schemas.pricing import Price
 from schemas.raises import BudgetRaise, raised_budget
-from schemas.topics import store_row_value
+from schemas.topics import STORE_ROW
 from schemas.usage import billed_tokens, validate_usage_event
 
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
@@ -464,7 +464,7 @@ class _BatchFold:
                     "counts": [c.record for c in counts.entries],
                 }
             )
-        store_row = store_row_value(partition, offset, counts.month)
+        store_row = STORE_ROW.pack(partition, offset, counts.month)
         return (partition, event["org_id"].encode(), priced, store_row)
 
     def finish(self) -> BatchOutput:

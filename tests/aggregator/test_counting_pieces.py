@@ -93,8 +93,17 @@ def test_a_raw_event_of_another_schema_version_is_left_to_the_codec() -> None:
     assert written is None
 
 
-@pytest.mark.parametrize("n", [0, 1, 63, 64, -1, -65, 2**31, -(2**63), 2**63 - 1])
+@pytest.mark.parametrize(
+    "n", [0, 1, 63, 64, -1, -64, -65, 127, 128, 2**13, 2**14, 2**31, -(2**63), 2**63 - 1]
+)
 def test_zigzag_matches_avro(n: int) -> None:
+    buf = io.BytesIO()
+    schemaless_writer(buf, {"type": "long"}, n)
+    assert zigzag_varint(n) == buf.getvalue()
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_zigzag_matches_avro_for_any_long(n: int) -> None:
     buf = io.BytesIO()
     schemaless_writer(buf, {"type": "long"}, n)
     assert zigzag_varint(n) == buf.getvalue()
