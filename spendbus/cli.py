@@ -9,6 +9,7 @@ import click
 from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    KafkaConnectionError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
 )
@@ -77,6 +78,7 @@ _register_optional()
 _KAFKA_REFUSALS = (
     TopicAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    KafkaConnectionError,
     ClusterAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
 )
@@ -100,6 +102,14 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except SpendbusError as exc:
         fail(exc)
+    except KafkaConnectionError as exc:
+        # a traceback of the client's internals says less than this line
+        fail(
+            ConfigError(
+                f"no Kafka broker answers ({exc}): check KAFKA_BOOTSTRAP, or start the local "
+                "broker with `spendbus up` (its address is kept in SPENDBUS_HOME)"
+            )
+        )
     except _KAFKA_REFUSALS as exc:
         # the cluster's ACLs said no: name what was refused and where the grants are
         fail(

@@ -64,6 +64,19 @@ def compare_with_history(
     return out
 
 
+def in_flight(
+    vs_ledger: list[Difference], vs_previous: list[Difference], *, previous_done: bool
+) -> list[Difference]:
+    """The differences worth reading the verdicts again for: a seq the fold has not reached,
+    a verdict not sent yet. A counter the previous generation lacks (of a budget added
+    since) stays missing; a previous verdict behind the fold's state at the cut stays
+    behind once ``previous_done`` (its group committed past the cut): that generation
+    counted otherwise (a price or a budget changed since), it is not catching up."""
+    return [d for d in vs_ledger if d.field in ("seq", "counter")] + [
+        d for d in vs_previous if d.field == "seq" and (d.found > d.expected or not previous_done)
+    ]
+
+
 def clickhouse_differences(
     sql: SqlQuery,
     reference: Reference,

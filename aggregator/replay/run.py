@@ -24,6 +24,7 @@ from aggregator.replay.checks import (
     clickhouse_differences,
     compare_with_history,
     counter_view,
+    in_flight,
 )
 from aggregator.replay.errors import ReplayError
 from aggregator.replay.generations import (
@@ -292,7 +293,7 @@ class GenerationReplay:
         )
         report.org_changes = org_changes(before, fold.org_spend())
         self._compare_clickhouse(report, reference, fold, ends, settle_seconds)
-        self._compare_verdicts(report, reference, fold, previous_topics, settle_seconds)
+        self._compare_verdicts(report, reference, fold, previous_topics, ends, settle_seconds)
         return report
 
     def _compare_clickhouse(
@@ -330,6 +331,7 @@ class GenerationReplay:
         reference: Reference,
         fold: FoldState,
         previous_topics: Topics,
+        cut: dict[int, int],
         settle_seconds: float,
     ) -> None:
         """Verdicts keep moving under live traffic: each is compared with the state the
@@ -346,6 +348,7 @@ class GenerationReplay:
                 history.setdefault(key, {})[counter.seq] = counter_view(counter)
 
         deadline = time.monotonic() + settle_seconds
+        previous_done = False
         while True:
             found = asyncio.run(
                 verdict_views(place.bootstrap, self.topics.budget_verdicts, security=place.security)
@@ -367,11 +370,14 @@ class GenerationReplay:
             )
             vs_ledger = compare_with_history(history, found)
             vs_previous = compare_with_history(history, old)
-            # in flight: a seq the fold has not reached, a verdict not sent yet (a counter
-            # the previous generation lacks, e.g. of a budget added since, stays missing)
-            pending = [d for d in vs_ledger if d.field in ("seq", "counter")] + [
-                d for d in vs_previous if d.field == "seq"
-            ]
+            # the previous generation has applied everything below the cut: a verdict of its
+            # behind the fold's state at the cut is where it stays (it counted otherwise: a
+            # price or budget changed since), not in flight; waiting for it took the whole
+            # settle time, a minute for a 24-event ledger (issue 35)
+            previous_done = previous_done or asyncio.run(
+                group_progress(place.bootstrap, previous_topics, security=place.security)
+            ).past(cut)
+            pending = in_flight(vs_ledger, vs_previous, previous_done=previous_done)
             if not pending or time.monotonic() > deadline:
                 report.vs_ledger = vs_ledger
                 # old -> new: what the previous generation shows, against the rebuild

@@ -15,7 +15,7 @@ from rich.table import Table
 from schemas.codec import PRICE_TABLE
 from schemas.money import format_usd
 from schemas.pricing import default_price_file, load_price_file
-from spendbus.commands.output import console, limits_text
+from spendbus.commands.output import console
 from spendbus.commands.store_queries import current_store, history_query
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish
@@ -50,27 +50,84 @@ def prices_apply_command() -> click.Command:
 
 
 @click.command()
-@click.option("--org-id", required=True)
-@click.option("--secret-id", required=True)
+@click.option("--org-id", help="An org: its counters (with --secret-id: one request's context).")
+@click.option(
+    "--secret-id",
+    help="With --org-id: the counters one request of this secret counts in (the enforcer's "
+    "view; --project-id... narrow that context).",
+)
+@click.option("--budget", "budget_ids", multiple=True, help="Only this budget (repeatable).")
 @click.option("--project-id")
 @click.option("--grant-id")
 @click.option("--user-id")
 @click.option("--session-id")
 @click.option("--group", "groups", multiple=True)
 @click.option("--tag", "tags", multiple=True, help="name=value")
-@click.option("--json", "as_json", is_flag=True)
-def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: str | None) -> None:
-    """Per applicable budget, the numbers the enforcer uses (its verdicts), with limits and
-    resets, and the forecast: the burn over the trailing hour and when a limit runs out at it.
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of the page's counters.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header row.")
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(min=1), help="Counters a page."
+)
+@click.option("--offset", default=0, type=click.IntRange(min=0), help="Counters to skip.")
+def usage(
+    as_json: bool,
+    as_csv: bool,
+    groups: tuple[str, ...],
+    tags: tuple[str, ...],
+    budget_ids: tuple[str, ...],
+    limit: int,
+    offset: int,
+    **ids: str | None,
+) -> None:
+    """Budget counters with their spend, limits, raise, reset and forecast: every live
+    counter (of --org-id, of --budget), or with --org-id and --secret-id the ones a request
+    of that context counts in, from the enforcer itself.
 
-    This is the enforcer itself, caught up with the verdict topic: reporting and
-    enforcement read the same counters.
+    Either way these are the numbers the enforcers check: the current generation's
+    verdicts. A forecast (exhausts) is shown only when it falls within the period.
     """
+    from spendbus.commands.usage_view import live_counters, show
+
+    if as_json and as_csv:
+        raise click.UsageError("--json or --csv, one of them")
+    settings = load_settings()
+    bootstrap = bootstrap_or_fail(settings)
+    if ids["secret_id"] and not ids["org_id"]:
+        raise click.UsageError("--secret-id names a request's context: give its --org-id too")
+    if ids["secret_id"]:
+        rows = _context_usage(settings, bootstrap, groups, tags, ids)
+        if budget_ids:
+            rows = [r for r in rows if r["budget_id"] in budget_ids]
+    else:
+        narrowing = (
+            [k for k, v in ids.items() if v and k != "org_id"]
+            + (["group"] if groups else [])
+            + (["tag"] if tags else [])
+        )
+        if narrowing:
+            raise click.UsageError(
+                f"--{narrowing[0].replace('_', '-')} narrows a request's context: "
+                "give --org-id and --secret-id with it"
+            )
+        rows = live_counters(settings, bootstrap, org_id=ids["org_id"], budget_ids=budget_ids)
+    fmt = "json" if as_json else "csv" if as_csv else "table"
+    note = show(rows, fmt=fmt, limit=limit, offset=offset, console=console)
+    if note is not None:
+        click.echo(note, err=True)
+
+
+def _context_usage(
+    settings: Any,
+    bootstrap: str,
+    groups: tuple[str, ...],
+    tags: tuple[str, ...],
+    ids: dict[str, str | None],
+) -> list[dict[str, Any]]:
+    """The enforcer's counters for one request context, caught up with the verdicts."""
     from enforcer import Enforcer, EnforcerConfig
 
-    settings = load_settings()
     config = EnforcerConfig(
-        bootstrap=bootstrap_or_fail(settings),
+        bootstrap=bootstrap,
         kafka_security=settings.kafka_security,
         topic_prefix=settings.topic_prefix,
     )
@@ -84,40 +141,7 @@ def usage(as_json: bool, groups: tuple[str, ...], tags: tuple[str, ...], **ids: 
             )
             return [status.to_json() for status in enforcer.usage(ctx)]
 
-    rows = asyncio.run(read())
-    if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str))
-        return
-    table = Table(
-        "budget", "scope", "period", "state", "spent", "limit", "reset", "burn/h", "exhausts"
-    )
-    for r in rows:
-        burn = r["burn_per_hour"]
-        table.add_row(
-            r["budget_id"],
-            "/".join(r["scope_values"]),
-            r["period"],
-            r["state"],
-            limits_text(
-                r["spent_nanos"] if r["limit_nanos"] is not None else None,
-                r["spent_tokens"] if r["limit_tokens"] is not None else None,
-                r["spent_requests"] if r["limit_requests"] is not None else None,
-            ),
-            limits_text(r["limit_nanos"], r["limit_tokens"], r["limit_requests"]),
-            str(r["reset_at"] or "never"),
-            "-" if burn is None else burn_text(burn, r),
-            str(r["exhausts_at"] or "-"),
-        )
-    console.print(table)
-
-
-def burn_text(burn: dict[str, int], row: dict[str, Any]) -> str:
-    """The trailing-hour burn of the limits a counter has (``usage``'s burn/h column)."""
-    return limits_text(
-        burn["nanos"] if row["limit_nanos"] is not None else None,
-        burn["tokens"] if row["limit_tokens"] is not None else None,
-        burn["requests"] if row["limit_requests"] is not None else None,
-    )
+    return asyncio.run(read())
 
 
 @click.command()

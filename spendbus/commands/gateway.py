@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+from aiokafka.errors import KafkaConnectionError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.errors import ConfigError, SpendbusError
+from spendbus.stack.local import check_broker_answers, unreachable_message
 
 log = logging.getLogger("spendbus.gateway")
 
@@ -191,6 +193,18 @@ async def _listen(
         await server.stop()
 
 
+def bootstrap_setting(config: Any, config_path: Path) -> str:
+    """The setting the gateway's Kafka address came from, as a user would change it."""
+    from spendbus.settings import load_settings
+
+    if config.kafka.get("bootstrap"):
+        return f"{config_path}: kafka.bootstrap"
+    settings = load_settings()
+    if settings.kafka_bootstrap:
+        return "KAFKA_BOOTSTRAP"
+    return f"the local broker of `spendbus up` (SPENDBUS_HOME={settings.home})"
+
+
 def _check_key_strength(config: Any, config_path: Path, listen_host: str) -> None:
     """A key given in clear that is too weak: refused off loopback, a warning on it."""
     from runtime.net import is_loopback
@@ -232,6 +246,8 @@ def run(config_path: Path, host: str | None, port: int | None, log_level: str) -
         _check_key_strength(config, config_path, host or config.listen.host)
         credentials = config.credentials(os.environ, source=str(config_path))
         enforcer_config, publisher_config = compose_configs(config, str(config_path))
+        where = bootstrap_setting(config, config_path)
+        check_broker_answers(enforcer_config.bootstrap, where, enforcer_config.kafka_security)
     except SpendbusError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -261,3 +277,6 @@ def run(config_path: Path, host: str | None, port: int | None, log_level: str) -
         )
     except SpendbusError as exc:
         raise click.ClickException(str(exc)) from None
+    except KafkaConnectionError:
+        # the broker answered the check above and went away since: the same one line
+        raise click.ClickException(unreachable_message(enforcer_config.bootstrap, where)) from None

@@ -13,8 +13,12 @@ apply every change live (ingest/gateway/README.md). A key is never an argument:
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
 import secrets
+import stat
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,9 +83,18 @@ def keys() -> None:
 
 @keys.command("new")
 @click.option("--json", "as_json", is_flag=True, help="Print the key and its key_hmac as JSON.")
-def keys_new(as_json: bool) -> None:
-    """Make a virtual key (256 random bits): the key on standard output, printed this once,
-    and its `key_hmac` (for a gateway config or a keys file) on standard error."""
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Write the key to this new file, mode 0600 (an existing file is refused); its "
+    "key_hmac goes to standard output.",
+)
+def keys_new(as_json: bool, out: Path | None) -> None:
+    """Make a virtual key (256 random bits), shown this once: written to --out FILE (0600),
+    or on standard output (a file it is redirected to is made 0600 first), with its
+    `key_hmac` (for a gateway config or a keys file) on standard error."""
     from ingest.gateway import key_hmac
 
     try:
@@ -90,14 +103,51 @@ def keys_new(as_json: bool) -> None:
         raise _fail(exc) from None
     key = NEW_KEY_PREFIX + secrets.token_urlsafe(NEW_KEY_BYTES)
     digest = key_hmac(secret, key)
-    if as_json:
-        click.echo(json.dumps({"key": key, "key_hmac": digest}))
+    text = json.dumps({"key": key, "key_hmac": digest}) if as_json else key
+    if out is not None:
+        _write_private(out, text + "\n")
+        click.echo(json.dumps({"key_file": str(out), "key_hmac": digest}) if as_json else digest)
+        click.echo(f"the key is in {out} (mode 0600): keep it, it cannot be recovered", err=True)
         return
-    click.echo(key)
-    click.echo(
-        f"key_hmac: {digest}  # the key above is shown once; keep it, it cannot be recovered",
-        err=True,
-    )
+    _private_stdout()
+    click.echo(text)
+    if not as_json:
+        click.echo(
+            f"key_hmac: {digest}  # the key above is shown once; keep it, it cannot be recovered",
+            err=True,
+        )
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into a new file only its owner can read; an existing file is refused (a key
+    is never written over another, nor into a file others could already hold open)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise click.ClickException(f"{path} exists: give a new file for the key") from None
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot create it ({exc.strerror})") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _private_stdout() -> None:
+    """Standard output redirected to a regular file (``keys new > alice.key``, which the
+    shell made under its own umask, often 0644): make that file 0600 before the key is in it."""
+    try:
+        fd = sys.stdout.fileno()
+        info = os.fstat(fd)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return  # not a file descriptor (an embedding, a test runner)
+    if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) & 0o077:
+        try:
+            os.fchmod(fd, 0o600)
+        except OSError as exc:
+            raise click.ClickException(
+                f"standard output is a file others can read and it cannot be made private "
+                f"({exc.strerror}): use `spendbus keys new --out FILE`"
+            ) from None
+        click.echo("the file standard output goes to was made mode 0600", err=True)
 
 
 @keys.command("apply")

@@ -260,16 +260,18 @@ def replay(
     sys.exit(0 if report.consistent else 1)
 
 
-def _show(report: ReplayReport, as_json: bool) -> None:
+def _show(report: ReplayReport, as_json: bool, out: Console | None = None) -> None:
     if as_json:
         click.echo(json.dumps(report.to_json(), default=str))
         return
-    out = Console()
+    out = out or Console()
     out.print(
         f"{report.records:,} ledger records, {report.charged:,} charged "
         f"({format_usd(report.cost_nanos)}), {report.duplicates:,} duplicates, "
         f"{report.dead_letters:,} dead letters; {report.counters:,} counters "
-        f"(sha256 {report.counters_sha256[:16]}); {report.events_per_second:,.0f} events/s"
+        f"(sha256 {report.counters_sha256[:16]})"
+        + (f"; rebuilt in {report.seconds:,.1f}s" if report.seconds else ""),
+        highlight=False,
     )
     for title, differences in (
         ("vs the ledger (in memory)", report.vs_ledger),
@@ -289,10 +291,30 @@ def _show(report: ReplayReport, as_json: bool) -> None:
         if not differences:
             out.print(f"[green]{title}: no differences[/green]")
             continue
-        table = Table("counter", "field", "expected", "found", title=f"{title}: {len(differences)}")
+        previous = differences is report.vs_previous
+        if previous:
+            table = Table(
+                "counter",
+                "field",
+                f"generation {report.previous or '(default)'}",
+                f"rebuilt ({report.generation})",
+                title=f"{title}: {len(differences)} {_counters(differences)} differ",
+                title_justify="left",
+            )
+        else:
+            table = Table(
+                "counter",
+                "field",
+                "expected",
+                "found",
+                title=f"{title}: {len(differences)}",
+                title_justify="left",
+            )
         for d in differences[:50]:
             table.add_row(d.counter_key, d.field, str(d.expected), str(d.found))
         out.print(table)
+        if previous:
+            out.print(_previous_meaning(report), highlight=False)
     if report.org_changes:
         table = Table("org", "before", "after", "change", title="spend per org that changed")
         for c in report.org_changes:
@@ -305,6 +327,28 @@ def _show(report: ReplayReport, as_json: bool) -> None:
         out.print(table)
     if report.cut_over:
         out.print(f"[green]cut over to generation {report.generation}[/green]")
+
+
+def _counters(differences: list[Any]) -> str:
+    n = len({d.counter_key for d in differences})
+    return f"({n} counter{'s' if n != 1 else ''})"
+
+
+def _previous_meaning(report: ReplayReport) -> str:
+    """Whether the differences from the serving generation matter, in one sentence."""
+    if not report.consistent:
+        return (
+            "[red]the rebuild is not consistent (above): do not cut over; these differences "
+            "from the serving generation may be the rebuild's own errors[/red]"
+        )
+    after = "the enforcers now use" if report.cut_over else "--cutover makes the enforcers use"
+    return (
+        "[yellow]not an error:[/yellow] the rebuild equals the ledger, so these are counters "
+        "the serving generation counted otherwise (a price corrected, a budget applied or "
+        "changed since it counted; `seq` is how many events a counter applied). They matter "
+        f"if enforcement must follow the ledger as priced and budgeted now: {after} the "
+        "rebuilt numbers."
+    )
 
 
 @click.command()

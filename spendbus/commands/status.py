@@ -8,6 +8,8 @@ through the worker's ``/sql`` page, as ``spendbus sql`` does.
 
 ``--json`` prints one object; these keys are stable (new keys may be added)::
 
+    generation       the current generation ("" = the default; after `spendbus replay
+                     --cutover` its name): topics, verdicts and groups are its own
     kafka            bootstrap, managed, running   (as before: where Kafka is, and
                                                     whether `spendbus up` runs it)
                      security (protocol, mechanism, user, CA; never the password)
@@ -20,7 +22,9 @@ through the worker's ``/sql`` page, as ``spendbus sql`` does.
                      every group with committed offsets on this stack's topics;
                      lag = records not yet committed (a partition without a commit
                      counts from its start offset); the enforcers' group (membership:
-                     members = the replicas counted) has counts_enforcers, no lag
+                     members = the replicas counted) has counts_enforcers, no lag;
+                     an aggregator group has generation_current (false: a generation
+                     retired by a cutover or being built: its lag is no problem)
     worker           pid, web_port, stats | error   (as before: the local worker)
                      url, answering (bool), serving (bool|null)
     workers          [{url, answering, serving, assigned_partitions, error}]
@@ -53,6 +57,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from aggregator import generation_dsn
 from runtime.clickhouse_access import ClickHouseAccess
 from runtime.replication import ReplicationProblem
 from schemas.errors import ConfigError
@@ -108,24 +113,6 @@ def collect(probe: Probe) -> dict[str, Any]:
             report["worker"]["error"] = local["error"]
     report["workers"] = [{k: v for k, v in w.items() if k != "stats"} for w in workers]
 
-    answering = next((w["url"] for w in workers if w["answering"]), None)
-    try:
-        access: ClickHouseAccess | None = settings.clickhouse_access
-    except ConfigError as exc:  # unusable CLICKHOUSE_* settings: say so, ask nothing
-        access = None
-        report["clickhouse"].update(
-            reachable=False, via="direct", usage_events=None, error=str(exc)
-        )
-    if access is not None:
-        report["clickhouse"] = clickhouse_report(
-            settings.dsn,
-            answering,
-            probe.timeout,
-            report["worker"]["pid"],
-            token=token,
-            access=access,
-        )
-
     kafka_failed: str | None = None
     bootstrap = report["kafka"]["bootstrap"]
     if bootstrap is None:
@@ -150,11 +137,43 @@ def collect(probe: Probe) -> dict[str, Any]:
                 controller_id=seen["controller_id"],
                 brokers=seen["brokers"],
             )
-            for key in ("topics", "consumer_groups", "verdicts", "dlq", "replication"):
+            for key in (
+                "generation",
+                "topics",
+                "consumer_groups",
+                "verdicts",
+                "dlq",
+                "replication",
+            ):
                 report[key] = seen[key]
     if kafka_failed is not None:
         report["kafka"]["error"] = kafka_failed
-        report.update(topics=[], consumer_groups=[], verdicts=None, dlq=None, replication=None)
+        report.update(
+            generation=None,
+            topics=[],
+            consumer_groups=[],
+            verdicts=None,
+            dlq=None,
+            replication=None,
+        )
+    answering = next((w["url"] for w in workers if w["answering"]), None)
+    try:
+        access: ClickHouseAccess | None = settings.clickhouse_access
+    except ConfigError as exc:  # unusable CLICKHOUSE_* settings: say so, ask nothing
+        access = None
+        report["clickhouse"].update(
+            reachable=False, via="direct", usage_events=None, error=str(exc)
+        )
+    if access is not None:
+        report["clickhouse"] = clickhouse_report(
+            # after a cutover the store is the current generation's (docs/replay.md)
+            generation_dsn(settings.dsn, report.get("generation") or ""),
+            answering,
+            probe.timeout,
+            report["worker"]["pid"],
+            token=token,
+            access=access,
+        )
     report["problems"] = problems(report, settings.topics)
     return report
 
@@ -198,15 +217,12 @@ def problems(report: dict[str, Any], topics: Topics) -> list[str]:
     for w in workers:
         if w["answering"] and not w["serving"]:
             found.append(f"the worker at {w['url']} answers but does not serve yet")
-    for group in report["consumer_groups"]:
+    # a group of another generation (retired by a cutover) is left behind on purpose
+    serving = [g for g in report["consumer_groups"] if g.get("generation_current", True)]
+    for group in serving:
         if group["lag"] and not group["members"]:
             found.append(f"group {group['group']}: {group['lag']:,} records waiting, no member")
-    raw_lag = sum(
-        t["lag"]
-        for g in report["consumer_groups"]
-        for t in g["topics"]
-        if t["topic"] == topics.usage_raw
-    )
+    raw_lag = sum(t["lag"] for g in serving for t in g["topics"] if t["topic"] == topics.usage_raw)
     verdicts = report["verdicts"]
     age = verdicts and verdicts["age_seconds"]
     if raw_lag and age is not None and age > STALE_VERDICT_S:
@@ -279,7 +295,8 @@ def render(report: dict[str, Any]) -> None:
         f"[bold]Kafka[/bold] {kafka['bootstrap'] or '-'}  "
         + (f"brokers: {brokers}" if kafka["reachable"] else "[red]unreachable[/red]")
         + ("  (local, spendbus up)" if kafka["managed"] else "")
-        + (f"  ({escape(kafka['security'])})" if kafka["security"] != "PLAINTEXT" else ""),
+        + (f"  ({escape(kafka['security'])})" if kafka["security"] != "PLAINTEXT" else "")
+        + (f"  generation: {report['generation']}" if report.get("generation") else ""),
         highlight=False,
     )
 
@@ -306,9 +323,10 @@ def render(report: dict[str, Any]) -> None:
             title_justify="left",
         )
         for g in report["consumer_groups"]:
+            name = g["group"] + ("" if g.get("generation_current", True) else " (other generation)")
             for i, t in enumerate(g["topics"]):
                 groups.add_row(
-                    g["group"] if i == 0 else "",
+                    name if i == 0 else "",
                     g["state"] if i == 0 else "",
                     str(g["members"]) if i == 0 else "",
                     t["topic"],

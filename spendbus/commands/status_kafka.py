@@ -9,6 +9,7 @@ import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
+from aggregator import current_generation
 from runtime.kafka import PLAINTEXT, KafkaSecurity, preflight
 from runtime.replication import FOLLOW_CLUSTER, ReplicationPolicy
 from schemas.codec import VERDICT
@@ -81,6 +82,10 @@ async def _kafka_report(
     try:
         await admin.start()
         cluster = await admin.describe_cluster()
+        # after `spendbus replay --cutover` the pipeline is the current generation's: its
+        # derived topics and its consumer groups (docs/replay.md)
+        generation = await current_generation(bootstrap, topics, security=security)
+        topics = topics.of_generation(generation)
         names = [spec.name for spec in topics.specs()]
         # the counters' changelogs of every generation: their state, replicated like the ledger
         changelogs = sorted(
@@ -99,6 +104,7 @@ async def _kafka_report(
         starts = await consumer.beginning_offsets(partitions) if partitions else {}
         ends = await consumer.end_offsets(partitions) if partitions else {}
         groups = await _groups(admin, set(names), starts, ends, counting=topics.enforcer_group)
+        _mark_generations(groups, topics)
         newest = await _newest_verdict(consumer, topics.budget_verdicts, starts, ends)
     finally:
         with contextlib.suppress(Exception):
@@ -119,6 +125,7 @@ async def _kafka_report(
         )
     by_name = {row["name"]: row for row in topic_rows}
     return {
+        "generation": generation,
         "replication": await _replication(bootstrap, names + changelogs, security, replication),
         "cluster_id": cluster.get("cluster_id"),
         "controller_id": cluster.get("controller_id"),
@@ -186,6 +193,18 @@ async def _groups(
             }
         )
     return groups
+
+
+def _mark_generations(groups: list[dict[str, Any]], topics: Topics) -> None:
+    """Each aggregator group gets ``generation_current``: False for a group of another
+    generation (one retired by a cutover, or one a replay builds), whose members and lag
+    are that generation's business, not the pipeline's health."""
+    base = topics.of_generation("").aggregator_app_id
+    app = topics.aggregator_app_id
+    current = {app, f"{app}-sink", f"{app}-worker"}
+    for group in groups:
+        if group["group"].startswith(base):
+            group["generation_current"] = group["group"] in current
 
 
 async def _group_if_allowed(admin: Any, group: str) -> tuple[dict[str, Any], Any] | None:

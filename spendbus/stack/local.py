@@ -6,6 +6,7 @@ aggregator worker owning the embedded ClickHouse store.
 from __future__ import annotations
 
 import asyncio
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,36 @@ def check_kafka(bootstrap: str, security: KafkaSecurity) -> None:
         pool.submit(asyncio.run, preflight(bootstrap, security)).result()
 
 
+#: how long `check_broker_answers` waits for each bootstrap address to accept a connection
+REACH_TIMEOUT_S = 5.0
+
+
+def unreachable_message(bootstrap: str, setting: str) -> str:
+    """One line: which setting named which address, and what to do about it."""
+    return (
+        f"no Kafka broker answers at {bootstrap} ({setting}): start it, or point "
+        "the setting at a running one; the local broker of `spendbus up` picks a free "
+        "port, which commands find through SPENDBUS_HOME when kafka.bootstrap and "
+        "KAFKA_BOOTSTRAP are unset (`spendbus status` shows it)"
+    )
+
+
+def check_broker_answers(bootstrap: str, setting: str, security: KafkaSecurity) -> None:
+    """A ConfigError in one line (``unreachable_message``) when no address of ``bootstrap``
+    accepts a connection; a secured cluster gets the preflight, which says more."""
+    if security.security_protocol != "PLAINTEXT":
+        check_kafka(bootstrap, security)
+        return
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), REACH_TIMEOUT_S):
+                return
+        except (OSError, ValueError):
+            continue
+    raise ConfigError(unreachable_message(bootstrap, setting))
+
+
 def bootstrap_or_fail(settings: Settings) -> str:
     """KAFKA_BOOTSTRAP (checked with the security settings), else the local broker that
     `spendbus up` started (plaintext on loopback: no security settings apply to it)."""
@@ -86,7 +117,8 @@ def bootstrap_or_fail(settings: Settings) -> str:
     if broker.is_running():
         return broker.bootstrap
     raise ConfigError(
-        "no Kafka: set KAFKA_BOOTSTRAP, or run `spendbus up` to start the local broker"
+        "no Kafka: set KAFKA_BOOTSTRAP, or run `spendbus up` to start the local broker "
+        f"(none runs in SPENDBUS_HOME={settings.home})"
     )
 
 

@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 from schemas.codec import USAGE_EVENT
+from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.commands.status_services import redact
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
+from spendbus.stack.topics import ensure_topics
 from tests.pipeline_kit import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -205,3 +207,70 @@ def test_unreachable_broker_is_exit_2_with_a_message(
     screen = run_status(env, "--timeout", "3", timeout=60)
     assert screen.returncode == 2
     assert "unreachable" in screen.stdout and "Kafka unreachable" in screen.stderr
+
+
+async def _after_a_cutover(bootstrap: str, topics: Topics, waiting: int) -> None:
+    """What `spendbus replay --cutover` to g2 leaves: the switch (previous retired), g2's
+    topics, its group committed to the ledger's end, and the retired default group's
+    offsets left where they were, ``waiting`` records short of the end."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from aggregator.replay.generations import publish_switch, switch_to
+
+    g2 = topics.of_generation("g2")
+    await ensure_topics(bootstrap, g2, partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for value in usage_events(waiting):
+            await producer.send_and_wait(topics.usage_raw, value, partition=0)
+    finally:
+        await producer.stop()
+    ledger = TopicPartition(topics.usage_raw, 0)
+    for group, offset in ((topics.aggregator_app_id, 0), (g2.aggregator_app_id, waiting)):
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            consumer.assign([ledger])
+            await consumer.commit({ledger: offset})
+        finally:
+            await consumer.stop()
+    await publish_switch(bootstrap, topics, switch_to("g2", "", retired=True))
+
+
+def test_after_a_cutover_status_follows_the_new_generation(
+    kafka_bootstrap: str, unique: str, tmp_path: Any
+) -> None:
+    """Issue 35: the retired default group's lag is no alarm, and the topics, verdicts and
+    groups shown are g2's."""
+    topics = Topics(prefix=f"t{unique}.")
+    asyncio.run(ensure_topics(kafka_bootstrap, topics, partitions=1))
+    asyncio.run(_after_a_cutover(kafka_bootstrap, topics, waiting=3))
+    env = {
+        "KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "SPENDBUS_TOPIC_PREFIX": topics.prefix,
+        "SPENDBUS_HOME": str(tmp_path),
+        "SPENDBUS_WEB_PORT": str(free_port()),
+    }
+    done = run_status(env, "--json", "--timeout", "15")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["generation"] == "g2"
+    names = {t["name"] for t in report["topics"]}
+    g2 = topics.of_generation("g2")
+    assert {g2.budget_verdicts, g2.usage_priced} <= names
+    assert not {topics.budget_verdicts, topics.usage_priced} & names
+    assert report["verdicts"]["topic"] == g2.budget_verdicts
+    groups = {g["group"]: g for g in report["consumer_groups"]}
+    assert groups[topics.aggregator_app_id]["generation_current"] is False
+    assert groups[topics.aggregator_app_id]["lag"] == 3
+    assert groups[g2.aggregator_app_id]["generation_current"] is True
+    # ... and so is the store (the generation's: docs/replay.md)
+    assert report["clickhouse"]["dsn"].endswith("clickhouse-g2")
+    # no worker and no store in this test: those problems are true; nothing else is
+    true = ("no aggregator worker answers", "ClickHouse unreachable: no embedded store")
+    assert [p for p in report["problems"] if not p.startswith(true)] == []
+    screen = run_status({**env, "COLUMNS": "200"}, "--timeout", "15")
+    assert "generation: g2" in screen.stdout and "(other generation)" in screen.stdout

@@ -131,3 +131,35 @@ def test_a_moving_verdict_is_compared_with_the_fold_at_its_own_seq() -> None:
         Difference("k1", "counter", "present", "missing"),
         Difference("k2", "counter", "present", "missing"),
     ]
+
+
+def test_a_previous_verdict_behind_the_cut_is_not_waited_for_once_its_group_passed_it() -> None:
+    """Issue 35: a generation that counted otherwise (a budget applied mid-period) keeps a
+    verdict at a seq the fold passed before the cut; waiting for it took the whole settle
+    time (a minute for 24 events). Ahead of the fold, or with its group still behind the
+    cut, it may be in flight."""
+    from aggregator.replay.checks import in_flight
+
+    behind = Difference("b|liarco|d:2026-12-07", "seq", 24, 3)  # expected: the fold's
+    ahead = Difference("b|acme|d:2026-12-07", "seq", 10, 12)
+    missing = Difference("b|new|d:2026-12-07", "counter", "present", "missing")
+    assert in_flight([], [behind, ahead, missing], previous_done=True) == [ahead]
+    assert in_flight([], [behind, ahead, missing], previous_done=False) == [behind, ahead]
+    assert in_flight([behind], [], previous_done=True) == [behind]  # the new one: in flight
+
+
+def test_the_summary_says_whether_a_difference_from_the_serving_generation_matters() -> None:
+    from rich.console import Console
+
+    from aggregator.replay.report import ReplayReport
+    from spendbus.commands import replay as command
+
+    report = ReplayReport("g2", "", records=24, charged=24, counters=3, seconds=4.2)
+    report.vs_clickhouse = []
+    report.vs_previous = [Difference("b|liarco|d:2026-12-07", "spent_nanos", 0, 330_000_000)]
+    console = Console(record=True, width=200)
+    command._show(report, as_json=False, out=console)
+    text = " ".join(console.export_text().split())
+    assert "rebuilt in 4.2s" in text and "events/s" not in text
+    assert "vs generation (default): 1 (1 counter) differ" in text
+    assert "not an error" in text and "--cutover makes the enforcers use" in text
