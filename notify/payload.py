@@ -38,6 +38,22 @@ def scope_values(counter_key: str) -> list[str]:
         return []
 
 
+def distinct_usd(spent_nanos: int, limit_nanos: int) -> tuple[str, str]:
+    """Both amounts in dollars, with cents, or with as many more places as tell two
+    different amounts apart ("$0.005 of $0.01", not "$0.01 of $0.01"); to the nano at most."""
+    for places in range(2, 10):
+        spent, limit = format_usd(spent_nanos, places), format_usd(limit_nanos, places)
+        if spent != limit or spent_nanos == limit_nanos:
+            break
+    return _trim(spent), _trim(limit)
+
+
+def _trim(usd: str) -> str:
+    """Cents always; places past them only as far as they say something."""
+    whole, _, places = usd.partition(".")
+    return f"{whole}.{places[:2]}{places[2:].rstrip('0')}"
+
+
 def summary(alert: Mapping[str, Any], scope: str | None) -> str:
     """One sentence a person reads in a chat or a pager."""
     kind = alert["kind"]
@@ -51,7 +67,8 @@ def summary(alert: Mapping[str, Any], scope: str | None) -> str:
     spent = format_usd(alert["spent_nanos"], 2)
     limits = []
     if alert.get("limit_nanos") is not None:
-        limits.append(f"{spent} of {format_usd(alert['limit_nanos'], 2)}")
+        shown, limit = distinct_usd(alert["spent_nanos"], alert["limit_nanos"])
+        limits.append(f"{shown} of {limit}")
     if alert.get("limit_tokens") is not None:
         limits.append(f"{alert['spent_tokens']:,} of {alert['limit_tokens']:,} tokens")
     if alert.get("limit_requests") is not None:

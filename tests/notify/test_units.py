@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from notify.payload import body, signature, summary, verify_signature
+from notify.payload import body, distinct_usd, signature, summary, verify_signature
 from notify.webhooks import RetryPolicy, load_webhooks, redact_url
 from runtime.acls import role_bindings
 from schemas.errors import ConfigError
@@ -98,6 +98,24 @@ def test_payload_sentence_text_and_signature() -> None:
     assert verify_signature("k", data, header)
     assert not verify_signature("other", data, header)
     assert not verify_signature("k", data + b" ", header)
+
+
+@pytest.mark.parametrize(
+    ("spent", "limit", "shown"),
+    [
+        (5_100_000, 10_000_000, ("$0.005", "$0.01")),  # half a cent: not "$0.01 of $0.01"
+        (9_999_999_999, 10_000_000_000, ("$9.999999999", "$10.00")),
+        (320_000_000_000, 400_000_000_000, ("$320.00", "$400.00")),
+        (10_000_000, 10_000_000, ("$0.01", "$0.01")),  # equal amounts stay equal
+        (12_345_678, 10_000_000, ("$0.012", "$0.01")),
+    ],
+)
+def test_alert_amounts_are_shown_as_precisely_as_tells_them_apart(
+    spent: int, limit: int, shown: tuple[str, str]
+) -> None:
+    assert distinct_usd(spent, limit) == shown
+    alert = {**threshold_alert("tiny", "acme", 0.5), "spent_nanos": spent, "limit_nanos": limit}
+    assert f"{shown[0]} of {shown[1]}" in summary(alert, "org")
 
 
 def test_backoff_grows_and_is_capped() -> None:
