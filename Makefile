@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install native demo test test-faults test-fuzz check bench broker clean prices
+.PHONY: install native demo test test-faults test-fuzz check bench bench-compare broker clean prices
 
 # The hot modules compiled with mypyc (pyproject.toml [tool.spendbus.compiled]).
 COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(sum(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled'].values(), [])))")
@@ -94,6 +94,14 @@ bench: broker
 	  echo "make bench: matplotlib is missing from $(VENV) (the bench extras): $(BIN)/pip install -e '.[bench]'" >&2; \
 	  exit 1; }
 	$(BIN)/python bench/run_all.py
+
+# This tree's counting stage beside BASE's (issue 34): BASE checked out under
+# build/bench-compare/, both trees' aggregator and schemas extensions built, the fold and
+# pipeline benches alternated between them; one JSON object (bench/records/README.md).
+# COMPARE_ARGS passes more, e.g. COMPARE_ARGS="--pipeline-rounds 5 --fold-rounds 11".
+bench-compare: broker
+	@[ -n "$(BASE)" ] || { echo "make bench-compare: name the base, BASE=<ref>" >&2; exit 1; }
+	$(BIN)/python bench/compare.py --base $(BASE) $(COMPARE_ARGS)
 
 clean:
 	rm -rf .spendbus build *.egg-info

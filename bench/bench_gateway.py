@@ -1,6 +1,6 @@
 """What the reference gateway adds to a streamed LLM call, beside a bare aiohttp pass-through.
 
-Prints one JSON object (and writes bench/results/gateway.json). Five processes:
+Prints one JSON object (and writes it to bench/results/gateway.json, or --out). Five processes:
 the fake providers (``spendbus fake-upstream``, Anthropic SSE streams paced
 chunk by chunk), a bare aiohttp pass-through proxy (``--role passthrough``:
 forward the POST, relay the body with ``readany``/``write``, nothing else) and
@@ -264,6 +264,12 @@ def main() -> None:
         help="Run the gateway under cProfile and write its stats here (slows it down: "
         "for finding where its time goes, not for the figures).",
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / "gateway.json",
+        help="Where the JSON is also written (the smoke test's run leaves bench/results alone).",
+    )
     args = parser.parse_args()
     if args.role == "passthrough":
         serve_passthrough(args.upstream, args.port, args.burn_us)
@@ -290,9 +296,8 @@ def main() -> None:
     finally:
         if broker is not None:
             broker.stop()
-    out = Path(__file__).resolve().parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "gateway.json").write_text(json.dumps(result, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
 
 

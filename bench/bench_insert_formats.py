@@ -54,8 +54,17 @@ CHECKSUM = (
 )
 
 Client = Any
-#: a dict column is a struct to pyarrow unless told it is a map
-TAGS = pa.map_(pa.string(), pa.string())
+#: a dict column is a struct to pyarrow unless told it is a map (an empty one, like
+#: ``units`` of these events, a ``Tuple()`` the engine cannot cast to its Map column)
+ARROW_MAPS = {
+    "Map(String, String)": pa.map_(pa.string(), pa.string()),
+    "Map(String, Int64)": pa.map_(pa.string(), pa.int64()),
+}
+MAP_TYPES = {
+    name: ARROW_MAPS[kind]
+    for name, kind in zip(USAGE_COLUMN_NAMES, USAGE_COLUMN_TYPES, strict=True)
+    if kind.startswith("Map(")
+}
 
 
 def avro_select(path: str) -> str:
@@ -114,8 +123,8 @@ def insert_arrow(client: Client, values: list[bytes], _tmp: str) -> None:
     rows = rows_from_priced([PRICED_USAGE.decode(v) for v in values])
     columns = dict(zip(USAGE_COLUMN_NAMES, (list(c) for c in zip(*rows, strict=True)), strict=True))
     arrays = {
-        name: pa.array([list(m.items()) for m in col], type=TAGS)
-        if name == "tags"
+        name: pa.array([list(m.items()) for m in col], type=MAP_TYPES[name])
+        if name in MAP_TYPES
         else pa.array(col)
         for name, col in columns.items()
     }

@@ -17,6 +17,10 @@ Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka for the r
 ``--brokers N`` a local cluster of N KRaft nodes (spendbus/stack/cluster.py; topics with
 min(3, N) replicas, min.insync.replicas 2 from three): the cluster mode, where the JSON also
 gives ``scaling``, the last worker count's events per worker CPU-second over the first's.
+
+``SPENDBUS_BENCH_ROOT=<checkout>``: the workers run that checkout's code (its own compiled
+extensions), the harness and the raw consumers this one's (bench/compare.py alternates the
+two trees); the JSON names it as ``code_root``.
 """
 
 from __future__ import annotations
@@ -197,7 +201,13 @@ def start_workers(
     """``count`` workers of one group, started together, each serving with its share (the
     first sinking into ``clickhouse_dsn`` when given: an embedded store takes one)."""
     workers = [
-        worker(bootstrap, topics, home / f"w{i}", clickhouse_dsn=clickhouse_dsn if i == 0 else None)
+        worker(
+            bootstrap,
+            topics,
+            home / f"w{i}",
+            clickhouse_dsn=clickhouse_dsn if i == 0 else None,
+            code_root=os.environ.get("SPENDBUS_BENCH_ROOT") or None,
+        )
         for i in range(count)
     ]
     with ThreadPoolExecutor(count) as pool:
@@ -515,6 +525,8 @@ def main() -> None:
                 **{part: runs[0][part] for part in ("throughput", "latency") if part in runs[0]},
                 "runs": runs,
                 "brokers": args.brokers if not os.environ.get("KAFKA_BOOTSTRAP") else None,
+                # the checkout whose workers were measured (None: this one)
+                "code_root": os.environ.get("SPENDBUS_BENCH_ROOT") or None,
                 **_scaling(runs),
                 "cpus": os.cpu_count(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),

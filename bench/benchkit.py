@@ -5,6 +5,7 @@ Imported as ``bench.benchkit`` (each bench puts the project root on ``sys.path``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -79,12 +80,22 @@ async def apply_reference(
 
 
 def worker(
-    bootstrap: str, topics: Topics, home: Path, *, clickhouse_dsn: str | None = None
+    bootstrap: str,
+    topics: Topics,
+    home: Path,
+    *,
+    clickhouse_dsn: str | None = None,
+    code_root: str | None = None,
 ) -> WorkerProcess:
     """An aggregator worker (not started): without ``clickhouse_dsn`` it has no ClickHouse
     sink (pricing, counters and verdicts alone, which is what the enforcers follow); with
     one it also sinks into that store. Its Kafka security settings come from the
-    environment it inherits (KAFKA_*), never its arguments."""
+    environment it inherits (KAFKA_*), never its arguments.
+
+    ``code_root``: another checkout whose code (and compiled extensions) the worker runs,
+    as ``SPENDBUS_BENCH_ROOT`` gives it (bench/compare.py): that root first on its
+    ``PYTHONPATH``, and ``PYTHONSAFEPATH`` so that ``python -m`` does not put the current
+    directory (this checkout, when run from it) before it."""
     port = free_port()
     env = {
         "KAFKA_BOOTSTRAP": bootstrap,
@@ -95,6 +106,10 @@ def worker(
     }
     if clickhouse_dsn is not None:
         env["CLICKHOUSE_DSN"] = clickhouse_dsn
+    if code_root is not None:
+        inherited = os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join([code_root, *([inherited] if inherited else [])])
+        env["PYTHONSAFEPATH"] = "1"
     return WorkerProcess(
         run_dir=home / "run",
         env=env,
