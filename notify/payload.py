@@ -81,6 +81,11 @@ def summary(alert: Mapping[str, Any], scope: str | None) -> str:
             else f"passed {alert['threshold'] * 100:g}% of its limit"
         )
         return f"Budget {alert['budget_id']}{who} {verb} in period {alert['period']}: {used}."
+    if kind == "exhausted":
+        return (
+            f"Budget {alert['budget_id']}{who} is exhausted: a request was refused for it in "
+            f"period {alert['period']}: {used}."
+        )
     if kind == "forecast" and isinstance(alert.get("exhausts_at"), datetime):
         at = alert["exhausts_at"].isoformat(timespec="minutes").replace("+00:00", "Z")
         return (

@@ -9,7 +9,7 @@ A webhook is given on the command line (``--webhook URL``, one secret for all fr
         secret_file: /run/secrets/slack-hmac
         budgets: [acme-*]           # budget ids, shell patterns (fnmatch)
         scopes: [org, project]      # the budgets' scope (secret, org, ..., tag:<name>)
-        kinds: [threshold]          # threshold | unpriced_model | forecast
+        kinds: [threshold]          # threshold | exhausted | unpriced_model | forecast
     retry: {base_seconds: 1, max_seconds: 300, max_attempts: 0, timeout_seconds: 10}
 
 A filter left out takes every alert; an alert without a budget (``unpriced_model``)

@@ -125,11 +125,24 @@ def history(
 
 
 def alert_ids(
-    rows: Mapping[tuple[str, str], Row], events: Iterable[Mapping[str, Any]], prices: PriceBook
+    rows: Mapping[tuple[str, str], Row],
+    events: Iterable[Mapping[str, Any]],
+    prices: PriceBook,
+    budgets: Sequence[Budget] = (),
 ) -> set[str]:
-    """Every alert the ledger must raise, once: thresholds crossed and unpriced models."""
+    """Every alert the ledger must raise, once: thresholds crossed, unpriced models, and
+    (with ``budgets``) the exhausted alert of each (counter, period) of a budget that a
+    refused event names in ``decision_budget_id``."""
+    events = list(events)
     ids = {f"{key}|{period}|{t}" for (key, period), row in rows.items() for t in row.thresholds}
     ids |= {f"unpriced|{e['model']}" for e in events if prices.price_event(e).unpriced}
+    for event in events:
+        if event["outcome"] != "refused" or event.get("decision_budget_id") is None:
+            continue
+        for budget, key, _ in applicable(budgets, event):
+            if budget.budget_id == event["decision_budget_id"]:
+                period = period_key(budget.window, event["occurred_at"])
+                ids.add(f"{key}|{period}|exhausted")
     return ids
 
 

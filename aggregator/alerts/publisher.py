@@ -8,7 +8,9 @@ partition; a crash between an alert's send and its counter's changelog repeats i
 faults: it is computed from the priced events the sink stored once each, so it lists
 each (counter, period, threshold) crossed and each unpriced model exactly once, however
 the events arrived; the forecast alerts (``forecast_alerts.py``, once per (counter,
-period) whose projection runs out before the period ends) come from the same rows.
+period) whose projection runs out before the period ends) come from the same rows, and
+so does each (counter, period)'s ``exhausted`` alert (an enforcer refused a request for
+its budget: a refused event names it in ``decision_budget_id``).
 This publisher turns them into messages:
 
 - **one writer**: every worker runs one, but only the member of the consumer group
@@ -84,6 +86,16 @@ _RECENT_COUNTERS: Final = """
   AND (counter_key, period) IN (
     SELECT c.counter_key, c.period FROM usage_events ARRAY JOIN counts AS c
     WHERE inserted_at >= fromUnixTimestamp64Milli({since_ms}, 'UTC'))"""
+#: the (counter, period) of each budget an enforcer refused a request for: its exhausted
+#: alert (the fold's ``exhausted_alert``), as of the period's totals now
+_EXHAUSTED: Final = """
+SELECT counter_key, budget_id, period, state, spent_nanos, spent_tokens, spent_requests,
+       limit_nanos, limit_tokens, limit_requests, as_of
+FROM budget_history
+WHERE (counter_key, period) IN (
+    SELECT c.counter_key, c.period FROM usage_events ARRAY JOIN counts AS c
+    WHERE outcome = 'refused' AND decision_budget_id = c.budget_id){recent}
+"""
 _OVERFLOW_ID: Final = f"unpriced|{UNPRICED_OVERFLOW}"
 #: the oldest first, and no more than the bound can use (one more tells it was passed)
 _UNPRICED: Final = f"""
@@ -121,6 +133,29 @@ def threshold_alert(row: Sequence[Any], threshold: float) -> dict[str, Any]:
     }
 
 
+def exhausted_alert(row: Sequence[Any]) -> dict[str, Any]:
+    """The ``exhausted`` Alert of a (counter, period) of :data:`_EXHAUSTED`."""
+    key, budget_id, period, state, nanos, tokens, requests, ln, lt, lr, as_of = row
+    return {
+        "alert_id": f"{key}|{period}|exhausted",
+        "kind": "exhausted",
+        "counter_key": key,
+        "budget_id": budget_id,
+        "period": period,
+        "threshold": 1.0,
+        "state": state,
+        "spent_nanos": int(nanos),
+        "spent_tokens": int(tokens),
+        "spent_requests": int(requests),
+        "limit_nanos": ln,
+        "limit_tokens": lt,
+        "limit_requests": lr,
+        "model": None,
+        "as_of": as_of,
+        "exhausts_at": None,
+    }
+
+
 async def alerts_found(
     read: Reader, since_ms: int | None, reference: Reference | None = None
 ) -> list[tuple[bytes, dict[str, Any]]]:
@@ -134,6 +169,10 @@ async def alerts_found(
     ]
     if reference is not None:
         out += await forecast_alerts_found(read, recent, reference.budgets, reference.raises)
+    out += [
+        (str(row[0]).encode(), exhausted_alert(row))
+        for row in await read(_EXHAUSTED.format(recent=recent))
+    ]
     recent = "" if since_ms is None else _RECENT_MODELS.format(since_ms=int(since_ms))
     for model, first_seen in await read(_UNPRICED.format(recent=recent)):
         out.append((f"unpriced|{model}".encode(), unpriced_alert(str(model), first_seen)))

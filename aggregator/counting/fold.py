@@ -409,6 +409,26 @@ def alert_record(
 
 #: in a period's ``alerted``: its forecast alert went out (thresholds are all > 0)
 FORECAST_ALERTED: Final = -1.0
+#: in a period's ``alerted``: its exhausted alert went out
+EXHAUSTED_ALERTED: Final = -2.0
+
+
+def exhausted_alert(
+    budget: Budget, key: str, period: str, totals: PeriodTotals
+) -> dict[str, Any] | None:
+    """The counter's ``exhausted`` alert, once per period (marked in its ``alerted``): an
+    enforcer refused a request for this budget (the event's ``decision_budget_id``). A
+    refusal keeps the spend under the limit (a request that does not fit what is left is
+    refused), so no threshold of 1.0 is ever crossed by spend alone: this is the alert
+    that says the budget stops requests."""
+    if EXHAUSTED_ALERTED in totals.alerted:
+        return None
+    totals.alerted.append(EXHAUSTED_ALERTED)
+    totals.alerted.sort()
+    record = alert_record(budget, key, period, 1.0, totals)
+    record["alert_id"] = f"{key}|{period}|exhausted"
+    record["kind"] = "exhausted"
+    return record
 
 
 def forecast_alert(

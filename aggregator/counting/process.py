@@ -14,7 +14,8 @@ Per record, in order (``_BatchFold.fold_record``, each stage a method of it):
   4. ``plan``: the counters of every applicable budget and their periods
      (``applicable.py``);
   5. ``fold_counters``: add it to each (fold.apply; each counter skips an offset it
-     already applied), first-time threshold alerts, and note each counter whose newest
+     already applied), first-time threshold alerts, the ``exhausted`` alert of the budget
+     an enforcer refused the request for (once a period), and note each counter whose newest
      period changed (``verdict_changes``: the caller decides when its Verdict goes out,
      see ``verdicts.VerdictCoalescer``);
   6. ``encode_priced``: the priced event;
@@ -40,6 +41,7 @@ from aggregator.counting.fold import (
     CounterState,
     alert_record,
     apply,
+    exhausted_alert,
     forecast_alert,
     period_of,
     unpriced_alert,
@@ -365,6 +367,8 @@ class _BatchFold:
     ) -> None:
         """The event into each of its counters, and what that changes: verdicts, alerts."""
         tokens = billed_tokens(event)
+        # the budget an enforcer refused this request for: its counter says so once a period
+        refused_by = event.get("decision_budget_id") if event["outcome"] == "refused" else None
         periods = counts.periods
         raised = self.raised
         states = self.states
@@ -399,6 +403,13 @@ class _BatchFold:
                     budget, key, change.period, threshold, state.periods[change.period]
                 )
                 self.out.alerts.append((key.encode(), ALERT.encode(alert)))
+            if refused_by is not None and refused_by == budget.budget_id:
+                totals = state.periods.get(change.period)
+                exhausted = (
+                    None if totals is None else exhausted_alert(budget, key, change.period, totals)
+                )
+                if exhausted is not None:
+                    self.out.alerts.append((key.encode(), ALERT.encode(exhausted)))
 
     def raised_at(self, budget: Budget, scope_values: tuple[str, ...], occurred_us: int) -> Budget:
         """The budget with the raise in force at the event's time, if any: its state labels

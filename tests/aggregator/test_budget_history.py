@@ -326,15 +326,31 @@ def test_the_alert_publisher_finds_each_alert_of_what_changed(engine: str) -> No
 
     try:
         worker = Worker(client)
-        # November: acme's org-month crosses 0.8 and 1.0 ($0.5 at ~$0.02 an event)
-        november = [usage(i, "acme", "sk-a", 60 * i, "claude-sonnet-4-5") for i in range(40)]
+        # November: acme's org-month crosses 0.8 and 1.0 ($0.5 at ~$0.02 an event), and an
+        # enforcer refuses acme's requests for secret-week (twice: one alert)
+        refusal = {"outcome": "refused", "input_tokens": 0, "output_tokens": 0}
+        november = [usage(i, "acme", "sk-a", 60 * i, "claude-sonnet-4-5") for i in range(40)] + [
+            usage(
+                41 + i,
+                "acme",
+                "sk-a",
+                60 * 40 + i,
+                "claude-sonnet-4-5",
+                **refusal,
+                decision="budget_exceeded",
+                decision_budget_id="secret-week",
+            )
+            for i in range(2)
+        ]
         worker.fold([RawRecord(0, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(november)])
         first = asyncio.run(alerts_found(read, None))
         ids = [alert["alert_id"] for _, alert in first]
         assert len(ids) == len(set(ids))
         assert set(ids) == alert_ids(
-            history(november, BUDGETS, price_book()), november, price_book()
+            history(november, BUDGETS, price_book()), november, price_book(), BUDGETS
         )
+        (exhausted,) = [alert for _, alert in first if alert["kind"] == "exhausted"]
+        assert exhausted["budget_id"] == "secret-week" and exhausted["threshold"] == 1.0
         (since,) = client.query("SELECT toUnixTimestamp64Milli(now64(3))").result_rows[0]
         time.sleep(0.01)
         # later: globex spends in December, and one unpriced event of acme arrives late
@@ -346,7 +362,9 @@ def test_the_alert_publisher_finds_each_alert_of_what_changed(engine: str) -> No
         recent = {alert["alert_id"] for _, alert in asyncio.run(alerts_found(read, since))}
         both = november + late
         everything = {alert["alert_id"] for _, alert in asyncio.run(alerts_found(read, None))}
-        assert everything == alert_ids(history(both, BUDGETS, price_book()), both, price_book())
+        assert everything == alert_ids(
+            history(both, BUDGETS, price_book()), both, price_book(), BUDGETS
+        )
         # exactly the alerts of the (counter, period)s the late events touched: acme's
         # November ones again (the publisher drops ids it sent), globex's December ones
         touched = {
@@ -361,6 +379,6 @@ def test_the_alert_publisher_finds_each_alert_of_what_changed(engine: str) -> No
         }
         assert "unpriced|mystery-model-1" in recent and recent < everything
         messages = [ALERT.decode(ALERT.encode(alert)) for _, alert in first]  # valid Alerts
-        assert {m["kind"] for m in messages} == {"threshold"}
+        assert {m["kind"] for m in messages} == {"threshold", "exhausted"}
     finally:
         client.close()

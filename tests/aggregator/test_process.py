@@ -256,6 +256,62 @@ def test_alerts_fire_once_per_threshold_and_period() -> None:
     )
 
 
+def refused(i: int, budget_id: str | None, **over: Any) -> UsageEvent:
+    """A request an enforcer refused (nothing was sent upstream)."""
+    return event(
+        i,
+        outcome="refused",
+        decision="budget_exceeded" if budget_id else "throttled",
+        decision_budget_id=budget_id,
+        status_code=429,
+        input_tokens=0,
+        output_tokens=0,
+        usage_source="none",
+        **over,
+    )
+
+
+def test_a_refusal_sends_the_budgets_exhausted_alert_once_a_period() -> None:
+    """Refusals keep spend under the limit (what does not fit what is left is refused), so
+    spend alone never crosses 1.0: the first refusal for a budget is its ``exhausted``
+    alert, once per counter and period; a refusal for another budget, or none, is not."""
+    store, processor = Store(), BatchProcessor(reference(), source_topic="usage.raw")
+    key = counter_key("per-secret", ("acme", "sk-a"))
+    # ten allowed events: $0.045 of $0.05 (0.5 crossed), then what the enforcer refused
+    batches = [
+        [event(i) for i in range(10)],
+        [refused(10, None), refused(11, "org-day"), refused(12, "per-secret")],
+        [refused(13, "per-secret")],
+    ]
+    outs, offset = [], 0
+    for batch in batches:
+        outs.append(store.run(processor, records(batch, start=offset)))
+        offset += len(batch)
+    alerts = [[ALERT.decode(v) for k, v in out.alerts if k == key.encode()] for out in outs]
+    assert [a["kind"] for a in alerts[0]] == ["threshold", "forecast"]
+    assert [a["kind"] for a in alerts[2]] == []
+    (exhausted,) = alerts[1]
+    assert exhausted["kind"] == "exhausted" and exhausted["threshold"] == 1.0
+    assert exhausted["alert_id"] == f"{key}|m:2026-11|exhausted"
+    assert exhausted["spent_nanos"] == 10 * COST and exhausted["limit_nanos"] == 50_000_000
+    assert exhausted["state"] == "alert"  # under the limit: spend alone says nothing more
+    # a re-delivery of the refusal (same offset) sends nothing again
+    again = store.run(processor, records([refused(12, "per-secret")], start=12))
+    assert not [v for k, v in again.alerts if k == key.encode()]
+    # the next period's first refusal is that period's alert
+    december = datetime(2026, 12, 1, 9, tzinfo=UTC)
+    out = store.run(
+        processor,
+        records([refused(14, "per-secret", occurred_at=december)], start=14),
+        december,
+    )
+    ((kind, period),) = [
+        (a["kind"], a["period"])
+        for a in (ALERT.decode(v) for k, v in out.alerts if k == key.encode())
+    ]
+    assert (kind, period) == ("exhausted", "m:2026-12")
+
+
 def test_a_late_event_counts_in_its_own_period_and_never_touches_the_current_verdict() -> None:
     store, processor = Store(), BatchProcessor(reference(), source_topic="usage.raw")
     now = datetime(2026, 12, 1, 2, tzinfo=UTC)

@@ -91,6 +91,10 @@ def test_payload_sentence_text_and_signature() -> None:
     )
     assert doc["summary"] in doc["text"]
     assert "is exhausted" in summary(threshold_alert("acme-monthly", "acme", 1.0), "org")
+    refused = {**threshold_alert("acme-monthly", "acme", 1.0), "kind": "exhausted"}
+    assert summary(refused, "org").startswith(
+        "Budget acme-monthly (org acme) is exhausted: a request was refused for it in period"
+    )
     assert "without a price" in summary(unpriced("gpt-9"), None)
 
     header = signature("k", data)
