@@ -26,13 +26,15 @@ import random
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -112,6 +114,16 @@ def _spend_table(enforcer: Enforcer, ledger: Ledger) -> Table:
     return table
 
 
+@contextmanager
+def live_view(renderable: RenderableType, on: Console) -> Iterator[Live]:
+    """rich's Live, its last frame ended by a newline on any console: off a terminal (a log,
+    CI) Live leaves the cursor after the frame's last border, and the next line glues on."""
+    with Live(renderable, console=on, refresh_per_second=4) as live:
+        yield live
+    if not on.is_terminal:
+        on.line()
+
+
 async def _workload(proxy: Proxy, events: int) -> None:
     progress = Progress(
         TextColumn("[bold]proxy traffic"),
@@ -127,7 +139,7 @@ async def _workload(proxy: Proxy, events: int) -> None:
     def view() -> Group:
         return Group(progress, _spend_table(proxy.enforcer, proxy.ledger))
 
-    with Live(view(), console=console, refresh_per_second=4) as live:
+    with live_view(view(), console) as live:
         for n in range(0, events, CLIENTS):
             # a few clients at once, as a gateway sees them (their holds overlap)
             batch = [pick(proxy.rng, PRINCIPALS) for _ in range(min(CLIENTS, events - n))]
