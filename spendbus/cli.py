@@ -78,7 +78,6 @@ _register_optional()
 _KAFKA_REFUSALS = (
     TopicAuthorizationFailedError,
     GroupAuthorizationFailedError,
-    KafkaConnectionError,
     ClusterAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
 )
