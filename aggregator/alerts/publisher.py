@@ -54,6 +54,7 @@ from aggregator.alerts.forecasts import forecast_alerts_found
 from aggregator.counting.fold import (
     MAX_UNPRICED_MODEL_ALERTS,
     UNPRICED_OVERFLOW,
+    exhausted_alert_id,
     threshold_alert_id,
     unpriced_alert,
 )
@@ -134,26 +135,13 @@ def threshold_alert(row: Sequence[Any], threshold: float) -> dict[str, Any]:
 
 
 def exhausted_alert(row: Sequence[Any]) -> dict[str, Any]:
-    """The ``exhausted`` Alert of a (counter, period) of :data:`_EXHAUSTED`."""
-    key, budget_id, period, state, nanos, tokens, requests, ln, lt, lr, as_of = row
-    return {
-        "alert_id": f"{key}|{period}|exhausted",
-        "kind": "exhausted",
-        "counter_key": key,
-        "budget_id": budget_id,
-        "period": period,
-        "threshold": 1.0,
-        "state": state,
-        "spent_nanos": int(nanos),
-        "spent_tokens": int(tokens),
-        "spent_requests": int(requests),
-        "limit_nanos": ln,
-        "limit_tokens": lt,
-        "limit_requests": lr,
-        "model": None,
-        "as_of": as_of,
-        "exhausts_at": None,
-    }
+    """The ``exhausted`` Alert of a (counter, period) of :data:`_EXHAUSTED` (its columns
+    are :data:`_THRESHOLDS`' but the thresholds crossed)."""
+    key, budget_id, period, *rest = row
+    alert = threshold_alert((key, budget_id, period, (), *rest), 1.0)
+    alert["alert_id"] = exhausted_alert_id(key, period)
+    alert["kind"] = "exhausted"
+    return alert
 
 
 async def alerts_found(

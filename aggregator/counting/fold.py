@@ -384,6 +384,11 @@ def threshold_alert_id(key: str, period: str, threshold: float) -> str:
     return f"{key}|{period}|{float(threshold)}"
 
 
+def exhausted_alert_id(key: str, period: str) -> str:
+    """The deterministic id of a counter's exhausted alert in one period."""
+    return f"{key}|{period}|exhausted"
+
+
 def alert_record(
     budget: Budget, key: str, period: str, threshold: float, totals: PeriodTotals
 ) -> dict[str, Any]:
@@ -426,7 +431,7 @@ def exhausted_alert(
     totals.alerted.append(EXHAUSTED_ALERTED)
     totals.alerted.sort()
     record = alert_record(budget, key, period, 1.0, totals)
-    record["alert_id"] = f"{key}|{period}|exhausted"
+    record["alert_id"] = exhausted_alert_id(key, period)
     record["kind"] = "exhausted"
     return record
 
