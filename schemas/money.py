@@ -46,7 +46,8 @@ def nanos_to_usd(nanos: int) -> Decimal:
 def format_usd(nanos: int, places: int = 4) -> str:
     """Human display: ``$12.3456``. Never used for arithmetic."""
     quantum = Decimal(1).scaleb(-places)
-    return f"${nanos_to_usd(nanos).quantize(quantum, rounding=ROUND_HALF_EVEN)}"
+    # fixed-point always: a Decimal's str of a few nanos is scientific ("5E-9")
+    return f"${nanos_to_usd(nanos).quantize(quantum, rounding=ROUND_HALF_EVEN):f}"
 
 
 def line_cost(tokens: int, usd_per_mtok: Decimal) -> Decimal:

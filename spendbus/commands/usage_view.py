@@ -192,7 +192,7 @@ def usage_table(rows: list[dict[str, Any]]) -> Table:
     table.add_column("spent of limit", overflow="fold", ratio=2)
     table.add_column("raise", overflow="fold", ratio=2)
     table.add_column("burn/h", no_wrap=True)
-    table.add_column("runs out", overflow="fold", ratio=2)
+    table.add_column("exhausts", overflow="fold", ratio=2)
     for r in rows:
         burn = r["burn_per_hour"]
         burn_parts = (

@@ -46,6 +46,9 @@ def test_money_is_exact_and_rounds_half_even() -> None:
     assert round_nanos(line_cost(3, Decimal("0.0005"))) == 2
     assert round_nanos(line_cost(5, Decimal("0.0005"))) == 2
     assert format_usd(1_234_567_890) == "$1.2346"
+    # a few nanos read in fixed point, as every other amount (never "$5E-9")
+    assert format_usd(5, 9) == "$0.000000005"
+    assert format_usd(50, 8) == "$0.00000005"
 
 
 @pytest.mark.parametrize(
