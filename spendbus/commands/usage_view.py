@@ -23,7 +23,9 @@ from rich.table import Table
 from runtime.topic_reader import read_latest_values
 from schemas.codec import BUDGET_RAISE, VERDICT
 from schemas.errors import ContractError
+from schemas.forecast import Burn
 from schemas.money import format_usd
+from schemas.periods import to_micros
 from schemas.raises import BudgetRaise, RaiseBook
 from spendbus.commands.output import limits_text
 from spendbus.settings import Settings
@@ -70,12 +72,17 @@ def within_period(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-async def _verdict_rows(settings: Settings, topic: str) -> tuple[list[dict[str, Any]], RaiseBook]:
-    bootstrap = settings.kafka_bootstrap
-    assert bootstrap is not None
-    values = await read_latest_values(bootstrap, topic, security=settings.kafka_security)
+async def _verdicts_and_raises(
+    settings: Settings, bootstrap: str
+) -> tuple[list[dict[str, Any]], RaiseBook]:
+    """The current generation's live verdicts, and the raises in force."""
+    from aggregator import current_generation
+
+    security = settings.kafka_security
+    generation = await current_generation(bootstrap, settings.topics, security=security)
+    topic = settings.topics.of_generation(generation).budget_verdicts
     rows = []
-    for value in values.values():
+    for value in (await read_latest_values(bootstrap, topic, security=security)).values():
         if value is None:
             continue
         try:
@@ -83,9 +90,7 @@ async def _verdict_rows(settings: Settings, topic: str) -> tuple[list[dict[str, 
         except ContractError:
             continue
     book = RaiseBook()
-    raises = await read_latest_values(
-        bootstrap, settings.topics.budget_raises, security=settings.kafka_security
-    )
+    raises = await read_latest_values(bootstrap, settings.topics.budget_raises, security=security)
     for key, value in raises.items():
         book.apply(key.decode(), None if value is None else BUDGET_RAISE.decode(value))
     return rows, book
@@ -101,16 +106,9 @@ def live_counters(
 ) -> list[dict[str, Any]]:
     """Every counter of the current generation's verdicts whose period has not ended, of
     ``org_id`` (a counter's first scope value) and ``budget_ids`` when given."""
-    from aggregator import current_generation
-
     now = now or datetime.now(UTC)
-    settings = settings.model_copy(update={"kafka_bootstrap": bootstrap})
-    generation = asyncio.run(
-        current_generation(bootstrap, settings.topics, security=settings.kafka_security)
-    )
-    topic = settings.topics.of_generation(generation).budget_verdicts
-    verdicts, book = asyncio.run(_verdict_rows(settings, topic))
-    now_us = int(now.timestamp() * 1_000_000)
+    verdicts, book = asyncio.run(_verdicts_and_raises(settings, bootstrap))
+    now_us = to_micros(now)
     rows = []
     for v in verdicts:
         reset = v["reset_at"]
@@ -122,15 +120,18 @@ def live_counters(
         if budget_ids and v["budget_id"] not in budget_ids:
             continue
         granted: BudgetRaise | None = book.active(v["budget_id"], values, now_us)
-        burn = None
-        if v["burn_span_us"]:
-            hour = 3_600_000_000
-            span = v["burn_span_us"]
-            burn = {
-                "nanos": (v["burn_nanos"] or 0) * hour // span,
-                "tokens": (v["burn_tokens"] or 0) * hour // span,
-                "requests": (v["burn_requests"] or 0) * hour // span,
-            }
+        span = v["burn_span_us"]
+        burn = (
+            Burn(
+                v["burn_nanos"] or 0,
+                v["burn_tokens"] or 0,
+                v["burn_requests"] or 0,
+                span,
+                to_micros(v["as_of"]),
+            ).per_hour()
+            if span
+            else None
+        )
         rows.append(
             {
                 "budget_id": v["budget_id"],
@@ -161,10 +162,8 @@ def burn_usd(nanos: int) -> str:
     """A burn rate at the precision that tells it from zero ($0.0004/h, not $0.00)."""
     if nanos == 0:
         return "$0"
-    for places in (2, 4, 6, 9):
-        if round(nanos, -(9 - places)) != 0 or places == 9:
-            return format_usd(nanos, places)
-    return format_usd(nanos, 9)  # pragma: no cover  # the loop returns at 9
+    places = next((p for p in (2, 4, 6) if round(nanos, p - 9) != 0), 9)
+    return format_usd(nanos, places)
 
 
 def raise_text(granted: dict[str, Any] | None) -> str:
