@@ -9,6 +9,9 @@ through the gateway itself (reserve-and-settle holds refuse before any verdict).
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -284,3 +287,41 @@ def request_for(fmt: str, stream: bool) -> tuple[str, dict[str, Any], str]:
     }
     path = f"/model/{BEDROCK_MODEL}/converse{'-stream' if stream else ''}"
     return path, body, KEY_OF["sk-bedrock"]
+
+
+@asynccontextmanager
+async def gateway_process(
+    config: Path, *args: str, cwd: Path, env: dict[str, str]
+) -> AsyncIterator[str]:
+    """`spendbus gateway run --config CONFIG ARGS` as its own process: yields its URL once
+    it says it listens; then SIGTERM, and it must exit 0 (killed if the block failed)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "spendbus",
+        "gateway",
+        "run",
+        "--config",
+        str(config),
+        *args,
+        cwd=cwd,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        url = None
+        seen: list[bytes] = []
+        while url is None:
+            line = await asyncio.wait_for(proc.stderr.readline(), 90)
+            assert line, b"the gateway exited before listening:\n" + b"".join(seen[-20:])
+            seen.append(line)
+            if line.startswith(b"{"):
+                url = json.loads(line)["listening"]
+        yield url
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ from schemas.topics import Topics
 from spendbus.cli import cli
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
 from spendbus.stack.topics import ensure_topics
-from tests.gateway.kit import KEY_OF, gateway_config, request_for
+from tests.gateway.kit import KEY_OF, gateway_config, gateway_process, request_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,26 +138,8 @@ async def test_the_command_serves_and_publishes_until_terminated(
         )
         data["secrets"]["sk-openai"] = {"upstream": "openai", "api_key_env": "GW_TEST_OPENAI"}
         path = write(tmp_path, data)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "spendbus",
-            "gateway",
-            "run",
-            "--config",
-            str(path),
-            cwd=ROOT,
-            env={**os.environ, "GW_TEST_OPENAI": "from-the-environment"},
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            assert proc.stderr is not None
-            url = None
-            while url is None:
-                line = await asyncio.wait_for(proc.stderr.readline(), 90)
-                assert line, "the gateway exited before listening"
-                if line.startswith(b"{"):
-                    url = json.loads(line)["listening"]
+        env = {**os.environ, "GW_TEST_OPENAI": "from-the-environment"}
+        async with gateway_process(path, cwd=ROOT, env=env) as url:
             path_, body, key = request_for("openai-chat", True)
             async with (
                 aiohttp.ClientSession() as session,
@@ -170,12 +149,6 @@ async def test_the_command_serves_and_publishes_until_terminated(
             ):
                 assert resp.status == 200
                 assert (await resp.read()).rstrip().endswith(b"data: [DONE]")
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 60) == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
         consumer = AIOKafkaConsumer(
             topics.usage_raw,
             bootstrap_servers=kafka_bootstrap,

@@ -4,11 +4,7 @@ runs is one line naming the setting, the address and what to do."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import signal
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +16,7 @@ from schemas.topics import Topics
 from spendbus.cli import cli
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.topics import ensure_topics
+from tests.gateway.kit import gateway_process
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "infra" / "gateway" / "gateway.example.yaml"
@@ -97,30 +94,7 @@ async def test_the_example_runs_as_shipped_against_the_stack(
         "SPENDBUS_HOME": str(home),
         "PYTHONPATH": str(ROOT),
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "spendbus",
-        "gateway",
-        "run",
-        "--config",
-        str(EXAMPLE),
-        "--port",
-        "0",
-        cwd=tmp_path,
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert proc.stderr is not None
-        url = None
-        seen: list[bytes] = []
-        while url is None:
-            line = await asyncio.wait_for(proc.stderr.readline(), 90)
-            assert line, b"the gateway exited before listening:\n" + b"".join(seen[-20:])
-            seen.append(line)
-            if line.startswith(b"{"):
-                url = json.loads(line)["listening"]
+    async with gateway_process(EXAMPLE, "--port", "0", cwd=tmp_path, env=env) as url:
         headers = {"Authorization": f"Bearer {LOOPBACK_KEY}"}
         async with (
             aiohttp.ClientSession() as session,
@@ -129,9 +103,3 @@ async def test_the_example_runs_as_shipped_against_the_stack(
             assert resp.status == 200, await resp.text()
         assert (home / "gateway-spool" / "gateway-eu-1").is_dir()
         assert not (tmp_path / ".spendbus").exists()
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 60) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
