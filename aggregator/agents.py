@@ -155,6 +155,10 @@ def install(app: faust.App, config: AggregatorConfig) -> None:
                 **metrics.snapshot(),
                 "reference_ready": follower.ready.is_set(),
                 "budgets": len(reference.budgets),
+                # budget id -> counting fingerprint: counted from its period's start, and
+                # budget id -> the partitions still being read again for it
+                "budgets_counting": stage.backfills.counting(),
+                "budgets_loading": stage.backfills.loading(),
                 # serving = budgets and prices loaded and this worker owns (recovered) partitions
                 "assigned_partitions": len(stage.owned),
                 "serving": stage.serving,

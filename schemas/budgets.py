@@ -28,6 +28,8 @@ pair must equal (or, given a list, be one of) the event's canonical values.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -142,6 +144,22 @@ class Budget:
     rate: RateLimit | None = None
     #: UNPRICED_POLICIES, or None: the enforcer's default (``unpriced_models``)
     unpriced: str | None = None
+
+    @property
+    def counting_fingerprint(self) -> str:
+        """What decides which events this budget counts and in which period (not its
+        limits, alerts or action), hashed: a worker tells by it whether it counted a budget's
+        current period from its start (aggregator/counting/backfill.py), and `budgets apply`
+        whether the workers did."""
+        window = self.window
+        described = [
+            self.scope,
+            sorted((k, sorted(v)) for k, v in self.match.items()),
+            window.spec,
+            sorted(window.calendar.items()),
+            self.count_denied,
+        ]
+        return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
 
     @property
     def refusal(self) -> str:

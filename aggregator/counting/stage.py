@@ -63,6 +63,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from aggregator.config import AggregatorConfig
+from aggregator.counting.backfill import Backfills, marker_entries, seek_rereads
 from aggregator.counting.changelogs import ensure_changelogs
 from aggregator.counting.errors import CountingError
 from aggregator.counting.output_batches import Outgoing
@@ -116,6 +117,8 @@ class CountingStage:
             config.data_dir / "counting", config.counter_changelog, config.seen_changelog
         )
         self.verdicts = VerdictCoalescer(config.batch_seconds)
+        #: budgets counted again from their period's start, per partition (backfill.py)
+        self.backfills = Backfills(processor.max_future_skew_us)
         #: usage.raw partitions this worker owns and has recovered
         self.owned: set[int] = set()
         self.rebalancing = True
@@ -295,6 +298,11 @@ class CountingStage:
         while True:
             if self._failed is not None:
                 raise self._failed  # a checkpoint failed: stop, nothing more is committed
+            if not self.rebalancing and self.backfills.due(
+                self.processor.reference.version, self.owned
+            ):
+                async with self._lock:
+                    await self._plan_backfills()
             timeout = self._last_checkpoint + interval - time.monotonic()
             if self._in_flight is not None and not self._in_flight.done():
                 # the next cut waits for the checkpoint in flight: look again in a while
@@ -332,13 +340,64 @@ class CountingStage:
             # the sink stage and the web pages would only run when the backlog check waits
             await asyncio.sleep(0)
 
+    async def _plan_backfills(self) -> None:
+        """Budgets new to an owned partition are counted from their period's start: the
+        partition is read again from there (backfill.py)."""
+        reference = self.processor.reference
+        plans = self.backfills.plan(
+            reference.version,
+            list(reference.budgets.values()),
+            self.owned,
+            self.store.seen,
+            to_micros(datetime.now(UTC)),
+        )
+        if not plans:
+            return
+        assert self._consumer is not None
+        sought = await seek_rereads(
+            self._consumer,
+            self.topics.usage_raw,
+            plans,
+            self.backfills,
+            self._folded_to,
+            self._write_markers,
+        )
+        for partition in sought:
+            self._positions[partition] = self._folded_to[partition]
+        if sought:
+            log.info("counting budgets from their period's start: %s", self.backfills.loading())
+
+    def _write_markers(self, partition: int, markers: dict[str, str]) -> None:
+        assert self._outgoing is not None
+        for key, value in marker_entries(markers):
+            self.store.put_seen(partition, key, value)
+            self._outgoing.add(self.config.seen_changelog, partition, key.encode(), value.encode())
+
     def _fold(self, batches: dict[TopicPartition, list[Any]]) -> None:
-        started = time.perf_counter()
         records = [
             m for tp, messages in batches.items() if tp.partition in self.owned for m in messages
         ]
         if not records:
             return
+        if self.backfills.active:
+            rereads = self.backfills.rereads
+            again = [m for m in records if rereads(m.partition, m.offset)]
+            if again:
+                # dead-lettered when first read: a re-read letters nothing again
+                self._fold_records(again, dead_letters=False)
+                records = [m for m in records if not rereads(m.partition, m.offset)]
+            if records:
+                self._fold_records(records)
+            finished = self.backfills.finished(self._folded_to)
+            for partition, markers in finished:
+                self._write_markers(partition, markers)
+            if finished:  # what the re-read counted goes out now, not a batch later
+                self._send_verdicts(self.verdicts.due(time.monotonic(), force=True))
+            return
+        self._fold_records(records)
+
+    def _fold_records(self, records: list[Any], dead_letters: bool = True) -> None:
+        started = time.perf_counter()
         # queueing before the fold: the oldest record's Kafka timestamp (ms) against now
         self.metrics.record_age_ms(time.time() * 1000 - min(m.timestamp for m in records))
         out = self.processor.process(records, self.store.counter, self.store.seen)
@@ -381,7 +440,7 @@ class CountingStage:
                 counter,
                 alert,
             )
-        for raw_key, letter in out.dead_letters:
+        for raw_key, letter in out.dead_letters if dead_letters else ():
             add(
                 self.topics.usage_dlq,
                 self._partition_of(self.topics.usage_dlq, raw_key),

@@ -47,12 +47,33 @@ def budgets() -> None:
     multiple=True,
     help="A model your proxies route (repeatable): checked for a price beside those in use.",
 )
-def budgets_apply(file: Path, models: tuple[str, ...]) -> None:
+@click.option(
+    "--wait",
+    "wait_s",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds to wait for the workers to count each budget from its period's start "
+    "(0: do not wait).",
+)
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    help="An aggregator worker's web address (repeatable; default: the local worker).",
+)
+def budgets_apply(
+    file: Path, models: tuple[str, ...], wait_s: float, workers: tuple[str, ...]
+) -> None:
     """Validate FILE (a YAML list of budgets) and publish every budget in it.
 
     Warns about every model without a price that a budget with limit_usd would see: the
     models its ``match`` names, those given with --model, and those in usage_events over
-    the last 30 days (when ClickHouse answers)."""
+    the last 30 days (when ClickHouse answers).
+
+    A budget counts its current period from its first moment: the workers fold the
+    period's events already in the ledger into it. This waits (--wait) until they have and
+    prints what each budget has spent this period."""
     parsed = budgets_from_yaml(_load_yaml(file), source=str(file))
     settings = load_settings()
     now = datetime.now(UTC)
@@ -81,6 +102,35 @@ def budgets_apply(file: Path, models: tuple[str, ...]) -> None:
         )
     )
     click.echo(f"applied {len(parsed)} budgets from {file}")
+    if wait_s > 0:
+        _report_spent(settings, bootstrap, parsed, workers, wait_s)
+
+
+def _report_spent(
+    settings: Settings,
+    bootstrap: str,
+    parsed: list[Budget],
+    workers: tuple[str, ...],
+    wait_s: float,
+) -> None:
+    """What each applied budget has spent this period, once the workers count it."""
+    from spendbus.commands.budget_loading import spent_lines, wait_counted, worker_stats
+    from spendbus.commands.usage_view import live_counters
+    from spendbus.stack.local import worker_process
+
+    urls = [w if "://" in w else f"http://{w}" for w in workers]
+    urls = urls or [worker_process(settings).base_url]
+    loading = wait_counted(parsed, urls, worker_stats(settings), wait_s)
+    for url in loading.silent:
+        console.print(f"[yellow]note:[/yellow] no aggregator worker answers on {url}")
+    counted = [b.budget_id for b in parsed if b.budget_id in loading.counted]
+    counters = (
+        live_counters(settings, bootstrap, org_id=None, budget_ids=tuple(counted))
+        if counted
+        else []
+    )
+    for line in spent_lines(parsed, loading, counters):
+        click.echo(line)
 
 
 #: how far back ``budgets apply`` looks for the models in use, and how many it reads
