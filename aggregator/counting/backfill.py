@@ -7,7 +7,10 @@ where the budget's current period begins and folds the records again through the
 fold. That re-read is exactly a re-delivery: the dedupe entries say "same position", the
 counters that already hold those records skip them by their fences, and only the counters
 that never saw them (the new budget's) take them. So the result is the same fold, exact,
-whatever else the partition counts.
+whatever else the partition counts. A re-read record whose event occurred before the
+earliest current period of the budgets being read for is not folded again: it belongs to a
+period those budgets never had. The re-read writes no priced record or dead letter: each
+was written when the record was first read.
 
 Which budgets a partition has counted from their period's start is kept in the partition's
 dedupe state, written with the checkpoint like any dedupe entry (so it follows the
@@ -31,7 +34,9 @@ from typing import Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from aggregator.counting.decode import read_usage_event
 from schemas.budgets import Budget
+from schemas.errors import ContractError
 from schemas.periods import from_micros, period_start, to_micros
 
 #: dedupe-state key of a budget a partition counts from its period's start
@@ -61,8 +66,9 @@ class PartitionBackfill:
     until: int
     #: budget id -> counting fingerprint, written as markers once the re-read reaches ``until``
     budgets: dict[str, str] = field(default_factory=dict)
-    #: when the earliest period of those budgets began, minus the skew an event may have (µs)
-    from_us: int = 0
+    #: when the earliest current period of those budgets began (µs): a re-read record of an
+    #: event before it is not folded again (it belongs to a period the budgets never had)
+    counts_from_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +80,11 @@ class BackfillPlan:
     mark_now: dict[str, str]
     #: budget id -> fingerprint: new to this partition, counted again from their period start
     reread: dict[str, str]
-    #: the re-read begins at records written from this time (µs)
+    #: the re-read begins at records written from this time (µs): ``counts_from_us`` less
+    #: the skew an event's time may have ahead of its record's
     from_us: int
+    #: the re-read folds the events that occurred from this time (µs)
+    counts_from_us: int
 
 
 class Backfills:
@@ -130,7 +139,11 @@ class Backfills:
             if mark_now or reread:
                 plans.append(
                     BackfillPlan(
-                        partition, mark_now, reread, max(0, from_us - self.max_future_skew_us)
+                        partition,
+                        mark_now,
+                        reread,
+                        max(0, from_us - self.max_future_skew_us),
+                        from_us,
                     )
                 )
         return plans
@@ -139,16 +152,27 @@ class Backfills:
         """The re-read of ``plan`` starts; the records below ``until`` are its."""
         running = self.active.get(plan.partition)
         if running is None:
-            self.active[plan.partition] = PartitionBackfill(until, dict(plan.reread), plan.from_us)
+            self.active[plan.partition] = PartitionBackfill(
+                until, dict(plan.reread), plan.counts_from_us
+            )
         else:
             running.until = max(running.until, until)
             running.budgets.update(plan.reread)
-            running.from_us = min(running.from_us, plan.from_us)
+            running.counts_from_us = min(running.counts_from_us, plan.counts_from_us)
 
     def rereads(self, partition: int, offset: int) -> bool:
         """The record at ``offset`` was folded before: this fold of it is a re-read."""
         running = self.active.get(partition)
         return running is not None and offset < running.until
+
+    def counts_again(self, partition: int, value: bytes | None) -> bool:
+        """A re-read record is folded again when its event occurred in the current period
+        of a budget being read for (an undecodable one was dead-lettered when first read)."""
+        try:
+            _, occurred_us = read_usage_event(value)
+        except ContractError:
+            return False
+        return occurred_us >= self.active[partition].counts_from_us
 
     def finished(self, folded_to: dict[int, int]) -> list[tuple[int, dict[str, str]]]:
         """The partitions whose re-read reached its end: (partition, markers to write)."""

@@ -383,8 +383,15 @@ class CountingStage:
             rereads = self.backfills.rereads
             again = [m for m in records if rereads(m.partition, m.offset)]
             if again:
-                # dead-lettered when first read: a re-read letters nothing again
-                self._fold_records(again, dead_letters=False)
+                counts_again = self.backfills.counts_again
+                kept = [m for m in again if counts_again(m.partition, m.value)]
+                # written when first read (or re-delivered after a crash, which stops the
+                # re-read): a re-read counts, it writes no priced record or letter again
+                if kept:
+                    self._fold_records(kept, first_read=False)
+                for message in again:
+                    self._positions[message.partition] = message.offset + 1
+                self._folded_to.update(self._positions)
                 records = [m for m in records if not rereads(m.partition, m.offset)]
             if records:
                 self._fold_records(records)
@@ -396,7 +403,7 @@ class CountingStage:
             return
         self._fold_records(records)
 
-    def _fold_records(self, records: list[Any], dead_letters: bool = True) -> None:
+    def _fold_records(self, records: list[Any], first_read: bool = True) -> None:
         started = time.perf_counter()
         # queueing before the fold: the oldest record's Kafka timestamp (ms) against now
         self.metrics.record_age_ms(time.time() * 1000 - min(m.timestamp for m in records))
@@ -417,7 +424,7 @@ class CountingStage:
             add(seen_topic, partition, event_id.encode(), position.encode())
         written = time.perf_counter()
         priced_topic = self.topics.usage_priced
-        for partition, org, priced, store_row in out.priced:
+        for partition, org, priced, store_row in out.priced if first_read else ():
             add(
                 priced_topic,
                 partition,
@@ -440,7 +447,7 @@ class CountingStage:
                 counter,
                 alert,
             )
-        for raw_key, letter in out.dead_letters if dead_letters else ():
+        for raw_key, letter in out.dead_letters if first_read else ():
             add(
                 self.topics.usage_dlq,
                 self._partition_of(self.topics.usage_dlq, raw_key),

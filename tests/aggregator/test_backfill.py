@@ -20,6 +20,7 @@ from aggregator.counting.backfill import (
 )
 from aggregator.counting.process import BatchProcessor, RawRecord
 from schemas.budgets import Budget, budgets_from_yaml
+from schemas.codec import USAGE_EVENT
 from schemas.periods import to_micros
 from tests.aggregator.test_process import BUDGETS, T0, Store, event, records, reference
 
@@ -107,6 +108,14 @@ def test_a_budget_new_to_a_kept_partition_is_read_again_from_its_period_start() 
     assert period_begins_us(NEW[1], to_micros(now)) == to_micros(now - timedelta(hours=2))
 
     backfills.begin(plans[0], until=40)
+    # a re-read folds the events of the budgets' current periods only
+    assert plans[0].counts_from_us == midnight
+    today, yesterday = (
+        USAGE_EVENT.encode(event(i, occurred_at=at))
+        for i, at in enumerate((datetime(2026, 11, 30, tzinfo=UTC), T0 - timedelta(hours=11)))
+    )
+    assert backfills.counts_again(0, today) and not backfills.counts_again(0, yesterday)
+    assert not backfills.counts_again(0, b"not avro")
     assert backfills.rereads(0, 39) and not backfills.rereads(0, 40)
     assert backfills.loading() == {"late-day": [0], "late-secret": [0]}
     assert "late-day" not in backfills.counting()

@@ -122,6 +122,11 @@ def test_a_budget_applied_mid_period_counts_what_the_period_spent(
             lambda r: bool(r) and int(r[0][1]) == morning_spend,
         )
         assert [(b, int(n)) for b, n in verdicts] == [("acme-daily", morning_spend)]
+        # yesterday's event, read again, is of a period the budget never had: not counted
+        periods = pipeline.sql(
+            "SELECT DISTINCT period FROM budget_state FINAL WHERE budget_id = 'acme-daily'"
+        )
+        assert [p for (p,) in periods] == [f"d:{now.date().isoformat()}"]
         # nothing else counted twice: the org-total counters and the stored events as before
         org_total = pipeline.sql(
             "SELECT sum(spent_nanos) FROM (SELECT spent_nanos FROM budget_state FINAL "
