@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from schemas.errors import ConfigError
+from schemas.ids import canonical_id
 
 #: compacted topics roll segments often so the active segment does not hide
 #: superseded values from the cleaner for long (enforcers read them from the start)
@@ -46,6 +47,17 @@ CONTROL_KEY: Final = b"current"
 #: without it (written before it existed) is decoded and its ids canonicalised.
 STORE_ROW_HEADER: Final = "spendbus-store-row"
 STORE_ROW: Final = struct.Struct(">iqi")
+#: the dead-letter reason of a usage.raw record whose key is not ``usage_raw_key`` of its
+#: event: dedupe, fences and counters are per partition, so a record keyed otherwise lands
+#: beside other orgs' state and would count in a second copy of its org's counters
+WRONG_KEY: Final = "wrong_key"
+
+
+def usage_raw_key(org_id: str) -> bytes:
+    """The key of a usage.raw record: the UTF-8 of its event's canonical ``org_id``, so
+    Kafka's default partitioner (murmur2 of the key) puts every event of an org in one
+    partition, whichever client wrote it."""
+    return canonical_id(org_id, "org_id").encode("utf-8")
 
 
 def store_row_value(source_partition: int, source_offset: int, month: int) -> bytes:

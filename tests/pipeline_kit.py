@@ -17,7 +17,7 @@ from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.records import UsageEvent
-from schemas.topics import Topics
+from schemas.topics import Topics, usage_raw_key
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
 from spendbus.stack.worker import WorkerProcess
@@ -168,7 +168,7 @@ async def publish_usage(bootstrap: str, topic: str, events: list[UsageEvent]) ->
     await producer.start()
     try:
         futures = [
-            await producer.send(topic, key=e["org_id"].encode(), value=USAGE_EVENT.encode(e))
+            await producer.send(topic, key=usage_raw_key(e["org_id"]), value=USAGE_EVENT.encode(e))
             for e in events
         ]
         for future in futures:

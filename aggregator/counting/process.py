@@ -61,7 +61,7 @@ from schemas.ids import ids_are_canonical, with_canonical_ids
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
 from schemas.pricing import Price
 from schemas.raises import BudgetRaise, raised_budget
-from schemas.topics import STORE_ROW
+from schemas.topics import STORE_ROW, WRONG_KEY, usage_raw_key
 from schemas.usage import billed_tokens, validate_usage_event
 
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
@@ -247,6 +247,9 @@ class _BatchFold:
             return
         if self.from_the_future(record, occurred_us):
             return
+        # the usual record's key is its org id as written: one compare, no canonical form
+        if record.key != event["org_id"].encode() and not self.keyed_by_its_org(record, event):
+            return
         partition = record.partition
         offset = record.offset
         position = f"{partition}:{offset}"
@@ -273,6 +276,25 @@ class _BatchFold:
             letter = self.processor._future(record, occurred_us, received_us, self.now)
             self.dead_letter(record, letter)
             return True
+        return False
+
+    def keyed_by_its_org(self, record: SourceRecord, event: dict[str, Any]) -> bool:
+        """The record's key is the event's canonical org id (schemas.topics.usage_raw_key);
+        else it is dead-lettered, never counted: its partition holds other orgs' state."""
+        org_id = event["org_id"]
+        expected = usage_raw_key(org_id)
+        if record.key == expected:
+            return True
+        detail = (
+            f"usage.raw key {record.key!r} is not the event's org_id {expected!r} (UTF-8 of "
+            "the canonical org id): keyed otherwise, an event lands beside other orgs' "
+            "counters and dedupe; `spendbus dlq requeue --reason wrong_key` publishes it "
+            "under its key"
+        )
+        letter = self.processor._dead_letter(
+            record, ContractError(detail, reason=WRONG_KEY), self.now
+        )
+        self.dead_letter(record, letter)
         return False
 
     def dead_letter(self, record: SourceRecord, letter: bytes) -> None:

@@ -33,8 +33,9 @@ from ingest.publisher.spool import Spool, frame
 from schemas.avro_schemas import expanded_schemas
 from schemas.codec import USAGE_EVENT
 from schemas.errors import InvalidRecord
-from schemas.ids import MAX_ID_LENGTH, canonical_id
+from schemas.ids import MAX_ID_LENGTH
 from schemas.records import UsageEvent
+from schemas.topics import usage_raw_key
 from schemas.usage import validate_usage_event
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def prepare(
     org_id = event["org_id"]
     key = _KEYS.get(org_id) if type(org_id) is str else None
     if key is None:
-        key = canonical_id(org_id, "org_id").encode("utf-8")
+        key = usage_raw_key(org_id)
         if type(org_id) is str:
             if len(_KEYS) >= _KEY_CACHE_SIZE:
                 _KEYS.clear()

@@ -1,8 +1,10 @@
 """`spendbus dlq list | show | requeue`: look at dead letters, and send them back after a fix.
 
 A dead letter keeps the original key and bytes, so requeueing publishes exactly
-what the producer sent; the event keeps its event_id, so a letter requeued
-twice is charged once (the aggregator skips the second as a duplicate).
+what the producer sent, but for a letter of reason ``wrong_key``: that one goes back
+under its event's key (``schemas.topics.usage_raw_key``), into its org's partition. The
+event keeps its event_id, so a letter requeued twice is charged once (the aggregator
+skips the second as a duplicate), and so is one whose event also came under its key.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from rich.table import Table
 
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from runtime.topic_reader import TopicReader
-from schemas.codec import DEAD_LETTER
+from schemas.codec import DEAD_LETTER, USAGE_EVENT
 from schemas.errors import ContractError
+from schemas.topics import WRONG_KEY, usage_raw_key
 from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish
 from spendbus.stack.local import bootstrap_or_fail
@@ -122,6 +125,17 @@ def dlq_show(position: str) -> None:
     raise click.ClickException(f"no dead letter at {position}")
 
 
+def _requeue_key(letter: Mapping[str, Any]) -> bytes:
+    """The key a letter goes back with: its own, or its event's for a ``wrong_key`` one."""
+    if letter.get("reason") == WRONG_KEY:
+        try:
+            return usage_raw_key(USAGE_EVENT.decode(letter["value"])["org_id"])
+        except ContractError:
+            pass  # not a usage event after all: back as it came
+    key: bytes = letter.get("key") or b""
+    return key
+
+
 @dlq.command("requeue")
 @click.option("--reason", help="Requeue the letters with this reason.")
 @click.option("--position", "positions", multiple=True, help="partition/offset; repeatable.")
@@ -136,7 +150,7 @@ def dlq_requeue(reason: str | None, positions: tuple[str, ...], dry_run: bool) -
         for p, o, r in letters
         if (reason is not None and r.get("reason") == reason) or f"{p}/{o}" in positions
     ]
-    records = [(r.get("key") or b"", r["value"]) for r in chosen if r.get("value") is not None]
+    records = [(_requeue_key(r), r["value"]) for r in chosen if r.get("value") is not None]
     if dry_run:
         click.echo(
             f"would requeue {len(records)} dead letters ({len(chosen) - len(records)} have no value)"

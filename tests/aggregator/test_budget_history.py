@@ -33,6 +33,7 @@ from schemas.codec import ALERT, PRICED_USAGE, USAGE_EVENT, priced_usage_from_ra
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS, period_key
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.records import UsageEvent
+from schemas.topics import usage_raw_key
 from schemas.usage import new_usage_event
 from tests.budget_oracle import (
     alert_ids,
@@ -186,7 +187,11 @@ def test_history_and_alerts_equal_a_brute_force_recomputation(
     records = []
     for e in published:
         partition = 0 if e["org_id"] == "acme" else 1
-        records.append(RawRecord(partition, offsets[e["org_id"]], b"", USAGE_EVENT.encode(e)))
+        records.append(
+            RawRecord(
+                partition, offsets[e["org_id"]], usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e)
+            )
+        )
         offsets[e["org_id"]] += 1
     client = fresh_database(engine)
     try:
@@ -216,7 +221,12 @@ def test_late_events_beyond_the_periods_in_memory_are_exact(engine: str) -> None
         events = [
             usage(i, "acme", "sk-a", 60 * 24 * (19 - i), "claude-sonnet-4-5") for i in range(20)
         ]
-        worker.fold([RawRecord(0, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(events)])
+        worker.fold(
+            [
+                RawRecord(0, n, usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e))
+                for n, e in enumerate(events)
+            ]
+        )
         stored = stored_history(client)
         days = {period for key, period in stored if period.startswith("d:")}
         assert len(days) == 20
@@ -237,7 +247,12 @@ def test_the_documented_query_reads_budget_x_scope_y_november(engine: str) -> No
             usage(i, "acme", "sk-a", 60 * 24 * d, "claude-sonnet-4-5")
             for i, d in enumerate([1, 3, 9, 10, 12])  # Nov 21 ... Dec 2
         ]
-        worker.fold([RawRecord(0, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(events)])
+        worker.fold(
+            [
+                RawRecord(0, n, usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e))
+                for n, e in enumerate(events)
+            ]
+        )
         result = client.query(
             block.group(1),
             parameters={"budget": "org-month", "scope": ["acme"], "period": "m:2026-11"},
@@ -342,7 +357,12 @@ def test_the_alert_publisher_finds_each_alert_of_what_changed(engine: str) -> No
             )
             for i in range(2)
         ]
-        worker.fold([RawRecord(0, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(november)])
+        worker.fold(
+            [
+                RawRecord(0, n, usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e))
+                for n, e in enumerate(november)
+            ]
+        )
         first = asyncio.run(alerts_found(read, None))
         ids = [alert["alert_id"] for _, alert in first]
         assert len(ids) == len(set(ids))
@@ -358,7 +378,12 @@ def test_the_alert_publisher_finds_each_alert_of_what_changed(engine: str) -> No
             usage(100 + i, "globex", "sk-b", 60 * 24 * 12 + i, "claude-sonnet-4-5")
             for i in range(40)
         ] + [usage(200, "acme", "sk-a", 5, "mystery-model-1")]
-        worker.fold([RawRecord(1, n, b"", USAGE_EVENT.encode(e)) for n, e in enumerate(late)])
+        worker.fold(
+            [
+                RawRecord(1, n, usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e))
+                for n, e in enumerate(late)
+            ]
+        )
         recent = {alert["alert_id"] for _, alert in asyncio.run(alerts_found(read, since))}
         both = november + late
         everything = {alert["alert_id"] for _, alert in asyncio.run(alerts_found(read, None))}

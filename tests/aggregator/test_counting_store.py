@@ -25,7 +25,7 @@ from aggregator.counting.state import CountingStore, RecoveryStats
 from aggregator.metrics import Metrics
 from schemas.budgets import budgets_from_yaml
 from schemas.codec import USAGE_EVENT
-from schemas.topics import Topics
+from schemas.topics import Topics, usage_raw_key
 from schemas.usage import new_usage_event
 from tests.pipeline_kit import BUDGETS_YAML, price_book
 
@@ -308,7 +308,7 @@ def test_the_stage_persists_its_checkpoints_and_a_restart_reads_nothing_more(
         try:
             for event in events[first:count]:
                 await producer.send_and_wait(
-                    topics.usage_raw, USAGE_EVENT.encode(event), event["org_id"].encode()
+                    topics.usage_raw, USAGE_EVENT.encode(event), usage_raw_key(event["org_id"])
                 )
         finally:
             await producer.stop()

@@ -28,6 +28,7 @@ from schemas.periods import to_micros
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.raises import BudgetRaise
 from schemas.records import UsageEvent, Verdict
+from schemas.topics import usage_raw_key
 from schemas.usage import new_usage_event
 from tests.budget_oracle import forecast_alert_ids
 
@@ -128,7 +129,7 @@ def fold(
     size = -(-len(events) // batches)
     for start in range(0, len(events), size):
         batch = [
-            RawRecord(0, start + n, b"", USAGE_EVENT.encode(e))
+            RawRecord(0, start + n, usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e))
             for n, e in enumerate(events[start : start + size])
         ]
         out = processor.process(

@@ -20,7 +20,7 @@ from schemas.ids import counter_key, decompose, ids_are_canonical
 from schemas.periods import period_key
 from schemas.pricing import PriceBook, price_table_from_yaml
 from schemas.records import UsageEvent
-from schemas.topics import parse_store_row
+from schemas.topics import parse_store_row, usage_raw_key
 from schemas.usage import new_usage_event
 
 PRICES = price_table_from_yaml(
@@ -75,7 +75,7 @@ def event(i: int = 0, **over: Any) -> UsageEvent:
 
 def records(events: list[UsageEvent], partition: int = 0, start: int = 0) -> list[RawRecord]:
     return [
-        RawRecord(partition, start + n, e["org_id"].encode(), USAGE_EVENT.encode(e))
+        RawRecord(partition, start + n, usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e))
         for n, e in enumerate(events)
     ]
 
@@ -446,3 +446,23 @@ def test_an_unpriced_model_is_charged_zero_and_alerted_once() -> None:
     assert [(a["alert_id"], a["model"]) for a in unpriced] == [("unpriced|mystery-9", "mystery-9")]
     assert first.stats.unpriced == 3 and first.stats.cost_nanos == 0
     assert first.unpriced_models == {"mystery-9"}
+
+
+def test_a_record_keyed_by_anything_but_its_org_is_dead_lettered_uncounted() -> None:
+    """The key decides the partition, and the partition holds the org's counters and
+    dedupe: a record keyed otherwise is a dead letter (wrong_key), its bytes kept."""
+    store, processor = Store(), BatchProcessor(reference(), source_topic="usage.raw")
+    sent = [event(0), event(1, org_id=" acme "), event(2)]
+    keys = [b"sk-a", b"acme", None]  # by secret; canonical org of " acme "; none
+    batch = [
+        RawRecord(0, n, k, USAGE_EVENT.encode(e))
+        for n, (k, e) in enumerate(zip(keys, sent, strict=True))
+    ]
+    out = store.run(processor, batch)
+    letters = [DEAD_LETTER.decode(v) for _, v in out.dead_letters]
+    assert [(x["reason"], x["source_offset"], x["key"]) for x in letters] == [
+        ("wrong_key", 0, b"sk-a"),
+        ("wrong_key", 2, None),
+    ]
+    assert letters[0]["value"] == USAGE_EVENT.encode(sent[0])
+    assert out.stats.charged == 1 and store.totals("per-secret", "acme", "sk-a")[0] == COST

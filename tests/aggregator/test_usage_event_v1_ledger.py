@@ -20,6 +20,7 @@ from aggregator.counting.process import BatchProcessor, RawRecord
 from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICED_USAGE, USAGE_EVENT
 from schemas.records import PricedUsage, UsageEvent
+from schemas.topics import usage_raw_key
 from tests.aggregator.test_process import COST, Store, event, records, reference
 
 V1 = json.loads(
@@ -36,7 +37,7 @@ def v1_bytes(record: Mapping[str, Any]) -> bytes:
 
 
 def v1_ledger(events: list[UsageEvent]) -> list[RawRecord]:
-    return [RawRecord(0, n, e["org_id"].encode(), v1_bytes(e)) for n, e in enumerate(events)]
+    return [RawRecord(0, n, usage_raw_key(e["org_id"]), v1_bytes(e)) for n, e in enumerate(events)]
 
 
 def unpriced_at(row: PricedUsage) -> dict[str, Any]:
@@ -94,7 +95,7 @@ def test_a_v1_ledger_replays_to_the_same_charges_as_v2_without_units() -> None:
 def test_a_mixed_ledger_is_read_in_order() -> None:
     events = [event(i) for i in range(4)]
     mixed = [
-        RawRecord(0, n, e["org_id"].encode(), v1_bytes(e) if n % 2 else USAGE_EVENT.encode(e))
+        RawRecord(0, n, usage_raw_key(e["org_id"]), v1_bytes(e) if n % 2 else USAGE_EVENT.encode(e))
         for n, e in enumerate(events)
     ]
     out = Store().run(BatchProcessor(reference(), source_topic="usage.raw"), mixed)

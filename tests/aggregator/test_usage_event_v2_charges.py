@@ -16,6 +16,7 @@ from aggregator.counting.decode import decode_usage_event
 from aggregator.counting.process import BatchProcessor, RawRecord
 from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICED_USAGE, USAGE_EVENT
+from schemas.topics import usage_raw_key
 from tests.aggregator.test_process import COST, Store, event, records, reference
 
 V2 = json.loads(
@@ -62,7 +63,7 @@ def test_a_further_charge_adds_its_cost_and_tokens_but_no_request() -> None:
 def test_a_mixed_ledger_of_v2_and_v3_records_replays_the_same() -> None:
     events = [event(i) for i in range(4)]
     mixed = [
-        RawRecord(0, n, e["org_id"].encode(), v2_bytes(e) if n % 2 else USAGE_EVENT.encode(e))
+        RawRecord(0, n, usage_raw_key(e["org_id"]), v2_bytes(e) if n % 2 else USAGE_EVENT.encode(e))
         for n, e in enumerate(events)
     ]
     old, new = Store(), Store()

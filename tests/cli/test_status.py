@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from schemas.codec import USAGE_EVENT
-from schemas.topics import Topics
+from schemas.topics import Topics, usage_raw_key
 from schemas.usage import new_usage_event
 from spendbus.commands.status_services import redact
 from spendbus.stack.broker_probe import free_port
@@ -107,7 +107,13 @@ def usage_events(n: int) -> list[bytes]:
 def test_status_shows_lag_drain_dead_letters_and_clickhouse(pipeline: Pipeline) -> None:
     topics = pipeline.topics
     first = usage_events(WARM_UP)
-    asyncio.run(publish(pipeline.bootstrap, topics.usage_raw, [(b"org", v) for v in first]))
+    asyncio.run(
+        publish(
+            pipeline.bootstrap,
+            topics.usage_raw,
+            [(usage_raw_key(f"org-{i % 5}"), v) for i, v in enumerate(first)],
+        )
+    )
     # counted: the group's lag drains to 0 on every topic it reads (raw, priced, verdicts)
     ready = status_until(
         pipeline,
@@ -133,7 +139,13 @@ def test_status_shows_lag_drain_dead_letters_and_clickhouse(pipeline: Pipeline) 
     # the worker away: what is published waits in its group's lag, and status says nobody reads
     pipeline.worker.stop()
     values = usage_events(EVENTS)
-    asyncio.run(publish(pipeline.bootstrap, topics.usage_raw, [(b"org", v) for v in values]))
+    asyncio.run(
+        publish(
+            pipeline.bootstrap,
+            topics.usage_raw,
+            [(usage_raw_key(f"org-{i % 5}"), v) for i, v in enumerate(values)],
+        )
+    )
     away = status_until(pipeline, lambda r: not any(members(r, pipeline)))
     assert lag_of(away, pipeline, topics.usage_raw) == EVENTS, away["consumer_groups"]
     assert not away["worker"]["answering"] and away["worker"]["pid"] is None

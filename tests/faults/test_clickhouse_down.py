@@ -32,7 +32,7 @@ import pytest
 
 from schemas.codec import USAGE_EVENT
 from schemas.records import UsageEvent
-from schemas.topics import Topics
+from schemas.topics import Topics, usage_raw_key
 from schemas.usage import new_usage_event
 from spendbus.stack.compacted import publish
 from tests.pipeline_kit import Pipeline
@@ -108,7 +108,7 @@ class Load:
             await publish(
                 self.pipeline.bootstrap,
                 self.pipeline.topics.usage_raw,
-                [(e["org_id"].encode(), USAGE_EVENT.encode(e)) for e in events],
+                [(usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e)) for e in events],
             )
             self.sent.extend(events)
             await asyncio.sleep(TICK)

@@ -16,6 +16,7 @@ from enforcer import Enforcer, EnforcerConfig
 from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.codec import DEAD_LETTER, USAGE_EVENT
 from schemas.records import UsageEvent
+from schemas.topics import usage_raw_key
 from schemas.usage import new_usage_event
 from tests.pipeline_kit import Pipeline
 
@@ -168,10 +169,12 @@ def test_bad_records_go_to_the_dlq_with_reason_and_bytes_and_the_worker_goes_on(
     ]
     asyncio.run(
         publish_raw(
-            pipeline, [(e["org_id"].encode(), USAGE_EVENT.encode(e)) for e in good[:2]] + bad
+            pipeline, [(usage_raw_key(e["org_id"]), USAGE_EVENT.encode(e)) for e in good[:2]] + bad
         )
     )
-    asyncio.run(publish_raw(pipeline, [(good[2]["org_id"].encode(), USAGE_EVENT.encode(good[2]))]))
+    asyncio.run(
+        publish_raw(pipeline, [(usage_raw_key(good[2]["org_id"]), USAGE_EVENT.encode(good[2]))])
+    )
     letters = asyncio.run(read_all(pipeline.bootstrap, pipeline.topics.usage_dlq, len(bad)))
     decoded = [DEAD_LETTER.decode(m.value) for m in letters]
     assert sorted(d["reason"] for d in decoded) == sorted(

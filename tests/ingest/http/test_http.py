@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from ingest.http import build_app
 from ingest.publisher import PublisherConfig, UsagePublisher
 from ingest.receive import server_options
-from schemas.topics import Topics
+from schemas.topics import Topics, usage_raw_key
 from tests.ingest.http.kit import DEAD_BOOTSTRAP, TOKEN, consume, json_event
 from tests.slow_sender import head, send_then_stall
 
@@ -146,7 +146,7 @@ async def test_accepted_after_the_broker_acknowledged_and_idempotent_by_event_id
     ids = [e["event_id"] for _, e in got]
     assert len(ids) == 60
     assert set(ids) == {e["event_id"] for e in events}
-    assert all(key == e["org_id"].encode() for key, e in got)
+    assert all(key == usage_raw_key(e["org_id"]) for key, e in got)
 
 
 async def test_health_and_metrics(client: TestClient[web.Request, web.Application]) -> None:
