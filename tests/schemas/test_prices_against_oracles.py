@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from schemas.pricing import PriceBook, PriceTable, default_price_file
 from schemas.pricing.price_file import load_price_file
@@ -264,3 +265,44 @@ def test_sonnet_4_6_is_flat_across_its_window_from_2026_03_13() -> None:
 def test_load_price_file_reads_the_shipped_file() -> None:
     versions = [t.version for t in load_price_file(default_price_file())]
     assert versions[-1] == VERSION and len(versions) >= 3
+
+
+@pytest.mark.parametrize(
+    ("rule", "says"),
+    [
+        ({"map": "litellm", "models_starting": "gemini-", "tiers": ["flex"]}, "needs map"),
+        (
+            {"map": "openrouter", "models_starting": "g", "tiers": ["flex"], "reason": "r"},
+            "field 'map'",
+        ),
+        (
+            {"map": "litellm", "models_starting": "g", "tiers": ["turbo"], "reason": "r"},
+            "field 'tiers'",
+        ),
+        (
+            {"map": "litellm", "models_starting": "g", "tiers": ["flex"], "reason": " "},
+            "the reason and the provider page",
+        ),
+    ],
+)
+def test_a_one_map_tier_rule_names_its_map_tiers_reason_and_page(
+    tmp_path: Path, rule: dict[str, Any], says: str
+) -> None:
+    from schemas.errors import ConfigError
+
+    if "reason" in rule:
+        rule = {**rule, "page": "https://ai.google.dev/gemini-api/docs/pricing"}
+    path = tmp_path / "decisions.yaml"
+    path.write_text(yaml.safe_dump({"decisions": [], "one_map_tiers": [rule]}))
+    with pytest.raises(ConfigError, match="one_map_tiers") as raised:
+        load_one_map_tiers(path)
+    assert says in str(raised.value)
+
+
+def test_a_one_map_tier_is_taken_only_where_the_other_map_lacks_it() -> None:
+    [rule] = ONE_MAP_TIERS
+    lite = SNAPSHOT["models"]["gemini-2.5-flash-lite"]
+    assert set(one_map_tiers("gemini-2.5-flash-lite", lite, [rule])) == {"flex", "priority"}
+    both = {name: {**lite[name], "tiers": lite["litellm"]["tiers"]} for name in MAPS}
+    assert one_map_tiers("gemini-2.5-flash-lite", both, [rule]) == {}  # agreement decides
+    assert one_map_tiers("gpt-5.4", SNAPSHOT["models"]["gpt-5.4"], [rule]) == {}
