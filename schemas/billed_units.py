@@ -11,7 +11,8 @@ visible to analysts in ``usage_events.units``.
 (Anthropic ``usage.service_tier``: ``standard`` | ``priority`` | ``batch``; OpenAI
 ``service_tier``: ``default`` | ``flex`` | ``priority`` | ``scale``); null when the
 response does not say. A price entry's ``service_tiers`` multiply its token prices for
-the tiers it names; any other tier is charged the base prices.
+the tiers it names, and its ``service_tier_rates`` give a tier's own rate of a token
+class (PriceTable v3); any other tier is charged the base prices.
 """
 
 from __future__ import annotations

@@ -246,6 +246,11 @@ class ModelPrice(TypedDict):
     #: v2: decimal multiplier of every token price when the response names the tier (batch: 0.5);
     #: other tiers pay the base prices.
     service_tiers: dict[str, str]
+    #: v3: per tier, the decimal USD per million tokens of each token class (input_per_mtok,
+    #: cache_read_per_mtok, cache_write_per_mtok, cache_write_1h_per_mtok, output_per_mtok) the tier
+    #: bills apart from its multiplier (batch: {cache_read_per_mtok: 0.13}); above the long-context
+    #: edge such a rate scales as its base price does.
+    service_tier_rates: dict[str, dict[str, str]]
 
 
 class PriceTable(TypedDict):

@@ -8,7 +8,8 @@ Both read the same ``pricing`` topic (compacted, key = version, value = the
 One concern a module:
 
 - ``model_price``: a model's prices (``ModelPrice``, ``LongContextTier``), their bounds
-  and defaults, and what one call costs at them;
+  and defaults, each service tier's prices (a multiplier, class rates), and what one
+  call costs at them;
 - ``exact_cost``: the integer rates and the exact cost, rounded once;
 - ``model_ids``: the forms of a model id tried in turn (Bedrock profiles and vendors) and
   the snapshot suffixes an entry also prices (never another version);
@@ -36,8 +37,10 @@ from schemas.pricing.model_price import (
     MAX_SOURCE_CHARS,
     MAX_TIER_MULTIPLIER,
     MAX_UNIT_PRICE,
+    TOKEN_PRICE_FIELDS,
     LongContextTier,
     ModelPrice,
+    exact_decimal,
 )
 from schemas.pricing.price_file import default_price_file, load_price_file, price_table_from_yaml
 from schemas.pricing.table import PriceTable
@@ -57,12 +60,14 @@ __all__ = [
     "MAX_UNIT_PRICE",
     "NO_VERSION",
     "SNAPSHOT_SUFFIX",
+    "TOKEN_PRICE_FIELDS",
     "LongContextTier",
     "ModelPrice",
     "Price",
     "PriceBook",
     "PriceTable",
     "default_price_file",
+    "exact_decimal",
     "is_snapshot_suffix",
     "load_price_file",
     "model_id_candidates",

@@ -18,9 +18,10 @@ a request writes to the cache should pass those tokens to :meth:`PriceBook.price
 exact decimal strings: what a reader charges does not depend on the defaults
 of the code that reads it. :meth:`PriceTable.from_record` still gives a null
 cache price its default. :class:`PriceBook` resolves each (version, model)
-once and caches the result (the rates, or the constant unpriced Price), so
-:meth:`PriceBook.price_event` is a comparison (events of the newest version
-skip the bisect), a dict lookup and integer arithmetic.
+once and caches the result (the rates, each service tier's rates, or the constant
+unpriced Price), so :meth:`PriceBook.price_event` is a comparison (events of the newest
+version skip the bisect), a dict lookup and integer arithmetic; an event a tier served
+is the same sum over that tier's rates.
 """
 
 from __future__ import annotations
@@ -34,13 +35,7 @@ from typing import Any, Final
 
 from schemas.billed_units import valid_service_tier, valid_unit_name
 from schemas.errors import ContractError, InvalidRecord
-from schemas.pricing.exact_cost import (
-    Extras,
-    Rates,
-    cost_with_extras,
-    rounded_cost,
-    token_numerator,
-)
+from schemas.pricing.exact_cost import Extras, Rates, cost_with_units, rounded_cost, token_numerator
 from schemas.pricing.price_file import default_price_file, load_price_file
 from schemas.pricing.table import PriceTable
 
@@ -198,7 +193,9 @@ class PriceBook:
         if fixed is not None:
             return fixed
         assert rates is not None
-        if extras is not None and (units or service_tier is not None):
+        if extras is not None and service_tier is not None:
+            rates = extras[1].get(service_tier, rates)
+        if extras is not None and units:
             if cache_write_1h_tokens > cache_write_tokens:
                 raise ContractError("cache_write_1h_tokens is a part of cache_write_tokens")
             token_total = token_numerator(
@@ -209,7 +206,7 @@ class PriceBook:
                 cache_write_1h_tokens,
                 output_tokens,
             )
-            cost = cost_with_extras(token_total, rates[3], extras, units, service_tier)
+            cost = cost_with_units(token_total, rates[3], extras[0], units)
             return Price(cost, version, matched, False)
         cost = rounded_cost(
             rates,
@@ -247,6 +244,10 @@ class PriceBook:
         fixed, version, matched, rates, extras = entry
         if fixed is not None:
             return fixed
+        if extras is not None:  # only entries that price units or tiers look at them
+            service_tier = event.get("service_tier")
+            if service_tier is not None:  # the tier's own rates, when the entry prices it
+                rates = extras[1].get(service_tier, rates)
         threshold, base, tier, den = rates  # type: ignore[misc]  # rates is None only with a fixed price (returned above)
         inp = event["input_tokens"]
         read = event["cache_read_tokens"]
@@ -262,13 +263,10 @@ class PriceBook:
         total = (
             inp * a + read * b + (write - write_1h) * c + write_1h * d + event["output_tokens"] * e
         )
-        if extras is not None:  # only entries that price units or tiers look at them
+        if extras is not None:
             units = event.get("units")
-            service_tier = event.get("service_tier")
-            if units or service_tier is not None:
-                return _charged(
-                    cost_with_extras(total, den, extras, units, service_tier), version, matched
-                )
+            if units:
+                return _charged(cost_with_units(total, den, extras[0], units), version, matched)
         if den != 1:
             quotient, remainder = divmod(total, den)
             twice = remainder + remainder

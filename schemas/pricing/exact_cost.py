@@ -1,14 +1,15 @@
 """The exact cost of tokens and billed units over integer rates, rounded once.
 
-Every price is a finite decimal, or (a tier's cache prices) a decimal times a
-quotient of decimals: a rational number. Each :class:`ModelPrice` turns its
+Every price is a finite decimal, or (a long-context tier's cache prices, a service
+tier's multiple of a price) a decimal times a quotient of decimals: a rational number. Each :class:`ModelPrice` turns its
 prices into nanos per token (price x 1000) and writes them over one common
 denominator ``D`` (the lcm of their denominators), so each rate is an integer
 numerator. An event's exact cost is then ``N / D`` with ``N`` the integer sum
 of tokens x numerators; one integer ``divmod`` gives the quotient and the
 remainder, and ties (2 x remainder = D) go to the even quotient. No float
 and no Decimal context precision is involved, so nothing is rounded before that
-last step, whatever the number of digits of the prices; it equals
+last step, whatever the number of digits of the prices. A service tier has rates of its
+own, made the same way, so a call it serves is the same sum over other numerators. It equals
 ``money.round_nanos(sum of money.line_cost(...))`` whenever the latter is
 exact (tests check both against a brute-force ``Fraction`` computation).
 """
@@ -28,26 +29,18 @@ NANOS_PER_TOKEN: Final = Fraction(NANOS_PER_USD, TOKENS_PER_PRICE_UNIT)
 #: per token class (input, cache read, 5-minute cache write, 1-hour cache write, output)
 Rates = tuple[int, tuple[int, int, int, int, int], tuple[int, int, int, int, int], int]
 
-#: (unit -> nanos per unit, tier -> token-cost multiplier), exact
-Extras = tuple[dict[str, Fraction], dict[str, Fraction]]
+#: (unit -> nanos per unit, exact; service tier -> the rates of a call it serves)
+Extras = tuple[dict[str, Fraction], dict[str, Rates]]
 
 
-def cost_with_extras(
-    token_total: int, den: int, extras: Extras, units: Any, service_tier: Any
-) -> int:
-    """The exact cost of tokens (``token_total / den`` nanos) x the tier's multiplier, plus
-    each priced unit, rounded once (nearest nano, ties to even)."""
-    unit_nanos, tiers = extras
+def cost_with_units(token_total: int, den: int, unit_nanos: dict[str, Fraction], units: Any) -> int:
+    """The exact cost of tokens (``token_total / den`` nanos) plus each priced unit,
+    rounded once (nearest nano, ties to even)."""
     exact = Fraction(token_total, den)
-    if service_tier is not None:
-        factor = tiers.get(service_tier)
-        if factor is not None:
-            exact *= factor
-    if units:
-        for unit, count in units.items():
-            nanos = unit_nanos.get(unit)
-            if nanos is not None:
-                exact += nanos * count
+    for unit, count in units.items():
+        nanos = unit_nanos.get(unit)
+        if nanos is not None:
+            exact += nanos * count
     quotient, remainder = divmod(exact.numerator, exact.denominator)
     twice = remainder * 2
     if twice > exact.denominator or (twice == exact.denominator and quotient & 1):

@@ -15,12 +15,20 @@ output_tokens              x output_per_mtok
 nano, ties to even.
 
 *Billed units and service tiers.* When the event names a ``service_tier`` the entry
-lists in ``service_tiers``, the token sum above is multiplied by that tier's factor
-(``batch: "0.5"``: half of every token price; a tier not listed, or none, pays the
-base prices). Then each ``units`` count the entry prices in ``unit_prices`` adds
-count x USD per unit (``web_search: 3`` at ``"0.01"`` is $0.03); a unit the entry
+prices, each token class is billed at that tier's rate: the rate
+``service_tier_rates`` gives the class in the tier (PriceTable v3: ``batch:
+{cache_read_per_mtok: "0.13"}``), else the base price times the tier's multiplier in
+``service_tiers`` (``batch: "0.5"``: half of every token price), else (a tier with
+rates but no multiplier) the base price. A tier the entry does not price, or none,
+pays the base prices. Above the long-context edge a class's tier rate scales as its
+base price does (input and cache prices by tier input / base input, output by tier
+output / base output): Gemini's batch cache reads stay at the standard cached rate on
+either side of the edge. Then each ``units`` count the entry prices in ``unit_prices``
+adds count x USD per unit (``web_search: 3`` at ``"0.01"`` is $0.03); a unit the entry
 does not price adds nothing (it stays visible in ``usage_events.units``). All of it
-is exact and still rounded once.
+is exact and still rounded once: each tier's rates are integer numerators like the
+base ones (``exact_cost``), so a rate that is no multiple of the base price (1/3 of
+it) is carried exactly.
 
 *Long context.* When the whole prompt, input + cache reads + cache writes,
 is **more than** ``above_input_tokens`` (exactly at it is still the base
@@ -61,6 +69,20 @@ MAX_UNIT_PRICE: Final = Decimal(1000)
 MAX_TIER_MULTIPLIER: Final = Decimal(100)
 #: longest provenance note of one entry
 MAX_SOURCE_CHARS: Final = 500
+#: the token classes a price applies to, as its fields name them, in the order of the
+#: integer rates (``exact_cost.Rates``); ``service_tier_rates`` names its classes so
+TOKEN_PRICE_FIELDS: Final = (
+    "input_per_mtok",
+    "cache_read_per_mtok",
+    "cache_write_per_mtok",
+    "cache_write_1h_per_mtok",
+    "output_per_mtok",
+)
+
+#: one tier's rates of the classes it bills apart: ((price field, USD per Mtok), ...)
+TierRates = tuple[tuple[str, Decimal], ...]
+#: exact prices of the five token classes, in ``TOKEN_PRICE_FIELDS`` order
+Prices = tuple[Fraction, Fraction, Fraction, Fraction, Fraction]
 
 
 def _decimal_places(value: Decimal) -> int:
@@ -74,6 +96,24 @@ def _decimal_places(value: Decimal) -> int:
             break
         places -= 1
     return places
+
+
+def exact_decimal(value: Fraction) -> Decimal | None:
+    """``value`` as a decimal when it is a finite one (``13/25`` is ``0.52``), else None
+    (``5/3``): only a denominator of 2s and 5s has a finite expansion."""
+    den = value.denominator
+    twos = fives = 0
+    while den % 2 == 0:
+        den //= 2
+        twos += 1
+    while den % 5 == 0:
+        den //= 5
+        fives += 1
+    if den != 1:
+        return None
+    places = max(twos, fives)
+    digits = value.numerator * 10**places // value.denominator  # exact: 10**places divides
+    return Decimal(digits).scaleb(-places)
 
 
 def check_price(value: Decimal, what: str) -> Decimal:
@@ -138,12 +178,15 @@ class ModelPrice:
     unit_prices: tuple[tuple[str, Decimal], ...] = ()
     #: (service tier, multiplier of every token price), sorted by tier
     service_tiers: tuple[tuple[str, Decimal], ...] = ()
+    #: (service tier, the rates of the classes it bills apart from its multiplier), sorted
+    #: by tier and class (PriceTable v3)
+    service_tier_rates: tuple[tuple[str, TierRates], ...] = ()
     #: where the prices came from (``spendbus prices import`` writes it); the price file
     #: keeps it, the ``PriceTable`` record does not, and it plays no part in pricing
     #: (nor in equality: a table read back from the topic equals the file's)
     source: str | None = field(default=None, compare=False, hash=False)
-    #: the prices as integer rates, and the unit and tier prices when any: what
-    #: ``cost_nanos`` and the price book charge with, computed once here
+    #: the prices as integer rates, and the unit prices and each tier's integer rates
+    #: when any: what ``cost_nanos`` and the price book charge with, computed once here
     rates: Rates = field(init=False, repr=False, compare=False, hash=False)
     extras: Extras | None = field(init=False, repr=False, compare=False, hash=False)
 
@@ -182,12 +225,22 @@ class ModelPrice:
         object.__setattr__(
             self, "service_tiers", _checked_pairs(self.service_tiers, "service_tiers")
         )
-        object.__setattr__(self, "rates", self._compute_rates())
+        object.__setattr__(self, "service_tier_rates", _checked_tier_rates(self.service_tier_rates))
+        if self.long_context is not None and self.output_per_mtok == 0:
+            for tier, rates in self.service_tier_rates:
+                if "output_per_mtok" in dict(rates):
+                    raise ContractError(
+                        f"service_tier_rates.{tier}.output_per_mtok: with a long_context "
+                        "tier needs output_per_mtok > 0 (above the edge a tier rate scales "
+                        "as its base price does)"
+                    )
+        object.__setattr__(self, "rates", _integer_rates(*self.prices_in_tier(None), self))
         extras: Extras | None = None
-        if self.unit_prices or self.service_tiers:
+        tiers = self.tiers()
+        if self.unit_prices or tiers:
             extras = (
                 {unit: Fraction(usd) * NANOS_PER_USD for unit, usd in self.unit_prices},
-                {tier: Fraction(factor) for tier, factor in self.service_tiers},
+                {tier: _integer_rates(*self.prices_in_tier(tier), self) for tier in tiers},
             )
         object.__setattr__(self, "extras", extras)
 
@@ -204,6 +257,7 @@ class ModelPrice:
         long_context: LongContextTier | None = None,
         unit_prices: Mapping[str, str | int | Decimal] | None = None,
         service_tiers: Mapping[str, str | int | Decimal] | None = None,
+        service_tier_rates: Mapping[str, Mapping[str, str | int | Decimal]] | None = None,
         source: str | None = None,
     ) -> ModelPrice:
         """A price with the default cache prices (0.1x, 1.25x, 2x input) where none is given."""
@@ -238,11 +292,12 @@ class ModelPrice:
                 (tier, parse_usd(factor, what=f"service_tiers.{tier}"))
                 for tier, factor in (service_tiers or {}).items()
             ),
+            service_tier_rates=_parsed_tier_rates(service_tier_rates),
             source=source,
         )
 
     # exact prices in USD per Mtok, as fractions, per token class
-    def base_prices(self) -> tuple[Fraction, Fraction, Fraction, Fraction, Fraction]:
+    def base_prices(self) -> Prices:
         """(input, cache read, 5-minute cache write, 1-hour cache write, output), exact."""
         return (
             Fraction(self.input_per_mtok),
@@ -252,7 +307,7 @@ class ModelPrice:
             Fraction(self.output_per_mtok),
         )
 
-    def tier_prices(self) -> tuple[Fraction, Fraction, Fraction, Fraction, Fraction] | None:
+    def tier_prices(self) -> Prices | None:
         """The long-context prices (cache prices scaled like input), exact; None without a tier."""
         tier = self.long_context
         if tier is None:
@@ -267,15 +322,36 @@ class ModelPrice:
             Fraction(tier.output_per_mtok),
         )
 
-    def _compute_rates(self) -> Rates:
-        base = [p * NANOS_PER_TOKEN for p in self.base_prices()]
-        tier_prices = self.tier_prices()
-        tier = base if tier_prices is None else [p * NANOS_PER_TOKEN for p in tier_prices]
-        den = math.lcm(*(r.denominator for r in (*base, *tier)))
-        b0, b1, b2, b3, b4 = (int(r * den) for r in base)
-        t0, t1, t2, t3, t4 = (int(r * den) for r in tier)
-        threshold = -1 if self.long_context is None else self.long_context.above_input_tokens
-        return (threshold, (b0, b1, b2, b3, b4), (t0, t1, t2, t3, t4), den)
+    def tiers(self) -> tuple[str, ...]:
+        """The service tiers this entry prices (a multiplier, class rates or both), sorted."""
+        return tuple(
+            sorted({t for t, _ in self.service_tiers} | {t for t, _ in self.service_tier_rates})
+        )
+
+    def prices_in_tier(self, service_tier: str | None) -> tuple[Prices, Prices | None]:
+        """(base prices, long-context prices or None) of a call served by ``service_tier``,
+        exact: a class's rate in the tier, else its price x the tier's multiplier (1 when
+        the tier has none); above the edge a class's tier rate scales as its price does.
+        A tier the entry does not price, or None, is the base prices."""
+        base = self.base_prices()
+        long = self.tier_prices()
+        if service_tier is None or service_tier not in self.tiers():
+            return base, long
+        factor = Fraction(dict(self.service_tiers).get(service_tier, Decimal(1)))
+        given = dict(dict(self.service_tier_rates).get(service_tier, ()))
+
+        def in_tier(prices: Prices, long_context: bool) -> Prices:
+            out = [price * factor for price in prices]
+            for index, name in enumerate(TOKEN_PRICE_FIELDS):
+                rate = given.get(name)
+                if rate is not None:
+                    out[index] = Fraction(rate)
+                    if long_context:  # output scales as output does, the rest as input
+                        scale = 4 if name == "output_per_mtok" else 0
+                        out[index] *= prices[scale] / base[scale]
+            return (out[0], out[1], out[2], out[3], out[4])
+
+        return in_tier(base, False), None if long is None else in_tier(long, True)
 
     def cost_nanos(
         self,
@@ -308,11 +384,16 @@ class ModelPrice:
             "long_context": None if self.long_context is None else self.long_context.to_record(),
             "unit_prices": {unit: str(usd) for unit, usd in self.unit_prices},
             "service_tiers": {tier: str(factor) for tier, factor in self.service_tiers},
+            "service_tier_rates": {
+                tier: {name: str(rate) for name, rate in rates}
+                for tier, rates in self.service_tier_rates
+            },
         }
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> ModelPrice:
-        """Inverse of :meth:`to_record`; a null cache price takes its default."""
+        """Inverse of :meth:`to_record`; a null cache price takes its default, a record
+        written before v3 has no class rates."""
         tier = rec.get("long_context")
         return cls.of(
             rec["match"],
@@ -324,6 +405,7 @@ class ModelPrice:
             long_context=None if tier is None else LongContextTier.from_record(tier),
             unit_prices=rec.get("unit_prices") or {},
             service_tiers=rec.get("service_tiers") or {},
+            service_tier_rates=rec.get("service_tier_rates") or {},
         )
 
 
@@ -349,3 +431,63 @@ def _checked_pairs(pairs: Any, what: str) -> tuple[tuple[str, Decimal], ...]:
             raise ContractError(f"{what}.{name}: more than {MAX_PRICE_PLACES} decimal places")
         out.append((name, value))
     return tuple(sorted(out))
+
+
+def _integer_rates(base: Prices, long: Prices | None, price: ModelPrice) -> Rates:
+    """``base`` and ``long`` as nanos per token over one common denominator (``Rates``)."""
+    scaled = [p * NANOS_PER_TOKEN for p in base]
+    tier = scaled if long is None else [p * NANOS_PER_TOKEN for p in long]
+    den = math.lcm(*(r.denominator for r in (*scaled, *tier)))
+    b0, b1, b2, b3, b4 = (int(r * den) for r in scaled)
+    t0, t1, t2, t3, t4 = (int(r * den) for r in tier)
+    threshold = -1 if price.long_context is None else price.long_context.above_input_tokens
+    return (threshold, (b0, b1, b2, b3, b4), (t0, t1, t2, t3, t4), den)
+
+
+def _parsed_tier_rates(
+    given: Mapping[str, Mapping[str, str | int | Decimal]] | None,
+) -> tuple[tuple[str, TierRates], ...]:
+    out = []
+    for tier, rates in (given or {}).items():
+        if not isinstance(rates, Mapping):
+            raise ContractError(
+                f"service_tier_rates.{tier}: a mapping of token price (input_per_mtok...) "
+                "to USD per million tokens"
+            )
+        out.append(
+            (
+                tier,
+                tuple(
+                    (name, parse_usd(rate, what=f"service_tier_rates.{tier}.{name}"))
+                    for name, rate in rates.items()
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def _checked_tier_rates(given: Any) -> tuple[tuple[str, TierRates], ...]:
+    """``service_tier_rates``: tier names each once, each with the token prices it bills
+    apart (``TOKEN_PRICE_FIELDS``, each once, within a price's bounds); sorted."""
+    items = list(given.items()) if isinstance(given, Mapping) else list(given)
+    out: dict[str, TierRates] = {}
+    for tier, rates in items:
+        if not valid_service_tier(tier):
+            raise ContractError(f"service_tier_rates: {tier!r} is not a lower-case name")
+        if tier in out:
+            raise ContractError(f"service_tier_rates: {tier!r} is given twice")
+        pairs = list(rates.items()) if isinstance(rates, Mapping) else list(rates)
+        if not pairs:
+            raise ContractError(f"service_tier_rates.{tier}: give at least one token price")
+        named: dict[str, Decimal] = {}
+        for name, rate in pairs:
+            if name not in TOKEN_PRICE_FIELDS:
+                raise ContractError(
+                    f"service_tier_rates.{tier}: {name!r} is not a token price (one of "
+                    f"{', '.join(TOKEN_PRICE_FIELDS)})"
+                )
+            if name in named:
+                raise ContractError(f"service_tier_rates.{tier}.{name}: given twice")
+            named[name] = check_price(rate, f"service_tier_rates.{tier}.{name}")
+        out[tier] = tuple(sorted(named.items()))
+    return tuple(sorted(out.items()))

@@ -14,6 +14,8 @@ A file holds one table, or several versions under ``versions:``::
         long_context: {above_input_tokens: 200000, input_per_mtok: "6.00", output_per_mtok: "22.50"}
         unit_prices: {web_search: "0.01"}  # optional: USD per billed unit (schemas/billed_units.py)
         service_tiers: {batch: "0.5", priority: "1.7"}  # optional: token-price multipliers
+        service_tier_rates: {batch: {cache_read_per_mtok: "0.30"}}  # optional: a class a
+                                           # tier bills apart from its multiplier (USD / M)
         source: "litellm:claude-sonnet-4-5 (...)"  # optional provenance, kept in the file only
     fallback:                              # optional: charged for models nothing matches
       input_per_mtok: "10"
@@ -74,6 +76,7 @@ _MODEL_KEYS: Final = (
     "long_context",
     "unit_prices",
     "service_tiers",
+    "service_tier_rates",
     "source",
 )
 _TIER_KEYS: Final = ("above_input_tokens", "input_per_mtok", "output_per_mtok")
@@ -164,6 +167,7 @@ def _model_from_yaml(item: Any, where: str, *, fallback: bool = False) -> ModelP
             prices[name] = _yaml_price(value, where, name)
     per_unit = _named_prices(item, "unit_prices", where)
     tiers = _named_prices(item, "service_tiers", where)
+    tier_rates = _tier_rates(item, where)
     tier = item.get("long_context")
     long_context = None
     if tier is not None:
@@ -200,6 +204,7 @@ def _model_from_yaml(item: Any, where: str, *, fallback: bool = False) -> ModelP
             long_context=long_context,
             unit_prices=per_unit,
             service_tiers=tiers,
+            service_tier_rates=tier_rates,
             source=source,
         )
     except ContractError as exc:
@@ -214,6 +219,30 @@ def _named_prices(item: Mapping[str, Any], key: str, where: str) -> dict[str, De
     if not isinstance(given, dict):
         raise ConfigError(f"{where}: field {key!r}: a mapping of name to decimal string")
     return {str(name): _yaml_price(value, where, f"{key}.{name}") for name, value in given.items()}
+
+
+def _tier_rates(item: Mapping[str, Any], where: str) -> dict[str, dict[str, Decimal]]:
+    """``service_tier_rates``: tier -> {token price field -> decimal USD per million}."""
+    given = item.get("service_tier_rates")
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise ConfigError(
+            f"{where}: field 'service_tier_rates': a mapping of tier to its token prices"
+        )
+    out: dict[str, dict[str, Decimal]] = {}
+    for tier, rates in given.items():
+        field_name = f"service_tier_rates.{tier}"
+        if not isinstance(rates, dict):
+            raise ConfigError(
+                f"{where}: field {field_name!r}: a mapping of token price "
+                "(input_per_mtok, cache_read_per_mtok...) to a decimal string"
+            )
+        out[str(tier)] = {
+            str(name): _yaml_price(rate, where, f"{field_name}.{name}")
+            for name, rate in rates.items()
+        }
+    return out
 
 
 def _effective_from(value: Any, where: str) -> datetime:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,7 +20,14 @@ import click
 
 from schemas.errors import ContractError, SpendbusError
 from schemas.money import nanos_to_usd
-from schemas.pricing import ModelPrice, PriceBook, default_price_file, load_price_file
+from schemas.pricing import (
+    TOKEN_PRICE_FIELDS,
+    ModelPrice,
+    PriceBook,
+    default_price_file,
+    exact_decimal,
+    load_price_file,
+)
 
 
 class BadInput(click.ClickException):
@@ -109,7 +117,8 @@ _TOKENS = click.IntRange(min=0)
     "--rates",
     is_flag=True,
     help="Also print the matched entry's rates: token prices per million, unit_prices "
-    "(USD per billed unit) and service_tiers (multipliers).",
+    "(USD per billed unit), service_tiers (multipliers), service_tier_rates (a class a tier "
+    "bills apart) and tokens_per_mtok_by_tier (each tier's resulting token prices).",
 )
 @click.option(
     "--explain",
@@ -183,9 +192,17 @@ def price(
 
 
 def _rates(entry: ModelPrice) -> dict[str, Any]:
-    """What an entry charges: USD per million tokens by class, per billed unit, and the
-    service-tier multipliers (exact decimal strings, as the record carries them)."""
+    """What an entry charges: USD per million tokens by class, per billed unit, the
+    service-tier multipliers and class rates (exact decimal strings, as the record carries
+    them), and what each tier then charges a class below the long-context edge."""
     record = entry.to_record()
+    by_tier = {}
+    for tier in entry.tiers():
+        (prices, _) = entry.prices_in_tier(tier)
+        by_tier[tier] = {
+            name.removesuffix("_per_mtok"): _decimal_text(price)
+            for name, price in zip(TOKEN_PRICE_FIELDS, prices, strict=True)
+        }
     return {
         "tokens_per_mtok": {
             name.removesuffix("_per_mtok"): record[name]
@@ -200,7 +217,16 @@ def _rates(entry: ModelPrice) -> dict[str, Any]:
         "long_context": record["long_context"],
         "unit_prices": record["unit_prices"],
         "service_tiers": record["service_tiers"],
+        "service_tier_rates": record["service_tier_rates"],
+        "tokens_per_mtok_by_tier": by_tier,
     }
+
+
+def _decimal_text(price: Fraction) -> str:
+    """A tier's price in plain digits (a rate or a decimal multiple of a decimal: always a
+    finite decimal); a fraction if ever not, never a rounded figure."""
+    exact = exact_decimal(price)
+    return str(price) if exact is None else format(exact.normalize(), "f")
 
 
 def _units(given: tuple[str, ...]) -> dict[str, int]:

@@ -606,3 +606,60 @@ def test_an_import_keeps_our_unit_prices_the_source_does_not_give(tmp_path: Path
         "code_interpreter_session": Decimal("0.03"),
         "web_search": Decimal("0.01"),
     }
+
+
+def test_litellm_tier_prices_by_class_become_a_multiplier_and_class_rates(
+    tmp_path: Path,
+) -> None:
+    """``*_batches`` / ``_priority`` prices: a common finite ratio of input and output is
+    the tier's multiplier and a class priced otherwise (gpt-5.4's $0.13 batch cached
+    input) its own rate; a ratio no decimal can hold (5/3) is carried as rates."""
+    litellm = tmp_path / "litellm.json"
+    litellm.write_text(
+        """{
+  "gpt-5.4": {"litellm_provider": "openai", "mode": "chat",
+    "input_cost_per_token": 2.5e-06, "output_cost_per_token": 1.5e-05,
+    "cache_read_input_token_cost": 2.5e-07,
+    "input_cost_per_token_batches": 1.25e-06, "output_cost_per_token_batches": 7.5e-06,
+    "cache_read_input_token_cost_batches": 1.3e-07},
+  "gpt-4o-mini": {"litellm_provider": "openai", "mode": "chat",
+    "input_cost_per_token": 1.5e-07, "output_cost_per_token": 6e-07,
+    "cache_read_input_token_cost": 7.5e-08,
+    "input_cost_per_token_priority": 2.5e-07, "output_cost_per_token_priority": 1e-06,
+    "cache_read_input_token_cost_priority": 1.25e-07}
+}"""
+    )
+    tables, report = imported(tmp_path, "litellm", litellm, "--add-new")
+    new = tables[-1]
+    gpt_54 = entry(new, "gpt-5.4")
+    assert [(t, str(f)) for t, f in gpt_54.service_tiers] == [("batch", "0.5")]
+    assert [(t, [(c, str(r)) for c, r in rates]) for t, rates in gpt_54.service_tier_rates] == [
+        ("batch", [("cache_read_per_mtok", "0.13")])
+    ]
+    mini = entry(new, "gpt-4o-mini")
+    assert mini.service_tiers == ()
+    assert [(t, [(c, str(r)) for c, r in rates]) for t, rates in mini.service_tier_rates] == [
+        (
+            "priority",
+            [
+                ("cache_read_per_mtok", "0.125"),
+                ("input_per_mtok", "0.25"),
+                ("output_per_mtok", "1"),
+            ],
+        )
+    ]
+    book = PriceBook(tables)
+    at = datetime(2026, 12, 2, tzinfo=UTC)
+    million = 1_000_000
+    batch = book.price("gpt-5.4", at=at, cache_read_tokens=million, service_tier="batch")
+    assert batch.cost_nanos == 130_000_000
+    priority = book.price(
+        "gpt-4o-mini", at=at, input_tokens=3, output_tokens=3, service_tier="priority"
+    )
+    assert priority.cost_nanos == 3 * 250 + 3 * 1000
+    code, stdout, _ = run("diff", str(BASE), str(tmp_path / "litellm.yaml"))
+    assert code == 1
+    lines = stdout.splitlines()
+    assert "+ gpt-5.4  service_tier_rates.batch.cache_read_per_mtok  0.13" in lines
+    assert "+ gpt-4o-mini  service_tier_rates.priority.input_per_mtok  0.25" in lines
+    assert {"gpt-5.4", "gpt-4o-mini"} <= set(report["added"])

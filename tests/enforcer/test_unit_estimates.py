@@ -9,7 +9,7 @@ import pytest
 
 from enforcer import Context, Enforcer
 from enforcer.errors import InvalidContext
-from schemas.pricing import ModelPrice, PriceTable
+from schemas.pricing import ModelPrice, PriceBook, PriceTable
 from tests.enforcer.kit import MODEL, budget, ctx, loaded_enforcer, price_record, verdict
 
 #: $3 / $15 per Mtok, web search $0.01; 1000 + 1000 tokens: 18_000_000 nanos
@@ -109,3 +109,49 @@ def test_units_come_from_json_and_zero_counts_are_dropped() -> None:
     assert c.units == {"web_search": 3}
     assert c.to_json()["units"] == {"web_search": 3}
     assert Context(org_id="acme", secret_id="sk-1", units={}).units is None
+
+
+#: OpenAI's batch cached input at its published $0.13 / M, not half of $0.25 (PriceTable v3)
+CLASS_RATES = PriceTable(
+    version="2026-02-01-class-rates",
+    effective_from=datetime(2026, 2, 1, tzinfo=UTC),
+    models=(
+        ModelPrice.of(
+            "claude-sonnet-4-5",
+            "2.50",
+            "15",
+            cache_read_per_mtok="0.25",
+            service_tiers={"batch": "0.5"},
+            service_tier_rates={"batch": {"cache_read_per_mtok": "0.13"}},
+        ),
+    ),
+)
+
+
+@pytest.mark.parametrize("tier", ["batch", None])
+def test_settle_charges_a_tiers_class_rate_as_the_aggregator_does(tier: str | None) -> None:
+    """The enforcer's settle (PriceBook.price over the record it read) and the counting
+    stage (PriceBook.price_event) charge one event the same, class rate included."""
+    org = budget("org", limit_nanos=10**12)
+    e, _ = loaded_enforcer([org], [verdict(org, ["acme"])])
+    e.state.apply_price(CLASS_RATES.version, price_record(CLASS_RATES))
+    d = e.check(ctx())
+    event = {
+        "model": MODEL,
+        "occurred_at": datetime.fromtimestamp(e.clock(), UTC),
+        "input_tokens": 1000,
+        "cache_read_tokens": 1_000_000,
+        "cache_write_tokens": 0,
+        "cache_write_1h_tokens": 0,
+        "output_tokens": 1000,
+        "units": None,
+        "service_tier": tier,
+        "outcome": "allowed",
+    }
+    assert e.settle(d.hold_id, event)
+    [row] = e.usage(ctx())
+    aggregator = PriceBook([PriceTable.from_record(price_record(CLASS_RATES))])
+    assert row.held_nanos == aggregator.price_event(event).cost_nanos
+    # 1000 x $2.50/M + 1M x $0.25/M + 1000 x $15/M; batch: half, the cached input at $0.13/M
+    expected = 1_250_000 + 130_000_000 + 7_500_000 if tier else 2_500_000 + 250_000_000 + 15_000_000
+    assert row.held_nanos == expected

@@ -128,6 +128,7 @@ FIXTURES: dict[str, Mapping[str, Any]] = {
                 },
                 "unit_prices": {"web_search": "0.01"},
                 "service_tiers": {"batch": "0.5"},
+                "service_tier_rates": {"batch": {"cache_read_per_mtok": "0.30"}},
             }
         ],
         "fallback": None,

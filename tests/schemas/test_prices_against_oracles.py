@@ -4,9 +4,11 @@
 genai-prices) say every current chat model of OpenAI, Anthropic, Gemini and Bedrock costs,
 written by ``make prices``; no network here. Wherever the two maps agree with each other,
 spendbus charges the same to the nano (plain input and output, cache reads and writes,
-past the long-context edge, and each service tier both reprice alike), unless
-``schemas/data/price_decisions.yaml`` lists the entry with its reason and the provider
-page that decides it. The newest version is what ``make prices`` makes from the maps.
+past the long-context edge, and each service tier both reprice alike, class by class),
+unless ``schemas/data/price_decisions.yaml`` lists the entry with its reason and the
+provider page that decides it; a tier its ``one_map_tiers`` takes from one map (a tier
+the other does not model) is held to that map. The newest version is what ``make
+prices`` makes from the maps.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from schemas.pricing import PriceBook, PriceTable, default_price_file
 from schemas.pricing.price_file import load_price_file
+from schemas.pricing.writer.decisions import load_decisions, load_one_map_tiers, one_map_tiers
 from schemas.pricing.writer.generate import (
     DECISIONS_FILE,
     MARKER,
@@ -27,7 +31,6 @@ from schemas.pricing.writer.generate import (
     VERSION,
     agreement,
     generated_version,
-    load_decisions,
 )
 from schemas.pricing.writer.oracles import PINS, load_snapshot
 
@@ -36,6 +39,7 @@ MAPS = ("litellm", "genai-prices")
 DATA = default_price_file().parent
 SNAPSHOT = load_snapshot(DATA / SNAPSHOT_FILE)
 DECISIONS = {d["match"]: d for d in load_decisions(DATA / DECISIONS_FILE)}
+ONE_MAP_TIERS = load_one_map_tiers(DATA / DECISIONS_FILE)
 BOOK = PriceBook.from_file()
 NEWEST = BOOK.tables[-1]
 AT = NEWEST.effective_from
@@ -86,20 +90,18 @@ def cases(model: str, agreed: dict[str, Any]) -> list[Case]:
     above = (tier.above_input_tokens if tier is not None else 200_000) + MILLION
     expected = nanos(agreed["input"] if tier is None else tier.input_per_mtok, above)
     call("input past the long-context edge", expected, input_tokens=above)
-    for name, factor in agreed["tiers"].items():
+    for name, rates in agreed["tiers"].items():
         call(
             f"{name}: input and output",
-            nanos(agreed["input"] * factor, n) + nanos(agreed["output"] * factor),
+            nanos(rates["input"], n) + nanos(rates["output"]),
             input_tokens=n,
             output_tokens=MILLION,
             service_tier=name,
         )
-        said = {agreed["maps"][m].get("tiers", {}).get(name, {}).get("cache_read") for m in MAPS}
-        if len(said) == 1 and None not in said:  # both give the tier's cache-read rate
-            (rate,) = said
+        if "cache_read" in rates:  # both maps (or the one map a rule names) give it
             call(
                 f"{name}: cache_read",
-                nanos(Decimal(rate), n),
+                nanos(rates["cache_read"], n),
                 cache_read_tokens=n,
                 service_tier=name,
             )
@@ -111,7 +113,8 @@ def all_cases() -> list[Case]:
     for model, rates in SNAPSHOT["models"].items():
         agreed, _ = agreement(rates)
         if agreed is not None:
-            out.extend(cases(model, {**agreed, "maps": rates}))
+            tiers = {**agreed["tiers"], **one_map_tiers(model, rates, ONE_MAP_TIERS)}
+            out.extend(cases(model, {**agreed, "tiers": tiers}))
     return out
 
 
@@ -149,6 +152,34 @@ def test_each_deliberate_difference_is_a_real_one_with_its_reason_and_page() -> 
         assert named, f"{match}: agrees with both maps: no decision needed"
 
 
+@pytest.mark.parametrize(
+    ("model", "what", "nanos"),
+    [
+        # a class a tier bills apart from its multiplier (PriceTable v3); a prompt at the
+        # long-context edge: 272k tokens at $0.13 / M, 200k at $0.20 / M
+        ("gpt-5.4", "batch: cache_read", 35_360_000),
+        ("gpt-5.4", "flex: cache_read", 35_360_000),
+        ("gemini-2.5-flash-lite", "batch: cache_read", 10_000_000),
+        ("gemini-3.1-pro-preview", "batch: cache_read", 40_000_000),
+        # 5/3 of every price: no finite multiplier, carried as rates
+        ("gpt-4o-mini", "priority: input and output", 250_000_000 + 1_000_000_000),
+        ("gpt-4o-mini", "priority: cache_read", 125_000_000),
+        # Gemini flex and priority, from the one map that models them
+        ("gemini-2.5-flash-lite", "flex: input and output", 50_000_000 + 200_000_000),
+        ("gemini-2.5-flash-lite", "priority: input and output", 180_000_000 + 720_000_000),
+        ("gemini-2.5-flash-lite", "flex: cache_read", 10_000_000),
+        ("gemini-3.5-flash", "flex: cache_read", 80_000_000),
+    ],
+)
+def test_tiers_once_left_out_or_excused_are_charged_as_billed(
+    model: str, what: str, nanos: int
+) -> None:
+    """Each is a case the test checks (not excused) and charges what the maps say."""
+    [case] = [c for c in CASES if (c.model, c.what) == (model, what)]
+    assert not excused(case)
+    assert case.charged_nanos == case.expected_nanos == nanos
+
+
 def test_no_model_both_maps_price_is_priced_as_another() -> None:
     """Each is priced by its own entry: the entry is the id (as carried or normalised)
     less a snapshot suffix, never a neighbour's."""
@@ -178,7 +209,9 @@ def load_price_file_text(text: str) -> list[PriceTable]:
 
 def test_the_newest_version_is_what_make_prices_makes_of_the_maps() -> None:
     assert NEWEST.version == VERSION
-    made, _, _ = generated_version(hand_written(), SNAPSHOT, list(DECISIONS.values()))
+    made, _, _ = generated_version(
+        hand_written(), SNAPSHOT, list(DECISIONS.values()), ONE_MAP_TIERS
+    )
     assert {m.match: m for m in made.models} == {m.match: m for m in NEWEST.models}
 
 
@@ -232,3 +265,44 @@ def test_sonnet_4_6_is_flat_across_its_window_from_2026_03_13() -> None:
 def test_load_price_file_reads_the_shipped_file() -> None:
     versions = [t.version for t in load_price_file(default_price_file())]
     assert versions[-1] == VERSION and len(versions) >= 3
+
+
+@pytest.mark.parametrize(
+    ("rule", "says"),
+    [
+        ({"map": "litellm", "models_starting": "gemini-", "tiers": ["flex"]}, "needs map"),
+        (
+            {"map": "openrouter", "models_starting": "g", "tiers": ["flex"], "reason": "r"},
+            "field 'map'",
+        ),
+        (
+            {"map": "litellm", "models_starting": "g", "tiers": ["turbo"], "reason": "r"},
+            "field 'tiers'",
+        ),
+        (
+            {"map": "litellm", "models_starting": "g", "tiers": ["flex"], "reason": " "},
+            "the reason and the provider page",
+        ),
+    ],
+)
+def test_a_one_map_tier_rule_names_its_map_tiers_reason_and_page(
+    tmp_path: Path, rule: dict[str, Any], says: str
+) -> None:
+    from schemas.errors import ConfigError
+
+    if "reason" in rule:
+        rule = {**rule, "page": "https://ai.google.dev/gemini-api/docs/pricing"}
+    path = tmp_path / "decisions.yaml"
+    path.write_text(yaml.safe_dump({"decisions": [], "one_map_tiers": [rule]}))
+    with pytest.raises(ConfigError, match="one_map_tiers") as raised:
+        load_one_map_tiers(path)
+    assert says in str(raised.value)
+
+
+def test_a_one_map_tier_is_taken_only_where_the_other_map_lacks_it() -> None:
+    [rule] = ONE_MAP_TIERS
+    lite = SNAPSHOT["models"]["gemini-2.5-flash-lite"]
+    assert set(one_map_tiers("gemini-2.5-flash-lite", lite, [rule])) == {"flex", "priority"}
+    both = {name: {**lite[name], "tiers": lite["litellm"]["tiers"]} for name in MAPS}
+    assert one_map_tiers("gemini-2.5-flash-lite", both, [rule]) == {}  # agreement decides
+    assert one_map_tiers("gpt-5.4", SNAPSHOT["models"]["gpt-5.4"], [rule]) == {}

@@ -3,8 +3,9 @@
 The reader is one folder up (``schemas.pricing``); this package writes what it reads:
 a price map imported exactly (``exact.py``, ``sources.py``) as a new dated version of
 the price file (``update.py``, ``pricefile.py``), fetched where the maintained maps agree
-(``refresh.py``), generated from the pinned oracles by ``make prices`` (``oracles.py``,
-``generate.py``), and every price that changed listed (``diff.py``). Nothing on a hot
+(``refresh.py``), generated from the pinned oracles by ``make prices`` (``oracles.py``, ``generate.py``,
+its deliberate differences ``decisions.py``; a tier's rates by class as the table holds
+them, ``tiers.py``), and every price that changed listed (``diff.py``). Nothing on a hot
 path imports it.
 """
 

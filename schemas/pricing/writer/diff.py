@@ -58,6 +58,9 @@ def _prices(price: ModelPrice) -> dict[str, str]:
         out[f"unit_prices.{unit}"] = price_text(usd)
     for name, factor in price.service_tiers:
         out[f"service_tiers.{name}"] = price_text(factor)
+    for name, rates in price.service_tier_rates:
+        for field, rate in rates:
+            out[f"service_tier_rates.{name}.{field}"] = price_text(rate)
     return out
 
 

@@ -5,15 +5,18 @@ Reproducible from the pinned oracles (:data:`schemas.pricing.writer.oracles.PINS
 1. the snapshot of both maps (``schemas/data/oracle_prices.json``, :mod:`.oracles`);
 2. every model id both maps price and agree on (input and output, and every cache price
    and long-context tier either gives) becomes one source price; a service tier both
-   give with the same multiplier of input and output becomes that tier's multiplier;
+   give at the same input and output rates (and cached-input rate, when both give one)
+   becomes that tier's multiplier and the rates of the classes it bills apart
+   (:mod:`.tiers`: a ratio such as 5/3 is carried as rates), and a tier that
+   ``one_map_tiers`` takes from one map (the other does not model it) likewise;
    an id whose snapshot-free form (``gpt-5.4`` of ``gpt-5.4-2026-03-05``) the maps price
    the same is left to that form's entry;
 3. ``spendbus prices import`` (:func:`schemas.pricing.writer.update.import_prices`, with
    ``--add-new``) applies them to the newest hand-written version: an entry whose
    model the maps agree on takes their prices (a new version: older events keep
    theirs), a model we lack is added, each with its ``source``;
-4. the deliberate differences (``schemas/data/price_decisions.yaml``: each with its
-   reason and the provider page that decides it) are applied last;
+4. the deliberate differences (``schemas/data/price_decisions.yaml``, :mod:`.decisions`:
+   each with its reason and the provider page that decides it) are applied last;
 5. the result is written into the price file after :data:`MARKER` as a version that
    ``extends`` the hand-written one: only what differs from it.
 
@@ -26,10 +29,8 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,13 +43,23 @@ from schemas.pricing import (
     PriceTable,
     default_price_file,
     is_snapshot_suffix,
-    price_table_from_yaml,
 )
 from schemas.pricing.price_file import load_price_file
 
-from .oracles import PINS, load_snapshot, snapshot_from_wheels, snapshot_text
+from .decisions import OneMapTiers, decided, load_decisions, load_one_map_tiers, one_map_tiers
+from .oracles import (
+    MAPS,
+    PINS,
+    SERVICE_TIERS,
+    TIER_CLASSES,
+    TIER_NEEDS,
+    load_snapshot,
+    snapshot_from_wheels,
+    snapshot_text,
+)
 from .pricefile import model_entry
 from .sources import SourceFile, SourcePrice
+from .tiers import tier_terms
 from .update import ImportReport, import_prices
 
 #: where the generated version starts in the price file (everything after it is rewritten)
@@ -61,7 +72,6 @@ DECISIONS_FILE: Final = "price_decisions.yaml"
 #: the generated version and the date it is in force from
 VERSION: Final = "spendbus-maps-2026-12-07"
 EFFECTIVE_FROM: Final = datetime(2026, 12, 7, tzinfo=UTC)
-_MAPS: Final = ("litellm", "genai-prices")
 _CLASSES: Final = ("input", "output", "cache_read", "cache_write", "cache_write_1h")
 _FIELDS: Final = {
     "input": "input_per_mtok",
@@ -80,34 +90,31 @@ def base_id(model: str) -> str:
     return model
 
 
-def agreed_tiers(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Decimal]:
-    """The service tiers both maps reprice with one multiplier of input and output."""
-    out: dict[str, Decimal] = {}
-    for tier in ("batch", "flex", "priority"):
-        factors = set()
-        for rates in (a, b):
-            given = rates.get("tiers", {}).get(tier)
-            if given is None:
-                break
-            factor = Fraction(Decimal(given["input"])) / Fraction(Decimal(rates["input"]))
-            if factor != Fraction(Decimal(given["output"])) / Fraction(Decimal(rates["output"])):
-                break
-            factors.add(factor)
-        else:
-            if len(factors) == 1:
-                (factor,) = factors
-                value = Decimal(factor.numerator) / Decimal(factor.denominator)
-                if Fraction(value) == factor:
-                    out[tier] = value
+def agreed_tiers(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[str, Decimal]]:
+    """The service tiers both maps price, at the rates they agree on by class: input and
+    output (else the tier is left out), and cache reads when both give them."""
+    out: dict[str, dict[str, Decimal]] = {}
+    for tier in SERVICE_TIERS:
+        given = [rates.get("tiers", {}).get(tier) for rates in (a, b)]
+        if None in given:
+            continue
+        ta, tb = given
+        if not all(k in ta and k in tb and Decimal(ta[k]) == Decimal(tb[k]) for k in TIER_NEEDS):
+            continue
+        out[tier] = {
+            k: Decimal(ta[k])
+            for k in TIER_CLASSES
+            if k in ta and k in tb and Decimal(ta[k]) == Decimal(tb[k])
+        }
     return out
 
 
 def agreement(rates: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any] | None, str]:
     """What both maps say of one model when they agree on every price either gives, or
     (None, why not)."""
-    if not all(name in rates for name in _MAPS):
+    if not all(name in rates for name in MAPS):
         return None, "one map only"
-    a, b = (rates[name] for name in _MAPS)
+    a, b = (rates[name] for name in MAPS)
     for name in _CLASSES:
         if name in a and name in b and Decimal(a[name]) != Decimal(b[name]):
             return None, f"the maps disagree on {name}"
@@ -192,20 +199,44 @@ def _regional(
     return None
 
 
-def agreed_prices(snapshot: Mapping[str, Any]) -> tuple[list[SourcePrice], dict[str, str]]:
+def _tier_fields(got: Mapping[str, Any]) -> dict[str, Any]:
+    """The agreed tiers as ``SourcePrice`` fields: multipliers and class rates."""
+    base = {k: got[k] for k in TIER_CLASSES if k in got}
+    factors: list[tuple[str, Decimal]] = []
+    rates: list[tuple[str, tuple[tuple[str, Decimal], ...]]] = []
+    for tier, given in sorted(got["tiers"].items()):
+        terms = tier_terms(base, given)
+        if terms is None:
+            continue
+        factor, class_rates = terms
+        if factor is not None:
+            factors.append((tier, factor))
+        if class_rates:
+            rates.append((tier, tuple(sorted(class_rates.items()))))
+    return {"service_tiers": tuple(factors), "service_tier_rates": tuple(rates)}
+
+
+def agreed_prices(
+    snapshot: Mapping[str, Any], rules: Iterable[OneMapTiers] = ()
+) -> tuple[list[SourcePrice], dict[str, str]]:
     """One source price per model both maps agree on, or (Bedrock Anthropic ids) that a
     map prices by AWS's documented regional rule; an id's snapshots that the maps price
     alike are left to the entry of their snapshot-free form (``gpt-5.4`` for
-    ``gpt-5.4-2026-03-05``, ``mistral.mistral-large-2402`` for ``...-2402-v1:0``). Also
-    why each other model was left out."""
+    ``gpt-5.4-2026-03-05``, ``mistral.mistral-large-2402`` for ``...-2402-v1:0``); the
+    tiers both agree on, and those ``rules`` take from one map. Also why each other
+    model was left out."""
     agreed: dict[str, dict[str, Any]] = {}
     left: dict[str, str] = {}
+    one_map: dict[str, list[str]] = {}
     models = snapshot["models"]
     for model, rates in models.items():
         got, why = agreement(rates)
         if got is None:
             left[model] = why
         else:
+            taken = one_map_tiers(model, rates, rules)
+            got["tiers"] = {**got["tiers"], **taken}
+            one_map[model] = sorted(taken)
             agreed[model] = got
     first_party = {base_id(m): got for m, got in agreed.items() if "." not in m.split("-")[0]}
     ruled: dict[str, str] = {}
@@ -233,6 +264,8 @@ def agreed_prices(snapshot: Mapping[str, Any]) -> tuple[list[SourcePrice], dict[
         for model, said in named:
             got = agreed[said[0]]
             how = ruled.get(said[0]) or f"{pins} agree"
+            if one_map.get(said[0]):
+                how += f" (tiers {', '.join(one_map[said[0]])}: one map, price_decisions.yaml)"
             prices.append(
                 SourcePrice(
                     model=model,
@@ -243,67 +276,24 @@ def agreed_prices(snapshot: Mapping[str, Any]) -> tuple[list[SourcePrice], dict[
                     cache_write_1h_per_mtok=got.get("cache_write_1h"),
                     long_context=got["long_context"],
                     source=f"{how} on {', '.join(said)}"[:300],
-                    service_tiers=tuple(sorted(got["tiers"].items())),
+                    **_tier_fields(got),
                 )
             )
     return prices, left
 
 
-def load_decisions(path: Path) -> list[dict[str, Any]]:
-    """The deliberate differences: ``decisions: [{match, reason, page, ...}]``. With price
-    fields, the entry as written; with ``cases`` (the calls that differ, as the oracle test
-    names them), a difference the table cannot express, the entry left as made; with
-    neither, the hand-written version's entry kept."""
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    items = doc.get("decisions") if isinstance(doc, dict) else None
-    if not isinstance(items, list):
-        raise ConfigError(f"{path}: field 'decisions': a list")
-    for item in items:
-        if not isinstance(item, dict) or not all(
-            isinstance(item.get(k), str) and item[k].strip() for k in ("match", "reason", "page")
-        ):
-            raise ConfigError(f"{path}: every decision names its match, reason and page: {item!r}")
-        if not str(item["page"]).startswith("https://"):
-            raise ConfigError(f"{path}: {item['match']}: page: the provider page (https://...)")
-    return items
-
-
-def _decided(
-    base: PriceTable, table: PriceTable, decisions: Iterable[Mapping[str, Any]]
-) -> PriceTable:
-    """``table`` with each decision applied: its entry as written (a decision with prices),
-    else the base version's entry kept."""
-    models = {m.match: m for m in table.models}
-    kept = {m.match: m for m in base.models}
-    for decision in decisions:
-        match = decision["match"]
-        given = {k: v for k, v in decision.items() if k not in ("reason", "page", "cases")}
-        if set(given) == {"match"} and "cases" in decision:
-            continue  # a difference the price table cannot express: said, not changed
-        if set(given) == {"match"}:
-            if match in kept:
-                models[match] = kept[match]
-            else:
-                models.pop(match, None)
-            continue
-        given.setdefault("source", f"decision: {decision['page']}")
-        entry = price_table_from_yaml(
-            {"version": "d", "effective_from": "2000-01-01", "models": [given]}, source="decision"
-        )
-        assert isinstance(entry, PriceTable)
-        models[match] = entry.models[0]
-    return replace(table, models=tuple(models.values()))
-
-
 def generated_version(
-    base: PriceTable, snapshot: Mapping[str, Any], decisions: list[dict[str, Any]]
+    base: PriceTable,
+    snapshot: Mapping[str, Any],
+    decisions: list[dict[str, Any]],
+    rules: Iterable[OneMapTiers] = (),
 ) -> tuple[PriceTable, ImportReport, dict[str, str]]:
-    prices, left = agreed_prices(snapshot)
+    prices, left = agreed_prices(snapshot, rules)
     source = SourceFile(name="maps", label=SNAPSHOT_FILE, prices=prices)
     table, report = import_prices(
         base, source, version=VERSION, effective_from=EFFECTIVE_FROM, add_new=True
     )
-    return _decided(base, table, decisions), report, left
+    return decided(base, table, decisions), report, left
 
 
 def _quoted_entry(price: ModelPrice) -> dict[str, Any]:
@@ -346,7 +336,10 @@ def delta_text(base: PriceTable, new: PriceTable) -> str:
 
 
 def write_generated(
-    price_file: Path, snapshot: Mapping[str, Any], decisions: list[dict[str, Any]]
+    price_file: Path,
+    snapshot: Mapping[str, Any],
+    decisions: list[dict[str, Any]],
+    rules: Iterable[OneMapTiers] = (),
 ) -> ImportReport:
     """Rewrite the generated version of ``price_file`` (after :data:`MARKER`)."""
     text = price_file.read_text(encoding="utf-8")
@@ -360,7 +353,7 @@ def write_generated(
     finally:
         scratch.unlink()
     base = max(hand, key=lambda t: (t.effective_from, t.version))
-    new, report, _ = generated_version(base, snapshot, decisions)
+    new, report, _ = generated_version(base, snapshot, decisions, rules)
     price_file.write_text(head + MARKER + "\n" + delta_text(base, new), encoding="utf-8")
     load_price_file(price_file)  # it reads back
     return report
@@ -378,7 +371,10 @@ def main(argv: list[str] | None = None) -> None:
         snap = snapshot_from_wheels(args.wheels, date.fromisoformat(args.on))
         snap_path.write_text(snapshot_text(snap), encoding="utf-8")
     snap = load_snapshot(snap_path)
-    report = write_generated(args.prices, snap, load_decisions(data / DECISIONS_FILE))
+    decisions = data / DECISIONS_FILE
+    report = write_generated(
+        args.prices, snap, load_decisions(decisions), load_one_map_tiers(decisions)
+    )
     summary = {k: len(v) for k, v in report.as_dict().items()}
     print(json.dumps({"version": VERSION, **summary}), file=sys.stderr)
     for conflict in report.conflicts:

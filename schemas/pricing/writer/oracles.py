@@ -47,6 +47,13 @@ LITELLM_PROVIDERS: Final = frozenset(
 )
 GENAI_PROVIDERS: Final = frozenset({"openai", "anthropic", "google", "aws"})
 _LITELLM_MODES: Final = frozenset({"chat", "responses"})
+#: the two maps, as the snapshot names them
+MAPS: Final = ("litellm", "genai-prices")
+#: the service tiers the snapshot gives, the token classes it gives a tier's rates of,
+#: and those a tier needs (without an input and output rate it is not imported)
+SERVICE_TIERS: Final = ("batch", "flex", "priority")
+TIER_CLASSES: Final = ("input", "output", "cache_read")
+TIER_NEEDS: Final = ("input", "output")
 #: LiteLLM's suffix of a service tier's price keys, and genai-prices' price context
 _LITELLM_TIERS: Final = {"batch": "_batches", "flex": "_flex", "priority": "_priority"}
 _GENAI_TIERS: Final = {

@@ -45,6 +45,11 @@ def model_entry(price: ModelPrice, *, fallback: bool = False) -> dict[str, Any]:
         entry["unit_prices"] = {unit: price_text(usd) for unit, usd in price.unit_prices}
     if price.service_tiers:
         entry["service_tiers"] = {tier: price_text(f) for tier, f in price.service_tiers}
+    if price.service_tier_rates:
+        entry["service_tier_rates"] = {
+            tier: {name: price_text(rate) for name, rate in rates}
+            for tier, rates in price.service_tier_rates
+        }
     if price.source is not None:
         entry["source"] = price.source
     return entry

@@ -19,9 +19,11 @@ Two formats:
     rate per token) become the ``input_audio_tokens`` ... ``output_image_tokens``
     surcharges, that rate less the text rate (those tokens are inside the token totals;
     a modality cheaper than text is not imported, and said so); the
-    ``*_cost_per_token_batches`` / ``_flex`` / ``_priority`` prices become the
-    ``batch`` / ``flex`` / ``priority`` tier multipliers when input and output give the
-    same exact ratio (else the tier is not imported). ``sample_spec`` is skipped.
+    ``*_cost_per_token_batches`` / ``_flex`` / ``_priority`` prices (input, output,
+    ``cache_read_input_token_cost_<tier>``) become the ``batch`` / ``flex`` /
+    ``priority`` tiers: a multiplier when input and output give the same finite decimal
+    ratio, and a rate of each class billed otherwise (``tiers.py``; a tier without an
+    input and output price is not imported). ``sample_spec`` is skipped.
 
 ``genai-prices``
     pydantic's genai-prices ``data.json``: a list of providers, each with ``models``;
@@ -49,7 +51,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal, localcontext
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
 
@@ -66,6 +67,7 @@ from .exact import (
     places,
     price_text,
 )
+from .tiers import tier_terms
 
 SOURCES: Final = ("litellm", "genai-prices")
 
@@ -99,6 +101,9 @@ class SourcePrice:
     #: the source gives none
     unit_prices: tuple[tuple[str, Decimal], ...] = ()
     service_tiers: tuple[tuple[str, Decimal], ...] = ()
+    #: (service tier, ((price field, USD per Mtok), ...)): the classes a tier bills apart
+    #: from its multiplier, sorted; () when none
+    service_tier_rates: tuple[tuple[str, tuple[tuple[str, Decimal], ...]], ...] = ()
 
     def signature(self) -> tuple[Any, ...]:
         """What the price is, provenance aside (two ids that agree have equal ones)."""
@@ -114,6 +119,7 @@ class SourcePrice:
             else (tier.above_input_tokens, tier.input_per_mtok, tier.output_per_mtok),
             self.unit_prices,
             self.service_tiers,
+            self.service_tier_rates,
         )
 
 
@@ -281,52 +287,50 @@ def _litellm_price(key: str, model: str, entry: dict[str, Any], warnings: list[s
             made = surcharge(rate, text_rate, unit, f"litellm:{key}", warnings)
             if made is not None:
                 units.append(made)
+    cache_read = _per_token(entry, "cache_read_input_token_cost")
+    base = {"input": input_price, "output": output_price, "cache_read": cache_read}
     tiers: list[tuple[str, Decimal]] = []
+    tier_rates: list[tuple[str, tuple[tuple[str, Decimal], ...]]] = []
     for suffix, tier_name in (("batches", "batch"), ("flex", "flex"), ("priority", "priority")):
-        factor = _litellm_tier_factor(entry, suffix, input_price, output_price)
-        if factor is not None:
-            tiers.append((tier_name, factor))
+        terms = _litellm_tier(entry, suffix, base)
+        if terms is not None:
+            factor, rates = terms
+            if factor is not None:
+                tiers.append((tier_name, factor))
+            if rates:
+                tier_rates.append((tier_name, tuple(sorted(rates.items()))))
     return SourcePrice(
         model=model,
         input_per_mtok=input_price,
         output_per_mtok=output_price,
-        cache_read_per_mtok=_per_token(entry, "cache_read_input_token_cost"),
+        cache_read_per_mtok=cache_read,
         cache_write_per_mtok=_per_token(entry, "cache_creation_input_token_cost"),
         cache_write_1h_per_mtok=_per_token(entry, "cache_creation_input_token_cost_above_1hr"),
         long_context=tier,
         source=f"litellm:{key}",
         unit_prices=tuple(sorted(units)),
         service_tiers=tuple(sorted(tiers)),
+        service_tier_rates=tuple(tier_rates),
     )
 
 
-def _litellm_tier_factor(
-    entry: dict[str, Any], suffix: str, base_in: Decimal, base_out: Decimal
-) -> Decimal | None:
-    """A service tier's multiplier: ``input_cost_per_token_<suffix>`` / input and the same
-    for output, when both are given, agree and are a finite decimal; else None (the tier
-    is then not imported: one multiplier per tier is what the price table holds)."""
-    tier_in = _per_token(entry, f"input_cost_per_token_{suffix}")
-    tier_out = _per_token(entry, f"output_cost_per_token_{suffix}")
-    if tier_in is None or tier_out is None or not base_in or not base_out:
-        return None
-    ratio = Fraction(tier_in) / Fraction(base_in)
-    if ratio != Fraction(tier_out) / Fraction(base_out) or ratio <= 0:
-        return None
-    return _finite_decimal(ratio)
-
-
-def _finite_decimal(value: Fraction) -> Decimal | None:
-    """``value`` as an exact decimal, or None when its expansion does not terminate."""
-    den = value.denominator
-    for prime in (2, 5):
-        while den % prime == 0:
-            den //= prime
-    if den != 1:
-        return None
-    with localcontext() as ctx:
-        ctx.prec = 200
-        return canonical(Decimal(value.numerator) / Decimal(value.denominator))
+def _litellm_tier(
+    entry: dict[str, Any], suffix: str, base: dict[str, Decimal | None]
+) -> tuple[Decimal | None, dict[str, Decimal]] | None:
+    """A service tier as the entry prices it (``input_cost_per_token_<suffix>``, output's,
+    ``cache_read_input_token_cost_<suffix>``): its multiplier and the rates of the classes
+    it bills apart (:func:`.tiers.tier_terms`), or None without an input and output rate."""
+    given = {
+        name: _per_token(entry, f"{key}_{suffix}")
+        for name, key in (
+            ("input", "input_cost_per_token"),
+            ("output", "output_cost_per_token"),
+            ("cache_read", "cache_read_input_token_cost"),
+        )
+    }
+    tier = {name: rate for name, rate in given.items() if rate is not None}
+    plain = {name: rate for name, rate in base.items() if rate is not None}
+    return tier_terms(plain, tier)
 
 
 # -- genai-prices --------------------------------------------------------------------

@@ -88,6 +88,7 @@ _OPTIONAL = (
     "long_context",
     "unit_prices",
     "service_tiers",
+    "service_tier_rates",
 )
 
 
@@ -114,7 +115,7 @@ def _choose(match: str, group: list[SourcePrice]) -> tuple[SourcePrice | None, s
     return SourcePrice(model=pool[0].model, source=source, **combined), None
 
 
-_PAIRS = ("unit_prices", "service_tiers")
+_PAIRS = ("unit_prices", "service_tiers", "service_tier_rates")
 
 
 def _disagrees(price: SourcePrice, chosen: SourcePrice) -> bool:
@@ -131,6 +132,8 @@ def _text(value: Any) -> str:
         return "none"
     if isinstance(value, Decimal):
         return price_text(value)
+    if isinstance(value, tuple):  # (name, price) pairs: unit prices, tiers
+        return repr(value)
     return f"above {value.above_input_tokens}: {price_text(value.input_per_mtok)}/{price_text(value.output_per_mtok)}"
 
 
@@ -148,6 +151,9 @@ def _merged(ours: ModelPrice, theirs: SourcePrice, report: ImportReport, label: 
             return _scaled(theirs.input_per_mtok, ratio)
         return current
 
+    tier_side: SourcePrice | ModelPrice = (
+        theirs if theirs.service_tiers or theirs.service_tier_rates else ours
+    )
     tier = theirs.long_context
     if tier is None and ours.long_context is not None:
         tier = ours.long_context
@@ -169,10 +175,11 @@ def _merged(ours: ModelPrice, theirs: SourcePrice, report: ImportReport, label: 
         ),
         long_context=tier,
         # unit by unit: the source's price where it gives one, ours for the units it does
-        # not price (a source without audio rates must not unprice our audio); tiers: the
-        # source's when it gives some, else ours
+        # not price (a source without audio rates must not unprice our audio); tiers (the
+        # multipliers and class rates together): the source's when it gives some, else ours
         unit_prices=tuple(sorted({**dict(ours.unit_prices), **dict(theirs.unit_prices)}.items())),
-        service_tiers=theirs.service_tiers or ours.service_tiers,
+        service_tiers=tier_side.service_tiers,
+        service_tier_rates=tier_side.service_tier_rates,
         source=f"{theirs.source} ({label})",
     )
 
@@ -188,6 +195,7 @@ def _new_entry(theirs: SourcePrice, label: str) -> ModelPrice:
         long_context=theirs.long_context,
         unit_prices=dict(theirs.unit_prices),
         service_tiers=dict(theirs.service_tiers),
+        service_tier_rates={tier: dict(rates) for tier, rates in theirs.service_tier_rates},
         source=f"{theirs.source} ({label})",
     )
 
