@@ -4,18 +4,14 @@ A producer in another language loads one ``.avsc`` at a time: Avro Java's
 ``Schema.Parser`` (the implementation issue 38's Java producer met) reads each file of
 ``schemas/avro/standalone/`` and ``schemas/avro/history/`` on its own, in one JVM, and
 its CRC-64-AVRO of the Parsing Canonical Form must be the fingerprint the Python codec
-writes. Avro Java is fetched from Maven Central once, by the pom beside this file, into
-the spendbus cache (``SPENDBUS_CACHE_DIR``, as the broker's jars are).
+writes. Avro Java is fetched from Maven Central once (``tests/schemas/java/pom.xml``) into
+the spendbus cache (``SPENDBUS_CACHE_DIR``, as the broker's jars are; tests/schemas/kit.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 from schemas.avro_schemas import (
@@ -26,63 +22,20 @@ from schemas.avro_schemas import (
 )
 from schemas.avscgen import STANDALONE_DIR, standalone_text
 from schemas.codec import codec_for
-from spendbus.stack.broker_process import file_lock
+from tests.schemas.kit import run_java
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
-CHECKER = Path(__file__).resolve().parent / "avro_java"
-_MARKER = ".spendbus-complete.json"
-
-
-def _avro_java_libs() -> Path:
-    """The folder of Avro Java's jars, fetched by Maven once per pom."""
-    pom = CHECKER / "pom.xml"
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
-    cache = Path(os.environ.get("SPENDBUS_CACHE_DIR", Path.home() / ".cache" / "spendbus"))
-    libs = cache.expanduser() / f"avro-java-{digest[:12]}" / "libs"
-
-    def complete() -> bool:
-        try:
-            marker = json.loads((libs / _MARKER).read_text())
-        except (OSError, ValueError):
-            return False
-        return bool(marker.get("jars") == len(list(libs.glob("*.jar"))))
-
-    if complete():
-        return libs
-    with file_lock(libs.parent.with_suffix(".lock")):
-        if complete():  # fetched by another session meanwhile
-            return libs
-        mvn = shutil.which("mvn")
-        assert mvn is not None, "Maven (mvn) is needed to fetch Avro Java for this test"
-        staging = libs.with_name(f"libs.partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        command = [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom)]
-        command += ["dependency:copy-dependencies", f"-DoutputDirectory={staging}"]
-        command += ["-DincludeScope=runtime"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-        jars = list(staging.glob("*.jar"))
-        assert done.returncode == 0 and any(j.name.startswith("avro-") for j in jars), (
-            f"mvn could not fetch Avro Java ({' '.join(command)}):\n{done.stdout}{done.stderr}"
-        )
-        (staging / _MARKER).write_text(json.dumps({"jars": len(jars)}))
-        shutil.rmtree(libs, ignore_errors=True)
-        staging.rename(libs)
-    return libs
 
 
 def parse_alone_in_java(files: list[Path]) -> dict[Path, tuple[str, str]]:
     """Each file's (``ok``, fingerprint hex) or (``error``, message), from one JVM."""
-    java = shutil.which("java")
-    assert java is not None, "Java 17 is needed to run Avro Java for this test"
-    classpath = f"{_avro_java_libs()}/*"
-    command = [java, "-cp", classpath, str(CHECKER / "ParseAlone.java"), *map(str, files)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    out = run_java("ParseAlone.java", [str(f) for f in files])
     results = {}
-    for line in done.stdout.splitlines():
+    for line in out.splitlines():
         path, status, detail = line.split("\t", 2)
         results[Path(path)] = (status, detail)
-    assert set(results) == set(files), f"ParseAlone answered for other files:\n{done.stderr}"
+    assert set(results) == set(files), f"ParseAlone answered for other files:\n{out}"
     return results
 
 
