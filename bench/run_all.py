@@ -29,6 +29,7 @@ BENCHES = {
     "gateway": [],
     "replay": [],
     "overshoot": [],
+    "cli": ["--rounds", "21"],
 }
 #: (bench, dotted path in its JSON, label) shown in the summary
 HEADLINES = [
@@ -96,6 +97,8 @@ HEADLINES = [
     ("overshoot", "baseline.overshoot_pct", "baseline overshoot % (flush + poll every 5 s)"),
     ("overshoot", "ratio_ours_to_baseline_overshoot", "overshoot ours / baseline"),
     ("gateway", "gateway_vs_passthrough.cpu_per_mib_ratio", "gateway CPU/MiB / bare pass-through"),
+    ("cli", "commands.help.ratio_to_bare", "`spendbus --help` wall time / bare python start"),
+    ("cli", "commands.price.ratio_to_bare", "`spendbus price` wall time / bare python start"),
     (
         "gateway",
         "gateway_vs_passthrough.added_ttfb_p99_ms",

@@ -26,6 +26,11 @@ A thin adapter over :class:`~ingest.publisher.UsagePublisher`:
       connection. A request head not received within ``header_timeout_s`` (which
       is also the longest a keep-alive connection idles) closes the connection.
 
+``GET /v1/usage/schema``
+    The JSON Schema (draft 2020-12) of ``POST /v1/usage``'s body, as shipped in
+    ``schemas/json/usage_ingest_body.schema.json`` (``application/schema+json``). No auth:
+    it is the public contract.
+
 ``GET /healthz``
     ``200`` with the publisher's status while it runs, else ``503``. No auth.
 
@@ -50,9 +55,12 @@ from ingest.receive import BodyRefused, close_after, read_body, run_app, server_
 from runtime.http_log import expose_malformed_requests
 from schemas.errors import ConfigError, InvalidRecord
 from schemas.usage import usage_event_from_json
+from schemas.usage_json_schema import shipped_schema_bytes
 
 log = logging.getLogger(__name__)
 
+#: where the server answers the JSON Schema of the body it takes
+USAGE_SCHEMA_PATH: Final = "/v1/usage/schema"
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_MAX_EVENTS: Final = 10_000
 DEFAULT_ACK_TIMEOUT_S: Final = 10.0
@@ -99,6 +107,7 @@ def build_app(
     app = web.Application(client_max_size=max_body_bytes)
     app[PUBLISHER_KEY] = publisher
     app.router.add_post("/v1/usage", endpoint.post_usage)
+    app.router.add_get(USAGE_SCHEMA_PATH, endpoint.usage_schema)
     app.router.add_get("/healthz", endpoint.healthz)
     app.router.add_get("/metrics", endpoint.metrics)
     return app
@@ -123,6 +132,8 @@ class _UsageEndpoint:
         self.max_events = max_events
         self.ack_timeout_s = ack_timeout_s
         self.body_timeout_s = body_timeout_s
+        #: read once: the file the package ships, byte for byte
+        self.schema_bytes = shipped_schema_bytes()
         self.registry = publisher.metrics.registry
         expose_malformed_requests(self.registry)  # refused heads (runtime/http_log.py)
         self._requests = Counter(
@@ -216,6 +227,9 @@ class _UsageEndpoint:
         except PublisherClosed as exc:
             return self.answer(503, {"error": f"shutting down: {exc}"}, **retry)
         return self.answer(202, {"accepted": len(prepared)})
+
+    async def usage_schema(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.schema_bytes, content_type="application/schema+json")
 
     async def healthz(self, request: web.Request) -> web.Response:
         status = self.publisher.status()

@@ -5,7 +5,7 @@ they have in common: Kafka clients' security and preflight (``kafka.py``), how t
 server over HTTPS (``clickhouse_access.py``), topics read to
 their end (``topic_reader.py``), replication plans (``replication.py``), the ACLs of each
 role (``acls.py``), loopback checks (``net.py``), quiet and redacted HTTP logs
-(``http_log.py``), pipelined requests after a half-close (``half_close.py``), secret
+(``http_log.py``, ``log_redaction.py``), pipelined requests after a half-close (``half_close.py``), secret
 files kept private (``private_files.py``) and faces that load on first use
 (``faces.py``). It imports ``schemas/`` and libraries, never a stage.
 """
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from runtime.acls import ROLES, AclBinding, role_bindings
     from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
     from runtime.half_close import AnswerAfterHalfClose
-    from runtime.http_log import expose_malformed_requests, install_log_redaction, redact
+    from runtime.http_log import expose_malformed_requests
     from runtime.kafka import (
         PLAINTEXT,
         KafkaSecurity,
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         preflight,
         topic_partitions,
     )
+    from runtime.log_redaction import install_log_redaction, redact
     from runtime.net import LOOPBACK_HOSTS, is_loopback
     from runtime.private_files import PRIVATE_UMASK, check_secret_file, secret_file_problem
     from runtime.replication import (
@@ -66,14 +67,14 @@ _HOMES: dict[str, str] = {
     "TopicReader": "runtime.topic_reader",
     "check_secret_file": "runtime.private_files",
     "expose_malformed_requests": "runtime.http_log",
-    "install_log_redaction": "runtime.http_log",
+    "install_log_redaction": "runtime.log_redaction",
     "is_loopback": "runtime.net",
     "lazy_names": "runtime.faces",
     "plan_for": "runtime.replication",
     "preflight": "runtime.kafka",
     "read_latest_values": "runtime.topic_reader",
     "read_until": "runtime.topic_reader",
-    "redact": "runtime.http_log",
+    "redact": "runtime.log_redaction",
     "replication_problems": "runtime.replication",
     "resolve_plan": "runtime.replication",
     "role_bindings": "runtime.acls",

@@ -24,7 +24,8 @@ through :class:`QuietAppRunner`):
 
 :func:`install_log_redaction` is the second wall, for every other log line of a process
 (aiohttp client errors, exceptions that carry headers): each record is rendered once as it
-is made, through :func:`redact`. Shared by every room that serves HTTP, which may share
+is made, through :func:`redact` (both in :mod:`runtime.log_redaction`, which needs no
+aiohttp: the command line installs it before knowing which command runs). Shared by every room that serves HTTP, which may share
 only ``schemas/``.
 """
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import threading
 import time
 import traceback
@@ -47,33 +47,12 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from runtime.log_redaction import install_log_redaction, redact
+
 #: the logger of the malformed-request lines and of handler failures
 LOG: Final = logging.getLogger("spendbus.http")
 #: at most one malformed-request line per this many seconds (per process)
 INTERVAL_S: Final = 60.0
-
-_REDACTED: Final = "[redacted]"
-#: headers whose value is a credential (as a header line, a dict item, a repr)
-_CREDENTIAL_HEADERS: Final = (
-    r"(?:proxy-)?authorization|x-api-key|api-key|x-goog-api-key|cookie|set-cookie"
-)
-_PATTERNS: Final = (
-    # "Authorization: Bearer x", "'x-api-key': 'x'", "authorization=x"
-    re.compile(rf"(?i)((?:{_CREDENTIAL_HEADERS})\b['\"]?\s*[:=]\s*['\"]?)([^\r\n'\",;}}\\]*)"),
-    # a bearer or basic credential anywhere
-    re.compile(r"(?i)(\b(?:bearer|basic)\s+['\"]?)([^\s'\",;\\]+)"),
-    # a key in a query string (Gemini's ?key=)
-    re.compile(r"(?i)([?&](?:key|api_key|token|access_token)=)([^&\s'\"\\]+)"),
-    # a spendbus virtual key
-    re.compile(r"()\bsb-[A-Za-z0-9_-]{16,}"),
-)
-
-
-def redact(text: str) -> str:
-    """``text`` with every credential it shows replaced by ``[redacted]``."""
-    for pattern in _PATTERNS:
-        text = pattern.sub(lambda m: m.group(1) + _REDACTED, text)
-    return text
 
 
 class MalformedRequests:
@@ -261,34 +240,6 @@ class QuietAppRunner(web.AppRunner):
         if not isinstance(server, QuietServer):
             server.__class__ = QuietServer
         return server
-
-
-class _RedactingFactory:
-    """A log record factory rendering each record once, redacted (message and traceback)."""
-
-    def __init__(self, inner: Callable[..., logging.LogRecord]) -> None:
-        self.inner = inner
-
-    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = self.inner(*args, **kwargs)
-        try:
-            rendered = record.getMessage()
-        except Exception:  # a bad format: leave it to the handler's own error path
-            return record
-        # args () not None: formatters that re-wrap args (mode's) expect a tuple
-        record.msg, record.args = redact(rendered), ()
-        if record.exc_info and record.exc_info[0] is not None:
-            record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)).rstrip())
-        if record.stack_info:
-            record.stack_info = redact(record.stack_info)
-        return record
-
-
-def install_log_redaction() -> None:
-    """Redact every log record this process makes from now on (idempotent)."""
-    factory = logging.getLogRecordFactory()
-    if not isinstance(factory, _RedactingFactory):
-        logging.setLogRecordFactory(_RedactingFactory(factory))
 
 
 __all__ = [

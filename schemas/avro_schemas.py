@@ -2,9 +2,12 @@
 and the fingerprint of each.
 
 Schemas live in ``avro/*.avsc``; named types defined in one file may be used
-by another (``spendbus.UsageEvent`` inside ``PricedUsage``). Fingerprints are
-taken over the self-contained, expanded schema: the 8-byte little-endian CRC-64-AVRO
-of its Parsing Canonical Form. Every released version is kept under ``avro/history/``.
+by another (``spendbus.UsageEvent`` inside ``PricedUsage``), so those files parse only
+together, in ``SCHEMA_NAMES`` order. Fingerprints are taken over the self-contained,
+expanded schema: the 8-byte little-endian CRC-64-AVRO of its Parsing Canonical Form.
+Every released version is kept under ``avro/history/``, and the current ones, expanded,
+under ``avro/standalone/`` for libraries that read one file at a time
+(``python -m schemas.avscgen`` writes them; a test holds them current).
 """
 
 from __future__ import annotations
@@ -123,3 +126,14 @@ def history_versions(name: str) -> list[dict[str, Any]]:
         key=lambda p: int(p.name[1:].split(".")[0]),
     )
     return [json.loads(p.read_text()) for p in files]
+
+
+def defining_files() -> dict[str, str]:
+    """Each named type's full name and the ``avro/*.avsc`` file that defines it."""
+    files: dict[str, str] = {}
+    for name in SCHEMA_NAMES:
+        defined: dict[str, Any] = {}
+        _collect_named(_raw(name), NAMESPACE, defined)
+        for full in defined:
+            files.setdefault(full, f"{name}.avsc")
+    return files

@@ -58,6 +58,23 @@ MAX_TOKENS_PER_EVENT: Final = 100_000_000
 MIN_OCCURRED_AT: Final = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_OCCURRED_AT: Final = datetime(2100, 1, 1, tzinfo=UTC)
 REQUIRED_IDS: Final = ("event_id", "provider", "api", "model", "secret_id", "org_id", "gateway_id")
+#: an event's HTTP status (``status_code``): the statuses HTTP defines
+MIN_STATUS_CODE: Final = 100
+MAX_STATUS_CODE: Final = 599
+#: the fields the JSON form of an event must give (HTTP ingest, JSON lines); every other
+#: field takes ``new_usage_event``'s default
+JSON_REQUIRED_FIELDS: Final = (
+    "event_id",
+    "occurred_at",
+    "provider",
+    "api",
+    "model",
+    "secret_id",
+    "org_id",
+    "gateway_id",
+    "input_tokens",
+    "output_tokens",
+)
 OPTIONAL_IDS: Final = ("project_id", "grant_id", "permission_id", "user_id", "session_id")
 
 
@@ -193,7 +210,7 @@ def _plainly_valid(event: Mapping[str, Any]) -> bool:
     if get("usage_source") not in USAGE_SOURCES or get("outcome") not in OUTCOMES:
         return False
     status = get("status_code")
-    if type(status) is not int or not 100 <= status <= 599:
+    if type(status) is not int or not MIN_STATUS_CODE <= status <= MAX_STATUS_CODE:
         return False
     groups = get("groups")
     if type(groups) is not list:
@@ -285,9 +302,11 @@ def _explain_invalid(event: Mapping[str, Any]) -> None:
     if event.get("outcome") not in OUTCOMES:
         raise InvalidRecord("outcome", f"one of {OUTCOMES}", record_id=event_id)
     status = event.get("status_code")
-    if type(status) is not int or not 100 <= status <= 599:
+    if type(status) is not int or not MIN_STATUS_CODE <= status <= MAX_STATUS_CODE:
         raise InvalidRecord(
-            "status_code", f"an HTTP status 100..599, got {status!r}", record_id=event_id
+            "status_code",
+            f"an HTTP status {MIN_STATUS_CODE}..{MAX_STATUS_CODE}, got {status!r}",
+            record_id=event_id,
         )
     groups = event.get("groups")
     if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
@@ -367,18 +386,8 @@ def usage_event_from_json(obj: Any) -> UsageEvent:
         raise InvalidRecord(
             "occurred_at", f"must be a string or integer, got {raw_time!r}", record_id=event_id
         )
-    required = (
-        "provider",
-        "api",
-        "model",
-        "secret_id",
-        "org_id",
-        "gateway_id",
-        "input_tokens",
-        "output_tokens",
-    )
-    for name in required:
-        if name not in data:
+    for name in JSON_REQUIRED_FIELDS:
+        if name not in data and name != "event_id":  # occurred_at: read above
             raise InvalidRecord(name, "required", record_id=event_id)
     if "event_id" not in data:
         raise InvalidRecord("event_id", "required (assign it once, keep it across retries)")

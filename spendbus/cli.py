@@ -1,91 +1,185 @@
-"""The `spendbus` command: a thin layer over the stages and the local stack."""
+"""The `spendbus` command: a thin layer over the stages and the local stack.
+
+Each command's module is imported only when that command runs (or shows its own help):
+`spendbus --help` and `spendbus price` load click and what they use, not every room
+(spendbus/lazy_group.py).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Final
 
 import click
-from aiokafka.errors import (
-    ClusterAuthorizationFailedError,
-    GroupAuthorizationFailedError,
-    KafkaConnectionError,
-    TopicAuthorizationFailedError,
-    TransactionalIdAuthorizationFailed,
-)
 
-from runtime.http_log import install_log_redaction
+from runtime.log_redaction import install_log_redaction
 from runtime.private_files import PRIVATE_UMASK
 from schemas.errors import ConfigError, SpendbusError
-from spendbus.commands.admin import prices_apply_command, sql, usage, verify
-from spendbus.commands.aggregator import aggregator
-from spendbus.commands.budgets import budgets
-from spendbus.commands.output import fail
-from spendbus.commands.stack import demo, down, up
-from spendbus.commands.status import status
+from spendbus.lazy_group import LazyCommand, LazyGroup
+
+#: every command: where it lives and the first paragraph of its help, which is what
+#: `spendbus --help` shows of it (tests/cli/test_lazy_commands.py holds them to the commands)
+COMMANDS: Final = {
+    "acls": LazyCommand(
+        "spendbus.commands.acls:acls",
+        "The Kafka ACL bindings a role needs; --apply creates them.",
+    ),
+    "aggregator": LazyCommand(
+        "spendbus.commands.aggregator:aggregator",
+        "The stream processor that prices usage and keeps the budget counters.",
+    ),
+    "budgets": LazyCommand(
+        "spendbus.commands.budgets:budgets",
+        "Budget policies on the compacted budget.policies topic.",
+    ),
+    "check": LazyCommand(
+        "spendbus.commands.enforcer:check",
+        "Print the decision for one request as JSON (exit 0 allowed, 2 refused, 1 error).",
+    ),
+    "demo": LazyCommand(
+        "spendbus.commands.stack:demo",
+        "The whole pipeline on the embedded default, checked end to end.",
+    ),
+    "dlq": LazyCommand(
+        "spendbus.commands.dlq:dlq",
+        "Dead letters: what the aggregator could not read or price, with the reason.",
+    ),
+    "down": LazyCommand("spendbus.commands.stack:down", "Stop what `spendbus up` started."),
+    "enforcer": LazyCommand(
+        "spendbus.commands.enforcer:enforcer",
+        "The budget enforcer: its HTTP sidecar for proxies in other languages.",
+    ),
+    "fake-upstream": LazyCommand(
+        "spendbus.commands.fake_upstream:fake_upstream",
+        "Serve Anthropic, OpenAI, Gemini and Bedrock endpoints with their real wire formats.",
+    ),
+    "gateway": LazyCommand(
+        "spendbus.commands.gateway:gateway",
+        "The reference gateway: an LLM proxy that checks budgets and meters every call.",
+    ),
+    "ingest": LazyCommand(
+        "spendbus.commands.ingest:ingest",
+        "Publish UsageEvents: `ingest FILE.jsonl` or `ingest serve` (HTTP for other languages).",
+    ),
+    "keys": LazyCommand(
+        "spendbus.commands.keys:keys",
+        "Virtual keys of the gateways on the compacted gateway.keys topic (keyed digests, "
+        "never in clear).",
+    ),
+    "notify": LazyCommand(
+        "spendbus.commands.notify:notify",
+        "Deliver budget alerts to webhooks (Slack-compatible), each once per webhook.",
+    ),
+    "price": LazyCommand(
+        "spendbus.commands.pricing:price",
+        "Print what one call costs, as JSON: {cost_nanos, cost_usd, price_version, matched, "
+        "unpriced} (and the units and service_tier when given; with --rates, the entry's "
+        "rates; with --explain, why that entry).",
+    ),
+    "prices": LazyCommand(
+        "spendbus.cli:prices_group",
+        "Price versions: publish them (apply), find models a price file does not price "
+        "(check), import a community price map as a new version (import), list what "
+        "changed (diff).",
+    ),
+    "replay": LazyCommand(
+        "spendbus.commands.replay:replay",
+        "Rebuild every counter, verdict and ClickHouse table from usage.raw into a new generation.",
+    ),
+    "snapshot": LazyCommand(
+        "spendbus.commands.replay:snapshot",
+        "Fold the ledger from the latest snapshot (or offset 0) and write a new counter snapshot.",
+    ),
+    "sql": LazyCommand(
+        "spendbus.commands.admin:sql",
+        "Run an analyst QUERY on ClickHouse (through the running worker when it owns the store).",
+    ),
+    "status": LazyCommand(
+        "spendbus.commands.status:status",
+        "Brokers, topics, consumer lag, workers, verdict freshness, DLQ and ClickHouse.",
+    ),
+    "tap": LazyCommand(
+        "spendbus.commands.tap:tap", "Inspect the usage taps that meter LLM responses."
+    ),
+    "topics": LazyCommand(
+        "spendbus.commands.topics:topics",
+        "The topics spendbus creates, and their replication (runtime/replication.py).",
+    ),
+    "up": LazyCommand(
+        "spendbus.commands.stack:up",
+        "Start the local stack: Kafka (unless KAFKA_BOOTSTRAP is set), topics, an aggregator "
+        "worker.",
+    ),
+    "usage": LazyCommand(
+        "spendbus.commands.admin:usage",
+        "Budget counters with their spend, limits, raise, reset and forecast: every live "
+        "counter (of --org-id, of --budget), or with --org-id and --secret-id the ones a "
+        "request of that context counts in, from the enforcer itself.",
+    ),
+    "verify": LazyCommand(
+        "spendbus.commands.admin:verify",
+        "Recompute every counter from usage.raw and compare with the live verdicts and with "
+        "every period of ClickHouse's budget_history (read-only).",
+    ),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="spendbus")
 def cli() -> None:
     """Meter and cap what LLM traffic costs."""
 
 
-for command in (up, down, status, demo, sql, usage, verify, budgets, aggregator):
-    cli.add_command(command)
-
-
-def _register_optional() -> None:
-    """Commands of the other rooms, each in its own module."""
-    from spendbus.commands.acls import acls
-    from spendbus.commands.dlq import dlq
-    from spendbus.commands.enforcer import check, enforcer
-    from spendbus.commands.fake_upstream import fake_upstream
-    from spendbus.commands.gateway import gateway
-    from spendbus.commands.ingest import ingest
-    from spendbus.commands.keys import keys
-    from spendbus.commands.notify import notify
+def prices_group() -> click.Command:
+    """`spendbus prices`: its checks, with apply (Kafka) and the price maps' commands."""
+    from spendbus.commands.admin import prices_apply_command
     from spendbus.commands.prices_sync import prices_diff, prices_import, prices_update
-    from spendbus.commands.pricing import price, prices
-    from spendbus.commands.replay import replay, snapshot
-    from spendbus.commands.tap import tap
-    from spendbus.commands.topics import topics
+    from spendbus.commands.pricing import prices
 
-    prices.add_command(prices_apply_command())
-    prices.add_command(prices_import)
-    prices.add_command(prices_diff)
-    prices.add_command(prices_update)
-    cli.add_command(price)
-    cli.add_command(prices)
-    cli.add_command(tap)
-    cli.add_command(ingest)
-    cli.add_command(fake_upstream)
-    cli.add_command(enforcer)
-    cli.add_command(check)
-    cli.add_command(dlq)
-    cli.add_command(gateway)
-    cli.add_command(keys)
-    cli.add_command(notify)
-    cli.add_command(replay)
-    cli.add_command(snapshot)
-    cli.add_command(acls)
-    cli.add_command(topics)
+    for command in (prices_apply_command(), prices_import, prices_diff, prices_update):
+        prices.add_command(command)
+    return prices
 
 
-_register_optional()
-
-#: authorization errors a command may meet on a cluster with ACLs
-_KAFKA_REFUSALS = (
-    TopicAuthorizationFailedError,
-    GroupAuthorizationFailedError,
-    ClusterAuthorizationFailedError,
-    TransactionalIdAuthorizationFailed,
+#: authorization errors a command may meet on a cluster with ACLs (aiokafka.errors' names)
+_KAFKA_REFUSALS: Final = (
+    "TopicAuthorizationFailedError",
+    "GroupAuthorizationFailedError",
+    "ClusterAuthorizationFailedError",
+    "TransactionalIdAuthorizationFailed",
 )
+
+
+def _kafka_failure(exc: Exception) -> ConfigError | None:
+    """What to tell the user about a Kafka client error, or None for any other error.
+
+    aiokafka is imported here only if a command already did: an exception cannot be one
+    of its classes otherwise, and a command that never met Kafka does not load it.
+    """
+    if "aiokafka.errors" not in sys.modules:
+        return None
+    from aiokafka import errors
+
+    if isinstance(exc, errors.KafkaConnectionError):
+        # a traceback of the client's internals says less than this line
+        return ConfigError(
+            f"no Kafka broker answers ({exc}): check KAFKA_BOOTSTRAP, or start the local "
+            "broker with `spendbus up` (its address is kept in SPENDBUS_HOME)"
+        )
+    if isinstance(exc, tuple(getattr(errors, name) for name in _KAFKA_REFUSALS)):
+        # the cluster's ACLs said no: name what was refused and where the grants are
+        return ConfigError(
+            f"Kafka refused this principal: not authorized ({type(exc).__name__}: {exc}); "
+            "the ACLs each role needs: `spendbus acls --role ROLE --principal User:NAME` "
+            "(docs/security.md)"
+        )
+    return None
 
 
 def main() -> None:
     # every log line of every command is rendered redacted: no credential header, bearer
-    # token or virtual key reaches a log, whatever logged it (runtime/http_log.py)
+    # token or virtual key reaches a log, whatever logged it (runtime/log_redaction.py)
     install_log_redaction()
     # what a command or the processes it starts write (the store, logs, spools) is theirs
     # alone: 0600 files, 0700 folders (runtime/private_files.py)
@@ -100,21 +194,15 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except SpendbusError as exc:
-        fail(exc)
-    except KafkaConnectionError as exc:
-        # a traceback of the client's internals says less than this line
-        fail(
-            ConfigError(
-                f"no Kafka broker answers ({exc}): check KAFKA_BOOTSTRAP, or start the local "
-                "broker with `spendbus up` (its address is kept in SPENDBUS_HOME)"
-            )
-        )
-    except _KAFKA_REFUSALS as exc:
-        # the cluster's ACLs said no: name what was refused and where the grants are
-        fail(
-            ConfigError(
-                f"Kafka refused this principal: not authorized ({type(exc).__name__}: {exc}); "
-                "the ACLs each role needs: `spendbus acls --role ROLE --principal User:NAME` "
-                "(docs/security.md)"
-            )
-        )
+        _fail(exc)
+    except Exception as exc:
+        failure = _kafka_failure(exc)
+        if failure is None:
+            raise
+        _fail(failure)
+
+
+def _fail(exc: SpendbusError) -> None:
+    from spendbus.commands.output import fail  # rich: loaded when there is an error to show
+
+    fail(exc)

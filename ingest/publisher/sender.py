@@ -52,6 +52,13 @@ _PARTITION_CACHE_SIZE = 100_000
 _PRODUCER_CLOSE_TIMEOUT_S = 0.5
 
 
+def partition_index(key: bytes, count: int) -> int:
+    """The partition of ``key`` among ``count``, as Apache Kafka's Java producer picks it for
+    a keyed record (``toPositive(murmur2(key)) % count``): a producer in any language that
+    uses this rule lands an org's events where this one does (docs/contract.md)."""
+    return int(murmur2(key) & 0x7FFFFFFF) % count
+
+
 @dataclass(eq=False)
 class _Chunk:
     """Records read from the spool in one round: acknowledged together, in order."""
@@ -263,7 +270,7 @@ class Sender:
         for key, value in records:
             partition = partition_of.get(key)
             if partition is None:
-                partition = partitions[(murmur2(key) & 0x7FFFFFFF) % count]
+                partition = partitions[partition_index(key, count)]
                 partition_of[key] = partition
             builder = builders.get(partition)
             if builder is None:

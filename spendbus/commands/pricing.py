@@ -4,8 +4,9 @@ Both read a YAML price file (default: the one shipped in ``schemas/data``) and
 price exactly as the aggregator does (``schemas.pricing``). ``prices apply``
 is added to the ``prices`` group by the command line (it needs Kafka).
 
-Exit codes: 0 ok; 1 ``prices check`` found unpriced models; 2 bad input
-(unreadable price file, bad option value).
+Exit codes: 0 ok; 1 ``prices check`` found unpriced models, or a line of
+``price --batch`` could not be priced; 2 bad input (unreadable price file, bad option
+value).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import click
 
@@ -28,6 +29,7 @@ from schemas.pricing import (
     exact_decimal,
     load_price_file,
 )
+from spendbus.commands.price_batch import BadLine, read_call
 
 
 class BadInput(click.ClickException):
@@ -43,18 +45,19 @@ def _book(path: Path | None) -> PriceBook:
         raise BadInput(str(exc)) from None
 
 
-def parse_at(text: str | None) -> datetime:
-    """An RFC 3339 time (``Z`` or an offset; a bare date is 00:00 UTC); None is now."""
+def parse_at(text: str | None, name: str = "--at") -> datetime:
+    """An RFC 3339 time (``Z`` or an offset; a bare date is 00:00 UTC); None is now.
+    ``name`` is what an error calls it."""
     if text is None:
         return datetime.now(UTC)
     value = text.strip()
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise BadInput(f"--at: not an RFC 3339 time: {text!r}") from None
+        raise BadInput(f"{name}: not an RFC 3339 time: {text!r}") from None
     if parsed.tzinfo is None:
         if len(value) != 10:
-            raise BadInput(f"--at: {text!r} needs a time zone (use Z for UTC)")
+            raise BadInput(f"{name}: {text!r} needs a time zone (use Z for UTC)")
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC)
 
@@ -83,7 +86,11 @@ _TOKENS = click.IntRange(min=0)
 
 @click.command("price")
 @_PRICES_OPTION
-@click.option("--model", required=True, help="Model id, as a usage event carries it.")
+@click.option(
+    "--model",
+    default=None,
+    help="Model id, as a usage event carries it (required without --batch).",
+)
 @click.option("--input-tokens", type=_TOKENS, default=0, show_default=True)
 @click.option("--output-tokens", type=_TOKENS, default=0, show_default=True)
 @click.option("--cache-read-tokens", type=_TOKENS, default=0, show_default=True)
@@ -127,7 +134,20 @@ _TOKENS = click.IntRange(min=0)
     "entry that matched and the rule (exact, snapshot of the entry, fallback, unpriced).",
 )
 @_AT_OPTION
+@click.option(
+    "--batch",
+    "batch",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    metavar="FILE.jsonl",
+    help="Price many calls in one run: one JSON call a line ({model, input_tokens, "
+    "output_tokens, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, units, "
+    "service_tier, at}; '-' for stdin), one JSON result a line out, each with its line "
+    "number; a bad line's result is its error and the rest go on (exit 1 if any failed).",
+)
+@click.pass_context
 def price(
+    ctx: click.Context,
     prices_path: Path | None,
     model: str,
     input_tokens: int,
@@ -140,33 +160,112 @@ def price(
     rates: bool,
     explain: bool,
     at_text: str | None,
+    batch: IO[str] | None,
 ) -> None:
     """Print what one call costs, as JSON:
     {cost_nanos, cost_usd, price_version, matched, unpriced} (and the units and
     service_tier when given; with --rates, the entry's rates; with --explain, why that
     entry)."""
+    if batch is not None:
+        given = [
+            param.opts[0]
+            for param in ctx.command.params
+            if param.name in _ONE_CALL_OPTIONS
+            and ctx.get_parameter_source(param.name) is _FROM_COMMAND_LINE
+        ]
+        if given:
+            raise BadInput(
+                f"--batch takes every call from its file: {given[0]} is not allowed with it"
+            )
+        _price_batch(batch, _book(prices_path), at_text, rates=rates, explain=explain)
+        return
+    if model is None:
+        model_option = next(p for p in ctx.command.params if p.name == "model")
+        raise click.MissingParameter(ctx=ctx, param=model_option)
     units = _units(unit_counts)
     if cache_write_1h_tokens > cache_write_tokens:
         raise BadInput(
             "--cache-write-1h-tokens is a part of --cache-write-tokens: it cannot exceed it"
         )
     book = _book(prices_path)
-    at = parse_at(at_text)
+    tokens = {
+        "input_tokens": input_tokens,
+        "cache_read_tokens": cache_read_tokens,
+        "cache_write_tokens": cache_write_tokens,
+        "cache_write_1h_tokens": cache_write_1h_tokens,
+        "output_tokens": output_tokens,
+    }
     try:
-        result = book.price(
-            model,
-            at=at,
-            input_tokens=input_tokens,
-            cache_read_tokens=cache_read_tokens,
-            cache_write_tokens=cache_write_tokens,
-            cache_write_1h_tokens=cache_write_1h_tokens,
-            output_tokens=output_tokens,
-            units=units,
-            service_tier=service_tier,
-        )
+        out = _priced(book, model, parse_at(at_text), tokens, units, service_tier, rates, explain)
     except ContractError as exc:
         raise BadInput(str(exc)) from None
-    out = {
+    click.echo(json.dumps(out, separators=(",", ":")))
+
+
+#: the options that describe one call, which a batch's lines give instead
+_ONE_CALL_OPTIONS: Final = (
+    "model",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cache_write_1h_tokens",
+    "unit_counts",
+    "service_tier",
+)
+_FROM_COMMAND_LINE: Final = click.core.ParameterSource.COMMANDLINE
+
+
+def _price_batch(
+    lines: IO[str], book: PriceBook, at_text: str | None, *, rates: bool, explain: bool
+) -> None:
+    """One result line per non-blank input line; a bad line's result is its error."""
+    default_at = parse_at(at_text)
+    failed = priced = 0
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            call = read_call(text)
+            at = default_at if call.at is None else parse_at(call.at, "at")
+            out: dict[str, Any] = {"line": number}
+            out |= _priced(
+                book, call.model, at, call.tokens, call.units, call.service_tier, rates, explain
+            )
+            priced += 1
+        except (BadLine, BadInput, ContractError) as exc:
+            message = exc.message if isinstance(exc, click.ClickException) else str(exc)
+            out = {"line": number, "error": f"line {number}: {message}"}
+            failed += 1
+        click.echo(json.dumps(out, separators=(",", ":")))
+    if failed:
+        click.echo(f"{failed} of {failed + priced} line(s) could not be priced", err=True)
+        raise SystemExit(1)  # as `prices check`: the results above are all printed
+
+
+def _priced(
+    book: PriceBook,
+    model: str,
+    at: datetime,
+    tokens: dict[str, int],
+    units: dict[str, int],
+    service_tier: str | None,
+    rates: bool,
+    explain: bool,
+) -> dict[str, Any]:
+    """What one call costs, as `spendbus price` prints it; ContractError names a bad field."""
+    result = book.price(
+        model,
+        at=at,
+        input_tokens=tokens["input_tokens"],
+        cache_read_tokens=tokens["cache_read_tokens"],
+        cache_write_tokens=tokens["cache_write_tokens"],
+        cache_write_1h_tokens=tokens["cache_write_1h_tokens"],
+        output_tokens=tokens["output_tokens"],
+        units=units,
+        service_tier=service_tier,
+    )
+    out: dict[str, Any] = {
         "cost_nanos": result.cost_nanos,
         "cost_usd": usd_text(result.cost_nanos),
         "price_version": result.price_version,
@@ -188,7 +287,7 @@ def price(
             if table is None
             else table.explain(model)
         )
-    click.echo(json.dumps(out, separators=(",", ":")))
+    return out
 
 
 def _rates(entry: ModelPrice) -> dict[str, Any]:

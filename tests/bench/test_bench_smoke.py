@@ -56,6 +56,7 @@ TINY: dict[str, list[str]] = {
         *("--no-unshared-comparison", "--phases", "ours,baseline"),
         *("--chart", "{tmp}/overshoot.png", "--out", "{tmp}/overshoot.json"),
     ],
+    "cli": ["--rounds", "1"],
 }
 #: the benches that need a Kafka broker
 ON_KAFKA = {"publisher", "burst", "pipeline", "gateway", "replay", "overshoot"}

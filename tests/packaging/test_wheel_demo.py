@@ -2,7 +2,9 @@
 builds one from PyPI: the hot modules compiled, no repository around), a clean venv, and
 ``spendbus demo`` run from an empty folder. Everything a command needs at run time (the
 ClickHouse DDL, the broker's pom, the shipped prices, the demo budgets) must come from
-the installed package: the demo fails otherwise, and it checks its own results."""
+the installed package: the demo fails otherwise, and it checks its own results. The
+contract's files for other languages (the standalone .avsc, the ingest body's JSON
+Schema) must be in it as well."""
 
 from __future__ import annotations
 
@@ -73,6 +75,25 @@ def test_a_wheel_built_from_the_sdist_runs_the_demo_from_an_empty_folder(tmp_pat
         60,
     ).stdout.split()
     assert all(str(env_dir) in path and str(ROOT) not in path for path in located), located
+    # the contract files another language reads ship too: the standalone Avro schemas and
+    # the JSON Schema that `ingest serve` answers, byte for byte the checkout's
+    shipped = run(
+        [
+            str(python),
+            "-c",
+            "import sys; from importlib import resources; "
+            "from schemas.usage_json_schema import shipped_schema_bytes; "
+            "folder = resources.files('schemas') / 'avro' / 'standalone'; "
+            "print(sorted(p.name for p in folder.iterdir())); "
+            "sys.stdout.write(shipped_schema_bytes().decode())",
+        ],
+        empty,
+        60,
+    ).stdout
+    listing, _, json_schema = shipped.partition("\n")
+    standalone = sorted(p.name for p in (ROOT / "schemas" / "avro" / "standalone").glob("*.avsc"))
+    assert listing == str(standalone)
+    assert json_schema == (ROOT / "schemas" / "json" / "usage_ingest_body.schema.json").read_text()
 
     demo = run([str(env_dir / "bin" / "spendbus"), "demo"], empty, 900)
     for check in DEMO_CHECKS:

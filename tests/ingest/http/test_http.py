@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from ingest.http import build_app
+from ingest.http import USAGE_SCHEMA_PATH, build_app
 from ingest.publisher import PublisherConfig, UsagePublisher
 from ingest.receive import server_options
 from schemas.topics import Topics, usage_raw_key
@@ -19,6 +19,7 @@ from tests.ingest.http.kit import DEAD_BOOTSTRAP, TOKEN, consume, json_event
 from tests.slow_sender import head, send_then_stall
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def _client(
@@ -147,6 +148,21 @@ async def test_accepted_after_the_broker_acknowledged_and_idempotent_by_event_id
     assert len(ids) == 60
     assert set(ids) == {e["event_id"] for e in events}
     assert all(key == usage_raw_key(e["org_id"]) for key, e in got)
+
+
+async def test_the_json_schema_of_the_body_is_served_as_shipped(
+    client: TestClient[web.Request, web.Application],
+) -> None:
+    """GET /v1/usage/schema answers, without a token, the file the package ships."""
+    response = await client.get(USAGE_SCHEMA_PATH)
+    assert response.status == 200
+    assert response.content_type == "application/schema+json"
+    shipped = (ROOT / "schemas" / "json" / "usage_ingest_body.schema.json").read_bytes()
+    assert await response.read() == shipped
+    schema = json.loads(shipped)
+    assert schema["$defs"]["UsageEvent"]["required"][:2] == ["event_id", "occurred_at"]
+    # and the body the tests post is one the schema describes: every field of it known
+    assert set(json_event()) <= set(schema["$defs"]["UsageEvent"]["properties"])
 
 
 async def test_health_and_metrics(client: TestClient[web.Request, web.Application]) -> None:

@@ -1,0 +1,96 @@
+"""`spendbus` imports a command's module only when that command runs (issue 38, item 5):
+the command list shows each command's help from the table in spendbus/cli.py, which
+must say what the command itself says, and `--help` or `price` load no room."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+import pytest
+
+from spendbus.cli import COMMANDS, cli
+from spendbus.lazy_group import LazyGroup
+
+#: what `spendbus --help` and `spendbus price` never need: the rooms and their I/O
+HEAVY = ("aggregator", "enforcer", "ingest", "notify", "aiokafka", "aiohttp", "faust", "fastavro")
+
+
+def loaded(name: str) -> click.Command:
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None, name
+    return command
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_summary_is_the_first_paragraph_of_the_commands_help(name: str) -> None:
+    command = loaded(name)
+    assert command.name == name
+    first = " ".join((command.help or "").split("\n\n")[0].split())
+    assert COMMANDS[name].summary == first
+    group = LazyGroup(name="fresh", lazy=COMMANDS)  # nothing loaded: the summary speaks
+    for limit in (20, 45, 74, 120, 400):
+        assert group.command_summary(name, limit) == command.get_short_help_str(limit)
+
+
+def test_the_command_list_is_the_same_loaded_or_not() -> None:
+    unloaded = LazyGroup(name="spendbus", lazy=COMMANDS, params=cli.params, help=cli.help)
+    eager = click.Group(name="spendbus", params=cli.params, help=cli.help)
+    for name in COMMANDS:
+        eager.add_command(loaded(name), name)
+    for width in (60, 80, 100, 160):
+        texts = []
+        for group in (unloaded, eager):
+            formatter = click.HelpFormatter(width=width)
+            group.format_help(click.Context(group, terminal_width=width), formatter)
+            texts.append(formatter.getvalue())
+        assert texts[0] == texts[1]
+    assert not unloaded.commands, "formatting the list imported a command"
+
+
+def test_a_name_the_table_does_not_know_is_no_command() -> None:
+    assert cli.get_command(click.Context(cli), "no-such-command") is None
+
+
+def modules_after(*argv: str) -> list[str]:
+    """The top-level packages `spendbus ARGV` has imported when it exits."""
+    script = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: sys.__stderr__.write('MODULES ' + json.dumps("
+        "sorted({m.split('.')[0] for m in sys.modules})) + '\\n'))\n"
+        f"sys.argv = ['spendbus', *{list(argv)!r}]\n"
+        "from spendbus.cli import main\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stderr.splitlines() if x.startswith("MODULES "))
+    return list(json.loads(line.removeprefix("MODULES ")))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["price", "--model", "claude-sonnet-4-5", "--input-tokens", "1000"],
+    ],
+)
+def test_quick_commands_load_no_room(argv: list[str]) -> None:
+    imported = modules_after(*argv)
+    assert "spendbus" in imported and "click" in imported  # the probe saw the run
+    assert not set(HEAVY) & set(imported), sorted(set(HEAVY) & set(imported))
+
+
+def test_a_command_that_needs_kafka_still_loads_it() -> None:
+    """The probe can fail: `topics --help` imports its command's module, and Kafka's client."""
+    assert "aiokafka" in modules_after("topics", "--help")
