@@ -30,7 +30,7 @@ The rate limits are the checker's last step (:mod:`enforcer.throttle`).
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 from enforcer.counters import CounterStatus
 from enforcer.estimates import PriceEstimates
@@ -51,6 +51,9 @@ from enforcer.sessions import SessionBound
 from enforcer.state import CounterId, CounterVerdict, EnforcerState
 from enforcer.tally import Tally
 from schemas.rolling import RollingSpend
+
+#: the refusals a rolling window lifts by itself, once enough old buckets left it
+_REOPENING: Final = frozenset((EXCEEDED_I, TOO_LARGE_I))
 
 
 @final
@@ -159,9 +162,10 @@ class Counting:
             ):
                 state = ALERT_I
         if (
-            state in (EXCEEDED_I, TOO_LARGE_I)
+            state >= EXCEEDED_I  # one integer comparison for the common ok and alert
             and counted is not None
             and counted.rolling is not None
+            and state in _REOPENING
         ):
             # a rolling window never resets as a whole: it reopens when enough of its
             # buckets have left for this request to fit (None: waiting cannot help)

@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from schemas import records
 from schemas.budgets import Budget
@@ -40,6 +40,9 @@ from schemas.rolling import RollingSpend, rolling_spend
 
 #: a time after every period's end (µs)
 _NEVER = 1 << 62
+#: a time after every bucket leaves its window (µs): the largest integer compiled code
+#: keeps unboxed, so the check's comparison with it stays a machine comparison
+NO_BUCKET_LEAVES: Final = (1 << 62) - 1
 
 
 #: a counter's identity in memory: ``decompose(counter_key)`` = (budget id, *scope values).
@@ -72,10 +75,10 @@ class CounterVerdict:
     burn_requests: int | None = None
     burn_span_us: int | None = None
     #: a rolling window's spend as its buckets leave the window (Verdict v3; None for
-    #: other windows), and when the first of them leaves (``_NEVER``: none will); the
+    #: other windows), and when the first of them leaves (``NO_BUCKET_LEAVES``: none will); the
     #: check reads the spend at its own clock once that time has come
     rolling: RollingSpend | None = None
-    first_leaves_us: int = _NEVER
+    first_leaves_us: int = NO_BUCKET_LEAVES
 
     def spent_at(self, now_us: int) -> tuple[int, int, int]:
         """(nanos, tokens, requests) the verdict counts at ``now_us``: a rolling window's
@@ -115,7 +118,7 @@ class CounterVerdict:
             burn_requests=_optional_int(record.get("burn_requests")),
             burn_span_us=_optional_int(record.get("burn_span_us")),
             rolling=rolling,
-            first_leaves_us=_NEVER if first_leaves is None else first_leaves,
+            first_leaves_us=NO_BUCKET_LEAVES if first_leaves is None else first_leaves,
         )
 
     def burn(self) -> Burn | None:
