@@ -86,6 +86,12 @@ def _verdict(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> Verdic
         "burn_requests": None,
         "burn_span_us": None,
         "exhausts_at": None,
+        # no buckets: a rolling counter's spend then counts in its newest bucket, which
+        # leaves the window an hour after NOW, so every check reads the spend as it is
+        "bucket_ages": [],
+        "bucket_nanos": [],
+        "bucket_tokens": [],
+        "bucket_requests": [],
     }
 
 

@@ -26,6 +26,7 @@ BENCHES = {
     "enforcer": [],
     "pipeline": ["--events", "50000", "--seconds", "10"],
     "fold": ["--rounds", "5"],
+    "verdict_encode": [],
     "gateway": [],
     "replay": [],
     "overshoot": [],
@@ -41,6 +42,11 @@ HEADLINES = [
     ("pipeline", "latency.verdict_latency_ms.p99", "verdict latency p99 ms"),
     ("pipeline", "latency.kafka_floor_ms.p99", "Kafka produce->consume p99 ms"),
     ("fold", "median_cpu_us_per_event", "the fold alone, CPU µs an event"),
+    (
+        "verdict_encode",
+        "counters.rolling_48_buckets.median_cpu_ns_per_encode",
+        "a rolling verdict with 48 buckets, CPU ns an encode",
+    ),
     ("publisher", "events_per_s.publish_prepared", "publisher events/s (prepared)"),
     ("publisher", "events_per_s.publish_many", "publisher events/s (from dicts)"),
     (

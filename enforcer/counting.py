@@ -1,7 +1,8 @@
 """One counter of a check against its budget: :class:`Counting`.
 
-Every applicable budget must pass. For one counter (spend = the verdict's, or
-zero when the verdict is of another period; limits = the budget's, or its raise's):
+Every applicable budget must pass. For one counter (spend = the verdict's, less a
+rolling window's buckets that left the window by this enforcer's clock, or zero when
+the verdict is of another period; limits = the budget's, or its raise's):
 
 =========  =========================================  ==============================
 action     condition                                  outcome
@@ -29,7 +30,7 @@ The rate limits are the checker's last step (:mod:`enforcer.throttle`).
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 from enforcer.counters import CounterStatus
 from enforcer.estimates import PriceEstimates
@@ -47,8 +48,12 @@ from enforcer.plans import (
     alert_reached,
 )
 from enforcer.sessions import SessionBound
-from enforcer.state import CounterId, EnforcerState
+from enforcer.state import CounterId, CounterVerdict, EnforcerState
 from enforcer.tally import Tally
+from schemas.rolling import RollingSpend
+
+#: the refusals a rolling window lifts by itself, once enough old buckets left it
+_REOPENING: Final = frozenset((EXCEEDED_I, TOO_LARGE_I))
 
 
 @final
@@ -91,18 +96,20 @@ class Counting:
                 plan.limit_nanos, plan.limit_tokens, plan.limit_requests
             )
         verdict = tally.verdicts.get(counter_id)
+        counted: CounterVerdict | None = None
         if verdict is not None and verdict.period == period:
-            spent_nanos = verdict.spent_nanos
-            spent_tokens = verdict.spent_tokens
-            spent_requests = verdict.spent_requests
+            counted = verdict
         elif tally.ahead and (promoted := self.state.promote(counter_id, period)) is not None:
             # a verdict received before our clock reached its period: current now
-            verdict = promoted
-            spent_nanos = verdict.spent_nanos
-            spent_tokens = verdict.spent_tokens
-            spent_requests = verdict.spent_requests
-        else:
+            verdict = counted = promoted
+        if counted is None:
             spent_nanos = spent_tokens = spent_requests = 0
+        elif tally.now_us < counted.first_leaves_us:
+            spent_nanos = counted.spent_nanos
+            spent_tokens = counted.spent_tokens
+            spent_requests = counted.spent_requests
+        else:  # rolling buckets left the window since the verdict, by our clock
+            spent_nanos, spent_tokens, spent_requests = counted.spent_at(tally.now_us)
         row = CounterStatus(
             plan=plan,
             counter_id=counter_id,
@@ -154,6 +161,16 @@ class Counting:
                 )
             ):
                 state = ALERT_I
+        if (
+            state >= EXCEEDED_I  # one integer comparison for the common ok and alert
+            and counted is not None
+            and counted.rolling is not None
+            and state in _REOPENING
+        ):
+            # a rolling window never resets as a whole: it reopens when enough of its
+            # buckets have left for this request to fit (None: waiting cannot help)
+            row.end_us = self._reopens_at(tally, row, counted.rolling)
+            end_us = row.end_us
         row.state_i = state
         if tally.reserve:
             plan.counts[state] += 1
@@ -180,17 +197,8 @@ class Counting:
                 held_requests = row.held_requests = held.requests
         if not tally.in_flight:
             return OK_I
-        if tally.est_tokens < 0:
-            tally.estimate_tokens(self.default_output)
         limit_nanos = row.limit_nanos
-        if limit_nanos is not None and tally.est_nanos < 0:
-            tally.est_nanos = self.estimates.nanos(
-                tally.ctx.model or "",
-                tally.est_input,
-                tally.est_output,
-                tally.now_us,
-                tally.ctx.units,
-            )
+        self._estimate(tally, limit_nanos is not None)
         est_nanos = tally.est_nanos
         est_tokens = tally.est_tokens
         if (
@@ -232,3 +240,30 @@ class Counting:
         tally.to_hold.append(counter_period)
         tally.found.append(held)
         return OK_I
+
+    def _estimate(self, tally: Tally, priced: bool) -> None:
+        """The request's worst case into ``tally``, once: its tokens, and with ``priced``
+        (a USD limit is checked) its cost."""
+        if tally.est_tokens < 0:
+            tally.estimate_tokens(self.default_output)
+        if priced and tally.est_nanos < 0:
+            tally.est_nanos = self.estimates.nanos(
+                tally.ctx.model or "",
+                tally.est_input,
+                tally.est_output,
+                tally.now_us,
+                tally.ctx.units,
+            )
+
+    def _reopens_at(self, tally: Tally, row: CounterStatus, rolling: RollingSpend) -> int | None:
+        """When enough of a rolling window's buckets have left for this request's worst
+        case, times the replicas, to fit (checking; for usage: for the counter to be under
+        its limits again), by this enforcer's clock; None when it never will."""
+        needs = (0, 0, 0)
+        if tally.in_flight:
+            self._estimate(tally, row.limit_nanos is not None)
+            share = tally.share
+            needs = (share * max(tally.est_nanos, 0), share * tally.est_tokens, share)
+        return rolling.fits_at(
+            tally.now_us, (row.limit_nanos, row.limit_tokens, row.limit_requests), needs
+        )

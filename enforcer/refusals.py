@@ -24,8 +24,9 @@ gemini     429     {"error":{"code":429,"status":"RESOURCE_EXHAUSTED",...}}
 bedrock    429     {"message": ...} + ``x-amzn-ErrorType: ThrottlingException``
 =========  ======  ======================================================
 
-Retry-After is the seconds until the refusing counter's period resets (the
-bucket width for rolling windows, absent for ``total``). Allowed requests past
+Retry-After is the seconds until the refusing counter's period resets (for a
+rolling window, until enough old buckets leave for the request to fit; absent for
+``total``, and for a request no rolling window's limit can hold). Allowed requests past
 an alert threshold, and warn budgets past their limit, carry one
 ``X-Spend-Budget: <budget>; scope=…; used=…%; state=alert|exceeded; reset=…``
 header per counter.
@@ -110,11 +111,11 @@ def _seconds_until(end_us: int, now_us: int) -> int:
 
 
 def budget_retry_after(status: CounterStatus, now_us: int) -> int | None:
+    """Seconds until the refusing counter resets, or until enough of a rolling window's
+    buckets leave for the request to fit (its ``end_us``); None when waiting cannot help
+    (a total window, or a request a rolling window's limit cannot hold)."""
     if status.end_us is not None:
         return _seconds_until(status.end_us, now_us)
-    window = status.plan.window
-    if window.kind == "rolling":
-        return max(1, -(-window.bucket_us // 1_000_000))
     return None
 
 

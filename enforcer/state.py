@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from schemas import records
 from schemas.budgets import Budget
@@ -36,9 +36,13 @@ from schemas.ids import decompose
 from schemas.periods import Window, from_micros, period_end, period_key, to_micros
 from schemas.pricing import PriceBook, PriceTable
 from schemas.raises import RaiseBook
+from schemas.rolling import RollingSpend, rolling_spend
 
 #: a time after every period's end (µs)
 _NEVER = 1 << 62
+#: a time after every bucket leaves its window (µs): the largest integer compiled code
+#: keeps unboxed, so the check's comparison with it stays a machine comparison
+NO_BUCKET_LEAVES: Final = (1 << 62) - 1
 
 
 #: a counter's identity in memory: ``decompose(counter_key)`` = (budget id, *scope values).
@@ -70,6 +74,19 @@ class CounterVerdict:
     burn_tokens: int | None = None
     burn_requests: int | None = None
     burn_span_us: int | None = None
+    #: a rolling window's spend as its buckets leave the window (Verdict v3; None for
+    #: other windows), and when the first of them leaves (``NO_BUCKET_LEAVES``: none will); the
+    #: check reads the spend at its own clock once that time has come
+    rolling: RollingSpend | None = None
+    first_leaves_us: int = NO_BUCKET_LEAVES
+
+    def spent_at(self, now_us: int) -> tuple[int, int, int]:
+        """(nanos, tokens, requests) the verdict counts at ``now_us``: a rolling window's
+        buckets that left the window by then are dropped (schemas/rolling.py)."""
+        rolling = self.rolling
+        if rolling is None or now_us < self.first_leaves_us:
+            return self.spent_nanos, self.spent_tokens, self.spent_requests
+        return rolling.at(now_us)
 
     @classmethod
     def from_record(cls, record: records.Verdict, cid: CounterId | None = None) -> CounterVerdict:
@@ -79,6 +96,8 @@ class CounterVerdict:
         scope_values = tuple(record["scope_values"])
         if cid is not None and cid[1:] == scope_values:
             scope_values = cid[1:]
+        rolling = rolling_spend(record)
+        first_leaves = None if rolling is None else rolling.first_leaves_at_us
         return cls(
             counter_key=record["counter_key"],
             # budget ids, scopes, states and periods repeat across counters: one string each
@@ -98,6 +117,8 @@ class CounterVerdict:
             burn_tokens=_optional_int(record.get("burn_tokens")),
             burn_requests=_optional_int(record.get("burn_requests")),
             burn_span_us=_optional_int(record.get("burn_span_us")),
+            rolling=rolling,
+            first_leaves_us=NO_BUCKET_LEAVES if first_leaves is None else first_leaves,
         )
 
     def burn(self) -> Burn | None:

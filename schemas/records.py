@@ -137,8 +137,9 @@ CounterState = Literal["ok", "alert", "exceeded"]
 
 
 class Verdict(TypedDict):
-    """The live state of one budget counter, with its forecast (v2). Topic budget.verdicts
-    (compacted), key counter_key. The enforcers' whole state.
+    """The live state of one budget counter, with its forecast (v2) and, for a rolling window, its
+    buckets in the window (v3). Topic budget.verdicts (compacted), key counter_key. The enforcers'
+    whole state.
     """
 
     counter_key: str
@@ -177,6 +178,18 @@ class Verdict(TypedDict):
     #: v2: when the first limit runs out at that burn; null when none would, when one has already,
     #: and for a rolling window.
     exhausts_at: datetime | None
+    #: v3, rolling windows only (else empty): each bucket with spend still in the window at as_of,
+    #: as how many buckets (of duration / 48) it lies before as_of's bucket, 0 to 47; a bucket of
+    #: age a leaves the window 48 - a buckets after the start of as_of's bucket (schemas/periods.py
+    #: rolling_leaves_at). Parallel to bucket_nanos, bucket_tokens and bucket_requests, whose sums
+    #: are the spent_* fields; empty in v1 and v2 records.
+    bucket_ages: list[int]
+    #: v3: each bucket's spend in nano-dollars (parallel to bucket_ages).
+    bucket_nanos: list[int]
+    #: v3: each bucket's billed tokens (parallel to bucket_ages).
+    bucket_tokens: list[int]
+    #: v3: each bucket's requests (parallel to bucket_ages).
+    bucket_requests: list[int]
 
 
 class CounterCount(TypedDict):

@@ -36,6 +36,7 @@ from schemas.periods import (
     period_start,
     to_micros,
 )
+from schemas.rolling import verdict_buckets
 from schemas.usage import billed_tokens
 
 #: how many periods a counter keeps in memory (newest first); a late event older than
@@ -352,6 +353,12 @@ def verdict_fields(
     ``exhausts_at`` in microseconds."""
     totals = state.periods[state.period]
     burn = counter_burn(budget, totals, period_start_us)
+    window = budget.window
+    ages, nanos, tokens, requests = (
+        verdict_buckets(window, totals.buckets, totals.as_of_us)
+        if window.kind == "rolling"
+        else _NO_BUCKETS
+    )
     return {
         "counter_key": key,
         "budget_id": budget.budget_id,
@@ -376,7 +383,17 @@ def verdict_fields(
         "burn_requests": None if burn is None else burn.requests,
         "burn_span_us": None if burn is None else burn.span_us,
         "exhausts_at": counter_exhausts_at(budget, totals, burn),
+        # a rolling window's buckets in the window (Verdict v3): readers drop them as
+        # they leave it by their own clock (schemas/rolling.py)
+        "bucket_ages": ages,
+        "bucket_nanos": nanos,
+        "bucket_tokens": tokens,
+        "bucket_requests": requests,
     }
+
+
+#: the bucket fields of a calendar or total window's verdict: none (never written to)
+_NO_BUCKETS: Final[tuple[list[int], list[int], list[int], list[int]]] = ([], [], [], [])
 
 
 def threshold_alert_id(key: str, period: str, threshold: float) -> str:

@@ -12,11 +12,15 @@ Two comparisons, each counted in the report:
 - **every (counter, period) the ledger has**, from the counts of the priced records
   the recomputation writes (rolling windows: their newest 48 buckets), with ClickHouse's
   ``budget_history`` when a query function is given (``periods_compared``).
+
+A rolling window's buckets are compared too (Verdict v3: the readers drop them by their
+own clocks, so they must be the right ones): the verdict's with the recomputed counter's,
+and the priced records' newest 48 with ClickHouse's ``budget_counts`` summed per bucket.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -30,6 +34,7 @@ from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import ContractError
 from schemas.periods import ROLLING_BUCKETS
 from schemas.records import Verdict
+from schemas.rolling import BUCKET_FIELDS, rolling_window_of, verdict_buckets
 from schemas.topics import Topics
 
 #: called with (records read so far, records to read)
@@ -41,6 +46,11 @@ HistoryQuery = Callable[[str], Sequence[Sequence[Any]]]
 HISTORY_QUERY: Final = (
     "SELECT counter_key, period, spent_nanos, spent_tokens, spent_requests, events "
     "FROM budget_history"
+)
+#: every rolling window's spend per bucket, as the store holds it
+ROLLING_BUCKETS_QUERY: Final = (
+    "SELECT counter_key, period, bucket, sum(cost_nanos), sum(billed_tokens), sum(requests) "
+    "FROM budget_counts WHERE startsWith(period, 'r:') GROUP BY counter_key, period, bucket"
 )
 
 
@@ -66,6 +76,9 @@ class VerifyReport:
     periods_compared: int | None = None
     #: (counter key, period) -> (nanos, tokens, requests, events), from the priced counts
     history: dict[tuple[str, str], tuple[int, int, int, int]] = field(default_factory=dict)
+    #: (counter key, rolling period) -> its newest 48 buckets with spend: bucket ->
+    #: (nanos, tokens, requests), from the priced counts
+    rolling: dict[tuple[str, str], dict[int, tuple[int, int, int]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -149,7 +162,20 @@ async def recompute(
     states = {key: CounterState.from_json(value) for key, value in counters.items()}
     report.counters = len(states)
     report.history = {where: _period_totals(slot) for where, slot in buckets.items()}
+    report.rolling = {
+        where: _live_buckets(slot) for where, slot in buckets.items() if where[1].startswith("r:")
+    }
     return states, report, reference
+
+
+def _live_buckets(slot: Mapping[int, Sequence[int]]) -> dict[int, tuple[int, int, int]]:
+    """A rolling window's newest 48 buckets that hold spend: (nanos, tokens, requests)."""
+    newest = max(slot)
+    return {
+        bucket: (sums[0], sums[1], sums[2])
+        for bucket, sums in slot.items()
+        if bucket > newest - ROLLING_BUCKETS and (sums[0] or sums[1] or sums[2])
+    }
 
 
 def _period_totals(slot: dict[int, list[int]]) -> tuple[int, int, int, int]:
@@ -206,11 +232,31 @@ async def verify_counters(
         ):
             if mine != theirs:
                 report.differences.append(Difference(key, name, mine, theirs))
+        window = rolling_window_of(state.period)
+        if window is not None:
+            mine_buckets = verdict_buckets(window, totals.buckets, totals.as_of_us)
+            theirs_buckets = tuple(list(verdict[name]) for name in BUCKET_FIELDS)
+            if mine_buckets != theirs_buckets:
+                report.differences.append(Difference(key, "buckets", mine_buckets, theirs_buckets))
     for key in sorted(set(live) - set(states)):
         report.differences.append(Difference(key, "verdict", "missing", "present"))
     if history_query is not None:
         compare_history(report, history_query(HISTORY_QUERY))
+        compare_rolling_buckets(report, history_query(ROLLING_BUCKETS_QUERY))
     return report
+
+
+def compare_rolling_buckets(report: VerifyReport, rows: Sequence[Sequence[Any]]) -> None:
+    """Every recomputed rolling window's newest 48 buckets against the store's
+    (:data:`ROLLING_BUCKETS_QUERY`), differences into ``report``."""
+    stored: dict[tuple[str, str], dict[int, list[int]]] = {}
+    for key, period, bucket, *sums in rows:
+        stored.setdefault((str(key), str(period)), {})[int(bucket)] = [int(v) for v in sums]
+    for where in sorted(set(report.rolling) | set(stored)):
+        mine = report.rolling.get(where, {})
+        theirs = _live_buckets(stored[where]) if where in stored else {}
+        if mine != theirs:
+            report.differences.append(Difference(where[0], "buckets", mine, theirs, where[1]))
 
 
 def compare_history(report: VerifyReport, rows: Sequence[Sequence[Any]]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,12 +22,13 @@ from rich.console import Console
 from rich.table import Table
 
 from runtime.topic_reader import read_latest_values
-from schemas.codec import BUDGET_RAISE, VERDICT
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, VERDICT
 from schemas.errors import ContractError
 from schemas.forecast import Burn
 from schemas.money import format_usd
-from schemas.periods import to_micros
+from schemas.periods import from_micros, to_micros
 from schemas.raises import BudgetRaise, RaiseBook
+from schemas.rolling import rolling_spend
 from spendbus.commands.output import limits_text
 from spendbus.settings import Settings
 
@@ -74,8 +76,9 @@ def within_period(row: dict[str, Any]) -> dict[str, Any]:
 
 async def _verdicts_and_raises(
     settings: Settings, bootstrap: str
-) -> tuple[list[dict[str, Any]], RaiseBook]:
-    """The current generation's live verdicts, and the raises in force."""
+) -> tuple[list[dict[str, Any]], RaiseBook, dict[str, list[float]]]:
+    """The current generation's live verdicts, the raises in force, and each budget's
+    alert thresholds (a rolling counter's state is told again once spend left it)."""
     from aggregator import current_generation
 
     security = settings.kafka_security
@@ -93,7 +96,18 @@ async def _verdicts_and_raises(
     raises = await read_latest_values(bootstrap, settings.topics.budget_raises, security=security)
     for key, value in raises.items():
         book.apply(key.decode(), None if value is None else BUDGET_RAISE.decode(value))
-    return rows, book
+    policies = await read_latest_values(
+        bootstrap, settings.topics.budget_policies, security=security
+    )
+    alert_at = {}
+    for key, value in policies.items():
+        if value is None:
+            continue
+        try:
+            alert_at[key.decode()] = list(BUDGET_POLICY.decode(value)["alert_at"])
+        except ContractError:
+            continue
+    return rows, book, alert_at
 
 
 def live_counters(
@@ -107,7 +121,7 @@ def live_counters(
     """Every counter of the current generation's verdicts whose period has not ended, of
     ``org_id`` (a counter's first scope value) and ``budget_ids`` when given."""
     now = now or datetime.now(UTC)
-    verdicts, book = asyncio.run(_verdicts_and_raises(settings, bootstrap))
+    verdicts, book, alert_at = asyncio.run(_verdicts_and_raises(settings, bootstrap))
     now_us = to_micros(now)
     rows = []
     for v in verdicts:
@@ -120,6 +134,17 @@ def live_counters(
         if budget_ids and v["budget_id"] not in budget_ids:
             continue
         granted: BudgetRaise | None = book.active(v["budget_id"], values, now_us)
+        spent = (v["spent_nanos"], v["spent_tokens"], v["spent_requests"])
+        state, reset_at = v["state"], _iso(reset)
+        rolling = rolling_spend(v)
+        if rolling is not None:
+            # the buckets that left the window since the verdict, by this clock
+            spent = rolling.at(now_us)
+            limits = (v["limit_nanos"], v["limit_tokens"], v["limit_requests"])
+            state = counter_state_of(spent, limits, alert_at.get(v["budget_id"], ()))
+            if state == "exceeded":
+                reopens = rolling.fits_at(now_us, limits, (0, 0, 0))
+                reset_at = None if reopens is None else _iso(from_micros(reopens))
         span = v["burn_span_us"]
         burn = (
             Burn(
@@ -140,15 +165,15 @@ def live_counters(
                 "counter": v["counter_key"],
                 "action": v["action"],
                 "period": v["period"],
-                "state": v["state"],
-                "spent_nanos": v["spent_nanos"],
-                "spent_tokens": v["spent_tokens"],
-                "spent_requests": v["spent_requests"],
+                "state": state,
+                "spent_nanos": spent[0],
+                "spent_tokens": spent[1],
+                "spent_requests": spent[2],
                 "limit_nanos": v["limit_nanos"],
                 "limit_tokens": v["limit_tokens"],
                 "limit_requests": v["limit_requests"],
                 "raise": None if granted is None else granted.to_json(),
-                "reset_at": _iso(reset),
+                "reset_at": reset_at,
                 "burn_per_hour": burn,
                 "exhausts_at": _iso(v["exhausts_at"]),
                 "as_of": _iso(v["as_of"]),
@@ -156,6 +181,18 @@ def live_counters(
             }
         )
     return sorted(rows, key=lambda r: (r["budget_id"], r["scope_values"]))
+
+
+def counter_state_of(
+    spent: tuple[int, int, int],
+    limits: tuple[int | None, int | None, int | None],
+    alert_at: Sequence[float],
+) -> str:
+    """exceeded when a limit is reached, alert past the lowest threshold (the fold's rule)."""
+    ratio = max((s / limit for s, limit in zip(spent, limits, strict=True) if limit), default=0.0)
+    if ratio >= 1.0:
+        return "exceeded"
+    return "alert" if alert_at and ratio >= min(alert_at) else "ok"
 
 
 def burn_usd(nanos: int) -> str:

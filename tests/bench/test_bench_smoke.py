@@ -41,6 +41,7 @@ TINY: dict[str, list[str]] = {
     # enough events that the fold spans more than one of the bench's 50 ms samples
     "pipeline": ["--workers", "1", "--events", "20000", "--rate", "200", "--seconds", "1"],
     "fold": ["--events", "2000", "--rounds", "1"],
+    "verdict_encode": ["--encodes", "200", "--rounds", "1"],
     "gateway": [
         *("--concurrency", "4", "--requests", "8", "--rounds", "1", "--output-tokens", "10"),
         *("--chunk-latency-ms", "5", "--no-burst", "--out", "{tmp}/gateway.json"),

@@ -15,11 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from schemas.budgets import Budget
-from schemas.codec import VERDICT
+from schemas.codec import BUDGET_POLICY, VERDICT
 from schemas.periods import parse_window
 from schemas.topics import Topics
 from spendbus.cli import cli
-from spendbus.commands.usage_view import burn_usd
+from spendbus.commands.usage_view import burn_usd, live_counters
+from spendbus.settings import load_settings
 from spendbus.stack.compacted import publish
 from tests.gateway.kit import exhausted_verdict
 
@@ -95,3 +96,63 @@ def test_burn_is_shown_at_the_precision_that_tells_it_from_zero() -> None:
     assert burn_usd(400_000) == "$0.0004"
     assert burn_usd(12_340_000_000) == "$12.34"
     assert burn_usd(0) == "$0"
+
+
+def test_a_rolling_counter_shows_only_the_spend_still_in_its_window(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    """No verdict follows a rolling counter's last event: `spendbus usage` drops the
+    buckets that left the window by its own clock, tells the state again (the budget's
+    thresholds) and, while exhausted, when the counter drops under its limit."""
+    budget = Budget(
+        budget_id="two-minutes",
+        scope="org",
+        window=parse_window("rolling:2m"),
+        match={},
+        limit_nanos=1_000_000_000,
+        alert_at=(0.5,),
+    )
+    as_of = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)  # on a 2.5 s bucket boundary
+    verdict = exhausted_verdict(budget, ["acme"]) | {
+        "period": "r:2m",
+        "reset_at": None,
+        "as_of": as_of,
+        "emitted_at": as_of,
+        "spent_nanos": 1_100_000_000,
+        # $0.30 forty buckets before as_of's, $0.80 in it
+        "bucket_ages": [40, 0],
+        "bucket_nanos": [300_000_000, 800_000_000],
+        "bucket_tokens": [0, 0],
+        "bucket_requests": [0, 0],
+    }
+    asyncio.run(
+        publish(
+            kafka_bootstrap,
+            topics.budget_verdicts,
+            [(verdict["counter_key"].encode(), VERDICT.encode(verdict))],
+        )
+    )
+    asyncio.run(
+        publish(
+            kafka_bootstrap,
+            topics.budget_policies,
+            [(b"two-minutes", BUDGET_POLICY.encode(budget.to_record(as_of)))],
+        )
+    )
+    settings = load_settings(
+        {"KAFKA_BOOTSTRAP": kafka_bootstrap, "SPENDBUS_TOPIC_PREFIX": topics.prefix}
+    )
+
+    def row_at(now: datetime) -> dict[str, Any]:
+        (row,) = live_counters(settings, kafka_bootstrap, org_id="acme", budget_ids=(), now=now)
+        return row
+
+    exhausted = row_at(as_of + timedelta(seconds=1))
+    assert exhausted["spent_nanos"] == 1_100_000_000 and exhausted["state"] == "exceeded"
+    # the $0.30 bucket leaves 48 - 40 buckets of 2.5 s after as_of's bucket began
+    assert exhausted["reset_at"] == "2026-12-07T10:00:20Z"
+    alerting = row_at(as_of + timedelta(seconds=20))
+    assert alerting["spent_nanos"] == 800_000_000 and alerting["state"] == "alert"
+    assert alerting["reset_at"] is None
+    quiet = row_at(as_of + timedelta(minutes=2))
+    assert quiet["spent_nanos"] == 0 and quiet["state"] == "ok"

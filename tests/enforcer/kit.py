@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -88,8 +88,16 @@ def verdict(
     at: datetime = NOW,
     period: str | None = None,
     emitted_at: datetime | None = None,
+    buckets: Mapping[int, tuple[int, int, int]] | None = None,
 ) -> Verdict:
-    """A Verdict record for counter (b, scope_values) in the period of ``at``."""
+    """A Verdict record for counter (b, scope_values) in the period of ``at``; a rolling
+    window's ``buckets`` by age (buckets before ``at``'s) -> (nanos, tokens, requests),
+    its spend their sums (none given: a v2 record's, no buckets)."""
+    ages = sorted(buckets or {}, reverse=True)
+    if buckets:
+        spent_nanos = sum(buckets[a][0] for a in ages)
+        spent_tokens = sum(buckets[a][1] for a in ages)
+        spent_requests = sum(buckets[a][2] for a in ages)
     exceeded = any(
         limit is not None and spent >= limit
         for spent, limit in (
@@ -124,6 +132,10 @@ def verdict(
         "burn_requests": None,
         "burn_span_us": None,
         "exhausts_at": None,
+        "bucket_ages": ages,
+        "bucket_nanos": [buckets[a][0] for a in ages] if buckets else [],
+        "bucket_tokens": [buckets[a][1] for a in ages] if buckets else [],
+        "bucket_requests": [buckets[a][2] for a in ages] if buckets else [],
     }
 
 

@@ -93,14 +93,68 @@ def test_unblocked_at_period_rollover() -> None:
     assert d.allowed and d.counters[0].period == "m:2026-12" and d.counters[0].spent_nanos == 0
 
 
-def test_rolling_windows_use_the_verdict_spend_as_is() -> None:
+def test_a_rolling_window_drops_the_buckets_that_left_it_by_the_enforcer_clock() -> None:
+    """No verdict follows once traffic stops (refusals are not counted): the enforcer
+    drops each bucket as it leaves the window, and the refusal says when the request fits."""
     rolling = budget("five-hours", window="rolling:5h", limit_usd=1)
-    old = NOW - timedelta(days=3)
-    e, _ = loaded_enforcer([rolling], [verdict(rolling, ["acme"], spent_nanos=USD, at=old)])
+    width_s = 5 * 3600 // 48  # 375 s
+    # $0.40 three buckets before NOW's bucket, $0.60 in NOW's own: exhausted at NOW
+    e, clock = loaded_enforcer(
+        [rolling],
+        [verdict(rolling, ["acme"], buckets={3: (4 * USD // 10, 0, 0), 0: (6 * USD // 10, 0, 0)})],
+    )
+    d = e.check(ctx())
+    assert d.decision == BUDGET_EXCEEDED and d.counters[0].spent_nanos == USD
+    # the older bucket leaves 48 - 3 buckets after NOW's bucket began (NOW is on a bucket
+    # boundary): then $0.60 is left and the request ($0.018) fits
+    reopens = NOW + timedelta(seconds=45 * width_s)
+    assert d.body is not None and d.body["reset_at"] == reopens.isoformat().replace("+00:00", "Z")
+    assert d.retry_after == 45 * width_s
+    clock.set(reopens - timedelta(microseconds=1))
+    refresh(e)
+    assert e.check(ctx()).decision == BUDGET_EXCEEDED
+    clock.set(reopens)
+    refresh(e)
+    d = e.check(ctx())
+    assert d.allowed and d.counters[0].spent_nanos == 6 * USD // 10
+
+
+def test_a_rolling_refusal_waits_for_room_for_the_request() -> None:
+    """Exhausted by requests: it reopens when enough buckets left for one more request,
+    and a request the limit cannot hold at all is refused without a Retry-After."""
+    rolling = budget("per-hour", window="rolling:1h", limit_requests=3, limit_tokens=10_000)
+    width = timedelta(seconds=3600 // 48)
+    e, clock = loaded_enforcer(
+        [rolling],
+        [verdict(rolling, ["acme"], buckets={10: (0, 100, 1), 5: (0, 100, 1), 1: (0, 100, 1)})],
+    )
     d = e.check(ctx())
     assert d.decision == BUDGET_EXCEEDED
-    assert d.retry_after == 5 * 3600 // 48  # spend can only drop by one bucket at a time
-    assert d.body is not None and d.body["reset_at"] is None
+    # one request more needs one bucket to leave: the oldest (age 10) leaves first
+    assert d.retry_after == int((48 - 10) * width.total_seconds())
+    too_big = e.check(ctx(input_tokens=9_000, max_output_tokens=2_000))
+    assert too_big.decision == BUDGET_EXCEEDED and too_big.retry_after is None
+    assert too_big.body is not None and too_big.body["reset_at"] is None
+    # once the two oldest buckets left, one request is left in the window
+    clock.set(NOW + (48 - 5) * width)
+    refresh(e)
+    d = e.check(ctx())
+    assert d.allowed and d.counters[0].spent_requests == 1
+
+
+def test_a_v2_rolling_verdict_counts_its_spend_until_its_newest_bucket_leaves() -> None:
+    """A verdict without buckets (written before v3): all of its spend is taken to be in
+    its newest bucket, the latest it can be, so it never reopens early, but it reopens."""
+    rolling = budget("five-hours", window="rolling:5h", limit_usd=1)
+    width_s = 5 * 3600 // 48
+    old = NOW - timedelta(hours=5) + timedelta(seconds=width_s)  # its bucket: the oldest one
+    e, clock = loaded_enforcer([rolling], [verdict(rolling, ["acme"], spent_nanos=USD, at=old)])
+    d = e.check(ctx())
+    assert d.decision == BUDGET_EXCEEDED and d.retry_after == width_s
+    clock.advance(width_s)
+    refresh(e)
+    d = e.check(ctx())
+    assert d.allowed and d.counters[0].spent_nanos == 0
 
 
 def test_total_budgets_have_no_retry_after() -> None:

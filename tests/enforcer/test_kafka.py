@@ -181,6 +181,11 @@ async def test_restart_rebuilds_state_from_the_compacted_topics(
         )
     )
     messages.append((topics.budget_verdicts, counter_key("gone", ["acme"]), None))
+    # a rolling verdict whose buckets do not fit its record (Verdict v3): counted, skipped
+    rolling = budget("rolling", window="rolling:5h", limit_usd=1)
+    torn = verdict(rolling, ["acme"], buckets={0: (USD, 0, 0)})
+    torn["bucket_tokens"] = []
+    messages.append(verdict_msg(topics, torn))
     await produce(kafka_bootstrap, messages)
 
     def decisions(e: Enforcer) -> list[str]:
@@ -199,6 +204,7 @@ async def test_restart_rebuilds_state_from_the_compacted_topics(
             (topics.budget_verdicts, "unknown_fingerprint"): 1,
             (topics.budget_verdicts, "bad_magic"): 1,
             (topics.budget_policies, "contract"): 1,
+            (topics.budget_verdicts, "bad_buckets"): 1,
         }
 
     started = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -167,6 +168,30 @@ async def test_usage_is_the_counters_of_the_ctx(client: Served) -> None:
     assert row["budget_id"] == "org" and row["spent_nanos"] == USD // 2
     assert row["limit_nanos"] == USD and row["period"] == "m:2026-11" and row["state"] == "ok"
     assert row["as_of"] == NOW.isoformat().replace("+00:00", "Z")
+
+
+@SERVED
+async def test_a_rolling_window_reopens_over_http_by_the_enforcer_clock(how: str) -> None:
+    """/v1/check names when enough old buckets leave for the request to fit, and both it
+    and /v1/usage drop them once they have, with no new verdict (issue 37)."""
+    rolling = budget("five-hours", window="rolling:5h", limit_usd=1)
+    width_s = 5 * 3600 // 48
+    e, clock = loaded_enforcer(
+        [rolling], [verdict(rolling, ["acme"], buckets={40: (USD // 2, 0, 0), 0: (USD // 2, 0, 0)})]
+    )
+    reopens = NOW + timedelta(seconds=(48 - 40) * width_s)
+    async with served(how, e, TOKEN) as c:
+        d = await (await c.post("/v1/check", json=CTX, headers=AUTH)).json()
+        assert d["decision"] == "budget_exceeded"
+        assert d["body"]["reset_at"] == reopens.isoformat().replace("+00:00", "Z")
+        assert ["Retry-After", str(8 * width_s)] in d["headers"]
+        clock.set(reopens)
+        refresh(e)
+        usage = await c.get("/v1/usage", params={"org_id": "acme", "secret_id": "s"}, headers=AUTH)
+        [row] = (await usage.json())["counters"]
+        assert row["spent_nanos"] == USD // 2 and row["state"] == "ok"
+        d = await (await c.post("/v1/check", json=CTX, headers=AUTH)).json()
+        assert d["allowed"]
 
 
 async def test_readyz_and_metrics(client: Served) -> None:

@@ -13,7 +13,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -184,7 +184,9 @@ async def gateway_stack(
     upstream: FakeUpstreamConfig | None = None,
     enforcer: dict[str, Any] | None = None,
     gateway: dict[str, Any] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[GatewayStack]:
+    """``clock``: the enforcer's (seconds since the epoch), for tests that move its time."""
     now = datetime.now(UTC)
     tables = load_price_file(default_price_file())
     await publish(
@@ -216,7 +218,7 @@ async def gateway_stack(
         PublisherConfig(bootstrap=bootstrap, topic_prefix=topics.prefix, spool_dir=home / "spool")
     )
     runner: web.AppRunner | None = None
-    async with Enforcer(enforcer_config) as gate:
+    async with Enforcer(enforcer_config, clock=clock) as gate:
         await gate.wait_ready(60)
         await publisher.start()
         try:

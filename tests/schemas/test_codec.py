@@ -157,6 +157,11 @@ FIXTURES: dict[str, Mapping[str, Any]] = {
         "burn_requests": 1,
         "burn_span_us": 3_600_000_000,
         "exhausts_at": datetime(2026, 11, 30, 20, tzinfo=UTC),
+        # a calendar window carries no buckets (Verdict v3: a rolling window's)
+        "bucket_ages": [],
+        "bucket_nanos": [],
+        "bucket_tokens": [],
+        "bucket_requests": [],
     },
     "Alert": {
         "alert_id": "12:acme-monthly,4:acme,|m:2026-11|0.8",
