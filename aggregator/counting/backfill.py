@@ -93,6 +93,8 @@ class Backfills:
     def __init__(self, max_future_skew_us: int) -> None:
         self.max_future_skew_us = max_future_skew_us
         self.active: dict[int, PartitionBackfill] = {}
+        #: (output epoch, partition, budgets): re-reads done, their outputs not yet delivered
+        self.settling: list[tuple[int, int, dict[str, str]]] = []
         #: budget id -> counting fingerprint of every budget of the last plan
         self.counted: dict[str, str] = {}
         #: (reference version, owned partitions) last planned for
@@ -174,16 +176,23 @@ class Backfills:
             return False
         return occurred_us >= self.active[partition].counts_from_us
 
-    def finished(self, folded_to: dict[int, int]) -> list[tuple[int, dict[str, str]]]:
-        """The partitions whose re-read reached its end: (partition, markers to write)."""
+    def finished(self, folded_to: dict[int, int], epoch: int) -> list[tuple[int, dict[str, str]]]:
+        """The partitions whose re-read reached its end: (partition, markers to write).
+        Their budgets count as loaded once the checkpoint of output ``epoch`` (which holds
+        the markers and the verdicts the re-read changed) is delivered: ``settled``."""
         done = [
             (partition, running.budgets)
             for partition, running in self.active.items()
             if folded_to.get(partition, -1) >= running.until
         ]
-        for partition, _ in done:
+        for partition, budgets in done:
             del self.active[partition]
+            self.settling.append((epoch, partition, budgets))
         return done
+
+    def settled(self, epoch: int) -> None:
+        """Every output of ``epoch`` and before reached the broker."""
+        self.settling = [s for s in self.settling if s[0] > epoch]
 
     def counting(self) -> dict[str, str]:
         """Budget id -> fingerprint of each budget every owned partition counts from its
@@ -192,10 +201,13 @@ class Backfills:
         return {b: fp for b, fp in self.counted.items() if b not in loading}
 
     def loading(self) -> dict[str, list[int]]:
-        """Budget id -> the partitions still re-reading for it (what /stats shows)."""
+        """Budget id -> the partitions still re-reading for it, or whose re-read's outputs
+        are not delivered yet (what /stats shows)."""
         out: dict[str, list[int]] = {}
-        for partition, running in sorted(self.active.items()):
-            for budget_id in running.budgets:
+        reading = [(p, running.budgets) for p, running in self.active.items()]
+        delivering = [(p, budgets) for _, p, budgets in self.settling]
+        for partition, budgets in sorted(reading + delivering):
+            for budget_id in budgets:
                 out.setdefault(budget_id, []).append(partition)
         return out
 

@@ -395,7 +395,8 @@ class CountingStage:
                 records = [m for m in records if not rereads(m.partition, m.offset)]
             if records:
                 self._fold_records(records)
-            finished = self.backfills.finished(self._folded_to)
+            assert self._outgoing is not None
+            finished = self.backfills.finished(self._folded_to, self._outgoing.epoch)
             for partition, markers in finished:
                 self._write_markers(partition, markers)
             if finished:  # what the re-read counted goes out now, not a batch later
@@ -576,6 +577,7 @@ class CountingStage:
             where = (meta.topic, meta.partition)
             reached[where] = max(reached.get(where, 0), meta.offset + count)
         self.store.persist(reached, cut.state)
+        self.backfills.settled(cut.epoch)
         self.metrics.record_checkpoint((time.perf_counter() - started) * 1000)
 
     # --- partitions of the outputs -------------------------------------------------------

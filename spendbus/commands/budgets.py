@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.ids import canonical_id
 from schemas.pricing import PriceBook, PriceTable
+from spendbus.commands.budget_loading import Loading
 from spendbus.commands.budget_raises import budgets_raise, budgets_raises, budgets_revoke_raise
 from spendbus.commands.output import console, limits_text
 from spendbus.commands.store_queries import history_query
@@ -73,7 +75,8 @@ def budgets_apply(
 
     A budget counts its current period from its first moment: the workers fold the
     period's events already in the ledger into it. This waits (--wait) until they have and
-    prints what each budget has spent this period."""
+    prints what each budget has spent this period; a new enforce budget goes out as warn
+    until then, so enforcers enforce it on that spend."""
     parsed = budgets_from_yaml(_load_yaml(file), source=str(file))
     settings = load_settings()
     now = datetime.now(UTC)
@@ -95,15 +98,54 @@ def budgets_apply(
     book = PriceBook([PriceTable.from_record(PRICE_TABLE.decode(v)) for v in tables.values() if v])
     for warning in unpriced_warnings(book, parsed, routed, now):
         console.print(f"[yellow]warning:[/yellow] {file}: {warning}", highlight=False)
-    records = [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in parsed]
+    # a new enforce budget goes out as warn first: the workers count its period from the
+    # ledger meanwhile, and the enforcers enforce it only once its verdicts hold that spend
+    staged = _new_enforce_budgets(settings, bootstrap, parsed) if wait_s > 0 else set()
+    _publish_budgets(
+        settings,
+        bootstrap,
+        [replace(b, action="warn") if b.budget_id in staged else b for b in parsed],
+        now,
+    )
+    click.echo(f"applied {len(parsed)} budgets from {file}")
+    if wait_s <= 0:
+        return
+    loading = _report_spent(settings, bootstrap, parsed, workers, wait_s)
+    enforced = [b for b in parsed if b.budget_id in staged]
+    if enforced:
+        _publish_budgets(settings, bootstrap, enforced, now)
+    for budget in enforced:
+        if budget.budget_id in loading.counted:
+            click.echo(f"{budget.budget_id}: enforced from now")
+        else:
+            console.print(
+                f"[yellow]warning:[/yellow] {budget.budget_id}: enforced before every worker "
+                "counted its period: until they have, enforcers see only the spend its "
+                "verdicts show so far",
+                highlight=False,
+            )
+
+
+def _publish_budgets(
+    settings: Settings, bootstrap: str, budgets: list[Budget], now: datetime
+) -> None:
+    records = [(b.budget_id.encode(), BUDGET_POLICY.encode(b.to_record(now))) for b in budgets]
     asyncio.run(
         publish(
             bootstrap, settings.topics.budget_policies, records, security=settings.kafka_security
         )
     )
-    click.echo(f"applied {len(parsed)} budgets from {file}")
-    if wait_s > 0:
-        _report_spent(settings, bootstrap, parsed, workers, wait_s)
+
+
+def _new_enforce_budgets(settings: Settings, bootstrap: str, parsed: list[Budget]) -> set[str]:
+    """The enforce budgets of ``parsed`` that budget.policies does not hold yet."""
+    current = asyncio.run(
+        read_latest_values(
+            bootstrap, settings.topics.budget_policies, security=settings.kafka_security
+        )
+    )
+    known = {key.decode() for key, value in current.items() if value is not None}
+    return {b.budget_id for b in parsed if b.action == "enforce" and b.budget_id not in known}
 
 
 def _report_spent(
@@ -112,7 +154,7 @@ def _report_spent(
     parsed: list[Budget],
     workers: tuple[str, ...],
     wait_s: float,
-) -> None:
+) -> Loading:
     """What each applied budget has spent this period, once the workers count it."""
     from spendbus.commands.budget_loading import spent_lines, wait_counted, worker_stats
     from spendbus.commands.usage_view import live_counters
@@ -131,6 +173,7 @@ def _report_spent(
     )
     for line in spent_lines(parsed, loading, counters):
         click.echo(line)
+    return loading
 
 
 #: how far back ``budgets apply`` looks for the models in use, and how many it reads

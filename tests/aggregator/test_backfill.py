@@ -119,8 +119,14 @@ def test_a_budget_new_to_a_kept_partition_is_read_again_from_its_period_start() 
     assert backfills.rereads(0, 39) and not backfills.rereads(0, 40)
     assert backfills.loading() == {"late-day": [0], "late-secret": [0]}
     assert "late-day" not in backfills.counting()
-    assert backfills.finished({0: 39}) == []
-    assert backfills.finished({0: 40}) == [(0, {b.budget_id: b.counting_fingerprint for b in NEW})]
+    assert backfills.finished({0: 39}, epoch=7) == []
+    done = {b.budget_id: b.counting_fingerprint for b in NEW}
+    assert backfills.finished({0: 40}, epoch=7) == [(0, done)]
+    # loaded once the checkpoint holding its markers and verdicts is delivered
+    assert backfills.loading() == {"late-day": [0], "late-secret": [0]}
+    backfills.settled(6)
+    assert "late-day" not in backfills.counting()
+    backfills.settled(7)
     assert backfills.loading() == {}
     assert "late-day" in backfills.counting()
 

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from aggregator.counting.backfill import period_begins_us
+from aggregator.replay.generations import topic_values
+from enforcer import Decision, Enforcer, EnforcerConfig
 from schemas.budgets import budgets_from_yaml
+from schemas.codec import BUDGET_POLICY
 from schemas.money import format_usd
 from schemas.periods import to_micros
 from schemas.records import UsageEvent
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 DAILY_YAML = """
 - {id: acme-daily, scope: org, match: {org_id: acme}, window: day, limit_usd: "2"}
+- {id: acme-tight, scope: org, match: {org_id: acme}, window: day, limit_usd: "0.01"}
 """
 
 
@@ -81,6 +85,21 @@ def apply(pipeline: Pipeline, home: Path, path: Path) -> subprocess.CompletedPro
     )
 
 
+async def first_check(bootstrap: str, topics: Topics) -> Decision:
+    """What a fresh enforcer decides for acme's next request, once it has read everything."""
+    config = EnforcerConfig(bootstrap=bootstrap, topic_prefix=topics.prefix)
+    async with Enforcer(config) as enforcer:
+        await enforcer.wait_ready(60)
+        ctx = enforcer.context(
+            org_id="acme",
+            secret_id="sk-acme-new",  # no spend of its own: only the org's budgets refuse
+            model="claude-sonnet-4-5",
+            input_tokens=10,
+            max_output_tokens=1,
+        )
+        return enforcer.check(ctx, reserve=False)
+
+
 def test_a_budget_applied_mid_period_counts_what_the_period_spent(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
 ) -> None:
@@ -127,6 +146,25 @@ def test_a_budget_applied_mid_period_counts_what_the_period_spent(
             "SELECT DISTINCT period FROM budget_state FINAL WHERE budget_id = 'acme-daily'"
         )
         assert [p for (p,) in periods] == [f"d:{now.date().isoformat()}"]
+        # enforced only once counted: the budgets went out as warn, then as enforce, so an
+        # enforcer that reads them refuses acme on the morning's spend at once
+        history = asyncio.run(topic_values(kafka_bootstrap, topics.budget_policies))
+        actions = [
+            (record["budget_id"], record["action"])
+            for record in (BUDGET_POLICY.decode(v) for v in history if v is not None)
+        ]
+        assert actions[-4:] == [
+            ("acme-daily", "warn"),
+            ("acme-tight", "warn"),
+            ("acme-daily", "enforce"),
+            ("acme-tight", "enforce"),
+        ]
+        assert "acme-tight: enforced from now" in done.stdout
+        refused = asyncio.run(first_check(kafka_bootstrap, topics))
+        assert (refused.decision, refused.budget_id) == ("budget_exceeded", "acme-tight"), refused
+        spent = {c.budget_id: c.spent_nanos for c in refused.counters}
+        assert spent["acme-tight"] == spent["acme-daily"] == morning_spend
+
         # nothing else counted twice: the org-total counters and the stored events as before
         org_total = pipeline.sql(
             "SELECT sum(spent_nanos) FROM (SELECT spent_nanos FROM budget_state FINAL "
