@@ -1,7 +1,7 @@
 """The fold's CPU instructions per event, counted by valgrind's callgrind: prints one JSON object.
 
 Time on a shared machine moves by more than a small change to the fold does; instructions
-barely move. benchkit's ledger (as ``bench_fold.py``) is folded in batches of 5,000, and
+barely move. ``bench_fold.py --one`` folds benchkit's ledger in batches of 5,000, and
 callgrind counts only inside ``BatchProcessor.process`` (the compiled method's entry,
 ``--toggle-collect``), so the setup, the imports and the interpreter's start are left out.
 ``--baseline CHECKOUT`` counts another checkout's fold the same way (its own compiled
@@ -29,41 +29,11 @@ HERE = Path(__file__).resolve().parent
 #: mypyc's entry of the compiled method: instructions are counted while it runs
 ENTRY = "CPyPy_process___BatchProcessor___process"
 
-FOLD = """
-import sys
-sys.path.insert(0, {tree!r})
-sys.path.insert(1, {bench_root!r})
-from datetime import UTC, datetime
-from aggregator.counting.process import BatchProcessor, RawRecord
-from aggregator.counting.reference import Reference
-from bench.benchkit import BUDGETS, events
-from schemas.budgets import budgets_from_yaml
-from schemas.pricing import PriceBook, default_price_file, load_price_file
-reference = Reference()
-reference.prices = PriceBook(load_price_file(default_price_file()))
-reference.budgets = {{b.budget_id: b for b in budgets_from_yaml(BUDGETS)}}
-ledger = events({events})
-records = [RawRecord(i % 4, i // 4, key, value) for i, (key, value) in enumerate(ledger)]
-processor = BatchProcessor(reference, source_topic="usage.raw")
-counters, seen = {{}}, {{}}
-now = datetime.now(UTC)
-for start in range(0, len(records), 5000):
-    out = processor.process(
-        records[start : start + 5000],
-        lambda p, k: counters.get((p, k)),
-        lambda p, k: seen.get((p, k)),
-        now=now,
-    )
-    counters.update(out.counter_states)
-    seen.update(out.seen_writes)
-"""
-
 
 def count(tree: Path, events: int) -> int:
-    """Instructions inside the fold of ``events`` events of ``tree``'s code, one run."""
+    """Instructions inside the fold of ``events`` events of ``tree``'s code, one run: the
+    fold of ``bench_fold.py --one`` (this checkout's harness, ``tree``'s modules)."""
     with tempfile.TemporaryDirectory() as scratch:
-        script = Path(scratch) / "fold.py"
-        script.write_text(FOLD.format(tree=str(tree), bench_root=str(HERE.parent), events=events))
         out = Path(scratch) / "callgrind.out"
         done = subprocess.run(
             [
@@ -72,9 +42,12 @@ def count(tree: Path, events: int) -> int:
                 f"--callgrind-out-file={out}",
                 f"--toggle-collect={ENTRY}",
                 sys.executable,
-                str(script),
+                str(HERE / "bench_fold.py"),
+                "--events",
+                str(events),
+                "--one",
             ],
-            env={**os.environ, "PYTHONHASHSEED": "0"},
+            env={**os.environ, "PYTHONHASHSEED": "0", "SPENDBUS_BENCH_ROOT": str(tree)},
             capture_output=True,
             text=True,
         )
