@@ -104,6 +104,10 @@ class Backfills:
         """The budgets or the owned partitions changed since the last plan."""
         return self._planned != (reference_version, frozenset(owned))
 
+    def replan(self) -> None:
+        """The last plan could not be carried out: make it again at the next look."""
+        self._planned = None
+
     def plan(
         self,
         reference_version: int,

@@ -354,14 +354,19 @@ class CountingStage:
         if not plans:
             return
         assert self._consumer is not None
-        sought = await seek_rereads(
-            self._consumer,
-            self.topics.usage_raw,
-            plans,
-            self.backfills,
-            self._folded_to,
-            self._write_markers,
-        )
+        try:
+            sought = await seek_rereads(
+                self._consumer,
+                self.topics.usage_raw,
+                plans,
+                self.backfills,
+                self._folded_to,
+                self._write_markers,
+            )
+        except KafkaError as exc:  # the broker away: the fold goes on, the plan is made again
+            log.warning("budgets not yet counted from their period's start: %r", exc)
+            self.backfills.replan()
+            return
         for partition in sought:
             self._positions[partition] = self._folded_to[partition]
         if sought:
