@@ -9,8 +9,9 @@ visible to analysts in ``usage_events.units``.
 
 ``UsageEvent.service_tier`` is the tier the provider says served the call, as it says it
 (Anthropic ``usage.service_tier``: ``standard`` | ``priority`` | ``batch``; OpenAI
-``service_tier``: ``default`` | ``flex`` | ``priority`` | ``scale``); null when the
-response does not say. A price entry's ``service_tiers`` multiply its token prices for
+``service_tier``: ``default`` | ``flex`` | ``priority`` | ``scale``; Gemini the response
+header ``x-gemini-service-tier``: ``standard`` | ``flex`` | ``priority``, lower-cased);
+null when the response does not say. A price entry's ``service_tiers`` multiply its token prices for
 the tiers it names, and its ``service_tier_rates`` give a tier's own rate of a token
 class (PriceTable v3); any other tier is charged the base prices.
 """
@@ -56,6 +57,9 @@ MAX_UNITS_PER_EVENT: Final = 100_000_000
 UNIT_NAME: Final = re.compile(r"[a-z][a-z0-9_]{0,39}")
 #: service tier values are short provider words
 SERVICE_TIER_NAME: Final = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+#: the response header Gemini names the tier that served a call in (its body names none;
+#: https://ai.google.dev/gemini-api/docs/priority-inference)
+GEMINI_SERVICE_TIER_HEADER: Final = "x-gemini-service-tier"
 
 
 def valid_unit_name(name: object) -> bool:

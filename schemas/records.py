@@ -262,7 +262,8 @@ class ModelPrice(TypedDict):
     #: v3: per tier, the decimal USD per million tokens of each token class (input_per_mtok,
     #: cache_read_per_mtok, cache_write_per_mtok, cache_write_1h_per_mtok, output_per_mtok) the tier
     #: bills apart from its multiplier (batch: {cache_read_per_mtok: 0.13}); above the long-context
-    #: edge such a rate scales as its base price does.
+    #: edge such a rate scales as its base price does, unless the tier names its rate there as
+    #: long_context_ + the class (batch: {long_context_cache_read_per_mtok: 0.25}).
     service_tier_rates: dict[str, dict[str, str]]
 
 

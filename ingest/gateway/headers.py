@@ -20,7 +20,8 @@ and read (openai-python, anthropic-sdk-python, google-genai, botocore):
   (``retry-after``, ``retry-after-ms``, ``x-should-retry``), and per family the
   request id and rate-limit headers (``x-request-id``, ``x-ratelimit-*``,
   ``openai-processing-ms``, ``openai-version``; ``request-id``,
-  ``anthropic-ratelimit-*``; ``x-goog-request-id``; ``x-amzn-requestid``,
+  ``anthropic-ratelimit-*``; ``x-goog-request-id``, ``x-gemini-service-tier`` (the tier
+  that served the call); ``x-amzn-requestid``,
   ``x-amzn-errortype``, ``x-amzn-bedrock-*``).
 """
 
@@ -30,6 +31,8 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from multidict import CIMultiDict
+
+from schemas.billed_units import GEMINI_SERVICE_TIER_HEADER
 
 from .families import Api
 
@@ -94,7 +97,8 @@ _RESPONSE_COMMON: Final = frozenset(
 _RESPONSE: Final[dict[str, frozenset[str]]] = {
     "openai": _RESPONSE_COMMON | {"x-request-id", "openai-processing-ms", "openai-version"},
     "anthropic": _RESPONSE_COMMON | {"request-id"},
-    "gemini": _RESPONSE_COMMON | {"x-goog-request-id"},
+    # Gemini's tier header: google-genai's callers read it to see a priority downgrade
+    "gemini": _RESPONSE_COMMON | {"x-goog-request-id", GEMINI_SERVICE_TIER_HEADER},
     "bedrock": _RESPONSE_COMMON | {"x-amzn-requestid", "x-amzn-errortype"},
 }
 _RESPONSE_PREFIXES: Final[dict[str, tuple[str, ...]]] = {

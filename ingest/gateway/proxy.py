@@ -229,6 +229,7 @@ class Gateway(GatewayCore):
             status=upstream.status,
             model=call.route.model,
             estimator=self.estimator,
+            response_headers=upstream.headers,
         )
         extra = decision.headers  # X-Spend-Budget warnings
         hidden = None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from schemas.billed_units import GEMINI_SERVICE_TIER_HEADER
 
 from .anthropic import AnthropicHandler
 from .base import Handler
@@ -12,7 +15,7 @@ from .estimate import EstimatorConfig
 from .gemini import GeminiHandler
 from .openai_chat import OpenAIChatHandler
 from .openai_responses import OpenAIResponsesHandler
-from .request import RequestInfo, read_request
+from .request import RequestInfo, gemini_tier, read_request
 from .tap import Tap, resolve_mode
 
 _HANDLERS: dict[str, type[Handler]] = {
@@ -43,6 +46,7 @@ def open_tap(
     status: int | None = None,
     model: str | None = None,
     estimator: EstimatorConfig = _DEFAULT_ESTIMATOR,
+    response_headers: Mapping[str, str] | None = None,
 ) -> Tap:
     """A tap for one upstream response of format ``fmt`` (one of ``FORMATS``).
 
@@ -53,8 +57,12 @@ def open_tap(
     ``stream`` flag, else the first bytes. ``content_encoding`` is the
     response's Content-Encoding header. ``status`` is the upstream HTTP status
     (None: 2xx). ``model`` is the model when the body does not name it (Gemini
-    and Bedrock put it in the URL). Raises ValueError on an unknown ``fmt``
-    (a programming error, found before any response flows); never afterwards.
+    and Bedrock put it in the URL). ``response_headers`` (case-insensitive, as the
+    proxy's client gives them, or lower-case keys) are read for the tier that served
+    the call where the provider names it in a header (Gemini: :data:`GEMINI_SERVICE_TIER_HEADER`);
+    a discounted one is charged only if the request asked for it, as any tier. Raises
+    ValueError on an unknown ``fmt`` (a programming error, found before any response
+    flows); never afterwards.
     """
     handler_type = _HANDLERS.get(fmt)
     if handler_type is None:
@@ -67,8 +75,11 @@ def open_tap(
         request_stream=info.stream,
         status=status,
     )
+    handler = handler_type(info, estimator)
+    if fmt == "gemini" and response_headers is not None:
+        handler.set_service_tier(gemini_tier(response_headers.get(GEMINI_SERVICE_TIER_HEADER)))
     return Tap(
-        handler_type(info, estimator),
+        handler,
         mode=mode,
         request=info,
         config=estimator,

@@ -48,8 +48,9 @@ class RequestInfo:
     the enforcer's worst case adds them. ``fallbacks`` is an Anthropic request that
     allows server-side fallback to another model (its ``fallbacks``): only then is an
     answer relabelled to the model that served priced as that model. ``service_tier`` is
-    the tier the request asks for (OpenAI's and Anthropic's ``service_tier``): only then
-    is an answer naming a discounted tier (flex, batch) charged at that tier.
+    the tier the request asks for (OpenAI's and Anthropic's ``service_tier``, Gemini's
+    ``service_tier`` / ``serviceTier`` as :func:`gemini_tier` reads it): only then is an
+    answer naming a discounted tier (flex, batch) charged at that tier.
     """
 
     size: int | None
@@ -315,6 +316,19 @@ def _either(obj: dict[str, Any], camel: str, snake: str) -> Any:
     return obj.get(snake) if value is None else value
 
 
+#: the prefix of Gemini's enum spelling of a tier (``SERVICE_TIER_FLEX``)
+_GEMINI_TIER_ENUM = "service_tier_"
+
+
+def gemini_tier(value: Any) -> str | None:
+    """A Gemini service tier as the price file names it: Google's docs spell the
+    request's ``flex``, ``FLEX`` and ``SERVICE_TIER_FLEX`` alike, and the response header
+    ``standard``; lower case, without the enum prefix. None for anything not a string."""
+    if not isinstance(value, str) or not value:
+        return None
+    return value.strip().lower().removeprefix(_GEMINI_TIER_ENUM)
+
+
 def _gemini(obj: dict[str, Any]) -> dict[str, Any]:
     state: list[str] = []
     caps: dict[str, int] = {}
@@ -346,6 +360,7 @@ def _gemini(obj: dict[str, Any]) -> dict[str, Any]:
         "thinking_budget": budget,
         "server_state": state,
         "unit_caps": caps,
+        "service_tier": gemini_tier(_either(obj, "serviceTier", "service_tier")),
     }
 
 

@@ -23,7 +23,9 @@ rates but no multiplier) the base price. A tier the entry does not price, or non
 pays the base prices. Above the long-context edge a class's tier rate scales as its
 base price does (input and cache prices by tier input / base input, output by tier
 output / base output): Gemini's batch cache reads stay at the standard cached rate on
-either side of the edge. Then each ``units`` count the entry prices in ``unit_prices``
+either side of the edge. Where the provider prices a class above the edge otherwise,
+the tier names that rate (``long_context_`` + the class's field: OpenAI bills gpt-5.4's
+batch cached input above 272k at $0.25, not twice its $0.13). Then each ``units`` count the entry prices in ``unit_prices``
 adds count x USD per unit (``web_search: 3`` at ``"0.01"`` is $0.03); a unit the entry
 does not price adds nothing (it stays visible in ``usage_events.units``). All of it
 is exact and still rounded once: each tier's rates are integer numerators like the
@@ -77,6 +79,14 @@ TOKEN_PRICE_FIELDS: Final = (
     "cache_write_per_mtok",
     "cache_write_1h_per_mtok",
     "output_per_mtok",
+)
+
+#: a tier's rate of a class above the long-context edge is named by this prefix and the
+#: class's field (``long_context_cache_read_per_mtok``)
+LONG_CONTEXT_RATE_PREFIX: Final = "long_context_"
+#: the names a tier's class rates may have: the token prices, below and above the edge
+TIER_RATE_FIELDS: Final = TOKEN_PRICE_FIELDS + tuple(
+    LONG_CONTEXT_RATE_PREFIX + name for name in TOKEN_PRICE_FIELDS
 )
 
 #: one tier's rates of the classes it bills apart: ((price field, USD per Mtok), ...)
@@ -226,6 +236,13 @@ class ModelPrice:
             self, "service_tiers", _checked_pairs(self.service_tiers, "service_tiers")
         )
         object.__setattr__(self, "service_tier_rates", _checked_tier_rates(self.service_tier_rates))
+        for tier, rates in self.service_tier_rates:
+            for name, _ in rates:
+                if name.startswith(LONG_CONTEXT_RATE_PREFIX) and self.long_context is None:
+                    raise ContractError(
+                        f"service_tier_rates.{tier}.{name}: a rate above the long-context "
+                        "edge needs the entry's long_context tier"
+                    )
         if self.long_context is not None and self.output_per_mtok == 0:
             for tier, rates in self.service_tier_rates:
                 if "output_per_mtok" in dict(rates):
@@ -331,8 +348,9 @@ class ModelPrice:
     def prices_in_tier(self, service_tier: str | None) -> tuple[Prices, Prices | None]:
         """(base prices, long-context prices or None) of a call served by ``service_tier``,
         exact: a class's rate in the tier, else its price x the tier's multiplier (1 when
-        the tier has none); above the edge a class's tier rate scales as its price does.
-        A tier the entry does not price, or None, is the base prices."""
+        the tier has none); above the edge a class's tier rate scales as its price does,
+        unless the tier names its rate there (``long_context_<field>``). A tier the entry
+        does not price, or None, is the base prices."""
         base = self.base_prices()
         long = self.tier_prices()
         if service_tier is None or service_tier not in self.tiers():
@@ -349,6 +367,10 @@ class ModelPrice:
                     if long_context:  # output scales as output does, the rest as input
                         scale = 4 if name == "output_per_mtok" else 0
                         out[index] *= prices[scale] / base[scale]
+                if long_context:
+                    above = given.get(LONG_CONTEXT_RATE_PREFIX + name)
+                    if above is not None:
+                        out[index] = Fraction(above)
             return (out[0], out[1], out[2], out[3], out[4])
 
         return in_tier(base, False), None if long is None else in_tier(long, True)
@@ -468,7 +490,7 @@ def _parsed_tier_rates(
 
 def _checked_tier_rates(given: Any) -> tuple[tuple[str, TierRates], ...]:
     """``service_tier_rates``: tier names each once, each with the token prices it bills
-    apart (``TOKEN_PRICE_FIELDS``, each once, within a price's bounds); sorted."""
+    apart (``TIER_RATE_FIELDS``, each once, within a price's bounds); sorted."""
     items = list(given.items()) if isinstance(given, Mapping) else list(given)
     out: dict[str, TierRates] = {}
     for tier, rates in items:
@@ -481,10 +503,11 @@ def _checked_tier_rates(given: Any) -> tuple[tuple[str, TierRates], ...]:
             raise ContractError(f"service_tier_rates.{tier}: give at least one token price")
         named: dict[str, Decimal] = {}
         for name, rate in pairs:
-            if name not in TOKEN_PRICE_FIELDS:
+            if name not in TIER_RATE_FIELDS:
                 raise ContractError(
                     f"service_tier_rates.{tier}: {name!r} is not a token price (one of "
-                    f"{', '.join(TOKEN_PRICE_FIELDS)})"
+                    f"{', '.join(TOKEN_PRICE_FIELDS)}, or one of them prefixed "
+                    f"{LONG_CONTEXT_RATE_PREFIX!r} for its rate above the long-context edge)"
                 )
             if name in named:
                 raise ContractError(f"service_tier_rates.{tier}.{name}: given twice")

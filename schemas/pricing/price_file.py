@@ -15,7 +15,8 @@ A file holds one table, or several versions under ``versions:``::
         unit_prices: {web_search: "0.01"}  # optional: USD per billed unit (schemas/billed_units.py)
         service_tiers: {batch: "0.5", priority: "1.7"}  # optional: token-price multipliers
         service_tier_rates: {batch: {cache_read_per_mtok: "0.30"}}  # optional: a class a
-                                           # tier bills apart from its multiplier (USD / M)
+                                           # tier bills apart from its multiplier (USD / M);
+                                           # long_context_cache_read_per_mtok... above the edge
         source: "litellm:claude-sonnet-4-5 (...)"  # optional provenance, kept in the file only
     fallback:                              # optional: charged for models nothing matches
       input_per_mtok: "10"

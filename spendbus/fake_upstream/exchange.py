@@ -16,6 +16,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.billed_units import GEMINI_SERVICE_TIER_HEADER
+
 from . import anthropic, bedrock, bedrock_invoke, gemini, hostile, openai_chat, openai_responses
 from .formats import (
     CACHE_WRITES,
@@ -146,6 +148,8 @@ def synthesize(
     )
     provider = PROVIDERS[fmt]
     headers = provider.headers(rng)
+    if fmt == "gemini":  # Google names the tier that served the call in a header only
+        headers[GEMINI_SERVICE_TIER_HEADER] = gemini.served_tier(plan.request)
     request_bytes = dumps(plan.request).encode()
     error = None
     if stream:

@@ -174,6 +174,16 @@ def headers(rng: random.Random) -> dict[str, str]:
     return {"server": "scaffolding on HTTPServer2", "x-content-type-options": "nosniff"}
 
 
+def served_tier(request: dict[str, Any]) -> str:
+    """The tier Google says served ``request`` (``x-gemini-service-tier``): the one it
+    asks for (``service_tier`` / ``serviceTier``, ``flex`` or ``SERVICE_TIER_FLEX``),
+    lower case, else ``standard``."""
+    asked = request.get("service_tier") or request.get("serviceTier")
+    if not isinstance(asked, str) or not asked:
+        return "standard"
+    return asked.lower().removeprefix("service_tier_")
+
+
 #: status -> (status name, message) of Google's error bodies
 ERRORS = {
     400: ("INVALID_ARGUMENT", "Invalid JSON payload received."),

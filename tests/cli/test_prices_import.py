@@ -663,3 +663,52 @@ def test_litellm_tier_prices_by_class_become_a_multiplier_and_class_rates(
     assert "+ gpt-5.4  service_tier_rates.batch.cache_read_per_mtok  0.13" in lines
     assert "+ gpt-4o-mini  service_tier_rates.priority.input_per_mtok  0.25" in lines
     assert {"gpt-5.4", "gpt-4o-mini"} <= set(report["added"])
+
+
+def test_litellm_tier_prices_above_the_edge_become_rates_where_scaling_misses(
+    tmp_path: Path,
+) -> None:
+    """``*_above_272k_tokens_batches``: gpt-5.4's batch cached input above the edge is
+    $0.25, not twice its $0.13, so it is written as the tier's rate there; its input and
+    output there are half the long-context prices (the multiplier says so: no rate), and
+    Gemini's batch cached input above 200k doubles as the standard one does (no rate)."""
+    litellm = tmp_path / "litellm.json"
+    litellm.write_text(
+        """{
+  "gpt-5.4": {"litellm_provider": "openai", "mode": "chat",
+    "input_cost_per_token": 2.5e-06, "output_cost_per_token": 1.5e-05,
+    "cache_read_input_token_cost": 2.5e-07,
+    "input_cost_per_token_above_272k_tokens": 5e-06,
+    "output_cost_per_token_above_272k_tokens": 2.25e-05,
+    "input_cost_per_token_batches": 1.25e-06, "output_cost_per_token_batches": 7.5e-06,
+    "cache_read_input_token_cost_batches": 1.3e-07,
+    "input_cost_per_token_above_272k_tokens_batches": 2.5e-06,
+    "output_cost_per_token_above_272k_tokens_batches": 1.125e-05,
+    "cache_read_input_token_cost_above_272k_tokens_batches": 2.5e-07},
+  "gemini-2.5-pro": {"litellm_provider": "gemini", "mode": "chat",
+    "input_cost_per_token": 1.25e-06, "output_cost_per_token": 1e-05,
+    "cache_read_input_token_cost": 1.25e-07,
+    "input_cost_per_token_above_200k_tokens": 2.5e-06,
+    "output_cost_per_token_above_200k_tokens": 1.5e-05,
+    "input_cost_per_token_batches": 6.25e-07, "output_cost_per_token_batches": 5e-06,
+    "cache_read_input_token_cost_batches": 1.25e-07,
+    "cache_read_input_token_cost_above_200k_tokens_batches": 2.5e-07}
+}"""
+    )
+    tables, _ = imported(tmp_path, "litellm", litellm, "--add-new")
+    new = tables[-1]
+    gpt_54 = entry(new, "gpt-5.4")
+    assert [(t, [(c, str(r)) for c, r in rates]) for t, rates in gpt_54.service_tier_rates] == [
+        ("batch", [("cache_read_per_mtok", "0.13"), ("long_context_cache_read_per_mtok", "0.25")])
+    ]
+    gemini = entry(new, "gemini-2.5-pro")
+    assert [(t, [c for c, _ in rates]) for t, rates in gemini.service_tier_rates] == [
+        ("batch", ["cache_read_per_mtok"])
+    ]
+    book = PriceBook(tables)
+    at = datetime(2026, 12, 2, tzinfo=UTC)
+    above = 1_000_000
+    gpt = book.price("gpt-5.4", at=at, cache_read_tokens=above, service_tier="batch")
+    assert gpt.cost_nanos == 250_000_000
+    gem = book.price("gemini-2.5-pro", at=at, cache_read_tokens=above, service_tier="batch")
+    assert gem.cost_nanos == 250_000_000

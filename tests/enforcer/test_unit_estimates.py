@@ -4,12 +4,13 @@ max_uses...), priced at the entry's unit prices; settle prices an event's units 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 
 from enforcer import Context, Enforcer
 from enforcer.errors import InvalidContext
-from schemas.pricing import ModelPrice, PriceBook, PriceTable
+from schemas.pricing import LongContextTier, ModelPrice, PriceBook, PriceTable
 from tests.enforcer.kit import MODEL, budget, ctx, loaded_enforcer, price_record, verdict
 
 #: $3 / $15 per Mtok, web search $0.01; 1000 + 1000 tokens: 18_000_000 nanos
@@ -111,7 +112,8 @@ def test_units_come_from_json_and_zero_counts_are_dropped() -> None:
     assert Context(org_id="acme", secret_id="sk-1", units={}).units is None
 
 
-#: OpenAI's batch cached input at its published $0.13 / M, not half of $0.25 (PriceTable v3)
+#: OpenAI's batch cached input at its published $0.13 / M, not half of $0.25, and $0.25
+#: above the 272k edge, not twice $0.13 (PriceTable v3)
 CLASS_RATES = PriceTable(
     version="2026-02-01-class-rates",
     effective_from=datetime(2026, 2, 1, tzinfo=UTC),
@@ -121,17 +123,36 @@ CLASS_RATES = PriceTable(
             "2.50",
             "15",
             cache_read_per_mtok="0.25",
+            long_context=LongContextTier(272_000, Decimal("5"), Decimal("22.5")),
             service_tiers={"batch": "0.5"},
-            service_tier_rates={"batch": {"cache_read_per_mtok": "0.13"}},
+            service_tier_rates={
+                "batch": {
+                    "cache_read_per_mtok": "0.13",
+                    "long_context_cache_read_per_mtok": "0.25",
+                }
+            },
         ),
     ),
 )
 
 
-@pytest.mark.parametrize("tier", ["batch", None])
-def test_settle_charges_a_tiers_class_rate_as_the_aggregator_does(tier: str | None) -> None:
+@pytest.mark.parametrize(
+    ("tier", "read", "expected"),
+    [
+        # 1000 x $1.25/M + 200k x $0.13/M + 1000 x $7.50/M: batch, below the edge
+        ("batch", 200_000, 1_250_000 + 26_000_000 + 7_500_000),
+        # above it: input and output at half the long-context prices, cached input $0.25/M
+        ("batch", 1_000_000, 2_500_000 + 250_000_000 + 11_250_000),
+        (None, 200_000, 2_500_000 + 50_000_000 + 15_000_000),
+        (None, 1_000_000, 5_000_000 + 500_000_000 + 22_500_000),
+    ],
+)
+def test_settle_charges_a_tiers_class_rate_as_the_aggregator_does(
+    tier: str | None, read: int, expected: int
+) -> None:
     """The enforcer's settle (PriceBook.price over the record it read) and the counting
-    stage (PriceBook.price_event) charge one event the same, class rate included."""
+    stage (PriceBook.price_event) charge one event the same, class rate included, on
+    either side of the long-context edge."""
     org = budget("org", limit_nanos=10**12)
     e, _ = loaded_enforcer([org], [verdict(org, ["acme"])])
     e.state.apply_price(CLASS_RATES.version, price_record(CLASS_RATES))
@@ -140,7 +161,7 @@ def test_settle_charges_a_tiers_class_rate_as_the_aggregator_does(tier: str | No
         "model": MODEL,
         "occurred_at": datetime.fromtimestamp(e.clock(), UTC),
         "input_tokens": 1000,
-        "cache_read_tokens": 1_000_000,
+        "cache_read_tokens": read,
         "cache_write_tokens": 0,
         "cache_write_1h_tokens": 0,
         "output_tokens": 1000,
@@ -151,7 +172,4 @@ def test_settle_charges_a_tiers_class_rate_as_the_aggregator_does(tier: str | No
     assert e.settle(d.hold_id, event)
     [row] = e.usage(ctx())
     aggregator = PriceBook([PriceTable.from_record(price_record(CLASS_RATES))])
-    assert row.held_nanos == aggregator.price_event(event).cost_nanos
-    # 1000 x $2.50/M + 1M x $0.25/M + 1000 x $15/M; batch: half, the cached input at $0.13/M
-    expected = 1_250_000 + 130_000_000 + 7_500_000 if tier else 2_500_000 + 250_000_000 + 15_000_000
-    assert row.held_nanos == expected
+    assert row.held_nanos == aggregator.price_event(event).cost_nanos == expected

@@ -83,3 +83,48 @@ async def test_the_worst_case_holds_a_server_tools_max_uses(
     assert answer["reason"] == "request_too_large"
     assert answer["request_nanos"] > 6_000_000_000
     assert stats["requests"] == 1  # the refused request never reached the provider
+
+
+async def test_a_gemini_tier_named_in_the_response_header_reaches_the_ledger(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """The fake Gemini answers as Google does, naming the tier that served the call in
+    x-gemini-service-tier (the one asked for, else standard): the gateway's tap reads the
+    header and the published UsageEvent carries the tier, priced at it."""
+    async with gateway_stack(
+        kafka_bootstrap, topics, tmp_path, upstream=FakeUpstreamConfig(port=0, seed=5)
+    ) as stack:
+        async with aiohttp.ClientSession() as session:
+            for stream, tier in ((False, "flex"), (True, "SERVICE_TIER_FLEX"), (False, None)):
+                path, body, key = request_for("gemini", stream)
+                if tier is not None:
+                    body["service_tier"] = tier
+                headers = {"x-goog-api-key": key}
+                async with session.post(stack.url + path, json=body, headers=headers) as resp:
+                    assert resp.status == 200, await resp.text()
+                    assert resp.headers["x-gemini-service-tier"] == (
+                        "standard" if tier is None else "flex"
+                    )
+                    await resp.read()
+        events = await stack.events(3)
+    assert sorted(str(e["service_tier"]) for e in events) == ["flex", "flex", "standard"]
+    table = PriceTable.from_record(
+        {
+            "version": "t",
+            "effective_from": datetime(2020, 1, 1, tzinfo=UTC),
+            "models": [
+                {
+                    "match": "gemini-2.5-flash",
+                    "input_per_mtok": "0.30",
+                    "output_per_mtok": "2.50",
+                    "service_tiers": {"flex": "0.5"},
+                }
+            ],
+        }
+    )
+    book = PriceBook([table])
+    for e in events:
+        assert e["cache_read_tokens"] == 0  # no cache_ratio
+        tokens = e["input_tokens"] * 300 + e["output_tokens"] * 2_500  # nanos, standard
+        want = tokens // 2 if e["service_tier"] == "flex" else tokens  # both even: exact
+        assert book.price_event(e).cost_nanos == want

@@ -105,6 +105,28 @@ def cases(model: str, agreed: dict[str, Any]) -> list[Case]:
                 cache_read_tokens=n,
                 service_tier=name,
             )
+        if tier is None:
+            continue
+        # the tier past the long-context edge, class by class where the maps give it
+        for cls, kw in (
+            ("input", {"input_tokens": above}),
+            ("cache_read", {"input_tokens": 0, "cache_read_tokens": above}),
+        ):
+            if f"long_context_{cls}" in rates:
+                call(
+                    f"{name}: {cls} past the long-context edge",
+                    nanos(rates[f"long_context_{cls}"], above),
+                    service_tier=name,
+                    **kw,
+                )
+        if "long_context_output" in rates:
+            call(
+                f"{name}: output past the long-context edge",
+                nanos(rates["long_context_input"], above) + nanos(rates["long_context_output"]),
+                input_tokens=above,
+                output_tokens=MILLION,
+                service_tier=name,
+            )
     return out
 
 
@@ -161,6 +183,12 @@ def test_each_deliberate_difference_is_a_real_one_with_its_reason_and_page() -> 
         ("gpt-5.4", "flex: cache_read", 35_360_000),
         ("gemini-2.5-flash-lite", "batch: cache_read", 10_000_000),
         ("gemini-3.1-pro-preview", "batch: cache_read", 40_000_000),
+        # past the edge (1.272M tokens): OpenAI's own batch/flex cached rate there, $0.25
+        # / M (not twice $0.13); Gemini's batch cached rate doubles as its standard one
+        ("gpt-5.4", "batch: cache_read past the long-context edge", 318_000_000),
+        ("gpt-5.4", "flex: cache_read past the long-context edge", 318_000_000),
+        ("gpt-5.4", "batch: output past the long-context edge", 3_180_000_000 + 11_250_000_000),
+        ("gemini-3.1-pro-preview", "batch: cache_read past the long-context edge", 480_000_000),
         # 5/3 of every price: no finite multiplier, carried as rates
         ("gpt-4o-mini", "priority: input and output", 250_000_000 + 1_000_000_000),
         ("gpt-4o-mini", "priority: cache_read", 125_000_000),

@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 from fastavro import parse_schema, schemaless_writer
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from schemas.avro_schemas import fingerprint
 from schemas.codec import MAGIC, PRICE_TABLE
 from schemas.errors import ConfigError, ContractError
 from schemas.pricing import (
+    TIER_RATE_FIELDS,
     TOKEN_PRICE_FIELDS,
     LongContextTier,
     ModelPrice,
@@ -42,13 +43,14 @@ FILE = """
     effective_from: "2026-01-01T00:00:00Z"
     models:
       - match: gpt-5.4             # OpenAI: batch and flex cached input at $0.13, not $0.125
-        input_per_mtok: "2.50"
+        input_per_mtok: "2.50"     # and above 272k at $0.25, not twice $0.13
         output_per_mtok: "15.00"
         cache_read_per_mtok: "0.25"
+        long_context: {above_input_tokens: 272000, input_per_mtok: "5.00", output_per_mtok: "22.50"}
         service_tiers: {batch: "0.5", flex: "0.5", priority: "2"}
         service_tier_rates:
-          batch: {cache_read_per_mtok: "0.13"}
-          flex: {cache_read_per_mtok: "0.13"}
+          batch: {cache_read_per_mtok: "0.13", long_context_cache_read_per_mtok: "0.25"}
+          flex: {cache_read_per_mtok: "0.13", long_context_cache_read_per_mtok: "0.25"}
       - match: gemini-2.5-pro      # Gemini batch: input and output halved, cache reads not
         input_per_mtok: "1.25"
         output_per_mtok: "10.00"
@@ -97,16 +99,17 @@ def both(book: PriceBook, model: str, **kw: Any) -> int:
 
 
 def test_a_class_rate_overrides_the_tier_multiplier_for_that_class_only(book: PriceBook) -> None:
-    assert both(book, "gpt-5.4", cache_read_tokens=M, service_tier="batch") == 130_000_000
-    assert both(book, "gpt-5.4", cache_read_tokens=M, service_tier="flex") == 130_000_000
+    n = 200_000  # below gpt-5.4's long-context edge
+    assert both(book, "gpt-5.4", cache_read_tokens=n, service_tier="batch") == 26_000_000
+    assert both(book, "gpt-5.4", cache_read_tokens=n, service_tier="flex") == 26_000_000
     # the other classes of the tier keep its multiplier; priority has no class rate
-    assert both(book, "gpt-5.4", input_tokens=M, output_tokens=M, service_tier="batch") == (
-        1_250_000_000 + 7_500_000_000
+    assert both(book, "gpt-5.4", input_tokens=n, output_tokens=M, service_tier="batch") == (
+        250_000_000 + 7_500_000_000
     )
-    assert both(book, "gpt-5.4", cache_read_tokens=M, service_tier="priority") == 500_000_000
+    assert both(book, "gpt-5.4", cache_read_tokens=n, service_tier="priority") == 100_000_000
     # no tier, or a tier the entry does not price: the base prices
-    assert both(book, "gpt-5.4", cache_read_tokens=M) == 250_000_000
-    assert both(book, "gpt-5.4", cache_read_tokens=M, service_tier="scale") == 250_000_000
+    assert both(book, "gpt-5.4", cache_read_tokens=n) == 50_000_000
+    assert both(book, "gpt-5.4", cache_read_tokens=n, service_tier="scale") == 50_000_000
 
 
 def test_above_the_long_context_edge_a_class_rate_scales_as_its_base_price(
@@ -125,6 +128,22 @@ def test_above_the_long_context_edge_a_class_rate_scales_as_its_base_price(
     assert both(
         book, "gemini-2.5-pro", input_tokens=above, output_tokens=M, service_tier="batch"
     ) == (500_000_000 + 7_500_000_000)
+
+
+def test_above_the_edge_a_tier_charges_the_rate_it_names_there(book: PriceBook) -> None:
+    """gpt-5.4 batch and flex above 272k: cached input at OpenAI's $0.25 (the scaling rule
+    would make it $0.26), input and output at half the long-context prices; priority has
+    no rate above the edge and scales ($0.50 x 2)."""
+    above = 300_000
+    for tier in ("batch", "flex"):
+        assert both(book, "gpt-5.4", cache_read_tokens=above, service_tier=tier) == 75_000_000
+        assert both(book, "gpt-5.4", input_tokens=above, output_tokens=M, service_tier=tier) == (
+            750_000_000 + 11_250_000_000
+        )
+    # at the edge exactly: still the rate below it
+    assert both(book, "gpt-5.4", cache_read_tokens=272_000, service_tier="batch") == 35_360_000
+    assert both(book, "gpt-5.4", cache_read_tokens=above, service_tier="priority") == 300_000_000
+    assert both(book, "gpt-5.4", cache_read_tokens=above) == 150_000_000
 
 
 def test_a_tier_with_rates_and_no_multiplier_carries_a_ratio_no_decimal_can(
@@ -161,7 +180,7 @@ def test_units_are_added_to_a_tier_with_rates_and_rounded_once() -> None:
     base=st.tuples(*(st.decimals(0, 1000, places=6, allow_nan=False) for _ in range(5))),
     factor=st.one_of(st.none(), st.decimals("0.000001", 100, places=6, allow_nan=False)),
     given_rates=st.dictionaries(
-        st.sampled_from(TOKEN_PRICE_FIELDS),
+        st.sampled_from(TIER_RATE_FIELDS),
         st.decimals(0, 1000, places=9, allow_nan=False),
         min_size=1,
     ),
@@ -177,8 +196,12 @@ def test_the_cost_in_a_tier_is_the_exact_sum_rounded_once(
     long: tuple[int, int, int] | None,
 ) -> None:
     """Brute force over Fractions, straight from the rule: a class's rate in the tier, else
-    its price x the multiplier; above the edge the tier's prices x the long-context ratio
-    (input's for input and cache classes, output's for output)."""
+    its price x the multiplier; above the edge the tier's rate there when it names one,
+    else the tier's prices x the long-context ratio (input's for input and cache
+    classes, output's for output)."""
+    if long is None:  # a rate above the edge needs an edge (refused otherwise: below)
+        given_rates = {k: v for k, v in given_rates.items() if k in TOKEN_PRICE_FIELDS}
+        assume(given_rates)
     inp_price = base[0] + 1  # a long-context tier needs a base input price > 0
     out_price = base[4] + 1
     prices = dict(zip(TOKEN_PRICE_FIELDS, (inp_price, *base[1:4], out_price), strict=True))
@@ -208,6 +231,8 @@ def test_the_cost_in_a_tier_is_the_exact_sum_rounded_once(
             price = Fraction(prices[name]) * Fraction(factor if factor is not None else 1)
         if above and long is not None:
             price *= long[2] if name == "output_per_mtok" else long[1]
+            if f"long_context_{name}" in given_rates:
+                price = Fraction(given_rates[f"long_context_{name}"])
         exact += count * price * 1000
     want = round(exact)  # Python rounds a Fraction half to even
     got = book.price(
@@ -304,10 +329,8 @@ def test_a_v2_record_reads_without_class_rates_and_charges_what_it_did() -> None
 def test_class_rates_round_trip_through_the_record_and_the_codec(book: PriceBook) -> None:
     table = book.tables[0]
     record = table.to_record()
-    assert record["models"][0]["service_tier_rates"] == {
-        "batch": {"cache_read_per_mtok": "0.13"},
-        "flex": {"cache_read_per_mtok": "0.13"},
-    }
+    rates = {"cache_read_per_mtok": "0.13", "long_context_cache_read_per_mtok": "0.25"}
+    assert record["models"][0]["service_tier_rates"] == {"batch": rates, "flex": rates}
     again = PriceTable.from_record(PRICE_TABLE.decode(PRICE_TABLE.encode(record)))
     assert again == table
     assert [m.extras for m in again.models] == [m.extras for m in table.models]
@@ -359,6 +382,16 @@ def test_bad_class_rates_are_refused_naming_the_field(
     assert "model 'm'" in str(err.value) and message in str(err.value)
 
 
+def test_a_rate_above_the_edge_needs_the_entrys_long_context_tier() -> None:
+    with pytest.raises(
+        ContractError,
+        match=r"service_tier_rates\.batch\.long_context_cache_read_per_mtok: a rate above",
+    ):
+        ModelPrice.of(
+            "m", "1", "2", service_tier_rates={"batch": {"long_context_cache_read_per_mtok": "1"}}
+        )
+
+
 def test_an_output_rate_above_the_edge_needs_a_base_output_price() -> None:
     with pytest.raises(ContractError, match=r"service_tier_rates\.batch\.output_per_mtok: with a"):
         ModelPrice.of(
@@ -402,14 +435,13 @@ def test_spendbus_price_rates_shows_each_tiers_prices(tmp_path: Path) -> None:
     result = CliRunner().invoke(price, [*args, "--cache-read-tokens", "1000000"])
     assert result.exit_code == 0, result.output
     rates = json.loads(result.stdout)["rates"]
-    assert rates["service_tier_rates"] == {
-        "batch": {"cache_read_per_mtok": "0.13"},
-        "flex": {"cache_read_per_mtok": "0.13"},
-    }
+    given = {"cache_read_per_mtok": "0.13", "long_context_cache_read_per_mtok": "0.25"}
+    assert rates["service_tier_rates"] == {"batch": given, "flex": given}
     batch = rates["tokens_per_mtok_by_tier"]["batch"]
     assert (batch["input"], batch["cache_read"], batch["output"]) == ("1.25", "0.13", "7.5")
     assert rates["tokens_per_mtok_by_tier"]["priority"]["cache_read"] == "0.5"
-    tiered = CliRunner().invoke(
-        price, [*args, "--cache-read-tokens", "1000000", "--service-tier", "flex"]
-    )
-    assert json.loads(tiered.stdout)["cost_nanos"] == 130_000_000
+    for tokens, nanos in (("200000", 26_000_000), ("1000000", 250_000_000)):  # below, above
+        tiered = CliRunner().invoke(
+            price, [*args, "--cache-read-tokens", tokens, "--service-tier", "flex"]
+        )
+        assert json.loads(tiered.stdout)["cost_nanos"] == nanos

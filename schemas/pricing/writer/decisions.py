@@ -16,7 +16,7 @@ import yaml
 from schemas.errors import ConfigError
 from schemas.pricing import PriceTable, price_table_from_yaml
 
-from .oracles import MAPS, SERVICE_TIERS, TIER_CLASSES, TIER_NEEDS
+from .oracles import MAPS, SERVICE_TIERS, TIER_NEEDS, TIER_RATE_CLASSES
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def one_map_tiers(
                 continue
             if tier in rates.get(other, {}).get("tiers", {}):
                 continue  # both price it: agreement decides
-            out[tier] = {k: Decimal(given[k]) for k in TIER_CLASSES if k in given}
+            out[tier] = {k: Decimal(given[k]) for k in TIER_RATE_CLASSES if k in given}
     return out
 
 

@@ -53,6 +53,7 @@ from .oracles import (
     SERVICE_TIERS,
     TIER_CLASSES,
     TIER_NEEDS,
+    TIER_RATE_CLASSES,
     load_snapshot,
     snapshot_from_wheels,
     snapshot_text,
@@ -92,7 +93,8 @@ def base_id(model: str) -> str:
 
 def agreed_tiers(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[str, Decimal]]:
     """The service tiers both maps price, at the rates they agree on by class: input and
-    output (else the tier is left out), and cache reads when both give them."""
+    output (else the tier is left out), and cache reads and the rates above the
+    long-context edge when both give them."""
     out: dict[str, dict[str, Decimal]] = {}
     for tier in SERVICE_TIERS:
         given = [rates.get("tiers", {}).get(tier) for rates in (a, b)]
@@ -103,7 +105,7 @@ def agreed_tiers(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[s
             continue
         out[tier] = {
             k: Decimal(ta[k])
-            for k in TIER_CLASSES
+            for k in TIER_RATE_CLASSES
             if k in ta and k in tb and Decimal(ta[k]) == Decimal(tb[k])
         }
     return out
@@ -205,7 +207,7 @@ def _tier_fields(got: Mapping[str, Any]) -> dict[str, Any]:
     factors: list[tuple[str, Decimal]] = []
     rates: list[tuple[str, tuple[tuple[str, Decimal], ...]]] = []
     for tier, given in sorted(got["tiers"].items()):
-        terms = tier_terms(base, given)
+        terms = tier_terms(base, given, got["long_context"])
         if terms is None:
             continue
         factor, class_rates = terms

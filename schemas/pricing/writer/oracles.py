@@ -16,7 +16,10 @@ strings:
     a second rate (one such tier);
 ``tiers``
     ``{batch|flex|priority: {input, output, cache_read}}``: the rates of a service tier,
-    as given (a class the tier does not reprice keeps the standard rate).
+    as given (a class the tier does not reprice keeps the standard rate); and where the
+    map prices the tier above the long-context edge, ``long_context_input``,
+    ``long_context_output``, ``long_context_cache_read`` (gpt-5.4's batch cached input
+    is $0.13 below 272k and $0.25 above).
 
 The generation (:mod:`schemas.pricing.writer.generate`) and the test that holds the shipped
 file to the maps (tests/schemas/test_prices_against_oracles.py) read this snapshot, so
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from schemas.errors import ConfigError
+from schemas.pricing import LONG_CONTEXT_RATE_PREFIX
 
 #: the oracle versions the shipped table is made from (exact pins: PyPI)
 PINS: Final = {"litellm": "1.110.2", "genai-prices": "0.2.3"}
@@ -54,6 +58,9 @@ MAPS: Final = ("litellm", "genai-prices")
 SERVICE_TIERS: Final = ("batch", "flex", "priority")
 TIER_CLASSES: Final = ("input", "output", "cache_read")
 TIER_NEEDS: Final = ("input", "output")
+#: a tier's rates above the long-context edge, and all the rates a tier may give
+TIER_LONG_CLASSES: Final = tuple(LONG_CONTEXT_RATE_PREFIX + name for name in TIER_CLASSES)
+TIER_RATE_CLASSES: Final = TIER_CLASSES + TIER_LONG_CLASSES
 #: LiteLLM's suffix of a service tier's price keys, and genai-prices' price context
 _LITELLM_TIERS: Final = {"batch": "_batches", "flex": "_flex", "priority": "_priority"}
 _GENAI_TIERS: Final = {
@@ -131,15 +138,18 @@ def _litellm_one(entry: Mapping[str, Any]) -> Rates | None:
         if tier_in is not None and tier_out is not None:
             rates["long_context"] = [size * 1000, tier_in, tier_out]
     tiers: dict[str, dict[str, str]] = {}
+    keys: tuple[tuple[str, str], ...] = (
+        ("input", "input_cost_per_token"),
+        ("output", "output_cost_per_token"),
+        ("cache_read", "cache_read_input_token_cost"),
+    )
+    if "long_context" in rates:  # the tier's rates above the same edge, where given
+        size = rates["long_context"][0] // 1000
+        keys += tuple(
+            (LONG_CONTEXT_RATE_PREFIX + name, f"{key}_above_{size}k_tokens") for name, key in keys
+        )
     for tier, suffix in _LITELLM_TIERS.items():
-        given = {
-            name: _per_million(entry.get(key + suffix))
-            for name, key in (
-                ("input", "input_cost_per_token"),
-                ("output", "output_cost_per_token"),
-                ("cache_read", "cache_read_input_token_cost"),
-            )
-        }
+        given = {name: _per_million(entry.get(key + suffix)) for name, key in keys}
         if given["input"] is not None and given["output"] is not None:
             tiers[tier] = {k: v for k, v in given.items() if v is not None}
     if tiers:
@@ -203,6 +213,9 @@ def _genai_one(prices: Any) -> Rates | None:
             rates[name] = given[0]
     if len(inp[1]) == 1 and len(outp[1]) == 1 and inp[1][0][0] == outp[1][0][0]:
         rates["long_context"] = [inp[1][0][0], inp[1][0][1], outp[1][0][1]]
+        read = _genai_price(getattr(prices, "cache_read_mtok", None))
+        if read is not None and len(read[1]) == 1 and read[1][0][0] == inp[1][0][0]:
+            rates[LONG_CONTEXT_RATE_PREFIX + "cache_read"] = read[1][0][1]
     return rates
 
 
@@ -225,12 +238,20 @@ def genai_rates(providers: Any, on: date) -> dict[str, Rates]:
                 tiered = _genai_one(model.get_prices(at, context))
                 if tiered is None:
                     continue
-                given: dict[str, str] = {
-                    k: tiered[k] for k in ("input", "output", "cache_read") if k in tiered
-                }
+                given: dict[str, str] = {k: tiered[k] for k in TIER_CLASSES if k in tiered}
                 standard = {k: rates[k] for k in given if k in rates}
-                if given != standard:  # the tier reprices something
+                reprices = given != standard
+                edge = tiered.get("long_context")
+                if edge is not None and edge[0] == (rates.get("long_context") or [None])[0]:
+                    given[LONG_CONTEXT_RATE_PREFIX + "input"] = edge[1]
+                    given[LONG_CONTEXT_RATE_PREFIX + "output"] = edge[2]
+                    read = tiered.get(LONG_CONTEXT_RATE_PREFIX + "cache_read")
+                    if read is not None:
+                        given[LONG_CONTEXT_RATE_PREFIX + "cache_read"] = read
+                # the tier reprices something (its rates above the edge too)
+                if reprices or edge != rates.get("long_context"):
                     tiers[tier] = given
+            rates.pop(LONG_CONTEXT_RATE_PREFIX + "cache_read", None)
             if tiers:
                 rates["tiers"] = tiers
             for model_id in _genai_ids(model):

@@ -56,7 +56,7 @@ from typing import Any, Final
 
 from schemas.billed_units import valid_unit_name
 from schemas.errors import ConfigError
-from schemas.pricing import LongContextTier
+from schemas.pricing import LONG_CONTEXT_RATE_PREFIX, LongContextTier
 
 from .exact import (
     SUSPICIOUS_PLACES,
@@ -292,7 +292,7 @@ def _litellm_price(key: str, model: str, entry: dict[str, Any], warnings: list[s
     tiers: list[tuple[str, Decimal]] = []
     tier_rates: list[tuple[str, tuple[tuple[str, Decimal], ...]]] = []
     for suffix, tier_name in (("batches", "batch"), ("flex", "flex"), ("priority", "priority")):
-        terms = _litellm_tier(entry, suffix, base)
+        terms = _litellm_tier(entry, suffix, base, tier)
         if terms is not None:
             factor, rates = terms
             if factor is not None:
@@ -315,22 +315,29 @@ def _litellm_price(key: str, model: str, entry: dict[str, Any], warnings: list[s
 
 
 def _litellm_tier(
-    entry: dict[str, Any], suffix: str, base: dict[str, Decimal | None]
+    entry: dict[str, Any],
+    suffix: str,
+    base: dict[str, Decimal | None],
+    long_context: LongContextTier | None,
 ) -> tuple[Decimal | None, dict[str, Decimal]] | None:
     """A service tier as the entry prices it (``input_cost_per_token_<suffix>``, output's,
-    ``cache_read_input_token_cost_<suffix>``): its multiplier and the rates of the classes
-    it bills apart (:func:`.tiers.tier_terms`), or None without an input and output rate."""
-    given = {
-        name: _per_token(entry, f"{key}_{suffix}")
-        for name, key in (
-            ("input", "input_cost_per_token"),
-            ("output", "output_cost_per_token"),
-            ("cache_read", "cache_read_input_token_cost"),
+    ``cache_read_input_token_cost_<suffix>``, and each above the long-context edge,
+    ``..._above_<k>k_tokens_<suffix>``): its multiplier and the rates of the classes it
+    bills apart (:func:`.tiers.tier_terms`), or None without an input and output rate."""
+    keys: tuple[tuple[str, str], ...] = (
+        ("input", "input_cost_per_token"),
+        ("output", "output_cost_per_token"),
+        ("cache_read", "cache_read_input_token_cost"),
+    )
+    if long_context is not None:
+        k = long_context.above_input_tokens // 1000
+        keys += tuple(
+            (f"{LONG_CONTEXT_RATE_PREFIX}{name}", f"{key}_above_{k}k_tokens") for name, key in keys
         )
-    }
+    given = {name: _per_token(entry, f"{key}_{suffix}") for name, key in keys}
     tier = {name: rate for name, rate in given.items() if rate is not None}
     plain = {name: rate for name, rate in base.items() if rate is not None}
-    return tier_terms(plain, tier)
+    return tier_terms(plain, tier, long_context)
 
 
 # -- genai-prices --------------------------------------------------------------------

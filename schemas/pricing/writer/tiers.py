@@ -9,6 +9,11 @@ rates); a class the source prices otherwise (Gemini batch cache reads at the sta
 rate, gpt-5.4's $0.13 batch cached input) gets its own rate. Otherwise (5/3 of every
 price, or input and output scaled apart) every class the source gives is a rate, exact,
 and the tier has no multiplier: the classes it does not give pay the base prices.
+
+Above the long-context edge the table scales a tier's rate as the base price scales
+(:mod:`schemas.pricing.model_price`); a rate the source gives there (``long_context_`` +
+class) that this rule does not reach is written as the tier's rate above the edge
+(``long_context_cache_read_per_mtok``: gpt-5.4 batch cached input, $0.25 not $0.26).
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Final
 
-from schemas.pricing import MAX_PRICE_PLACES, MAX_TIER_MULTIPLIER, exact_decimal
+from schemas.pricing import (
+    LONG_CONTEXT_RATE_PREFIX,
+    MAX_PRICE_PLACES,
+    MAX_TIER_MULTIPLIER,
+    LongContextTier,
+    exact_decimal,
+)
 
 #: a source's token class -> the price field the table names it by
 CLASS_FIELDS: Final = {
@@ -31,12 +42,15 @@ CLASS_FIELDS: Final = {
 
 
 def tier_terms(
-    base: Mapping[str, Decimal], tier: Mapping[str, Decimal]
+    base: Mapping[str, Decimal],
+    tier: Mapping[str, Decimal],
+    long_context: LongContextTier | None = None,
 ) -> tuple[Decimal | None, dict[str, Decimal]] | None:
     """(multiplier or None, {price field: USD per Mtok}) of a tier a source prices by class
     (``tier``), against the prices the entry bills outside it (``base``, same class keys;
     a class ``base`` lacks is given a rate); None when the tier gives no input and output
-    rate (it is then not imported)."""
+    rate (it is then not imported). ``tier``'s ``long_context_<class>`` rates are its
+    rates above the entry's ``long_context`` edge (ignored without one)."""
     tier_in, tier_out = tier.get("input"), tier.get("output")
     if tier_in is None or tier_out is None:
         return None
@@ -44,10 +58,46 @@ def tier_terms(
     scale = Fraction(1) if factor is None else Fraction(factor)
     rates: dict[str, Decimal] = {}
     for name, rate in tier.items():
+        if name.startswith(LONG_CONTEXT_RATE_PREFIX):
+            continue
         plain = base.get(name)
         if plain is None or Fraction(rate) != Fraction(plain) * scale:
             rates[CLASS_FIELDS[name]] = rate
+    if long_context is None:
+        return factor, rates
+    for name, rate in tier.items():
+        if not name.startswith(LONG_CONTEXT_RATE_PREFIX):
+            continue
+        plain_name = name.removeprefix(LONG_CONTEXT_RATE_PREFIX)
+        implied = _implied_above_edge(plain_name, base, rates, scale, long_context)
+        if implied is None or Fraction(rate) != implied:
+            rates[LONG_CONTEXT_RATE_PREFIX + CLASS_FIELDS[plain_name]] = rate
     return factor, rates
+
+
+def _implied_above_edge(
+    name: str,
+    base: Mapping[str, Decimal],
+    rates: Mapping[str, Decimal],
+    scale: Fraction,
+    long_context: LongContextTier,
+) -> Fraction | None:
+    """What the table charges class ``name`` above the edge in the tier without a rate
+    of its own there (model_price's rule: the tier's rate scaled as the base price
+    scales, else the base price above the edge x the multiplier); None when ``base``
+    lacks what it needs."""
+    ref = "output" if name == "output" else "input"
+    plain, plain_ref = base.get(name), base.get(ref)
+    if plain is None or not plain_ref:
+        return None
+    long_ref = Fraction(
+        long_context.output_per_mtok if ref == "output" else long_context.input_per_mtok
+    )
+    ratio = long_ref / Fraction(plain_ref)
+    own = rates.get(CLASS_FIELDS[name])
+    if own is not None:
+        return Fraction(own) * ratio
+    return Fraction(plain) * ratio * scale
 
 
 def _common_multiplier(

@@ -32,10 +32,17 @@ def tap(
     cut: str | None = None,
     model: str | None = None,
     request: dict[str, Any] | None = None,
+    response_headers: dict[str, str] | None = None,
 ) -> TapResult:
     """``body`` through a tap of ``fmt`` for ``request`` (default ``REQUEST``); ``model``
     is the URL's (the hint)."""
-    t = open_tap(fmt, REQUEST if request is None else request, streaming=streaming, model=model)
+    t = open_tap(
+        fmt,
+        REQUEST if request is None else request,
+        streaming=streaming,
+        model=model,
+        response_headers=response_headers,
+    )
     t.feed(body)
     return t.finish(cut=cut)
 

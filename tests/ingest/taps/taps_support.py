@@ -94,6 +94,7 @@ def run(
         status=case.get("status"),
         model=case.get("model"),
         estimator=estimator or EstimatorConfig(),
+        response_headers=case.get("response_headers"),
     )
     for chunk in chunks:
         tap.feed(chunk)

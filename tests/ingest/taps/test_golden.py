@@ -107,6 +107,7 @@ def test_large_event_and_body_paths_read_the_same(case: dict[str, Any]) -> None:
         content_type=case.get("content_type"),
         status=case.get("status"),
         model=case.get("model"),
+        response_headers=case.get("response_headers"),
     )
     tap.limit = 16
     if tap._sse is not None:

@@ -59,6 +59,21 @@ PRICED = {
 }
 CASES = {case["name"]: case for case in GOLDEN}
 
+#: Gemini captures whose tier the response header names (x-gemini-service-tier), priced
+#: by the shipped file's newest version (Gemini flex and priority from LiteLLM):
+#: 2.5 Flash-Lite $0.10 in, $0.01 cached, $0.40 out per M; flex half of input and
+#: output, cached at $0.01; priority 1.8x every price
+TIERED = {
+    # 2000 x $0.05 + 30000 x $0.01 + 420 x $0.20 per M
+    "gemini flex asked for and served (x-gemini-service-tier): charged at flex": 484_000,
+    # 2000 x $0.10 + 30000 x $0.01 + 420 x $0.40 per M: a discount not asked for
+    "gemini flex served to a request that did not ask for it: the standard rate": 668_000,
+    # 1104 x $0.10 + 4096 x $0.01 + 1510 x $0.40 per M: the tier that served, standard
+    "gemini priority asked for (enum spelling), served at standard: standard": 755_360,
+    # 1104 x $0.18 + 4096 x $0.018 + 1510 x $0.72 per M
+    "gemini priority asked for and served: priority": 1_359_648,
+}
+
 
 @pytest.mark.parametrize("name", sorted(PRICED))
 def test_each_unit_of_a_capture_is_priced(name: str) -> None:
@@ -76,6 +91,21 @@ def test_each_unit_of_a_capture_is_priced(name: str) -> None:
         service_tier=result.service_tier,
     )
     assert (price.matched, price.cost_nanos) == PRICED[name]
+
+
+@pytest.mark.parametrize("name", sorted(TIERED))
+def test_a_gemini_tier_the_response_header_names_is_priced_at_it(name: str) -> None:
+    case = CASES[name]
+    result = run(case, [response_bytes(case)])
+    price = BOOK.price(
+        result.model or "",
+        at=BOOK.tables[-1].effective_from,
+        input_tokens=result.input_tokens,
+        cache_read_tokens=result.cache_read_tokens,
+        output_tokens=result.output_tokens,
+        service_tier=result.service_tier,
+    )
+    assert (price.matched, price.cost_nanos) == ("gemini-2.5-flash-lite", TIERED[name])
 
 
 def test_gemini_2_grounding_is_per_prompt_and_gemini_3_per_query() -> None:

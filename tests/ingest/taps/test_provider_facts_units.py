@@ -95,6 +95,36 @@ def test_gemini_grounding_is_one_grounded_prompt_and_its_queries() -> None:
     assert dict(r.units) == {"grounded_prompt": 1, "grounding_query": 2, "input_audio_tokens": 800}
 
 
+def test_gemini_tier_is_the_response_headers_and_a_discount_needs_asking() -> None:
+    """Gemini names the tier that served a call only in ``x-gemini-service-tier``; the
+    request asks with ``service_tier`` / ``serviceTier``, spelt ``flex``, ``FLEX`` or
+    ``SERVICE_TIER_FLEX`` (Google's docs use all three)."""
+    usage = {"promptTokenCount": 10, "candidatesTokenCount": 5}
+    body = sse((None, gemini_chunk("hi", usage, finish=True)))
+    for request, header, charged in (
+        ({"service_tier": "flex"}, "flex", "flex"),
+        ({"serviceTier": "FLEX"}, "flex", "flex"),
+        ({"service_tier": "SERVICE_TIER_FLEX"}, "SERVICE_TIER_FLEX", "flex"),
+        ({}, "flex", None),  # a discount the request did not ask for: standard
+        ({"service_tier": "priority"}, "flex", None),
+        ({"service_tier": "priority"}, "priority", "priority"),
+        ({}, "standard", "standard"),  # at or above standard: as the answer says
+        ({"service_tier": "flex"}, None, None),  # no header: no tier said
+        ({"service_tier": "flex"}, "Not A Tier!", None),
+    ):
+        headers = {} if header is None else {"x-gemini-service-tier": header}
+        r = tap("gemini", body, request=request, model="gemini-x", response_headers=headers)
+        assert (r.service_tier, r.input_tokens, r.output_tokens) == (charged, 10, 5), request
+    # the header means nothing on another provider's response
+    last = chat_chunk([], USAGE)
+    r = tap(
+        "openai-chat",
+        sse((None, last), (None, "[DONE]")),
+        response_headers={"x-gemini-service-tier": "priority"},
+    )
+    assert r.service_tier is None
+
+
 def test_a_service_tier_that_is_not_a_word_is_ignored() -> None:
     last = {**chat_chunk([], USAGE), "service_tier": "Not A Tier!"}
     assert tap("openai-chat", sse((None, last), (None, "[DONE]"))).service_tier is None
