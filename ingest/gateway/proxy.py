@@ -257,6 +257,7 @@ class Gateway(GatewayCore):
             result = tap.finish(cut=cut)
             outcome = "allowed" if cut is None else cut
             self.metrics.allowed[call.family].inc()
+            self.metrics.by_usage_source[call.family, result.usage_source].inc()
             if cut is not None:
                 self.metrics.cuts.labels(outcome).inc()
             # no await from here on: a cancellation cannot interrupt the accounting

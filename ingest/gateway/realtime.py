@@ -299,6 +299,7 @@ class _Session:
             await client.close(code=WSCloseCode.POLICY_VIOLATION, message=b"spend limit reached")
 
     async def _charge(self, result: TapResult, decision: GateDecision | None) -> None:
+        self.gw.metrics.by_usage_source["openai", result.usage_source].inc()
         try:
             event = tap_usage_event(
                 self.call,
