@@ -15,9 +15,12 @@ from schemas.usage import USAGE_SOURCES
 from tests.gateway.kit import (
     BROKE,
     KEY_OF,
+    REALTIME_MODEL,
+    ask,
     exhausted_verdict,
     gateway_stack,
     request_for,
+    until,
 )
 
 pytestmark = pytest.mark.integration
@@ -80,7 +83,17 @@ async def test_each_response_is_counted_by_how_its_usage_was_known(
             assert resp.status == 402
             await resp.read()
 
-        events = await stack.events(4)
+        # a Realtime response, reported by its response.done: counted under openai
+        async with session.ws_connect(
+            f"{stack.url}/v1/realtime?model={REALTIME_MODEL}",
+            headers={"Authorization": f"Bearer {KEY_OF['sk-openai']}"},
+        ) as ws:
+            await until(ws, "session.created")
+            for message in ask("hello"):
+                await ws.send_json(message)
+            await until(ws, "response.done")
+
+        events = await stack.events(5)
         after = await responses_counted(session, stack.url)
 
     metered = [e for e in events if e["outcome"] != "refused"]
@@ -88,10 +101,11 @@ async def test_each_response_is_counted_by_how_its_usage_was_known(
         ("anthropic-messages", "estimated"),
         ("openai-chat", "none"),
         ("openai-chat", "reported"),
+        ("openai-realtime", "reported"),
     ]
     moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
     assert moved == {
-        ("openai", "reported"): 1.0,
+        ("openai", "reported"): 2.0,  # the chat answer and the Realtime response
         ("openai", "none"): 1.0,
         ("anthropic", "estimated"): 1.0,
     }
