@@ -16,11 +16,8 @@ from enforcer.context import Context
 from enforcer.plans import NEVER_US, epoch_micros
 from enforcer.state import EnforcerState
 from schemas.periods import from_micros
-from schemas.usage import MAX_TOKENS_PER_EVENT
+from schemas.usage import MAX_TOKENS_PER_EVENT, REQUEST_BYTES_PER_TOKEN
 
-#: a request's input is estimated at one token per this many bytes when no token
-#: estimate is given (typical text runs ~4 bytes/token: 3 errs on the side of holding more)
-BYTES_PER_TOKEN_ESTIMATE: Final = 3
 #: estimates cached per (model, input tokens, max output) until prices or time move on
 ESTIMATE_CACHE_SIZE: Final = 4096
 
@@ -113,7 +110,7 @@ def request_tokens(ctx: Context, default_output: int) -> tuple[int, int]:
     if ctx.input_tokens is not None:
         input_tokens = ctx.input_tokens
     elif ctx.request_bytes:
-        input_tokens = min(MAX_TOKENS_PER_EVENT, -(-ctx.request_bytes // BYTES_PER_TOKEN_ESTIMATE))
+        input_tokens = min(MAX_TOKENS_PER_EVENT, -(-ctx.request_bytes // REQUEST_BYTES_PER_TOKEN))
     else:
         input_tokens = 0
     output = ctx.max_output_tokens

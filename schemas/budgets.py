@@ -386,34 +386,63 @@ class _BudgetSpec(BaseModel):
 
 
 def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) -> Budget:
-    """Validate one YAML budget; errors name the file, the budget and the field."""
+    """Validate one YAML budget; errors name the file, the budget and the field (the first
+    error found is raised: `parse_budgets_yaml` lists them all)."""
+    budget, errors = _parse_budget(item, source, index)
+    if budget is None:
+        raise ConfigError(errors[0])
+    return budget
+
+
+def _field_errors(where: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
+    """One message per error pydantic found (it checks every field, not only the first)."""
+    errors = []
+    for error in exc.errors():
+        path = ".".join([*prefix, *(str(p) for p in error["loc"])]) or "<budget>"
+        message = error["msg"].removeprefix("Value error, ")
+        errors.append(f"{where}: field {path!r}: {message}")
+    return errors
+
+
+def _limit_nanos(where: str, value: Any) -> tuple[int | None, list[str]]:
+    """``limit_usd`` in nanos, or the error naming it."""
+    if value is None:
+        return None, []
+    try:
+        nanos = usd_to_nanos(value)
+    except ContractError as exc:
+        return None, [f"{where}: field 'limit_usd': {exc}"]
+    if nanos <= 0:
+        return None, [f"{where}: field 'limit_usd': must be > 0"]
+    return nanos, []
+
+
+def _parse_budget(item: Any, source: str, index: int) -> tuple[Budget | None, list[str]]:
+    """The budget, or None and every error found in it (at least one)."""
     name = item.get("id", f"#{index + 1}") if isinstance(item, dict) else f"#{index + 1}"
     where = f"{source}: budget {name!r}"
     if not isinstance(item, dict):
-        raise ConfigError(f"{where}: each budget must be a mapping")
+        return None, [f"{where}: each budget must be a mapping"]
     try:
         expanded = _expand_job_budget(item)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        path = ".".join(["job_budget", *(str(p) for p in first["loc"])])
-        message = first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{where}: field {path!r}: {message}") from None
+        return None, _field_errors(where, exc, ("job_budget",))
     except ValueError as exc:
-        raise ConfigError(f"{where}: field 'job_budget': {exc}") from None
+        return None, [f"{where}: field 'job_budget': {exc}"]
     try:
         spec = _BudgetSpec.model_validate(expanded)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        path = ".".join(str(p) for p in first["loc"]) or "<budget>"
-        message = first["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{where}: field {path!r}: {message}") from None
-    try:
-        limit_nanos = None if spec.limit_usd is None else usd_to_nanos(spec.limit_usd)
-    except ContractError as exc:
-        raise ConfigError(f"{where}: field 'limit_usd': {exc}") from None
-    if limit_nanos is not None and limit_nanos <= 0:
-        raise ConfigError(f"{where}: field 'limit_usd': must be > 0")
-    return Budget(
+        errors = _field_errors(where, exc)
+        # the spec accepts any string as limit_usd: its amount is read after, so read it
+        # here too, or a bad amount would be named only once the other fields are fixed
+        raw_limit = expanded.get("limit_usd")
+        if isinstance(raw_limit, str | int) and not any("'limit_usd'" in e for e in errors):
+            errors.extend(_limit_nanos(where, raw_limit)[1])
+        return None, errors
+    limit_nanos, errors = _limit_nanos(where, spec.limit_usd)
+    if errors:
+        return None, errors
+    budget = Budget(
         budget_id=spec.id,
         scope=spec.scope,
         window=with_calendar(
@@ -432,6 +461,7 @@ def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) ->
         rate=None if spec.rate is None else RateLimit(**spec.rate.model_dump()),
         unpriced=spec.unpriced,
     )
+    return budget, []
 
 
 def _expand_job_budget(item: dict[str, Any]) -> dict[str, Any]:
@@ -455,16 +485,33 @@ def _expand_job_budget(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def budgets_from_yaml(items: Any, *, source: str = "<budgets>") -> list[Budget]:
-    """A YAML budgets document (a list of budgets); ids must be unique."""
+    """A YAML budgets document (a list of budgets); ids must be unique. Raises the first
+    error `parse_budgets_yaml` lists (`budgets apply` stops there)."""
+    budgets, errors = parse_budgets_yaml(items, source=source)
+    if errors:
+        raise ConfigError(errors[0])
+    return budgets
+
+
+def parse_budgets_yaml(items: Any, *, source: str = "<budgets>") -> tuple[list[Budget], list[str]]:
+    """Every valid budget of a YAML budgets document, and every error of the document
+    (each naming the file, the budget and the field), so that one run lists them all:
+    each budget's own errors in file order, then the ids defined twice."""
     if not isinstance(items, list):
-        raise ConfigError(f"{source}: expected a list of budgets")
-    budgets = [budget_from_yaml(item, source=source, index=i) for i, item in enumerate(items)]
+        return [], [f"{source}: expected a list of budgets"]
+    budgets: list[Budget] = []
+    errors: list[str] = []
+    for i, item in enumerate(items):
+        budget, found = _parse_budget(item, source, i)
+        errors.extend(found)
+        if budget is not None:
+            budgets.append(budget)
     seen: set[str] = set()
     for budget in budgets:
         if budget.budget_id in seen:
-            raise ConfigError(f"{source}: budget {budget.budget_id!r}: field 'id': defined twice")
+            errors.append(f"{source}: budget {budget.budget_id!r}: field 'id': defined twice")
         seen.add(budget.budget_id)
-    return budgets
+    return budgets, errors
 
 
 def applicable(

@@ -38,6 +38,11 @@ REFUSAL_DECISIONS: Final = frozenset(
 )
 OUTCOMES: Final = ("allowed", "refused", "failed_open", "failed_closed")
 USAGE_SOURCES: Final = ("reported", "estimated", "none")
+#: a request's input tokens, when nothing better is known, are its bytes / this (rounded
+#: up): seed 003's rule, for the enforcer's hold and the tap's estimate alike. Text runs
+#: ~4 bytes a token in English but ~3 in UTF-8 CJK (a character a token): 3 stays on the
+#: side of charging more, as estimates must (docs/design.md invariant 7)
+REQUEST_BYTES_PER_TOKEN: Final = 3
 
 #: the six token counts of a UsageEvent, in the order of its schema (and of the
 #: usage_events columns)

@@ -30,8 +30,9 @@ COMMANDS: Final = {
         "The stream processor that prices usage and keeps the budget counters.",
     ),
     "budgets": LazyCommand(
-        "spendbus.commands.budgets:budgets",
-        "Budget policies on the compacted budget.policies topic.",
+        "spendbus.cli:budgets_group",
+        "Budget policies on the compacted budget.policies topic; `budgets validate FILE` "
+        "checks a file with no broker.",
     ),
     "check": LazyCommand(
         "spendbus.commands.enforcer:check",
@@ -125,10 +126,46 @@ COMMANDS: Final = {
 }
 
 
+#: `spendbus budgets`' commands, loaded the same way: `budgets validate` runs in CI with no
+#: broker, so it must not load the Kafka clients the other commands need
+BUDGETS_COMMANDS: Final = {
+    "apply": LazyCommand(
+        "spendbus.commands.budgets:budgets_apply",
+        "Validate FILE (a YAML list of budgets) and publish every budget in it.",
+    ),
+    "delete": LazyCommand(
+        "spendbus.commands.budgets:budgets_delete",
+        "Delete a budget (a tombstone on budget.policies).",
+    ),
+    "list": LazyCommand("spendbus.commands.budgets:budgets_list", "The live budgets."),
+    "raise": LazyCommand(
+        "spendbus.commands.budget_raises:budgets_raise",
+        "Raise a budget's limits (one counter with --scope, else every counter) until --until.",
+    ),
+    "raises": LazyCommand(
+        "spendbus.commands.budget_raises:budgets_raises",
+        "Every raise on budget.raises (active, expired and revoked), oldest first.",
+    ),
+    "revoke-raise": LazyCommand(
+        "spendbus.commands.budget_raises:budgets_revoke_raise",
+        "End a budget's active raises now (the records stay on the topic, marked revoked).",
+    ),
+    "validate": LazyCommand(
+        "spendbus.commands.budget_validate:budgets_validate",
+        "Check FILE (a YAML list of budgets) as `budgets apply` would, with no broker.",
+    ),
+}
+
+
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="spendbus")
 def cli() -> None:
     """Meter and cap what LLM traffic costs."""
+
+
+def budgets_group() -> click.Command:
+    """`spendbus budgets`: its commands imported one by one, as they run."""
+    return LazyGroup(name="budgets", lazy=BUDGETS_COMMANDS, help=COMMANDS["budgets"].summary)
 
 
 def prices_group() -> click.Command:

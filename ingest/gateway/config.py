@@ -284,6 +284,9 @@ class GatewayConfig(_Frozen):
     #: client did not, and hide it from the client (stream_usage.py); False: such streams
     #: are estimated (for an OpenAI-compatible upstream that refuses the option)
     ask_stream_usage: bool = True
+    #: one INFO line per request on ``spendbus.gateway.access`` (access_log.py): method,
+    #: path without query, status, latency, decision and deciding budget, never a secret
+    access_log: bool = False
     #: request headers forwarded to the upstreams beside the per-provider allowlist
     #: (headers.py): names, or prefixes ending in ``-`` (e.g. OpenRouter's ``x-title``)
     forward_request_headers: tuple[str, ...] = ()

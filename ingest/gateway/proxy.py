@@ -44,6 +44,7 @@ from schemas.errors import InvalidRecord, SpendbusError
 from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
 
+from .access_log import DECISION, access_log
 from .background import response_id_of, top_up_fields
 from .call import Call, elapsed_ms
 from .config import Upstream, VirtualKey
@@ -71,7 +72,8 @@ class Gateway(GatewayCore):
     cleanup open and close the upstream connection pool."""
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        middlewares = [access_log] if self.config.access_log else []
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=middlewares)
         app.router.add_get("/v1/realtime", RealtimeRelay(self).handle)
         app.router.add_get("/v1/spend", self._spend)
         app.router.add_get("/v1/responses/{response_id}", self._retrieve)
@@ -180,6 +182,7 @@ class Gateway(GatewayCore):
             return error_response(route.family, 400, f"Invalid request: {exc}")
         decision = self.gate.check(ctx)
         call.decision = decision
+        request[DECISION] = decision  # the access log's budget note
         if not decision.allowed:
             return await self.refuse(call, decision)
         return await self._forward(request, call, decision)
@@ -258,6 +261,7 @@ class Gateway(GatewayCore):
             result = tap.finish(cut=cut)
             outcome = "allowed" if cut is None else cut
             self.metrics.allowed[call.family].inc()
+            self.metrics.by_usage_source[call.family, result.usage_source].inc()
             if cut is not None:
                 self.metrics.cuts.labels(outcome).inc()
             # no await from here on: a cancellation cannot interrupt the accounting

@@ -41,6 +41,7 @@ from ingest.taps import TapResult, open_realtime_tap
 from schemas.errors import InvalidRecord, SpendbusError
 from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
 
+from .access_log import DECISION
 from .call import Call
 from .config import Upstream, VirtualKey
 from .core import GatewayCore
@@ -94,6 +95,7 @@ class RealtimeRelay:
         except (ValueError, SpendbusError) as exc:
             return error_response("openai", 400, f"Invalid request: {exc}")
         decision = gw.gate.check(ctx)
+        request[DECISION] = decision  # the access log's budget note
         if not decision.allowed:
             return await gw.refuse(call, decision)
         credential = gw.credentials[vk.principal.secret_id]
@@ -299,6 +301,7 @@ class _Session:
             await client.close(code=WSCloseCode.POLICY_VIOLATION, message=b"spend limit reached")
 
     async def _charge(self, result: TapResult, decision: GateDecision | None) -> None:
+        self.gw.metrics.by_usage_source["openai", result.usage_source].inc()
         try:
             event = tap_usage_event(
                 self.call,

@@ -9,12 +9,16 @@ cap when it names no budget (OpenAI's efforts, a reasoning model by default,
 Gemini's thinking levels: what they think is bounded by the max output only); at
 least what a partial report already counted. When the output could not be read at
 all (undecodable body, lost framing), or the request runs in the background (the
-response goes on generating after the answer, whose usage is null), it is the cap.
+response goes on generating after the answer, whose usage is null), it is the cap:
+seed 003 charges an undecodable body its bytes / 4, but those are the bytes of an
+encoding the tap could not undo (compressed, or cut from their framing), which say
+nothing of the text, so only the cap bounds what was generated (ingest/taps/README.md).
 
 Input: the counts reported so far when the stream carried them (Anthropic's
 ``message_start``, a partial ``usageMetadata``; when a report was invalid, at least
 the request's estimate too: the valid ones may be an upstream's zero repeats), else
-request bytes / 4, and at least ``server_state_input_floor`` when the request names server-side state
+request bytes / 3 (``schemas.usage.REQUEST_BYTES_PER_TOKEN``, the enforcer's hold's rule
+too), and at least ``server_state_input_floor`` when the request names server-side state
 (stored responses, conversations, prompts, files by id or URL, server tools,
 background mode) or when there is no readable request at all.
 """
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from schemas.usage import REQUEST_BYTES_PER_TOKEN
 
 from .request import RequestInfo
 from .usage import MAX_TOKENS, Usage
@@ -44,7 +50,10 @@ class EstimatorConfig:
 
     output_cap: int = 128_000
     server_state_input_floor: int = 200_000
+    #: output text characters per token (the delta text, a decoded body's bytes)
     chars_per_token: int = 4
+    #: request bytes per input token
+    request_bytes_per_token: int = REQUEST_BYTES_PER_TOKEN
     delta_text: DeltaText = "parsed"
 
     def __post_init__(self) -> None:
@@ -52,8 +61,10 @@ class EstimatorConfig:
             value = getattr(self, name)
             if type(value) is not int or not 0 <= value <= MAX_TOKENS:
                 raise ValueError(f"{name} must be an int in [0, {MAX_TOKENS}], got {value!r}")
-        if type(self.chars_per_token) is not int or self.chars_per_token < 1:
-            raise ValueError("chars_per_token must be a positive int")
+        for name in ("chars_per_token", "request_bytes_per_token"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.delta_text not in ("parsed", "payload_bytes"):
             raise ValueError(
                 f"delta_text must be 'parsed' or 'payload_bytes', not {self.delta_text!r}"
@@ -121,14 +132,15 @@ def estimate_usage(request: RequestInfo, seen: Observed, config: EstimatorConfig
 
 
 def _request_input(request: RequestInfo, config: EstimatorConfig) -> int:
-    """The input a request is estimated at: its bytes / 4, at least the server-state floor
+    """The input a request is estimated at: its bytes / 3, at least the server-state floor
     when it names server-side state or cannot be read."""
+    per_token = config.request_bytes_per_token
     if request.size is None or not request.readable:
         input_tokens = config.server_state_input_floor
         if request.size is not None:
-            input_tokens = max(input_tokens, _per_token(request.size, config))
+            input_tokens = max(input_tokens, -(-request.size // per_token))
     else:
-        input_tokens = _per_token(request.size, config)
+        input_tokens = -(-request.size // per_token)
         if request.server_state:
             input_tokens = max(input_tokens, config.server_state_input_floor)
     return min(input_tokens, MAX_TOKENS)

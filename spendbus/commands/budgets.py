@@ -1,5 +1,6 @@
-"""`spendbus budgets`: budget policies on the compacted budget.policies topic (apply, list,
-delete; the temporary raises are in budget_raises.py)."""
+"""`spendbus budgets apply | list | delete`: budget policies on the compacted budget.policies
+topic (the group is spendbus/cli.py's; the temporary raises are in budget_raises.py, the
+check with no broker in budget_validate.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from schemas.errors import ConfigError, SpendbusError
 from schemas.ids import canonical_id
 from schemas.pricing import PriceBook, PriceTable
 from spendbus.commands.budget_loading import Loading
-from spendbus.commands.budget_raises import budgets_raise, budgets_raises, budgets_revoke_raise
 from spendbus.commands.output import console, limits_text
 from spendbus.commands.store_queries import history_query
 from spendbus.settings import Settings, load_settings
@@ -36,12 +36,7 @@ def _load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-@click.group()
-def budgets() -> None:
-    """Budget policies on the compacted budget.policies topic."""
-
-
-@budgets.command("apply")
+@click.command("apply")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--model",
@@ -232,7 +227,7 @@ def unpriced_warnings(
     return warnings
 
 
-@budgets.command("list")
+@click.command("list")
 @click.option("--json", "as_json", is_flag=True)
 def budgets_list(as_json: bool) -> None:
     """The live budgets."""
@@ -267,7 +262,7 @@ def budgets_list(as_json: bool) -> None:
     console.print(table)
 
 
-@budgets.command("delete")
+@click.command("delete")
 @click.argument("budget_id")
 def budgets_delete(budget_id: str) -> None:
     """Delete a budget (a tombstone on budget.policies)."""
@@ -298,7 +293,3 @@ def _rate(b: Budget) -> str:
         f"{count:,} {short[unit]}/{'s' if seconds == 1 else 'min'}"
         for unit, count, seconds in b.rate.limits()
     )
-
-
-for raise_command in (budgets_raise, budgets_revoke_raise, budgets_raises):
-    budgets.add_command(raise_command)

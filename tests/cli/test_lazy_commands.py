@@ -8,11 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
 
-from spendbus.cli import COMMANDS, cli
+from spendbus.cli import BUDGETS_COMMANDS, COMMANDS, budgets_group, cli
 from spendbus.lazy_group import LazyGroup
 
 #: what `spendbus --help` and `spendbus price` never need: the rooms and their I/O
@@ -34,6 +35,16 @@ def test_each_summary_is_the_first_paragraph_of_the_commands_help(name: str) -> 
     group = LazyGroup(name="fresh", lazy=COMMANDS)  # nothing loaded: the summary speaks
     for limit in (20, 45, 74, 120, 400):
         assert group.command_summary(name, limit) == command.get_short_help_str(limit)
+
+
+@pytest.mark.parametrize("name", sorted(BUDGETS_COMMANDS))
+def test_each_budgets_summary_is_the_first_paragraph_of_its_help(name: str) -> None:
+    group = budgets_group()
+    assert isinstance(group, LazyGroup)
+    command = group.get_command(click.Context(group), name)
+    assert command is not None and command.name == name
+    first = " ".join((command.help or "").split("\n\n")[0].split())
+    assert BUDGETS_COMMANDS[name].summary == first
 
 
 def test_the_command_list_is_the_same_loaded_or_not() -> None:
@@ -88,6 +99,15 @@ def modules_after(*argv: str) -> list[str]:
 def test_quick_commands_load_no_room(argv: list[str]) -> None:
     imported = modules_after(*argv)
     assert "spendbus" in imported and "click" in imported  # the probe saw the run
+    assert not set(HEAVY) & set(imported), sorted(set(HEAVY) & set(imported))
+
+
+def test_budgets_validate_loads_no_room_nor_kafka(tmp_path: Path) -> None:
+    """CI validates a budget file where no broker runs: nothing of Kafka is imported."""
+    path = tmp_path / "budgets.yaml"
+    path.write_text("- {id: a, scope: org, window: month, limit_usd: '5'}\n")
+    imported = modules_after("budgets", "validate", str(path))
+    assert "schemas" in imported and "yaml" in imported  # the probe saw the check
     assert not set(HEAVY) & set(imported), sorted(set(HEAVY) & set(imported))
 
 

@@ -176,6 +176,8 @@ def test_the_gateway_logs_no_key_after_hostile_requests(
         upstream=upstream,
         keys=keys,
         provider_keys=provider_keys,
+        # its own access log on too: the requests that parse get a line, with no key
+        access_log=True,
     )
     env = {"SPENDBUS_HOME": str(tmp_path / "home")}
     url = f"http://127.0.0.1:{gateway_port}"
@@ -196,6 +198,8 @@ def test_the_gateway_logs_no_key_after_hostile_requests(
         assert get(f"{url}/healthz") == 200
         run.check_metric(_metrics(f"{url}/metrics"))
     run.check_logs(tmp_path, logs, [*keys.values(), *provider_keys.values()])
+    # the access log was on: its lines are among those read for keys
+    assert "spendbus.gateway.access method=GET path=/healthz status=200" in logs[1].read_text()
 
 
 def test_the_worker_pages_log_no_token_after_hostile_requests(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
@@ -327,3 +328,33 @@ async def gateway_process(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+#: the Realtime model the sessions of the tests ask for
+REALTIME_MODEL = "gpt-4o-realtime-preview-2025-06-03"
+
+
+async def until(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, Any]:
+    """The next server event of one of ``kinds`` (others are skipped; at most 30 s)."""
+    async with asyncio.timeout(30):
+        async for msg in ws:
+            assert msg.type == aiohttp.WSMsgType.TEXT, msg
+            event: dict[str, Any] = json.loads(msg.data)
+            if event["type"] in kinds:
+                return event
+    raise AssertionError(f"the session closed before {kinds}")
+
+
+def ask(text: str) -> list[dict[str, Any]]:
+    """A Realtime user message and the request for a response to it."""
+    return [
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": text}],
+            },
+        },
+        {"type": "response.create", "event_id": "evt_client_1"},
+    ]

@@ -14,36 +14,10 @@ from schemas.budgets import Budget
 from schemas.periods import parse_window
 from schemas.topics import Topics
 from spendbus.fake_upstream import FakeUpstreamConfig
-from tests.gateway.kit import KEY_OF, gateway_stack
+from tests.gateway.kit import KEY_OF, ask, gateway_stack, until
+from tests.gateway.kit import REALTIME_MODEL as MODEL
 
 pytestmark = pytest.mark.integration
-
-MODEL = "gpt-4o-realtime-preview-2025-06-03"
-
-
-async def until(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, Any]:
-    """The next server event of one of ``kinds`` (others are skipped; at most 30 s)."""
-    async with asyncio.timeout(30):
-        async for msg in ws:
-            assert msg.type == aiohttp.WSMsgType.TEXT, msg
-            event: dict[str, Any] = json.loads(msg.data)
-            if event["type"] in kinds:
-                return event
-    raise AssertionError(f"the session closed before {kinds}")
-
-
-def ask(text: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "conversation.item.create",
-            "item": {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": text}],
-            },
-        },
-        {"type": "response.create", "event_id": "evt_client_1"},
-    ]
 
 
 async def test_each_response_of_a_session_is_charged_as_reported(

@@ -133,10 +133,14 @@ def test_a_background_response_without_usage_is_the_floor_plus_the_cap() -> None
     assert foreground.finish().output_tokens < 100
 
 
-def test_input_is_request_bytes_over_four_or_the_floor_with_server_state() -> None:
-    assert est(RequestInfo(size=401)).input_tokens == 101
+def test_input_is_request_bytes_over_three_or_the_floor_with_server_state() -> None:
+    """Seed 003's rule (bytes / 3, rounded up), which the enforcer's hold uses too: a
+    charged estimate is never below the input the request was admitted on."""
+    assert est(RequestInfo(size=401)).input_tokens == 134
+    assert est(RequestInfo(size=400)).input_tokens == 134
+    assert est(RequestInfo(size=399)).input_tokens == 133
     assert est(RequestInfo(size=401, server_state=("conversation",))).input_tokens == 200_000
-    assert est(RequestInfo(size=10**7, server_state=("x",))).input_tokens == 2_500_000
+    assert est(RequestInfo(size=10**7, server_state=("x",))).input_tokens == 3_333_334
     assert est(RequestInfo()).input_tokens == 200_000  # no request: unknown
     assert est(RequestInfo(size=40, readable=False)).input_tokens == 200_000
 
@@ -160,6 +164,8 @@ def test_config_validation() -> None:
         EstimatorConfig(delta_text="nope")  # type: ignore[arg-type]  # a bad value is what is refused
     with pytest.raises(ValueError):
         EstimatorConfig(chars_per_token=0)
+    with pytest.raises(ValueError, match="request_bytes_per_token"):
+        EstimatorConfig(request_bytes_per_token=0)
 
 
 @pytest.mark.parametrize(
@@ -396,3 +402,25 @@ def test_requests_name_the_units_they_can_be_charged_at_most() -> None:
     info = read_request("gemini", {"tools": [{"google_search": {}}]})
     assert info.unit_caps == (("grounded_prompt", 1),)
     assert read_request("openai-chat", {"messages": []}).unit_caps == ()
+
+
+def test_an_undecodable_body_is_charged_the_cap_not_its_bytes_over_four() -> None:
+    """A kept difference from seed 003 (which charges an undecodable body its bytes / 4):
+    the bytes of an encoding the tap could not undo say nothing of the text (here 40,000
+    bytes that claim gzip: / 4 would be 10,000 tokens, and a real gzip body of a longer
+    answer fewer still), so the output charged is the cap, the one bound known."""
+    request = {
+        "model": "gpt-4o",
+        "max_tokens": 50_000,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    tap = open_tap("openai-chat", request, content_encoding="gzip", status=200)
+    tap.feed(bytes(range(256)) * 156 + b"\x00" * 64)  # 40,000 bytes, not gzip
+    result = tap.finish()
+    assert result.usage_source == "estimated"
+    assert result.output_tokens == 50_000  # not 40,000 / 4
+    # and with no max in the request, the configured cap, however few the bytes
+    uncapped = {k: v for k, v in request.items() if k != "max_tokens"}
+    tap = open_tap("openai-chat", uncapped, content_encoding="gzip", status=200)
+    tap.feed(b"not gzip")
+    assert tap.finish().output_tokens == CFG.output_cap
