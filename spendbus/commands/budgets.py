@@ -21,7 +21,7 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.errors import ConfigError, SpendbusError
 from schemas.ids import canonical_id
 from schemas.pricing import PriceBook, PriceTable
-from spendbus.commands.budget_loading import Loading
+from spendbus.commands.budget_loading import Loading, spent_lines, wait_counted, worker_stats
 from spendbus.commands.output import console, limits_text
 from spendbus.commands.store_queries import history_query
 from spendbus.settings import Settings, load_settings
@@ -151,7 +151,6 @@ def _report_spent(
     wait_s: float,
 ) -> Loading:
     """What each applied budget has spent this period, once the workers count it."""
-    from spendbus.commands.budget_loading import spent_lines, wait_counted, worker_stats
     from spendbus.commands.usage_view import live_counters
     from spendbus.stack.local import worker_process
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -127,11 +128,10 @@ def dlq_show(position: str) -> None:
 
 def _requeue_key(letter: Mapping[str, Any]) -> bytes:
     """The key a letter goes back with: its own, or its event's for a ``wrong_key`` one."""
+    # a wrong_key letter that is no usage event after all goes back as it came
     if letter.get("reason") == WRONG_KEY:
-        try:
+        with contextlib.suppress(ContractError):
             return usage_raw_key(USAGE_EVENT.decode(letter["value"])["org_id"])
-        except ContractError:
-            pass  # not a usage event after all: back as it came
     key: bytes = letter.get("key") or b""
     return key
 
