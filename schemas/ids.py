@@ -59,6 +59,46 @@ def ids_are_canonical(event: Mapping[str, Any]) -> bool:
     return all(group == group.strip() for group in event["groups"])
 
 
+#: (field, optional, case-insensitive) for each of SCOPE_ID_FIELDS
+_SCOPE_ID_CHECKS: Final = tuple(
+    (name, optional, name in CASE_INSENSITIVE_ATTRIBUTES) for name, optional in SCOPE_ID_FIELDS
+)
+
+
+class CanonicalIds:
+    """``ids_are_canonical`` remembered per id: the ids of a stream repeat (one org, a few
+    secrets and users), so each distinct one is tested once, and after that a set lookup
+    answers, where the test builds a stripped and a lower-cased copy every time."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        #: ids known canonical as a case-sensitive id, and as a case-insensitive one
+        self._exact: set[str] = set()
+        self._folded: set[str] = set()
+
+    def event_is_canonical(self, event: Mapping[str, Any]) -> bool:
+        """``ids_are_canonical(event)``."""
+        exact = self._exact
+        folded = self._folded
+        for name, optional, insensitive in _SCOPE_ID_CHECKS:
+            value = event[name]
+            if value is None:
+                if optional:
+                    continue
+                return False
+            known = folded if insensitive else exact
+            if value in known:
+                continue
+            if not value or value != value.strip():
+                return False
+            if insensitive and value != value.lower():
+                return False
+            if len(known) >= self.limit:
+                known.clear()
+            known.add(value)
+        return all(group == group.strip() for group in event["groups"])
+
+
 def with_canonical_ids(event: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``event`` whose scope ids and groups are canonical, an optional id that is
     empty once canonical absent (None): the event as the counters and usage_events see it."""

@@ -57,7 +57,7 @@ from schemas.codec import (
     USAGE_EVENT,
 )
 from schemas.errors import ContractError
-from schemas.ids import ids_are_canonical, with_canonical_ids
+from schemas.ids import CanonicalIds, with_canonical_ids
 from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, to_micros
 from schemas.pricing import Price
 from schemas.raises import BudgetRaise, raised_budget
@@ -111,6 +111,7 @@ class BatchProcessor:
         self._budgets_version = -1
         self._applicable = ApplicableCache()
         self._counts = CountCache()
+        self._canonical = CanonicalIds()
         #: (id of a budget of the reference, raise id) -> the budget as raised
         self._raised: dict[tuple[int, str], Budget] = {}
         #: unpriced models this process alerted one by one (the bound is per process: a
@@ -226,6 +227,7 @@ class _BatchFold:
         self.raises = processor.reference.raises
         self.raised = self.raises.by_budget
         self.priced_writer = PricedWriter(now)
+        self.canonical = processor._canonical
         # each counter is read once per batch; its state object is updated in place
         self.states: dict[str, CounterState] = {}
         self.seen_in_batch: dict[str, str] = {}
@@ -468,7 +470,7 @@ class _BatchFold:
         # usage.priced carries the ids as counted (canonical), so the sink stores every
         # body as it is; the rare event with other ids is encoded again
         raw_value: Any = record.value
-        if not ids_are_canonical(event):
+        if not self.canonical.event_is_canonical(event):
             event = with_canonical_ids(event)
             raw_value = USAGE_EVENT.encode(event)
         # the event's own bytes are reused when it was written with the current schema

@@ -11,7 +11,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.ids import SCOPE_ID_FIELDS, canonical_id, ids_are_canonical, with_canonical_ids
+from schemas.ids import (
+    SCOPE_ID_FIELDS,
+    CanonicalIds,
+    canonical_id,
+    ids_are_canonical,
+    with_canonical_ids,
+)
 
 #: ids as clients send them: blanks around, mixed case, unicode spaces, empty
 _id = st.text(
@@ -59,3 +65,14 @@ def test_making_ids_canonical_is_the_counters_canonical_id_and_idempotent(
     assert made["input_tokens"] == 1 and event is not made
     if all(made[n] for n, optional in SCOPE_ID_FIELDS if not optional):
         assert ids_are_canonical(made)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(events(), min_size=1, max_size=30), st.integers(1, 4))
+def test_remembered_ids_answer_as_the_test_does_event_after_event(
+    stream: list[dict[str, Any]], limit: int
+) -> None:
+    # a small limit clears the memory mid-stream; ids recur across events and fields
+    memo = CanonicalIds(limit=limit)
+    for event in stream + stream:
+        assert memo.event_is_canonical(event) == ids_are_canonical(event)
