@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aggregator.counting.priced import CountEntry, counts_bytes
-from schemas.budgets import Budget, applicable
+from schemas.budgets import Budget
 
 #: an hour in µs: every calendar period starts on a UTC hour
 _HOUR_US = 3_600_000_000
@@ -35,15 +35,16 @@ class ApplicableCache:
     Events of one org, secret and user count in the same counters; working out the
     counter keys (canonical ids, matches, key composition) costs more than folding the
     event, so it is done once per distinct combination of the attributes any budget
-    looks at, and forgotten whenever the budgets change.
+    looks at, and forgotten whenever the budgets change. A new combination asks each
+    budget, which answers from its own memory of the attributes it reads.
     """
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        self._budgets: Sequence[Budget] = ()
         self._plain: tuple[str, ...] = ()
         self._tags: tuple[str, ...] = ()
         self._groups = False
+        self._each: list[_BudgetKeys] = []
         self._cache: dict[tuple[Any, ...], Applicable] = {}
         #: (id of an Applicable of ``_cache``, occurred µs // grain, counted, a further
         #: charge) -> its counts; cleared with ``_cache``, so an id always names a live list
@@ -52,7 +53,6 @@ class ApplicableCache:
         self.grain_us = _HOUR_US
 
     def reset(self, budgets: Sequence[Budget]) -> None:
-        self._budgets = budgets
         self._cache.clear()
         self.counts.clear()
         self.grain_us = math.gcd(
@@ -62,32 +62,28 @@ class ApplicableCache:
                 for b in budgets
             ],
         )
-        read: set[str] = {"org_id"}
+        read: set[str] = set()
+        self._each = []
         for budget in budgets:
-            read.update(budget.match)
-            read.add(_SCOPE_ATTRIBUTE.get(budget.scope, budget.scope))
-            if budget.scope == "session":
-                read.update(("session_id", "user_id", "secret_id"))
-        self._groups = "group" in read
-        self._tags = tuple(sorted(a[4:] for a in read if a.startswith("tag:")))
-        self._plain = tuple(sorted(a for a in read if a != "group" and not a.startswith("tag:")))
+            reads = _attributes_read(budget)
+            read.update(reads)
+            self._each.append(_BudgetKeys(budget, reads))
+        self._groups, self._tags, self._plain = _split(read)
 
     def lookup(self, event: dict[str, Any]) -> Applicable:
-        signature: tuple[Any, ...] = tuple([event.get(a) for a in self._plain])
-        if self._groups:
-            signature += (tuple(event.get("groups") or ()),)
-        if self._tags:
-            tags = event.get("tags") or {}
-            signature += tuple([tags.get(t) for t in self._tags])
+        signature = _signature(event, self._plain, self._tags, self._groups)
         found = self._cache.get(signature)
         if found is None:
             if len(self._cache) >= self.limit:
                 self._cache.clear()
                 self.counts.clear()
-            found = self._cache[signature] = [
-                (b, key, values, b.window.bucket_us if b.window.kind == "rolling" else 0)
-                for b, key, values in applicable(self._budgets, event)
-            ]
+                for each in self._each:
+                    each.cache.clear()
+            found = self._cache[signature] = []
+            # a new combination mostly differs in one attribute (a new user): each budget
+            # answers from its own memory unless an attribute it reads is new to it
+            for each in self._each:
+                found.extend(each.lookup(event))
         return found
 
 
@@ -99,3 +95,51 @@ _SCOPE_ATTRIBUTE = {
     "org": "org_id",
     "session": "session_id",
 }
+
+
+def _attributes_read(budget: Budget) -> set[str]:
+    """The event attributes ``budget``'s counter keys depend on."""
+    read = {"org_id", *budget.match, _SCOPE_ATTRIBUTE.get(budget.scope, budget.scope)}
+    if budget.scope == "session":
+        read.update(("session_id", "user_id", "secret_id"))
+    return read
+
+
+def _split(read: set[str]) -> tuple[bool, tuple[str, ...], tuple[str, ...]]:
+    """(groups read, tag names read, plain attributes read), in a fixed order."""
+    tags = tuple(sorted(a[4:] for a in read if a.startswith("tag:")))
+    plain = tuple(sorted(a for a in read if a != "group" and not a.startswith("tag:")))
+    return "group" in read, tags, plain
+
+
+def _signature(
+    event: dict[str, Any], plain: tuple[str, ...], tags: tuple[str, ...], groups: bool
+) -> tuple[Any, ...]:
+    signature: tuple[Any, ...] = tuple([event.get(a) for a in plain])
+    if groups:
+        signature += (tuple(event.get("groups") or ()),)
+    if tags:
+        found = event.get("tags") or {}
+        signature += tuple([found.get(t) for t in tags])
+    return signature
+
+
+class _BudgetKeys:
+    """One budget's ``counter_keys``, memoised on the attributes that budget reads."""
+
+    def __init__(self, budget: Budget, reads: set[str]) -> None:
+        self.budget = budget
+        self.bucket_us = budget.window.bucket_us if budget.window.kind == "rolling" else 0
+        self.groups, self.tags, self.plain = _split(reads)
+        self.cache: dict[tuple[Any, ...], Applicable] = {}
+
+    def lookup(self, event: dict[str, Any]) -> Applicable:
+        signature = _signature(event, self.plain, self.tags, self.groups)
+        found = self.cache.get(signature)
+        if found is None:
+            budget = self.budget
+            bucket_us = self.bucket_us
+            found = self.cache[signature] = [
+                (budget, key, values, bucket_us) for key, values in budget.counter_keys(event)
+            ]
+        return found

@@ -277,12 +277,14 @@ MEMO_BUDGETS = budgets_from_yaml(
             }
         ),
         max_size=30,
-    )
+    ),
+    st.sampled_from([1, 3, 100_000]),
 )
-def test_the_memo_answers_what_applicable_answers(attrs: list[dict[str, Any]]) -> None:
-    memo = ApplicableCache()
+def test_the_memo_answers_what_applicable_answers(attrs: list[dict[str, Any]], limit: int) -> None:
+    # a small limit forgets mid-stream (the whole memo and each budget's)
+    memo = ApplicableCache(limit=limit)
     memo.reset(MEMO_BUDGETS)
-    for a in attrs:
+    for a in attrs + attrs:
         assert [found[:3] for found in memo.lookup(a)] == applicable(MEMO_BUDGETS, a)
 
 
