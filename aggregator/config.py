@@ -10,6 +10,7 @@ from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from runtime.net import is_loopback
 from runtime.replication import FOLLOW_CLUSTER, ReplicationPolicy
+from schemas.budgets import SESSION_IDLE_SECONDS
 from schemas.errors import ConfigError
 from schemas.periods import MAX_FUTURE_SKEW_SECONDS
 from schemas.topics import Topics, check_generation
@@ -66,6 +67,11 @@ class AggregatorConfig(BaseModel):
     #: an event whose occurred_at is further ahead than this of when it reached Kafka is
     #: dead-lettered (reason future_event) instead of counted (aggregator/README.md)
     max_future_skew_seconds: float = Field(default=MAX_FUTURE_SKEW_SECONDS, ge=0, le=86_400)
+    #: a session counter idle this long is pruned, with a tombstone on its verdict
+    #: (aggregator/counting/pruning.py), as are the counters of removed budgets
+    session_idle_seconds: float = Field(default=SESSION_IDLE_SECONDS, gt=0)
+    #: how often the counting stage looks for counters to prune
+    prune_seconds: float = Field(default=60.0, gt=0)
     #: run the sink stage in an OS process of its own, which owns the store (the worker
     #: starts, restarts and stops it: aggregator/sink/process.py); off (the default): on
     #: the worker's own event loop, beside the counting stage

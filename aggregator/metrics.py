@@ -79,6 +79,12 @@ class Metrics:
         )
         self.verdicts = Counter("spendbus_aggregator_verdicts", "verdicts sent", registry=r)
         self.cost = Counter("spendbus_aggregator_cost_nanos", "nano-dollars charged", registry=r)
+        self.pruned = Counter(
+            "spendbus_aggregator_pruned_counters",
+            "counters pruned: of a removed budget, or a session idle past its time",
+            ["reason"],
+            registry=r,
+        )
         self.unpriced_alerts_folded = Counter(
             "spendbus_aggregator_unpriced_alerts_folded",
             "unpriced models past the alerts' bound (a poll's, or the fold's without a store), alerted only as unpriced|*",
@@ -158,6 +164,14 @@ class Metrics:
             self.totals["unpriced_models_unlisted"] = (
                 self.totals.get("unpriced_models_unlisted", 0) + unlisted
             )
+
+    def record_pruned(self, removed_budget: int, idle_session: int) -> None:
+        """Counters one partition's sweep pruned, by reason (also in /stats' totals)."""
+        for reason, count in (("removed_budget", removed_budget), ("idle_session", idle_session)):
+            if count:
+                self.pruned.labels(reason).inc(count)
+                name = f"pruned_{reason}"
+                self.totals[name] = self.totals.get(name, 0) + count
 
     def record_verdicts(self, verdicts: int) -> None:
         """Verdicts sent apart from a batch (held by the coalescer until due)."""

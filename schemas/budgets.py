@@ -45,6 +45,9 @@ from schemas.periods import WEEKDAYS, Window, parse_window, with_calendar
 from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
 
 SCOPES: Final = ("secret", "org", "project", "grant", "group", "user", "session")
+#: a session counter whose newest event is older than this is pruned (a job that stopped:
+#: the counting stage's tombstone; ``spendbus verify`` expects none): seconds
+SESSION_IDLE_SECONDS: Final = 86_400
 #: seed 001: a job budget enabled without a number allows this many requests per job
 DEFAULT_REQUESTS_PER_JOB: Final = 500
 ACTIONS: Final = ("enforce", "warn")

@@ -15,6 +15,8 @@ SPENDBUS_WEB_TOKEN_FILE    a file holding the worker's web bearer token     $SPE
 SPENDBUS_SINK_PROCESS      the worker's sink in a process of its own        false
 SPENDBUS_WEB_TOKEN         the token itself (prefer the _FILE form)         (none)
 SPENDBUS_WEB_BODY_TIMEOUT  seconds a /sql body may take after its head      60
+SPENDBUS_SESSION_IDLE_SECONDS  a session counter idle this long is pruned  86400
+SPENDBUS_PRUNE_SECONDS     how often the worker looks for counters to prune 60
 SPENDBUS_KEY_SECRET_FILE   the secret virtual-key digests are keyed with    $SPENDBUS_HOME/keys.secret
 SPENDBUS_KEY_SECRET        the key secret itself (prefer the _FILE form)    (none)
 CLICKHOUSE_CA_FILE         https:// DSN: PEM CA(s) of the server's cert     the system CAs
@@ -40,7 +42,7 @@ SPENDBUS_CONFIG            a YAML file with any of the keys below           (non
 
 A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
-``web_port``, ``web_host``, ``web_body_timeout_s``, ``sink_process``, ``engine_process``, ``cache_dir``,
+``web_port``, ``web_host``, ``web_body_timeout_s``, ``session_idle_seconds``, ``prune_seconds``, ``sink_process``, ``engine_process``, ``cache_dir``,
 ``kafka_security_protocol``, ``kafka_sasl_mechanism``, ``kafka_sasl_username``,
 ``kafka_sasl_password``, ``kafka_sasl_password_file``,
 ``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``, ``replication_factor``,
@@ -71,6 +73,7 @@ from runtime.clickhouse_access import ClickHouseAccess
 from runtime.kafka import KafkaSecurity, SaslMechanism, SecurityProtocol
 from runtime.private_files import check_secret_file
 from runtime.replication import ReplicationPolicy
+from schemas.budgets import SESSION_IDLE_SECONDS
 from schemas.errors import ConfigError
 from schemas.topics import Topics
 
@@ -87,6 +90,8 @@ class Settings(BaseModel):
     web_port: int = Field(default=6066, ge=1, le=65535)
     web_host: str = "127.0.0.1"
     web_body_timeout_s: float = Field(default=60.0, gt=0)
+    session_idle_seconds: float = Field(default=SESSION_IDLE_SECONDS, gt=0)
+    prune_seconds: float = Field(default=60.0, gt=0)
     #: the worker's sink stage in an OS process of its own (aggregator/sink/process.py);
     #: false (the default) runs it on the worker's own event loop
     sink_process: bool = False
@@ -209,6 +214,8 @@ _ENV = {
     "SPENDBUS_WEB_PORT": "web_port",
     "SPENDBUS_WEB_HOST": "web_host",
     "SPENDBUS_WEB_BODY_TIMEOUT": "web_body_timeout_s",
+    "SPENDBUS_SESSION_IDLE_SECONDS": "session_idle_seconds",
+    "SPENDBUS_PRUNE_SECONDS": "prune_seconds",
     "SPENDBUS_SINK_PROCESS": "sink_process",
     "SPENDBUS_ENGINE_PROCESS": "engine_process",
     "SPENDBUS_CACHE_DIR": "cache_dir",

@@ -43,6 +43,9 @@ from schemas.periods import from_micros, period_start, to_micros
 MARKER_PREFIX: Final = "\x00budget\x00"
 #: dedupe-state key saying the partition keeps markers (absent: take the budgets as counted)
 MARKERS_KEPT: Final = "\x00budgets\x00"
+#: a removed budget's marker (pruning.py): read as none, so a budget defined again is
+#: counted again from its period's start
+PRUNED_MARKER: Final = "pruned"
 
 #: reads a dedupe-state value of a partition: (partition, key) -> value or None
 SeenReader = Callable[[int, str], str | None]
@@ -133,6 +136,8 @@ class Backfills:
                 if running is not None and running.budgets.get(budget_id) == fingerprint:
                     continue  # its re-read is under way
                 marked = seen(partition, MARKER_PREFIX + budget_id)
+                if marked == PRUNED_MARKER:
+                    marked = None
                 if marked == fingerprint:
                     continue
                 if not kept or marked is not None:

@@ -78,9 +78,10 @@ class Outgoing:
         topic: str,
         partition: int,
         key: bytes | None,
-        value: bytes,
+        value: bytes | None,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
+        """Append a record (``value`` None: a tombstone) to the partition's open batch."""
         where = (topic, partition)
         batches = self.waiting.get(where)
         if batches is None:
@@ -94,7 +95,8 @@ class Outgoing:
             batch = self._new(topic)
             batches.append(batch)
             if batch.records.append(key=key, value=value, timestamp=None, headers=headers) is None:
-                raise CountingError(f"a record of {len(value)} bytes does not fit a record batch")
+                size = 0 if value is None else len(value)
+                raise CountingError(f"a record of {size} bytes does not fit a record batch")
 
     def _new(self, topic: str) -> _Batch:
         self._unsent[self.epoch] = self._unsent.get(self.epoch, 0) + 1

@@ -63,11 +63,18 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from aggregator.config import AggregatorConfig
-from aggregator.counting.backfill import Backfills, marker_entries, seek_rereads
+from aggregator.counting.backfill import (
+    MARKER_PREFIX,
+    PRUNED_MARKER,
+    Backfills,
+    marker_entries,
+    seek_rereads,
+)
 from aggregator.counting.changelogs import ensure_changelogs
 from aggregator.counting.errors import CountingError
 from aggregator.counting.output_batches import Outgoing
 from aggregator.counting.process import BatchProcessor
+from aggregator.counting.pruning import find_prunable
 from aggregator.counting.state import CountingStore, SealedState
 from aggregator.counting.verdicts import VerdictCoalescer
 from aggregator.metrics import Metrics
@@ -132,6 +139,9 @@ class CountingStage:
         #: source partition -> next offset to fold (for the lag gauge)
         self._folded_to: dict[int, int] = {}
         self._last_checkpoint = time.monotonic()
+        self._last_prune = time.monotonic()
+        #: the budget ids of the last sweep: one gone since has its markers rewritten
+        self._budget_ids: set[str] | None = None
         self._partitions: dict[str, list[int]] = {}
         self._verdict_partition: dict[bytes, int] = {}
         self._partitioner = DefaultPartitioner()
@@ -335,6 +345,9 @@ class CountingStage:
                     due = self.verdicts.due(now)
                     if due:
                         self._send_verdicts(due)
+                if now - self._last_prune >= self.config.prune_seconds and not self.rebalancing:
+                    self._prune(to_micros(datetime.now(UTC)))
+                    self._last_prune = now
             # getmany returns buffered records without suspending: under a backlog this
             # loop would hold the event loop for good, and the pumps handing batches over,
             # the sink stage and the web pages would only run when the backlog check waits
@@ -371,6 +384,48 @@ class CountingStage:
             self._positions[partition] = self._folded_to[partition]
         if sought:
             log.info("counting budgets from their period's start: %s", self.backfills.loading())
+
+    def _prune(self, now_us: int) -> None:
+        """Prune the counters that count nothing any more (pruning.py): gone from the
+        state, a tombstone on their changelog and on the verdict topic; the markers of
+        budgets removed since the last sweep say so (a budget defined again is counted
+        from its period's start)."""
+        outgoing = self._outgoing
+        assert outgoing is not None
+        budgets = self.processor.reference.budgets
+        idle_us = int(self.config.session_idle_seconds * 1_000_000)
+        gone = set() if self._budget_ids is None else self._budget_ids - budgets.keys()
+        self._budget_ids = set(budgets)
+        pruned = 0
+        for partition in sorted(self.owned):
+            store = self.store.partitions.get(partition)
+            if store is None:
+                continue
+            found = find_prunable(store.counters, budgets, now_us, idle_us)
+            for key in found.keys:
+                self.store.prune_counter(partition, key)
+                self.verdicts.drop(key)
+                key_bytes = key.encode()
+                outgoing.add(self.config.counter_changelog, partition, key_bytes, None)
+                outgoing.add(
+                    self.topics.budget_verdicts,
+                    self._verdict_partition_of(key_bytes),
+                    key_bytes,
+                    None,
+                )
+            self.metrics.record_pruned(len(found.removed_budget), len(found.idle_session))
+            pruned += len(found.keys)
+            markers = {
+                budget_id: PRUNED_MARKER
+                for budget_id in gone | found.budgets_gone
+                if self.store.seen(partition, MARKER_PREFIX + budget_id)
+                not in (None, PRUNED_MARKER)
+            }
+            if markers:
+                self._write_markers(partition, markers)
+        if pruned:
+            outgoing.release()
+            log.info("pruned %d counters that count nothing any more", pruned)
 
     def _write_markers(self, partition: int, markers: dict[str, str]) -> None:
         assert self._outgoing is not None

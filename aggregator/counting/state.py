@@ -100,7 +100,8 @@ class RecoveryStats:
 class SealedPartition:
     """A partition's entries of one checkpoint, waiting for their changelog acknowledgements."""
 
-    counters: dict[str, bytes] = field(default_factory=dict)
+    #: key -> changelog value (None: a pruned counter's tombstone)
+    counters: dict[str, bytes | None] = field(default_factory=dict)
     seen: dict[str, str] = field(default_factory=dict)
 
 
@@ -115,8 +116,8 @@ class PartitionState:
     path: Path
     db: Rdict | None = None
     counters: dict[str, CounterState] = field(default_factory=dict)
-    #: counters changed since the last persist: key -> the changelog value
-    pending_counters: dict[str, bytes] = field(default_factory=dict)
+    #: counters changed since the last persist: key -> the changelog value (None: pruned)
+    pending_counters: dict[str, bytes | None] = field(default_factory=dict)
     #: counters changed since the last ``write_changed``: key -> the live state (not encoded)
     changed: dict[str, CounterState] = field(default_factory=dict)
     #: event ids first seen since the last seal: id -> position
@@ -187,6 +188,15 @@ class CountingStore:
         store.pending_counters[key] = value
         return value
 
+    def prune_counter(self, partition: int, key: str) -> None:
+        """Forget a counter (pruning.py): its deletion persists with the next checkpoint,
+        as its changelog's tombstone does."""
+        store = self.partitions[partition]
+        store.counters.pop(key, None)
+        if store.changed.pop(key, None) is not None:
+            self.changed_counters -= 1
+        store.pending_counters[key] = None
+
     def put_seen(self, partition: int, event_id: str, position: str) -> None:
         pending = self.partitions[partition].pending_seen
         if event_id not in pending:
@@ -244,7 +254,10 @@ class CountingStore:
                 continue
             batch = WriteBatch(raw_mode=True)
             for key, value in entry.counters.items():
-                batch.put(_COUNTER + key.encode(), value)
+                if value is None:
+                    batch.delete(_COUNTER + key.encode())
+                else:
+                    batch.put(_COUNTER + key.encode(), value)
             for event_id, position in entry.seen.items():
                 batch.put(_SEEN + event_id.encode(), position.encode())
             offsets = {"counters": counters_at, "seen": seen_at}

@@ -74,6 +74,12 @@ class VerdictCoalescer:
         """When the earliest held verdict falls due (None when nothing is held)."""
         return min((due for _, due in self._held.values()), default=None)
 
+    def drop(self, key: str) -> None:
+        """The counter was pruned: nothing of it is held back to be sent after its
+        tombstone (which would bring it back)."""
+        self._held.pop(key, None)
+        self._sent.pop(key, None)
+
     def forget(self) -> None:
         """Partitions moved: send the next verdict of every counter at once."""
         self._sent.clear()

@@ -22,17 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from aggregator.counting.batch_output import BatchStats
 from aggregator.counting.fold import CounterState
 from aggregator.counting.process import BatchProcessor, RawRecord
+from aggregator.counting.pruning import find_prunable
 from aggregator.counting.reference import Reference, ReferenceFollower
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from runtime.topic_reader import TopicReader
+from schemas.budgets import SESSION_IDLE_SECONDS
 from schemas.codec import PRICED_USAGE, VERDICT
 from schemas.errors import ContractError
-from schemas.periods import ROLLING_BUCKETS
+from schemas.periods import ROLLING_BUCKETS, to_micros
 from schemas.records import Verdict
 from schemas.rolling import BUCKET_FIELDS, rolling_window_of, verdict_buckets
 from schemas.topics import Topics
@@ -198,10 +201,21 @@ async def verify_counters(
     *,
     security: KafkaSecurity = PLAINTEXT,
     history_query: HistoryQuery | None = None,
+    session_idle_seconds: float = SESSION_IDLE_SECONDS,
 ) -> VerifyReport:
     """Recompute, then compare each counter's newest period with its live verdict and,
-    given ``history_query``, every (counter, period) with ClickHouse's budget_history."""
-    states, report, _ = await recompute(bootstrap, topics, progress, security=security)
+    given ``history_query``, every (counter, period) with ClickHouse's budget_history.
+    A session counter idle past ``session_idle_seconds`` may have no verdict: the
+    counting stage prunes it (aggregator/counting/pruning.py)."""
+    states, report, reference = await recompute(bootstrap, topics, progress, security=security)
+    idle = set(
+        find_prunable(
+            states,
+            reference.budgets,
+            to_micros(datetime.now(UTC)),
+            int(session_idle_seconds * 1_000_000),
+        ).idle_session
+    )
     live: dict[str, Verdict] = {}
 
     def keep(messages: list[Any]) -> None:
@@ -219,6 +233,8 @@ async def verify_counters(
     await _read_to_end(bootstrap, [topics.budget_verdicts], keep, None, security=security)
     for key, state in sorted(states.items()):
         verdict = live.get(key)
+        if verdict is None and key in idle:
+            continue  # pruned, or about to be
         if verdict is None:
             report.differences.append(Difference(key, "verdict", "present", "missing"))
             continue

@@ -360,7 +360,10 @@ class ClickHouseSink:
     def write_verdict_messages(self, messages: Sequence[PricedMessage]) -> int:
         """``write_verdicts`` for budget.verdicts records as read from Kafka: with
         ``avro_inserts``, a batch of current Verdict bodies is decoded by the engine (a
-        verdict is stored as it was sent, nothing to canonicalise)."""
+        verdict is stored as it was sent, nothing to canonicalise). A tombstone (a pruned
+        counter: aggregator/counting/pruning.py) stores nothing: budget_state keeps the
+        states the counter had."""
+        messages = [m for m in messages if m.value is not None]
         values = [m.value for m in messages]
         if self.avro_inserts and values and all(_is_current_verdict(v) for v in values):
             doing = f"inserting {len(values)} rows into {self.verdict_table}"
@@ -386,7 +389,7 @@ class ClickHouseSink:
                     error,
                 )
         try:
-            records = [VERDICT.decode(m.value) for m in messages]  # type: ignore[arg-type]  # a null value is refused by decode
+            records = [VERDICT.decode(m.value) for m in messages]  # type: ignore[arg-type]  # tombstones were left out above
         except DecodeError as exc:
             raise SinkRejected(f"a budget.verdicts record does not decode: {exc}") from exc
         return self.write_verdicts(records)

@@ -211,6 +211,7 @@ def verify(as_json: bool) -> None:
                 lambda done, total: bar.update(task, completed=done, total=total),
                 security=settings.kafka_security,
                 history_query=store_query,
+                session_idle_seconds=settings.session_idle_seconds,
             )
         )
     summary = {

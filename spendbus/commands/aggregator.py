@@ -74,6 +74,8 @@ def run(
         web_port=settings.web_port,
         web_host=settings.web_host,
         web_body_timeout_s=settings.web_body_timeout_s,
+        session_idle_seconds=settings.session_idle_seconds,
+        prune_seconds=settings.prune_seconds,
         web_token=web_token,
         clickhouse_access=clickhouse_access,
         sink_process=settings.sink_process,

@@ -126,7 +126,7 @@ class FlakyClient:
 class Message:
     """A usage.priced record as the sink stage reads it from Kafka."""
 
-    value: bytes
+    value: bytes | None  # None: a tombstone
     headers: tuple[tuple[str, bytes], ...] = ()
 
 

@@ -87,3 +87,15 @@ def test_v1_verdicts_store_null_forecasts_beside_v2_ones(client: Any) -> None:
         (DAILY_KEY, exhausts),
         (ROLLING_KEY, None),
     ]
+
+
+def test_a_pruned_counters_tombstone_stores_nothing_on_either_insert_path(client: Any) -> None:
+    """The counting stage prunes a counter with a tombstone on budget.verdicts
+    (aggregator/counting/pruning.py): budget_state keeps the states it had."""
+    v2 = v2_daily()
+    tombstone = Message(None)
+    for avro in (True, False):
+        sink = ClickHouseSink(client, avro_inserts=avro)
+        assert sink.write_verdict_messages([Message(v2), tombstone]) == 1
+        assert sink.write_verdict_messages([tombstone]) == 0
+    assert [(k, s) for k, s, *_ in rows(client)] == [(DAILY_KEY, 4), (DAILY_KEY, 4)]
