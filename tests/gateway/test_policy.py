@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ async def test_approval_holds_the_job_once_until_an_operator_decides(
     ):
         path, body, key = request_for("openai-chat", False)
 
-        async def call(job: str) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
+        async def call(job: str) -> tuple[int, dict[str, Any], Mapping[str, str]]:
             headers = {"Authorization": f"Bearer {key}", "X-Spend-Session": job}
             async with session.post(stack.url + path, json=body, headers=headers) as resp:
                 return resp.status, await resp.json(), resp.headers
