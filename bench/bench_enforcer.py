@@ -49,6 +49,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from enforcer_bench_sidecar import bench_side_by_side, bench_sidecar, default_loop
@@ -60,8 +61,8 @@ from enforcer import Context
 WORK_HOLDS = 1000
 
 
-def bench_check(checks: int) -> dict[str, Any]:
-    e, contexts = loaded()
+def bench_check(checks: int, policy_file: Path | None = None) -> dict[str, Any]:
+    e, contexts = loaded(policy_file=policy_file)
     live = len(e.state.verdicts)
     # the collector stays as an embedding proxy leaves it (on, nothing frozen): the pauses
     # it takes inside the timed calls are counted below, not hidden
@@ -237,6 +238,11 @@ def main() -> None:
     )
     parser.add_argument("--work-ops", type=int, default=5000)
     parser.add_argument(
+        "--policy",
+        type=Path,
+        help="check: with this Rego policy consulted on every check (enforcer/policy.py)",
+    )
+    parser.add_argument(
         "--handler-cpu",
         action="store_true",
         help="sidecar: also time the thread CPU inside each handler (adds a middleware hop)",
@@ -259,7 +265,9 @@ def main() -> None:
     before = calibrate()
     out: dict[str, Any] = {}
     if args.only in (None, "check"):
-        out["check"] = bench_check(args.checks)
+        out["check"] = bench_check(args.checks, args.policy)
+        if args.policy is not None:
+            out["check"]["policy"] = str(args.policy)
     if args.only in (None, "sidecar"):
         out["sidecar"] = bench_sidecar(
             args.seconds,

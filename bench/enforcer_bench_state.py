@@ -96,7 +96,11 @@ def _verdict(b: Budget, values: tuple[str, ...], spent: int, seq: int) -> Verdic
 
 
 def loaded(
-    counters: int = 100_000, *, moving_clock: bool = False, hold_timeout_s: float = 600.0
+    counters: int = 100_000,
+    *,
+    moving_clock: bool = False,
+    hold_timeout_s: float = 600.0,
+    policy_file: Path | None = None,
 ) -> tuple[Enforcer, list[Context]]:
     """An enforcer holding ``counters`` live verdicts, and contexts that hit them.
 
@@ -105,8 +109,11 @@ def loaded(
     rng = random.Random(7)
     clock_t = NOW.timestamp()
     clock = (lambda: clock_t) if not moving_clock else moving_clock_from(clock_t)
-    config = EnforcerConfig(sidecar_token=SecretStr(TOKEN), hold_timeout_s=hold_timeout_s)
-    e = Enforcer(config, clock=clock)
+    config = EnforcerConfig(
+        sidecar_token=SecretStr(TOKEN), hold_timeout_s=hold_timeout_s, policy_file=policy_file
+    )
+    # with a policy: every check evaluates it (its approval requests are never published here)
+    e = Enforcer(config, clock=clock, job_key_secret=b"bench-job-key-secret")
     for b in BUDGETS:
         # to_record builds the BudgetPolicy record, typed as a plain dict
         e.state.apply_policy(b.budget_id, cast("BudgetPolicy", b.to_record(NOW)))

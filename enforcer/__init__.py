@@ -14,6 +14,7 @@ from enforcer.context import Context
 from enforcer.counters import CounterStatus
 from enforcer.decision import Decision
 from enforcer.errors import EnforcerError, InvalidContext, NotReady, TopicsMissing
+from enforcer.policy import Policy, PolicyError
 from enforcer.service import Enforcer
 from enforcer.sidecar import Sidecar, create_app, serve
 
@@ -26,6 +27,8 @@ __all__ = [
     "EnforcerError",
     "InvalidContext",
     "NotReady",
+    "Policy",
+    "PolicyError",
     "Sidecar",
     "TopicsMissing",
     "create_app",

@@ -6,6 +6,7 @@ environment or files; the library takes an :class:`EnforcerConfig`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -106,6 +107,12 @@ class EnforcerConfig(BaseModel):
     max_sessions_per_key: int | None = Field(default=1000, ge=1)
     #: sidecar: publish a refusal UsageEvent to usage.raw for every refused check
     publish_refusals: bool = True
+    #: a Rego policy consulted on every check (enforcer/policy.py; None: none, and no cost)
+    policy_file: Path | None = None
+    #: the rule whose value is the policy's answer: "allow", "deny" or "approval"
+    policy_query: str = Field(default="data.spendbus.decision", min_length=1)
+    #: Retry-After of an ``approval_required`` refusal (a person decides: minutes, not seconds)
+    approval_retry_after_s: int = Field(default=60, ge=1)
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> EnforcerConfig:

@@ -51,6 +51,7 @@ class Decision:
         "decision",
         "fitting_max_tokens",
         "hold_id",
+        "job_key",
         "now_us",
         "outcome",
         "reason",
@@ -94,6 +95,8 @@ class Decision:
         self.fitting_max_tokens: int | None = None
         #: a throttled request: (tokens?, count, window µs, µs until it would pass)
         self.throttle: tuple[bool, int, int, int] | None = None
+        #: a policy's refusal (enforcer/policy.py): the job's opaque key
+        self.job_key: str | None = None
 
     def __repr__(self) -> str:
         return f"<Decision {self.decision} status={self.status} budget={self.budget_id!r}>"

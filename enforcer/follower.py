@@ -56,7 +56,7 @@ from enforcer.holds import Holds
 from enforcer.metrics import EnforcerMetrics
 from enforcer.state import EnforcerState
 from runtime.topic_reader import read_until, start_at_beginning
-from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE, VERDICT, Codec
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, JOB_APPROVAL, PRICE_TABLE, VERDICT, Codec
 from schemas.errors import ContractError
 from schemas.generations import GenerationSwitch
 from schemas.records import Verdict
@@ -177,14 +177,19 @@ class Follower:
             self.topics.budget_verdicts: (VERDICT, state.apply_verdict),
             self.topics.budget_raises: (BUDGET_RAISE, state.apply_raise),
         }
+        if config.policy_file is not None:  # only a policy's approvals are read
+            self._handlers[self.topics.budget_approvals] = (JOB_APPROVAL, state.apply_approval)
         self._key_field = {
             self.topics.budget_policies: "budget_id",
             self.topics.pricing: "version",
             self.topics.budget_verdicts: "counter_key",
             self.topics.budget_raises: "raise_id",
+            self.topics.budget_approvals: "job_key",
         }
         #: followed when they exist (a stack created before them has none: no raises)
-        self._optional = {self.topics.budget_raises}
+        self._optional = {self.topics.budget_raises, self.topics.budget_approvals} & set(
+            self._handlers
+        )
         #: optional topics that did not exist at start: asked for every
         #: OPTIONAL_TOPIC_CHECK_S and followed from their beginning once created
         self.missing: set[str] = set()

@@ -11,6 +11,8 @@
     429  {"error": "job_budget_exceeded", "reason": "too_many_sessions", "session_id",
           "max_sessions_per_key", ...}                      Retry-After: to the UTC day's end
     503  {"error": "failed_closed", "reason": ...}              Retry-After: 30
+    429  {"error": "approval_required", "job", "budget_id", ...} Retry-After: approval_retry_after_s
+    403  {"error": "policy_denied" | "approval_denied", "job", ...}   (the policy: enforcer/policy.py)
 
 ``refusal_style: seed000`` — seed 000's 402 body for every budget refusal.
 
@@ -41,7 +43,15 @@ from enforcer.context import Context
 from enforcer.counters import CounterStatus
 from enforcer.response import Response, header_text, iso_us, spend_header_of
 from schemas.money import format_usd
-from schemas.usage import BUDGET_EXCEEDED, FAILED_CLOSED, JOB_BUDGET_EXCEEDED, THROTTLED
+from schemas.usage import (
+    APPROVAL_DENIED,
+    APPROVAL_REQUIRED,
+    BUDGET_EXCEEDED,
+    FAILED_CLOSED,
+    JOB_BUDGET_EXCEEDED,
+    POLICY_DENIED,
+    THROTTLED,
+)
 
 RETRY_AFTER: Final = "Retry-After"
 #: not standard, but the openai and anthropic SDKs obey it over their own retry rules
@@ -81,6 +91,7 @@ class Decision(Protocol):
     replicas: int
     fitting_max_tokens: int | None
     throttle: tuple[bool, int, int, int] | None
+    job_key: str | None
 
     @property
     def allowed(self) -> bool: ...
@@ -128,6 +139,8 @@ def respond(decision: Decision, config: EnforcerConfig) -> Response:
     style = dialect(decision.ctx.provider) if config.refusal_style == "native" else None
     if decision.decision == FAILED_CLOSED:
         return _failed_closed(decision, config, style)
+    if decision.decision in _POLICY_REFUSALS:
+        return _policy_refusal(decision, config, style)
     refusing = decision.refusing
     assert refusing is not None
     if decision.decision == THROTTLED:
@@ -371,10 +384,13 @@ def _seed000(
 def _failed_closed(decision: Decision, config: EnforcerConfig, style: str | None) -> Response:
     retry_after = config.fail_closed_retry_after_s
     headers = [_JSON, (RETRY_AFTER, str(retry_after))]
-    message = (
-        "Spend limits cannot be verified right now (budget verdicts are "
-        f"{'not loaded' if decision.reason == 'not_ready' else 'stale'}); retry later."
-    )
+    if decision.reason == "policy_error":
+        message = "The spend policy could not be evaluated (fail_mode: closed); retry later."
+    else:
+        message = (
+            "Spend limits cannot be verified right now (budget verdicts are "
+            f"{'not loaded' if decision.reason == 'not_ready' else 'stale'}); retry later."
+        )
     if style is None:
         body = {
             "error": FAILED_CLOSED,
@@ -384,6 +400,54 @@ def _failed_closed(decision: Decision, config: EnforcerConfig, style: str | None
         }
         return Response(503, tuple(headers), body, retry_after)
     return _native(style, 503, message, headers, retry_after, quota=False)
+
+
+_POLICY_REFUSALS: Final = frozenset({APPROVAL_REQUIRED, POLICY_DENIED, APPROVAL_DENIED})
+
+
+def _policy_refusal(decision: Decision, config: EnforcerConfig, style: str | None) -> Response:
+    """The policy's refusals: 429 ``approval_required`` (the job waits for a person;
+    Retry-After ``approval_retry_after_s``), 403 ``policy_denied`` / ``approval_denied``
+    (no Retry-After: waiting does not help). The job is named by its opaque key only."""
+    value = decision.decision
+    job = decision.job_key
+    budget = decision.budget_id
+    retry_after: int | None = None
+    if value == APPROVAL_REQUIRED:
+        status = 429
+        retry_after = config.approval_retry_after_s
+        message = (
+            f"Job {job} needs an approval to go on (the spend policy asked for one"
+            + (f"; budget {budget!r}" if budget else "")
+            + "): an operator decides with spendbus approvals; retry later."
+        )
+    elif value == APPROVAL_DENIED:
+        status = 403
+        message = f"Job {job} was denied by an operator (spendbus approvals deny)."
+    else:
+        status = 403
+        message = "The spend policy refuses this request." + (
+            " (The policy asked for an approval, and a request without a session is no job "
+            "to approve.)"
+            if decision.reason == "no_session"
+            else ""
+        )
+    headers: list[tuple[str, str]] = [_JSON]
+    if retry_after is not None:
+        headers.append((RETRY_AFTER, str(retry_after)))
+    # an SDK's own retries would only wait for a person (or for nothing)
+    headers.append((SHOULD_RETRY, "false"))
+    if style is None or style == SEED000:
+        body: dict[str, Any] = {
+            "error": value,
+            "job": job,
+            "budget_id": budget,
+            "reason": decision.reason,
+            "retry_after": retry_after,
+            "message": message,
+        }
+        return Response(status, tuple(headers), body, retry_after)
+    return _native(style, status, message, headers, retry_after, quota=True)
 
 
 def _native(

@@ -31,6 +31,7 @@ from enforcer.follower import Follower
 from enforcer.holds import Holds
 from enforcer.membership import Membership
 from enforcer.metrics import EnforcerMetrics
+from enforcer.policy import Policy, PolicyError, PolicyGate
 from enforcer.state import EnforcerState
 from schemas.topics import Topics
 
@@ -48,7 +49,10 @@ class Enforcer:
         *,
         clock: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
+        job_key_secret: bytes | None = None,
     ) -> None:
+        """``job_key_secret``: what jobs' opaque keys are keyed with (schemas/jobs.py), needed
+        with a ``policy_file``; a bad policy file raises PolicyError here."""
         self.config = config if config is not None else EnforcerConfig()
         self.clock = clock
         self.topics = Topics(self.config.topic_prefix)
@@ -66,10 +70,30 @@ class Enforcer:
             else None
         )
         self.metrics.bind_replicas(lambda: self.checker.replicas, self.membership)
+        #: the Rego policy consulted after each check (None: no policy, nothing evaluated)
+        self.policy: PolicyGate | None = None
+        if self.config.policy_file is not None:
+            if job_key_secret is None:
+                raise PolicyError(
+                    "policy_file needs the job key secret (derived from the key secret)"
+                )
+            self.policy = PolicyGate(
+                self.config,
+                Policy(self.config.policy_file, self.config.policy_query),
+                self.state.approvals,
+                self.checker.release,
+                job_key_secret,
+            )
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         await self.follower.start()
+        if self.policy is not None:
+            try:
+                await self.policy.outbox.start()
+            except BaseException:
+                await self.follower.stop()
+                raise
         if self.membership is not None:
             try:
                 await self.membership.start()
@@ -98,6 +122,8 @@ class Enforcer:
     async def stop(self) -> None:
         if self.membership is not None:
             await self.membership.stop()  # leave first: the others widen their shares
+        if self.policy is not None:
+            await self.policy.outbox.stop()
         await self.follower.stop()
 
     async def __aenter__(self) -> Enforcer:
@@ -129,8 +155,13 @@ class Enforcer:
 
     def check(self, ctx: Context, *, reserve: bool = True) -> Decision:
         """Decide for one request, from memory. An allowed request holds its worst-case
-        estimate (``decision.hold_id``) until :meth:`settle` or :meth:`release`."""
-        return self.checker.check(ctx, reserve=reserve)
+        estimate (``decision.hold_id``) until :meth:`settle` or :meth:`release`. With a
+        policy, its answer is applied to the decision (enforcer/policy.py)."""
+        decision = self.checker.check(ctx, reserve=reserve)
+        policy = self.policy
+        if policy is None:
+            return decision
+        return policy.apply(decision, reserve)
 
     def peek(self, ctx: Context) -> Decision:
         """The decision check would take, holding nothing and counting as no request

@@ -163,9 +163,14 @@ class Sidecar:
         *,
         clock: Callable[[], float] | None = None,
         refusals: UsageSink | None = None,
+        job_key_secret: bytes | None = None,
     ) -> None:
         self.config = config
-        self.enforcer = Enforcer(config) if clock is None else Enforcer(config, clock=clock)
+        self.enforcer = (
+            Enforcer(config, job_key_secret=job_key_secret)
+            if clock is None
+            else Enforcer(config, clock=clock, job_key_secret=job_key_secret)
+        )
         self.refusals = refusals if config.publish_refusals else None
         self._runner: web.ServerRunner | None = None
         self.port: int | None = None
@@ -264,10 +269,12 @@ async def serve(
     *,
     refusals: UsageSink | None = None,
     on_started: Callable[[Sidecar], None] | None = None,
+    job_key_secret: bytes | None = None,
 ) -> None:
     """Run the sidecar until SIGINT/SIGTERM (this process is the sidecar's own), refusal
-    events going to ``refusals``."""
-    sidecar = Sidecar(config, refusals=refusals)
+    events going to ``refusals``; ``job_key_secret``: with a policy, what job keys are
+    keyed with (schemas/jobs.py)."""
+    sidecar = Sidecar(config, refusals=refusals, job_key_secret=job_key_secret)
     await sidecar.start()
     if on_started is not None:
         on_started(sidecar)

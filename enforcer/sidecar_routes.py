@@ -262,8 +262,9 @@ class Routes:
         self.refusals = refusals
         self.caller_of = callers.of
         self.hold_ids = HoldIds(enforcer.holds)
-        # Enforcer.check is this call (compiled) behind an interpreted method: call it directly
-        self.decide = enforcer.checker.check
+        # Enforcer.check is this call (compiled) behind an interpreted method: call it
+        # directly, unless a policy is consulted after it (Enforcer.check applies it)
+        self.decide = enforcer.checker.check if enforcer.policy is None else enforcer.check
         self.body_timeout_s = config.sidecar_body_timeout_s
         self.in_flight = (
             InFlight(enforcer, config) if config.sidecar_max_in_flight_per_key else None

@@ -33,6 +33,7 @@ from schemas.budgets import Budget
 from schemas.errors import ContractError
 from schemas.forecast import Burn
 from schemas.ids import decompose
+from schemas.jobs import ApprovalBook, ApprovalStep
 from schemas.periods import Window, from_micros, period_end, period_key, to_micros
 from schemas.pricing import PriceBook, PriceTable
 from schemas.raises import RaiseBook
@@ -173,6 +174,8 @@ class EnforcerState:
         self.price_version = 0
         #: temporary raises of budget limits (budget.raises), looked up per counter
         self.raises = RaiseBook()
+        #: jobs' approval requests and decisions (budget.approvals), by job key
+        self.approvals = ApprovalBook()
         #: counter id (decomposed counter key) -> its last verdict
         self.verdicts: dict[CounterId, CounterVerdict] = {}
         #: counter id -> a verdict of a period our clock has not reached yet (see above)
@@ -201,6 +204,12 @@ class EnforcerState:
             return
         self.budgets[budget_id] = Budget.from_record(record)
         self.policy_version += 1
+
+    # --- budget.approvals -------------------------------------------------------------
+    def apply_approval(self, job_key: str, record: records.JobApproval | None) -> None:
+        """One approval step (a request or a decision); raises on a bad record."""
+        if record is not None:
+            self.approvals.apply(ApprovalStep.from_record(record))
 
     # --- budget.raises ---------------------------------------------------------------
     def apply_raise(self, raise_id: str, record: records.BudgetRaise | None) -> None:

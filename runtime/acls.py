@@ -114,6 +114,8 @@ def _enforcer_reads(
         *_topic(topics.pricing, *_READ),
         *_topic(topics.generations, *_READ),
         *_topic(topics.budget_raises, *_READ),
+        # a policy's approvals: read back, and its requests written (enforcer/policy.py)
+        *_topic(topics.budget_approvals, Operation.READ, *_WRITE),
     ]
 
 
@@ -185,6 +187,7 @@ def role_bindings(
             base.gateway_keys,
             base.notify_deliveries,
             base.budget_raises,
+            base.budget_approvals,
         ]
         derived = [base.usage_priced, base.budget_verdicts, base.shared_alerts, app]
         entries = [

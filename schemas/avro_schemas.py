@@ -33,6 +33,7 @@ SCHEMA_NAMES: Final = (
     "VirtualKey",
     "GenerationSwitch",
     "BudgetRaise",
+    "JobApproval",
 )
 NAMESPACE: Final = "spendbus"
 

@@ -39,6 +39,7 @@ from schemas.records import (
     BudgetRaise,
     DeadLetter,
     GenerationSwitch,
+    JobApproval,
     PricedUsage,
     PriceTable,
     Verdict,
@@ -169,6 +170,7 @@ DEAD_LETTER: Final[Codec[DeadLetter]] = codec_for("DeadLetter")
 GATEWAY_KEY: Final[Codec[dict[str, Any]]] = codec_for("VirtualKey")
 GENERATION_SWITCH: Final[Codec[GenerationSwitch]] = codec_for("GenerationSwitch")
 BUDGET_RAISE: Final[Codec[BudgetRaise]] = codec_for("BudgetRaise")
+JOB_APPROVAL: Final[Codec[JobApproval]] = codec_for("JobApproval")
 
 
 def _priced_tail() -> tuple[Any, bool]:

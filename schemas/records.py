@@ -383,3 +383,29 @@ class BudgetRaise(TypedDict):
     reason: str
     created_by: str
     revoked_at: datetime | None
+
+
+JobApprovalKind = Literal["request", "approve", "deny"]
+
+
+class JobApproval(TypedDict):
+    """One step of a job's approval (seed 001): an enforcer's request when its policy answered
+    approval, or an operator's decision (spendbus approvals approve|deny). Topic budget.approvals
+    (delete, kept forever: the audit trail), key job_key.
+    """
+
+    #: The job's opaque one-way key (schemas/jobs.py: a keyed hash of org, identity and session).
+    job_key: str
+    kind: JobApprovalKind
+    at: datetime
+    #: Who: the enforcer's gateway_id for a request, the operator for a decision.
+    by: str
+    org_id: str
+    #: The user id, else the secret id (the session budget's identity).
+    identity: str
+    session_id: str
+    #: The session budget refusing the job when the request was made (the one an approval raises).
+    budget_id: str | None
+    reason: str
+    #: An approval's raise on budget.raises.
+    raise_id: str | None

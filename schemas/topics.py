@@ -159,6 +159,12 @@ class Topics:
         return f"{self.prefix}budget.raises"
 
     @property
+    def budget_approvals(self) -> str:
+        """Kept forever (the audit trail): each job's approval requests and the operators'
+        decisions on them, keyed by the job's opaque key (schemas/jobs.py, seed 001)."""
+        return f"{self.prefix}budget.approvals"
+
+    @property
     def notify_deliveries(self) -> str:
         """Compacted: what ``spendbus notify`` delivered, key (webhook id, alert_id), and where
         each webhook started (key (webhook id,)): read back whole at each start (notify/)."""
@@ -205,6 +211,7 @@ class Topics:
             TopicSpec(self.generations, "current", "GenerationSwitch", COMPACTED_CONFIG, 1),
             TopicSpec(self.gateway_keys, "key_digest", "VirtualKey", COMPACTED_CONFIG, 1),
             TopicSpec(self.budget_raises, "raise_id", "BudgetRaise", COMPACTED_CONFIG, 1),
+            TopicSpec(self.budget_approvals, "job_key", "JobApproval", LEDGER_CONFIG, 1),
             TopicSpec(self.notify_deliveries, "webhook|alert_id", "JSON", COMPACTED_CONFIG, 1),
             TopicSpec(
                 self.counter_snapshots, "snapshot|partition|counter", "JSON", COMPACTED_CONFIG, 1

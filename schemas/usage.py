@@ -33,8 +33,22 @@ IN_FLIGHT_BUDGET_EXCEEDED: Final = "in_flight_budget_exceeded"
 THROTTLED: Final = "throttled"
 FAILED_OPEN: Final = "failed_open"
 FAILED_CLOSED: Final = "failed_closed"
+#: the policy engine's refusals (enforcer/policy.py, seed 001): the job waits for a person,
+#: the policy refused the request, a person refused the job
+APPROVAL_REQUIRED: Final = "approval_required"
+POLICY_DENIED: Final = "policy_denied"
+APPROVAL_DENIED: Final = "approval_denied"
 REFUSAL_DECISIONS: Final = frozenset(
-    {BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED, IN_FLIGHT_BUDGET_EXCEEDED, THROTTLED, FAILED_CLOSED}
+    {
+        BUDGET_EXCEEDED,
+        JOB_BUDGET_EXCEEDED,
+        IN_FLIGHT_BUDGET_EXCEEDED,
+        THROTTLED,
+        FAILED_CLOSED,
+        APPROVAL_REQUIRED,
+        POLICY_DENIED,
+        APPROVAL_DENIED,
+    }
 )
 OUTCOMES: Final = ("allowed", "refused", "failed_open", "failed_closed")
 USAGE_SOURCES: Final = ("reported", "estimated", "none")

@@ -25,6 +25,10 @@ COMMANDS: Final = {
         "spendbus.commands.acls:acls",
         "The Kafka ACL bindings a role needs; --apply creates them.",
     ),
+    "approvals": LazyCommand(
+        "spendbus.commands.approvals:approvals",
+        "Jobs a spend policy held for approval: list them, approve (a raise) or deny.",
+    ),
     "aggregator": LazyCommand(
         "spendbus.commands.aggregator:aggregator",
         "The stream processor that prices usage and keeps the budget counters.",
@@ -62,6 +66,10 @@ COMMANDS: Final = {
     "ingest": LazyCommand(
         "spendbus.commands.ingest:ingest",
         "Publish UsageEvents: `ingest FILE.jsonl` or `ingest serve` (HTTP for other languages).",
+    ),
+    "jobs": LazyCommand(
+        "spendbus.commands.approvals:jobs",
+        "Jobs (session budgets' counters) by opaque key, with their count against the ceiling.",
     ),
     "keys": LazyCommand(
         "spendbus.commands.keys:keys",

@@ -123,6 +123,12 @@ def enforcer() -> None:
     help="New session ids one secret_id may open per UTC day under a session budget "
     "(default 1000); past it: 429 too_many_sessions.",
 )
+@click.option(
+    "--policy-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A Rego policy consulted on every check (allow | deny | approval).",
+)
 @click.option("--gateway-id", default=None, help="gateway_id of published refusal events.")
 @click.option("--no-publish-refusals", is_flag=True, help="Do not publish refusal events.")
 @click.option(
@@ -151,6 +157,7 @@ def serve(
     unpriced_models: str | None,
     max_in_flight_per_key: int | None,
     max_sessions_per_key: int | None,
+    policy_file: Path | None,
     gateway_id: str | None,
     no_publish_refusals: bool,
     spool_dir: Path | None,
@@ -198,9 +205,11 @@ def serve(
             unpriced_models=unpriced_models,
             sidecar_max_in_flight_per_key=max_in_flight_per_key,
             max_sessions_per_key=max_sessions_per_key,
+            policy_file=policy_file,
             gateway_id=gateway_id,
             publish_refusals=not no_publish_refusals,
         )
+        job_secret = policy_job_key_secret(config)
     except SpendbusError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -217,9 +226,21 @@ def serve(
     try:  # the sidecar serves many small requests: uvloop's event loop cuts their cost
         import uvloop
     except ImportError:
-        asyncio.run(serve_publishing_refusals(config, spool.resolve(), started))
+        asyncio.run(serve_publishing_refusals(config, spool.resolve(), started, job_secret))
     else:
-        uvloop.run(serve_publishing_refusals(config, spool.resolve(), started))
+        uvloop.run(serve_publishing_refusals(config, spool.resolve(), started, job_secret))
+
+
+def policy_job_key_secret(config: Any) -> bytes | None:
+    """With a policy file: the policy checked now (a bad file is a clear error before
+    anything starts) and the job-key secret its approvals need; else None."""
+    if config.policy_file is None:
+        return None
+    from enforcer import Policy
+    from spendbus.stack.key_secret import job_key_secret
+
+    Policy(config.policy_file, config.policy_query)
+    return job_key_secret(load_settings())
 
 
 def _tokens_given(token_file: str | None, token: str | None) -> list[str]:
@@ -296,7 +317,10 @@ def ensure_token_file(path: Path) -> list[str]:
 
 
 async def serve_publishing_refusals(
-    config: Any, spool_dir: Path, on_started: Callable[[Any], None]
+    config: Any,
+    spool_dir: Path,
+    on_started: Callable[[Any], None],
+    job_key_secret: bytes | None = None,
 ) -> None:
     """The sidecar, its refusal events going through the ingest publisher (spooled in
     ``spool_dir``, sent with its retries: a refusal made while the broker is away arrives
@@ -306,7 +330,7 @@ async def serve_publishing_refusals(
     from schemas.usage_sink import UsageSink
 
     if not config.publish_refusals:
-        await run_sidecar(config, on_started=on_started)
+        await run_sidecar(config, on_started=on_started, job_key_secret=job_key_secret)
         return
     publisher = UsagePublisher(
         PublisherConfig(
@@ -320,7 +344,9 @@ async def serve_publishing_refusals(
     await publisher.start()
     try:
         refusals: UsageSink = publisher  # mypy checks that the publisher fits the protocol
-        await run_sidecar(config, refusals=refusals, on_started=on_started)
+        await run_sidecar(
+            config, refusals=refusals, on_started=on_started, job_key_secret=job_key_secret
+        )
     finally:
         await publisher.stop()
 

@@ -116,6 +116,7 @@ async def serve(
     from enforcer import Enforcer, NotReady
     from ingest.gateway import BudgetGate, Gateway, KeysTopicFollower, UsageSink
     from ingest.publisher import UsagePublisher
+    from schemas.jobs import job_key_secret
     from schemas.topics import Topics
     from spendbus.settings import load_settings
     from spendbus.stack.key_secret import key_secret as settings_key_secret
@@ -127,7 +128,8 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
-    async with Enforcer(enforcer_config) as enforcer:
+    job_secret = job_key_secret(key_secret) if enforcer_config.policy_file is not None else None
+    async with Enforcer(enforcer_config, job_key_secret=job_secret) as enforcer:
         try:
             await enforcer.wait_ready()
         except NotReady as exc:  # serve anyway: fail_mode decides until it catches up
@@ -246,6 +248,10 @@ def run(config_path: Path, host: str | None, port: int | None, log_level: str) -
         _check_key_strength(config, config_path, host or config.listen.host)
         credentials = config.credentials(os.environ, source=str(config_path))
         enforcer_config, publisher_config = compose_configs(config, str(config_path))
+        if enforcer_config.policy_file is not None:  # a bad policy: this error, before anything
+            from enforcer import Policy
+
+            Policy(enforcer_config.policy_file, enforcer_config.policy_query)
         where = bootstrap_setting(config, config_path)
         check_broker_answers(enforcer_config.bootstrap, where, enforcer_config.kafka_security)
     except SpendbusError as exc:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from runtime.private_files import check_secret_file
+from schemas import jobs
 from schemas.errors import ConfigError
 from spendbus.settings import Settings
 from spendbus.stack.secret_file import create_once
@@ -53,6 +54,12 @@ def key_secret(settings: Settings) -> bytes:
     if not create_once(path, value):
         return _read(path, None)
     return value.encode()
+
+
+def job_key_secret(settings: Settings) -> bytes:
+    """What jobs' opaque keys are keyed with (schemas/jobs.py): derived from the key secret,
+    so every gateway, sidecar and the CLI that share it make the same keys."""
+    return jobs.job_key_secret(key_secret(settings))
 
 
 def _checked(value: str, where: str) -> bytes:

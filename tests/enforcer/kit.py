@@ -163,7 +163,8 @@ def loaded_enforcer(
 ) -> tuple[Enforcer, FakeClock]:
     """An enforcer whose state is fed directly (no Kafka), ready and fresh."""
     clock = clock or FakeClock()
-    enforcer = Enforcer(EnforcerConfig(**config), clock=clock)
+    # a policy's job keys need a secret (one given whether or not a policy is configured)
+    enforcer = Enforcer(EnforcerConfig(**config), clock=clock, job_key_secret=b"test-job-secret")
     for b in budgets:
         enforcer.state.apply_policy(b.budget_id, policy_record(b))
     enforcer.state.apply_price(PRICES.version, price_record())

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -468,3 +469,30 @@ async def test_a_client_that_half_closes_after_its_check_gets_the_decision() -> 
         # a head cut short, then the end of input: nothing to answer, closed at once
         assert await _answer_after_half_close(url, b"POST /v1/check HTTP/1.1\r\n") == b""
         assert len(e.holds) == 0
+
+
+@SERVED
+async def test_the_sidecar_answers_what_the_policy_says(how: str, tmp_path: Path) -> None:
+    """The sidecar's /v1/check goes through the same policy as the gateway: a ``deny``
+    refuses with 403 policy_denied and leaves no hold; ``approval`` of a job over its
+    ceiling answers 429 approval_required and asks once (the broker tests: the gateway's)."""
+    rules = tmp_path / "policy.rego"
+    rules.write_text(
+        'package spendbus\n\ndefault decision := "allow"\n\n'
+        'decision := "deny" if { input.key == "sk-denied" }\n\n'
+        'decision := "approval" if { input.job_over_budget }\n'
+    )
+    job = budget("job", "session", window="total", limit_requests=1)
+    e, _clock = loaded_enforcer([ORG, job], policy_file=rules)
+    async with served(how, e, None) as c:
+        denied = await (await c.post("/v1/check", json={**CTX, "secret_id": "sk-denied"})).json()
+        assert (denied["status"], denied["decision"]) == (403, "policy_denied"), denied
+        assert denied["hold_id"] is None and len(e.holds) == 0
+        session = {**CTX, "session_id": "run-1"}
+        first = await (await c.post("/v1/check", json=session)).json()
+        assert first["allowed"], first
+        held = await (await c.post("/v1/check", json=session)).json()
+        assert (held["status"], held["decision"]) == (429, "approval_required"), held
+        assert held["body"]["job"].startswith("job-") and "run-1" not in json.dumps(held["body"])
+        assert e.policy is not None and e.policy.answers["approval"] == 1
+        assert e.state.approvals.standing(held["body"]["job"]) == "pending"

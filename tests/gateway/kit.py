@@ -30,6 +30,7 @@ from ingest.publisher import PublisherConfig, UsagePublisher
 from schemas.budgets import Budget
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE, USAGE_EVENT, VERDICT
 from schemas.ids import counter_key
+from schemas.jobs import job_key_secret
 from schemas.periods import parse_window, period_end, period_key
 from schemas.pricing import default_price_file, load_price_file
 from schemas.topics import Topics
@@ -219,7 +220,9 @@ async def gateway_stack(
         PublisherConfig(bootstrap=bootstrap, topic_prefix=topics.prefix, spool_dir=home / "spool")
     )
     runner: web.AppRunner | None = None
-    async with Enforcer(enforcer_config, clock=clock) as gate:
+    async with Enforcer(
+        enforcer_config, clock=clock, job_key_secret=job_key_secret(KEY_SECRET)
+    ) as gate:
         await gate.wait_ready(60)
         await publisher.start()
         try:

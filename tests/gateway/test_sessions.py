@@ -58,3 +58,45 @@ async def test_new_session_ids_past_the_bound_are_refused_and_make_no_counter(
         refused = [e for e in events if e["outcome"] == "refused"]
         assert len(refused) == 1 and refused[0]["decision"] == "job_budget_exceeded"
         assert refused[0]["decision_budget_id"] == "per-job"
+
+
+async def test_the_sliding_idle_ttl_opens_a_new_job_through_the_gateway(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Seed 001's fallback: requests without X-Spend-Session share an automatic session
+    while the key is never idle longer than ``sessions.idle_ttl_s`` (each request slides
+    the window), so the per-job ceiling holds across them; idle past it, the next request
+    is a new job under a fresh ceiling. The gateway's own tracker reads a clock of the
+    test's; everything else is real (broker, enforcer, publisher)."""
+    one_request = Budget(
+        budget_id="per-job", scope="session", window=parse_window("total"), limit_requests=1
+    )
+    async with gateway_stack(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        budgets=(BROKE, one_request),
+        gateway={"sessions": {"idle_ttl_s": 60}},
+    ) as stack:
+        now = [1_800_000_000.0]
+        stack.gateway.sessions.clock = lambda: now[0]
+        path, body, key = request_for("openai-chat", False)
+        async with aiohttp.ClientSession() as session:
+
+            async def call(at: float) -> int:
+                now[0] = at
+                headers = {"Authorization": f"Bearer {key}"}
+                async with session.post(stack.url + path, json=body, headers=headers) as resp:
+                    await resp.read()
+                    return resp.status
+
+            start = now[0]
+            assert await call(start) == 200
+            assert await call(start + 50) == 429  # the same job: its ceiling is spent
+            assert await call(start + 50 + 59) == 429  # 109 s from its start, 59 s idle
+            assert await call(start + 50 + 59 + 61) == 200  # idle past the TTL: a new job
+        events = await stack.events(4)
+        sessions = [str(e["session_id"]) for e in events]
+        assert sessions[0] == sessions[1] == sessions[2] != sessions[3], sessions
+        assert all(s.startswith("auto:acme-openai:") for s in sessions)
+        assert [e["outcome"] for e in events] == ["allowed", "refused", "refused", "allowed"]

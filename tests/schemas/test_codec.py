@@ -223,6 +223,18 @@ FIXTURES: dict[str, Mapping[str, Any]] = {
         "created_by": "ops",
         "revoked_at": None,
     },
+    "JobApproval": {
+        "job_key": "job-0123456789abcdef0123456789abcdef",
+        "kind": "approve",
+        "at": NOW,
+        "by": "ops",
+        "org_id": "acme",
+        "identity": "alice@example.com",
+        "session_id": "acme/job-7",
+        "budget_id": "per-job",
+        "reason": "release build",
+        "raise_id": "r-0123456789ab",
+    },
 }
 
 
