@@ -91,6 +91,8 @@ MAX_BACKLOG = 256
 #: changed counters held unwritten before a fold writes them (else the checkpoint's cut
 #: does): bounds the work a cut does in the loop
 MAX_CHANGED_COUNTERS = 20_000
+#: counters a sweep for pruning looks at per loop turn (pruning.py)
+PRUNE_SLICE = 2000
 #: how often a loop without records looks whether an overdue checkpoint may be cut
 CHECKPOINT_POLL_SECONDS = 0.01
 
@@ -142,6 +144,8 @@ class CountingStage:
         self._last_prune = time.monotonic()
         #: the budget ids of the last sweep: one gone since has its markers rewritten
         self._budget_ids: set[str] | None = None
+        #: (partition, counter keys) a sweep still has to look at
+        self._prune_queue: list[tuple[int, list[str]]] = []
         self._partitions: dict[str, list[int]] = {}
         self._verdict_partition: dict[bytes, int] = {}
         self._partitioner = DefaultPartitioner()
@@ -345,9 +349,15 @@ class CountingStage:
                     due = self.verdicts.due(now)
                     if due:
                         self._send_verdicts(due)
-                if now - self._last_prune >= self.config.prune_seconds and not self.rebalancing:
-                    self._prune(to_micros(datetime.now(UTC)))
-                    self._last_prune = now
+                if not self.rebalancing:
+                    if (
+                        not self._prune_queue
+                        and now - self._last_prune >= self.config.prune_seconds
+                    ):
+                        self._start_sweep()
+                        self._last_prune = now
+                    if self._prune_queue:
+                        self._prune_some(to_micros(datetime.now(UTC)))
             # getmany returns buffered records without suspending: under a backlog this
             # loop would hold the event loop for good, and the pumps handing batches over,
             # the sink stage and the web pages would only run when the backlog check waits
@@ -385,47 +395,65 @@ class CountingStage:
         if sought:
             log.info("counting budgets from their period's start: %s", self.backfills.loading())
 
-    def _prune(self, now_us: int) -> None:
-        """Prune the counters that count nothing any more (pruning.py): gone from the
-        state, a tombstone on their changelog and on the verdict topic; the markers of
-        budgets removed since the last sweep say so (a budget defined again is counted
-        from its period's start)."""
-        outgoing = self._outgoing
-        assert outgoing is not None
+    def _start_sweep(self) -> None:
+        """A sweep for counters to prune begins: every counter of the owned partitions is
+        queued, looked at ``PRUNE_SLICE`` a loop turn (``_prune_some``); the markers of
+        budgets removed since the last sweep say so at once (a budget defined again is
+        counted from its period's start)."""
         budgets = self.processor.reference.budgets
-        idle_us = int(self.config.session_idle_seconds * 1_000_000)
         gone = set() if self._budget_ids is None else self._budget_ids - budgets.keys()
         self._budget_ids = set(budgets)
-        pruned = 0
         for partition in sorted(self.owned):
             store = self.store.partitions.get(partition)
             if store is None:
                 continue
-            found = find_prunable(store.counters, budgets, now_us, idle_us)
-            for key in found.keys:
-                self.store.prune_counter(partition, key)
-                self.verdicts.drop(key)
-                key_bytes = key.encode()
-                outgoing.add(self.config.counter_changelog, partition, key_bytes, None)
-                outgoing.add(
-                    self.topics.budget_verdicts,
-                    self._verdict_partition_of(key_bytes),
-                    key_bytes,
-                    None,
-                )
+            self._prune_queue.append((partition, list(store.counters)))
+            self._mark_pruned(partition, gone)
+
+    def _prune_some(self, now_us: int) -> None:
+        """Prune up to ``PRUNE_SLICE`` queued counters that count nothing any more
+        (pruning.py): gone from the state, a tombstone on their changelog and on the
+        verdict topic. A slice keeps the loop's pause short however many counters there are."""
+        outgoing = self._outgoing
+        assert outgoing is not None
+        partition, keys = self._prune_queue[-1]
+        store = self.store.partitions.get(partition)
+        some = keys[-PRUNE_SLICE:]
+        del keys[-PRUNE_SLICE:]
+        if not keys:
+            self._prune_queue.pop()
+        if store is None or partition not in self.owned:
+            return
+        counters = store.counters
+        found = find_prunable(
+            {k: counters[k] for k in some if k in counters},
+            self.processor.reference.budgets,
+            now_us,
+            int(self.config.session_idle_seconds * 1_000_000),
+        )
+        for key in found.keys:
+            self.store.prune_counter(partition, key)
+            self.verdicts.drop(key)
+            key_bytes = key.encode()
+            outgoing.add(self.config.counter_changelog, partition, key_bytes, None)
+            outgoing.add(
+                self.topics.budget_verdicts, self._verdict_partition_of(key_bytes), key_bytes, None
+            )
+        self._mark_pruned(partition, found.budgets_gone)
+        if found.keys:
             self.metrics.record_pruned(len(found.removed_budget), len(found.idle_session))
-            pruned += len(found.keys)
-            markers = {
-                budget_id: PRUNED_MARKER
-                for budget_id in gone | found.budgets_gone
-                if self.store.seen(partition, MARKER_PREFIX + budget_id)
-                not in (None, PRUNED_MARKER)
-            }
-            if markers:
-                self._write_markers(partition, markers)
-        if pruned:
             outgoing.release()
-            log.info("pruned %d counters that count nothing any more", pruned)
+            log.info("pruned %d counters that count nothing any more", len(found.keys))
+
+    def _mark_pruned(self, partition: int, budget_ids: set[str]) -> None:
+        """The markers of removed budgets say they are gone (backfill.PRUNED_MARKER)."""
+        markers = {
+            budget_id: PRUNED_MARKER
+            for budget_id in budget_ids
+            if self.store.seen(partition, MARKER_PREFIX + budget_id) not in (None, PRUNED_MARKER)
+        }
+        if markers:
+            self._write_markers(partition, markers)
 
     def _write_markers(self, partition: int, markers: dict[str, str]) -> None:
         assert self._outgoing is not None
