@@ -192,6 +192,61 @@ def validate_usage_event(event: Mapping[str, Any]) -> None:
         _explain_invalid(event)
 
 
+#: MIN_OCCURRED_AT and MAX_OCCURRED_AT in µs since the epoch
+_MIN_OCCURRED_US: Final = (
+    int((MIN_OCCURRED_AT - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000
+)
+_MAX_OCCURRED_US: Final = (
+    int((MAX_OCCURRED_AT - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000
+)
+
+
+def validate_decoded_usage_event(event: dict[str, Any], occurred_us: int) -> None:
+    """``validate_usage_event`` for an event an Avro reader decoded from the UsageEvent
+    schema, whose ``occurred_at`` is ``occurred_us``: the reader made every type what the
+    schema says (strings, longs, the enums' symbols, an aware UTC time), so only the
+    contract's bounds are tested; an event that fails them is read field by field."""
+    if not _decoded_plainly_valid(event, occurred_us):
+        _explain_invalid(event)
+
+
+def _decoded_plainly_valid(event: dict[str, Any], occurred_us: int) -> bool:
+    """:func:`_plainly_valid` less what an Avro reader guarantees (a property test holds
+    it as narrow as :func:`_explain_invalid` on decoded events)."""
+    for name in REQUIRED_IDS:
+        value: str = event[name]
+        if not 0 < len(value) <= MAX_ID_LENGTH or value.isspace():
+            return False
+    for name in OPTIONAL_IDS:
+        optional: str | None = event[name]
+        if optional is not None and len(optional) > MAX_ID_LENGTH:
+            return False
+    for name in TOKEN_FIELDS:
+        tokens: int = event[name]
+        if not 0 <= tokens <= MAX_TOKENS_PER_EVENT:
+            return False
+    if (
+        event["cache_write_1h_tokens"] > event["cache_write_tokens"]
+        or event["reasoning_tokens"] > event["output_tokens"]
+        or not event["event_id"].isprintable()
+        or not _MIN_OCCURRED_US <= occurred_us < _MAX_OCCURRED_US
+    ):
+        return False
+    status: int = event["status_code"]
+    if not MIN_STATUS_CODE <= status <= MAX_STATUS_CODE:
+        return False
+    units: dict[str, int] = event["units"]
+    if units:
+        for name, count in units.items():
+            if not 0 <= count <= MAX_UNITS_PER_EVENT or UNIT_NAME.fullmatch(name) is None:
+                return False
+    tier: str | None = event["service_tier"]
+    if tier is not None and SERVICE_TIER_NAME.fullmatch(tier) is None:
+        return False
+    charge_of: str | None = event["charge_of"]
+    return charge_of is None or (0 < len(charge_of) <= MAX_ID_LENGTH and charge_of.isprintable())
+
+
 def _plainly_valid(event: Mapping[str, Any]) -> bool:
     """True when ``event`` keeps the contract with exact types (``str``, ``int``, ``list``...).
 

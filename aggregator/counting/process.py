@@ -62,7 +62,7 @@ from schemas.periods import FUTURE_EVENT, MAX_FUTURE_SKEW_SECONDS, from_micros, 
 from schemas.pricing import Price
 from schemas.raises import BudgetRaise, raised_budget
 from schemas.topics import STORE_ROW, WRONG_KEY, usage_raw_key
-from schemas.usage import billed_tokens, validate_usage_event
+from schemas.usage import billed_tokens, validate_decoded_usage_event
 
 #: reads one state value as stored for a source partition: (partition, key) -> value or None.
 #: Counter readers may return a CounterState (a live object, updated in place) or its JSON.
@@ -243,7 +243,7 @@ class _BatchFold:
         self.events += 1
         try:
             event, occurred_us = read_usage_event(record.value)
-            validate_usage_event(event)
+            validate_decoded_usage_event(event, occurred_us)
         except ContractError as exc:
             self.dead_letter(record, self.processor._dead_letter(record, exc, self.now))
             return

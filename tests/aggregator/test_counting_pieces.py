@@ -17,17 +17,19 @@ from hypothesis import strategies as st
 from aggregator.counting.applicable import ApplicableCache
 from aggregator.counting.batch_output import VerdictChange
 from aggregator.counting.counter_codec import decode_counter, encode_counter
-from aggregator.counting.decode import decode_usage_event
+from aggregator.counting.decode import decode_usage_event, read_usage_event
 from aggregator.counting.fold import CounterState, PeriodTotals, apply
 from aggregator.counting.priced import TAIL_IS_KNOWN, PricedWriter, zigzag_varint
 from aggregator.counting.process import BatchProcessor
 from aggregator.counting.verdicts import VerdictCoalescer
 from schemas.budgets import applicable, budgets_from_yaml
 from schemas.codec import PRICED_USAGE, USAGE_EVENT, VERDICT, priced_usage_from_raw
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, InvalidRecord
 from schemas.periods import ROLLING_BUCKETS
-from schemas.usage import new_usage_event
+from schemas.usage import new_usage_event, validate_decoded_usage_event, validate_usage_event
 from tests.aggregator.test_process import BUDGETS, T0, event, records, reference
+from tests.schemas.test_units import _EDGES as EDGES
+from tests.schemas.test_units import event as unit_event
 
 # --- PricedUsage tail ------------------------------------------------------------------
 
@@ -345,3 +347,51 @@ def test_live_states_with_crashes_equal_one_clean_pass(
     assert {k: s.to_json() for k, s in live.items()} == {
         k: s.to_json() for k, s in expected.items()
     }
+
+
+# --- decoded events: validation that trusts the reader ------------------------------------
+
+
+def _decoded_agrees(candidate: dict[str, Any]) -> None:
+    """Written as Avro and read back as the fold reads it, the candidate is refused by
+    validate_decoded_usage_event exactly when validate_usage_event refuses it, naming the
+    same field."""
+    buf = io.BytesIO()
+    buf.write(USAGE_EVENT.header)
+    try:
+        schemaless_writer(buf, USAGE_EVENT.parsed, candidate)
+        decoded, occurred_us = read_usage_event(buf.getvalue())
+    except Exception:  # not writable as a UsageEvent, or not read back: no decoded event
+        return
+    try:
+        validate_usage_event(decoded)
+    except InvalidRecord as refused:
+        with pytest.raises(InvalidRecord) as info:
+            validate_decoded_usage_event(decoded, occurred_us)
+        assert info.value.field == refused.field
+    else:
+        validate_decoded_usage_event(decoded, occurred_us)
+
+
+def test_the_decoded_validation_agrees_on_every_edge_of_every_field() -> None:
+    valid = unit_event(cache_write_tokens=3, cache_write_1h_tokens=1, reasoning_tokens=2)
+    for name in valid:
+        for value in EDGES:
+            _decoded_agrees({**valid, name: value})
+    for units in ({"image": 1}, {"Bad Name": 1}, {"image": -1}, {"image": 2**40}):
+        _decoded_agrees({**valid, "units": units})
+    for tier in ("flex", "no such tier!", ""):
+        _decoded_agrees({**valid, "service_tier": tier})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(unit_event().keys())),
+        st.sampled_from(EDGES),
+        min_size=2,
+        max_size=5,
+    )
+)
+def test_the_decoded_validation_agrees_on_combined_edges(changes: dict[str, Any]) -> None:
+    _decoded_agrees({**unit_event(), **changes})
