@@ -185,6 +185,7 @@ def role_bindings(
             base.gateway_keys,
             base.notify_deliveries,
             base.budget_raises,
+            base.admin_audit,
         ]
         derived = [base.usage_priced, base.budget_verdicts, base.shared_alerts, app]
         entries = [
