@@ -1,0 +1,209 @@
+"""What the admin API reads and writes: the compacted budget, raise and key topics (the
+very records the CLI writes) followed live, and the audit topic.
+
+A write is published with ``acks=all`` and applied to the view once acknowledged, then
+its audit entry is published the same way; only then is the request answered, so a GET
+that follows reads it (read your writes). Writes go one at a time (one lock): a create's
+"does it exist?" and its publish cannot interleave with another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from aiokafka import AIOKafkaProducer
+
+from admin.access import Caller
+from admin.errors import ApiError
+from runtime.compacted import CompactedView, publish_with
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from schemas.budgets import Budget
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, GATEWAY_KEY
+from schemas.raises import BudgetRaise
+from schemas.topics import Topics
+
+#: seconds a write waits for the broker's acknowledgement before answering 503
+ACK_TIMEOUT_S: Final = 15.0
+#: answers kept for Idempotency-Key retries (the oldest go first)
+IDEMPOTENT_ANSWERS: Final = 10_000
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    bootstrap: str
+    topics: Topics
+    #: the server-side secret virtual keys are digested with (the gateways')
+    key_secret: bytes
+    security: KafkaSecurity = PLAINTEXT
+
+
+@dataclass
+class Remembered:
+    """A POST's answer under its Idempotency-Key, and what was asked."""
+
+    request: bytes
+    status: int
+    body: dict[str, Any]
+
+
+@dataclass
+class AdminStore:
+    config: AdminConfig
+    view: CompactedView = field(init=False)
+    _producer: AIOKafkaProducer | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: held through an idempotent POST: a retry sent while the first is in flight waits
+    _once_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _answers: OrderedDict[tuple[str, str, str], Remembered] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        t = self.config.topics
+        self.view = CompactedView(
+            self.config.bootstrap,
+            [t.budget_policies, t.budget_raises, t.gateway_keys, t.admin_audit],
+            security=self.config.security,
+        )
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.config.bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=int(ACK_TIMEOUT_S * 1000),
+            **self.config.security.client_kwargs(),
+        )
+        await producer.start()
+        try:
+            await self.view.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
+
+    async def stop(self) -> None:
+        await self.view.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    # --- reads ---------------------------------------------------------------------------
+    def budgets(self) -> dict[str, Budget]:
+        values = self.view.values(self.config.topics.budget_policies)
+        out = {}
+        for value in values.values():
+            budget = Budget.from_record(BUDGET_POLICY.decode(value))
+            out[budget.budget_id] = budget
+        return out
+
+    def raises(self) -> dict[str, BudgetRaise]:
+        values = self.view.values(self.config.topics.budget_raises)
+        return {
+            key.decode(): BudgetRaise.from_record(BUDGET_RAISE.decode(value))
+            for key, value in values.items()
+        }
+
+    def keys(self) -> dict[str, dict[str, Any]]:
+        """record key -> decoded VirtualKey record of every live, readable key."""
+        out = {}
+        for key, value in self.view.values(self.config.topics.gateway_keys).items():
+            try:
+                out[key.decode()] = GATEWAY_KEY.decode(value)
+            except Exception:  # an unreadable record serves no one: the gateways skip it too
+                continue
+        return out
+
+    def audit(self) -> list[dict[str, Any]]:
+        values = self.view.values(self.config.topics.admin_audit)
+        entries = [json.loads(v) for v in values.values()]
+        return sorted(entries, key=lambda e: (e["at"], e["audit_id"]))
+
+    # --- writes --------------------------------------------------------------------------
+    @asynccontextmanager
+    async def writing(self) -> AsyncIterator[None]:
+        async with self._lock:
+            yield
+
+    async def write(
+        self,
+        caller: Caller,
+        *,
+        topic: str,
+        records: list[tuple[bytes, bytes | None]],
+        action: str,
+        resource: str,
+        resource_id: str,
+        org_id: str | None,
+        before: Any,
+        after: Any,
+    ) -> None:
+        """Publish ``records`` then their audit entry, each acknowledged (hold ``writing``)."""
+        entry = {
+            "audit_id": f"a-{secrets.token_hex(8)}",
+            "at": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "token_id": caller.token_id,
+            "role": caller.role,
+            "remote": caller.remote,
+            "action": action,
+            "resource": resource,
+            "resource_id": resource_id,
+            "org_id": org_id,
+            "before": before,
+            "after": after,
+        }
+        audit: list[tuple[bytes, bytes | None]] = [
+            (str(entry["audit_id"]).encode(), json.dumps(entry, default=str).encode())
+        ]
+        await self._publish(topic, records)
+        await self._publish(self.config.topics.admin_audit, audit)
+
+    async def _publish(self, topic: str, records: list[tuple[bytes, bytes | None]]) -> None:
+        assert self._producer is not None, "the store is started with the app"
+        try:
+            async with asyncio.timeout(ACK_TIMEOUT_S):
+                placed = await publish_with(self._producer, topic, records)
+        except TimeoutError:
+            raise ApiError(
+                503, f"the broker did not acknowledge within {ACK_TIMEOUT_S:g} s; retry"
+            ) from None
+        self.view.apply_written(topic, placed, records)
+
+    # --- Idempotency-Key -----------------------------------------------------------------
+    async def once(
+        self,
+        caller: Caller,
+        idempotency_key: str | None,
+        route: str,
+        request: bytes,
+        answer: Callable[[], Awaitable[tuple[int, dict[str, Any]]]],
+    ) -> tuple[int, dict[str, Any]]:
+        """``answer()``, or the answer a POST with the same Idempotency-Key (same caller,
+        same route) got; the same key with another body is a 422."""
+        if idempotency_key is None:
+            return await answer()
+        if not 1 <= len(idempotency_key) <= 200:
+            raise ApiError(422, "header 'Idempotency-Key': 1-200 characters", "Idempotency-Key")
+        slot = (caller.token_id, route, idempotency_key)
+        async with self._once_lock:
+            remembered = self._answers.get(slot)
+            if remembered is not None:
+                if remembered.request != request:
+                    raise ApiError(
+                        422,
+                        "header 'Idempotency-Key': already used for another request body",
+                        "Idempotency-Key",
+                    )
+                return remembered.status, remembered.body
+            status, body = await answer()
+            if status < 300:
+                self._answers[slot] = Remembered(request, status, body)
+                while len(self._answers) > IDEMPOTENT_ANSWERS:
+                    self._answers.popitem(last=False)
+            return status, body
