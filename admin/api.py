@@ -25,6 +25,7 @@ from admin.tokens import PLATFORM_ADMIN, TokenBook
 from runtime.http_receive import BodyRefused, read_body
 from schemas.budgets import Budget, budget_fields, parse_budget
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, GATEWAY_KEY
+from schemas.counter_rows import counter_row
 from schemas.errors import ConfigError, ContractError
 from schemas.ids import canonical_id
 from schemas.periods import from_micros, to_micros
@@ -504,6 +505,73 @@ async def revoke_raise(request: web.Request, caller: Caller) -> web.StreamRespon
             after=raise_json(after, now_us),
         )
     return web.json_response(raise_json(after, now_us))
+
+
+# --- counters ---------------------------------------------------------------------------
+def _remaining(limit: int | None, spent: int) -> int | None:
+    return None if limit is None else max(limit - spent, 0)
+
+
+def counter_json(
+    row: dict[str, Any], budget: Budget, granted: BudgetRaise | None
+) -> dict[str, Any]:
+    """A counter with the limits the enforcers check (the live budget's, raised while
+    ``granted`` is in force), what is left under them, and its forecast (``exhausts_at``
+    only when it falls before the period resets)."""
+    limits = (budget.limit_nanos, budget.limit_tokens, budget.limit_requests)
+    if granted is not None:
+        limits = granted.limits(*limits)
+    exhausts, reset = row["exhausts_at"], row["reset_at"]
+    if exhausts is not None and reset is not None and exhausts >= reset:
+        exhausts = None  # it resets first
+    return {
+        "budget_id": row["budget_id"],
+        "scope": row["scope"],
+        "scope_values": row["scope_values"],
+        "period": row["period"],
+        "state": row["state"],
+        "action": row["action"],
+        "spent_nanos": row["spent_nanos"],
+        "spent_tokens": row["spent_tokens"],
+        "spent_requests": row["spent_requests"],
+        "limit_nanos": limits[0],
+        "limit_tokens": limits[1],
+        "limit_requests": limits[2],
+        "remaining_nanos": _remaining(limits[0], row["spent_nanos"]),
+        "remaining_tokens": _remaining(limits[1], row["spent_tokens"]),
+        "remaining_requests": _remaining(limits[2], row["spent_requests"]),
+        "raise": row["raise"],
+        "reset_at": reset,
+        "forecast": {"burn_per_hour": row["burn_per_hour"], "exhausts_at": exhausts},
+        "as_of": row["as_of"],
+    }
+
+
+async def list_counters(request: web.Request, caller: Caller) -> web.StreamResponse:
+    store = request.app[STORE]
+    budgets = store.budgets()
+    wanted = request.query.get("budget_id")
+    if wanted is not None and (
+        wanted not in budgets or not caller.sees(budget_org(budgets[wanted]))
+    ):
+        raise ApiError(404, f"no budget {wanted!r}")
+    book, now = store.raise_book(), datetime.now(UTC)
+    rows = []
+    for verdict in await store.verdicts():
+        budget = budgets.get(verdict["budget_id"])
+        values = verdict["scope_values"]
+        if budget is None or not caller.sees(budget_org(budget)):
+            continue  # a deleted budget's counters, or one the caller may not see
+        if caller.org_id is not None and values[:1] != [caller.org_id]:
+            continue
+        if wanted is not None and verdict["budget_id"] != wanted:
+            continue
+        row = counter_row(verdict, book, budget.alert_at, now)
+        if row is not None:
+            granted = book.active(budget.budget_id, tuple(values), to_micros(now))
+            rows.append(counter_json(row, budget, granted))
+    rows.sort(key=lambda r: (r["budget_id"], r["scope_values"]))
+    return web.json_response({"counters": rows})
 
 
 # --- audit ------------------------------------------------------------------------------

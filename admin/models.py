@@ -137,6 +137,43 @@ class AuditEntry(BaseModel):
     after: dict[str, Any] | None
 
 
+class Forecast(BaseModel):
+    #: the trailing burn per hour ({nanos, tokens, requests}); null without one
+    burn_per_hour: dict[str, int] | None
+    #: when the counter runs out at that burn, if before its period resets
+    exhausts_at: str | None
+
+
+class CounterView(BaseModel):
+    """One counter of a budget, as the enforcers check it: spend, limits (raised while a
+    raise is in force), what remains, the period and when it resets, the forecast."""
+
+    budget_id: str
+    scope: str
+    scope_values: list[str]
+    period: str
+    state: str
+    action: str
+    spent_nanos: int
+    spent_tokens: int
+    spent_requests: int
+    limit_nanos: int | None
+    limit_tokens: int | None
+    limit_requests: int | None
+    remaining_nanos: int | None
+    remaining_tokens: int | None
+    remaining_requests: int | None
+    #: the raise in force ({raise_id, mode, raise_nanos, ..., until, reason})
+    raise_: dict[str, Any] | None = Field(alias="raise")
+    reset_at: str | None
+    forecast: Forecast
+    as_of: str | None
+
+
+class CounterList(BaseModel):
+    counters: list[CounterView]
+
+
 class BudgetList(BaseModel):
     budgets: list[BudgetBody]
 

@@ -86,10 +86,10 @@ def openapi_document() -> dict[str, Any]:
                     "description": "A retry with the same key (and body) gets the same answer.",
                 }
             )
-        if route.path == "/audit":
-            parameters.append(
-                {"name": "resource", "in": "query", "required": False, "schema": {"type": "string"}}
-            )
+        parameters += [
+            {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+            for name in route.query
+        ]
         if parameters:
             operation["parameters"] = parameters
         if route.body is not None:

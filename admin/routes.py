@@ -13,6 +13,7 @@ from admin.models import (
     AuditList,
     BudgetBody,
     BudgetList,
+    CounterList,
     Deleted,
     KeyBody,
     KeyList,
@@ -40,6 +41,8 @@ class Route:
     writes: bool = False
     #: answers POST with Idempotency-Key
     idempotent: bool = False
+    #: optional query parameters (strings)
+    query: tuple[str, ...] = ()
 
 
 ROUTES: Final = (
@@ -129,9 +132,18 @@ ROUTES: Final = (
     ),
     Route(
         "GET",
+        "/counters",
+        api.list_counters,
+        "Every live counter of the budgets the caller sees (one budget's with budget_id).",
+        CounterList,
+        query=("budget_id",),
+    ),
+    Route(
+        "GET",
         "/audit",
         api.list_audit,
-        "Every change made through the API the caller may see.",
+        "Every change made through the API the caller may see (one resource's with resource).",
         AuditList,
+        query=("resource",),
     ),
 )

@@ -26,9 +26,11 @@ from admin.errors import ApiError
 from runtime.compacted import CompactedView, publish_with
 from runtime.kafka import PLAINTEXT, KafkaSecurity
 from schemas.budgets import Budget
-from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, GATEWAY_KEY
-from schemas.raises import BudgetRaise
-from schemas.topics import Topics
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, GATEWAY_KEY, VERDICT
+from schemas.errors import ContractError
+from schemas.generations import GenerationSwitch
+from schemas.raises import BudgetRaise, RaiseBook
+from schemas.topics import CONTROL_KEY, Topics
 
 #: seconds a write waits for the broker's acknowledgement before answering 503
 ACK_TIMEOUT_S: Final = 15.0
@@ -63,12 +65,16 @@ class AdminStore:
     #: held through an idempotent POST: a retry sent while the first is in flight waits
     _once_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _answers: OrderedDict[tuple[str, str, str], Remembered] = field(default_factory=OrderedDict)
+    #: the current generation's verdicts, followed from the first counters read on
+    _verdicts: CompactedView | None = None
+    _verdicts_topic: str = ""
+    _verdicts_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         t = self.config.topics
         self.view = CompactedView(
             self.config.bootstrap,
-            [t.budget_policies, t.budget_raises, t.gateway_keys, t.admin_audit],
+            [t.budget_policies, t.budget_raises, t.gateway_keys, t.admin_audit, t.generations],
             security=self.config.security,
         )
 
@@ -89,6 +95,9 @@ class AdminStore:
         self._producer = producer
 
     async def stop(self) -> None:
+        if self._verdicts is not None:
+            await self._verdicts.stop()
+            self._verdicts = None
         await self.view.stop()
         if self._producer is not None:
             await self._producer.stop()
@@ -117,6 +126,35 @@ class AdminStore:
             try:
                 out[key.decode()] = GATEWAY_KEY.decode(value)
             except Exception:  # an unreadable record serves no one: the gateways skip it too
+                continue
+        return out
+
+    def raise_book(self) -> RaiseBook:
+        book = RaiseBook()
+        for key, value in self.view.values(self.config.topics.budget_raises).items():
+            book.apply(key.decode(), BUDGET_RAISE.decode(value))
+        return book
+
+    async def verdicts(self) -> list[dict[str, Any]]:
+        """The live verdicts of the generation the enforcers follow (what they check)."""
+        topics = self.config.topics
+        switch = self.view.get(topics.generations, CONTROL_KEY)
+        generation = "" if switch is None else GenerationSwitch.decode(switch).generation
+        topic = topics.of_generation(generation).budget_verdicts
+        async with self._verdicts_lock:
+            if self._verdicts is None or self._verdicts_topic != topic:
+                if self._verdicts is not None:  # a cutover: follow the new generation
+                    await self._verdicts.stop()
+                    self._verdicts = None
+                view = CompactedView(self.config.bootstrap, [topic], security=self.config.security)
+                await view.start()
+                self._verdicts, self._verdicts_topic = view, topic
+            values = self._verdicts.values(topic)
+        out = []
+        for value in values.values():
+            try:
+                out.append(dict(VERDICT.decode(value)))
+            except ContractError:  # what the enforcers skip too
                 continue
         return out
 
