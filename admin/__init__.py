@@ -4,15 +4,18 @@ org (admin/README.md). The CLI reaches it through this face (`spendbus admin`)."
 from __future__ import annotations
 
 from admin.openapi import openapi_document
-from admin.server import DEFAULT_PORT, build_app, serve_admin
+from admin.reports import SpendQuery
+from admin.server import DEFAULT_PORT, SERVER_OPTIONS, build_app, serve_admin
 from admin.store import AdminConfig, AdminStore
 from admin.tokens import ROLES, TokenBook, TokenRecord
 
 __all__ = [
     "DEFAULT_PORT",
     "ROLES",
+    "SERVER_OPTIONS",
     "AdminConfig",
     "AdminStore",
+    "SpendQuery",
     "TokenBook",
     "TokenRecord",
     "build_app",

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from admin.access import Caller
 from admin.errors import ApiError, invalid
 from admin.models import KeyBody, RaiseBody
+from admin.reports import SpendQuery, spend_report
 from admin.store import AdminStore
 from admin.tokens import PLATFORM_ADMIN, TokenBook
 from runtime.http_receive import BodyRefused, read_body
@@ -42,6 +43,7 @@ MAX_JSON_DEPTH: Final = 32
 STORE: Final = web.AppKey("store", AdminStore)
 TOKENS: Final = web.AppKey("tokens", TokenBook)
 LIMITS: Final = web.AppKey("limits", tuple)
+SPEND_QUERY: Final[web.AppKey[SpendQuery | None]] = web.AppKey("spend_query")
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -572,6 +574,12 @@ async def list_counters(request: web.Request, caller: Caller) -> web.StreamRespo
             rows.append(counter_json(row, budget, granted))
     rows.sort(key=lambda r: (r["budget_id"], r["scope_values"]))
     return web.json_response({"counters": rows})
+
+
+# --- reports ----------------------------------------------------------------------------
+async def spend(request: web.Request, caller: Caller) -> web.StreamResponse:
+    report = await spend_report(request.app[SPEND_QUERY], request.query, caller)
+    return web.json_response(report)
 
 
 # --- audit ------------------------------------------------------------------------------

@@ -174,6 +174,29 @@ class CounterList(BaseModel):
     counters: list[CounterView]
 
 
+class SpendRow(BaseModel):
+    #: the period's first day (YYYY-MM-DD; a week starts on Monday)
+    period: str
+    org_id: str
+    #: the group's value: a project, secret, user, model or tag value ('' when absent)
+    key: str
+    events: int
+    cost_nanos: int
+    cost_usd: str
+    billed_tokens: int
+
+
+class SpendReport(BaseModel):
+    """Spend by period and group (query: by=day|week|month, group=org|project|secret|user|
+    model|tag:<name>, from and to as YYYY-MM-DD, org_id for a platform admin)."""
+
+    by: str
+    group: str
+    rows: list[SpendRow]
+    total_cost_nanos: int
+    total_events: int
+
+
 class BudgetList(BaseModel):
     budgets: list[BudgetBody]
 

@@ -23,6 +23,7 @@ from admin.models import (
     RaiseList,
     RaiseView,
     Revoked,
+    SpendReport,
 )
 
 PREFIX: Final = "/v1/admin"
@@ -137,6 +138,14 @@ ROUTES: Final = (
         "Every live counter of the budgets the caller sees (one budget's with budget_id).",
         CounterList,
         query=("budget_id",),
+    ),
+    Route(
+        "GET",
+        "/reports/spend",
+        api.spend,
+        "Spend by day, week or month and by org, project, secret, user, model or tag.",
+        SpendReport,
+        query=("by", "group", "from", "to", "org_id"),
     ),
     Route(
         "GET",

@@ -17,6 +17,7 @@ from admin import api
 from admin.access import Caller
 from admin.errors import ApiError
 from admin.openapi import openapi_document
+from admin.reports import SpendQuery
 from admin.routes import PREFIX, ROUTES, Route
 from admin.store import AdminConfig, AdminStore
 from admin.tokens import TokenBook
@@ -29,6 +30,9 @@ log = logging.getLogger("spendbus.admin")
 DEFAULT_PORT: Final = 6070
 #: seconds a client has to send a request head (and the longest a connection idles)
 DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
+#: the server's settings: a head's deadline, and no lingering on a body left unread (a
+#: refused one: the answer is sent and the connection closed, not held for 10 s more)
+SERVER_OPTIONS: Final = {**server_options(DEFAULT_HEADER_TIMEOUT_S), "lingering_time": 0}
 
 
 def _bound(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -77,15 +81,18 @@ def build_app(
     store: AdminStore,
     tokens: TokenBook,
     *,
+    spend_query: SpendQuery | None = None,
     max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES,
     body_timeout_s: float = api.DEFAULT_BODY_TIMEOUT_S,
 ) -> web.Application:
-    """The app; ``store`` is started and stopped with it."""
+    """The app; ``store`` is started and stopped with it. ``spend_query`` runs a spend
+    report's SELECT on ClickHouse (None: reports answer 503)."""
     # aiohttp's own limit sits past ours: read_body answers the JSON 413 first
     app = web.Application(client_max_size=max_body_bytes + 1, middlewares=[json_errors])
     app[api.STORE] = store
     app[api.TOKENS] = tokens
     app[api.LIMITS] = (max_body_bytes, body_timeout_s)
+    app[api.SPEND_QUERY] = spend_query
     for route in ROUTES:
         app.router.add_route(route.method, PREFIX + route.path, _bound(route))
     document = openapi_document()
@@ -112,6 +119,7 @@ def serve_admin(
     config: AdminConfig,
     tokens: TokenBook,
     *,
+    spend_query: SpendQuery | None = None,
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     print_fn: Callable[..., None] | None = print,
@@ -122,12 +130,12 @@ def serve_admin(
             f"admin API on {host}: it serves loopback only (its bearer tokens would cross "
             "the network in clear): bind 127.0.0.1 and put a TLS proxy in front"
         )
-    app = build_app(AdminStore(config), tokens)
+    app = build_app(AdminStore(config), tokens, spend_query=spend_query)
     run_app(
         app,
         host=host,
         port=port,
         print_fn=print_fn,
         access_log=None,
-        **server_options(DEFAULT_HEADER_TIMEOUT_S),
+        **SERVER_OPTIONS,
     )

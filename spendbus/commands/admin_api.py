@@ -12,12 +12,12 @@ import asyncio
 import json
 import secrets
 from dataclasses import asdict
-from typing import Final
+from typing import Any, Final
 
 import click
 from rich.table import Table
 
-from admin import ROLES, AdminConfig, TokenBook, serve_admin
+from admin import ROLES, AdminConfig, SpendQuery, TokenBook, serve_admin
 from runtime.private_files import check_secret_file
 from runtime.topic_reader import read_latest_values
 from schemas.errors import ConfigError, SpendbusError
@@ -25,7 +25,7 @@ from spendbus.commands.keys import _private_stdout
 from spendbus.commands.output import console
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.key_secret import key_secret
-from spendbus.stack.local import bootstrap_or_fail
+from spendbus.stack.local import bootstrap_or_fail, worker_process
 from spendbus.stack.secret_file import create_once
 from spendbus.stack.topics import ensure_topics
 
@@ -48,6 +48,29 @@ def admin_secret(settings: Settings) -> bytes:
     if not lines or len(lines[0].strip()) < 32:
         raise ConfigError(f"{path}: not an admin secret (expected 64 hex digits)")
     return lines[0].strip().encode()
+
+
+def spend_query(settings: Settings) -> SpendQuery:
+    """How the admin API runs a spend report's SELECT: through the running worker when it
+    owns the embedded store (one process may open it), else on the current generation's
+    ClickHouse server, a client per report."""
+
+    def run(sql: str) -> list[Any]:
+        if settings.dsn.startswith("chdb://"):
+            worker = worker_process(settings)
+            if worker.pid() is None:
+                raise ConfigError("the embedded store is read through the worker: none runs")
+            return list(worker.post("/sql", {"sql": sql})["rows"])
+        from aggregator import open_client, run_query
+        from spendbus.commands.store_queries import current_store
+
+        client = open_client(current_store(settings), access=settings.clickhouse_access)
+        try:
+            return list(run_query(client, sql)[1])
+        finally:
+            client.close()
+
+    return run
 
 
 def token_book(settings: Settings) -> TokenBook:
@@ -87,7 +110,7 @@ def admin_serve(port: int | None) -> None:
         tokens = token_book(settings)
     except SpendbusError as exc:
         raise click.ClickException(str(exc)) from None
-    serve_admin(config, tokens, port=port or settings.admin_port)
+    serve_admin(config, tokens, spend_query=spend_query(settings), port=port or settings.admin_port)
 
 
 @click.group("tokens")

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from admin import AdminConfig, AdminStore, TokenBook, build_app
+from admin import SERVER_OPTIONS, AdminConfig, AdminStore, TokenBook, build_app
 from schemas.topics import Topics
 from tests.gateway.kit import KEY_SECRET
 
@@ -60,7 +60,7 @@ async def admin_server(
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     tokens = TokenBook(home / "admin.tokens", ADMIN_SECRET)
     store = AdminStore(AdminConfig(bootstrap=bootstrap, topics=topics, key_secret=KEY_SECRET))
-    runner = web.AppRunner(build_app(store, tokens, **options), access_log=None)
+    runner = web.AppRunner(build_app(store, tokens, **options), access_log=None, **SERVER_OPTIONS)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
