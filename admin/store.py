@@ -38,6 +38,13 @@ ACK_TIMEOUT_S: Final = 15.0
 IDEMPOTENT_ANSWERS: Final = 10_000
 
 
+def _verdict_or_none(value: bytes) -> dict[str, Any] | None:
+    try:
+        return dict(VERDICT.decode(value))
+    except ContractError:  # what the enforcers skip too
+        return None
+
+
 @dataclass(frozen=True)
 class AdminConfig:
     bootstrap: str
@@ -69,6 +76,9 @@ class AdminStore:
     _verdicts: CompactedView | None = None
     _verdicts_topic: str = ""
     _verdicts_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: (topic, key) -> (the value decoded, what it decoded to): a read decodes only
+    #: what changed since the last one
+    _decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         t = self.config.topics
@@ -104,20 +114,42 @@ class AdminStore:
             self._producer = None
 
     # --- reads ---------------------------------------------------------------------------
-    def budgets(self) -> dict[str, Budget]:
-        values = self.view.values(self.config.topics.budget_policies)
-        out = {}
-        for value in values.values():
-            budget = Budget.from_record(BUDGET_POLICY.decode(value))
-            out[budget.budget_id] = budget
+    def _decode(self, topic: str, key: bytes, value: bytes, decode: Callable[[bytes], Any]) -> Any:
+        held = self._decoded.get((topic, key))
+        if held is not None and held[0] == value:
+            return held[1]
+        decoded = decode(value)
+        self._decoded[(topic, key)] = (value, decoded)
+        return decoded
+
+    def _decoded_values(
+        self, topic: str, values: dict[bytes, bytes], decode: Callable[[bytes], Any]
+    ) -> dict[bytes, Any]:
+        """``values`` decoded, each only once while it stays the same (tombstoned keys'
+        entries are let go)."""
+        out = {key: self._decode(topic, key, value, decode) for key, value in values.items()}
+        gone = [k for k in self._decoded if k[0] == topic and k[1] not in values]
+        for k in gone:
+            del self._decoded[k]
         return out
 
+    def budgets(self) -> dict[str, Budget]:
+        topic = self.config.topics.budget_policies
+        decoded = self._decoded_values(
+            topic,
+            self.view.values(topic),
+            lambda value: Budget.from_record(BUDGET_POLICY.decode(value)),
+        )
+        return {budget.budget_id: budget for budget in decoded.values()}
+
     def raises(self) -> dict[str, BudgetRaise]:
-        values = self.view.values(self.config.topics.budget_raises)
-        return {
-            key.decode(): BudgetRaise.from_record(BUDGET_RAISE.decode(value))
-            for key, value in values.items()
-        }
+        topic = self.config.topics.budget_raises
+        decoded = self._decoded_values(
+            topic,
+            self.view.values(topic),
+            lambda value: BudgetRaise.from_record(BUDGET_RAISE.decode(value)),
+        )
+        return {key.decode(): found for key, found in decoded.items()}
 
     def keys(self) -> dict[str, dict[str, Any]]:
         """record key -> decoded VirtualKey record of every live, readable key."""
@@ -131,8 +163,8 @@ class AdminStore:
 
     def raise_book(self) -> RaiseBook:
         book = RaiseBook()
-        for key, value in self.view.values(self.config.topics.budget_raises).items():
-            book.apply(key.decode(), BUDGET_RAISE.decode(value))
+        for raise_id, found in self.raises().items():
+            book.apply(raise_id, found.to_record())
         return book
 
     async def verdicts(self) -> list[dict[str, Any]]:
@@ -150,13 +182,8 @@ class AdminStore:
                 await view.start()
                 self._verdicts, self._verdicts_topic = view, topic
             values = self._verdicts.values(topic)
-        out = []
-        for value in values.values():
-            try:
-                out.append(dict(VERDICT.decode(value)))
-            except ContractError:  # what the enforcers skip too
-                continue
-        return out
+        decoded = self._decoded_values(topic, values, _verdict_or_none)
+        return [v for v in decoded.values() if v is not None]
 
     def audit(self) -> list[dict[str, Any]]:
         values = self.view.values(self.config.topics.admin_audit)
