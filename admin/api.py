@@ -125,10 +125,10 @@ async def raw_body(request: web.Request) -> bytes:
     try:
         return await read_body(request, timeout_s=timeout_s, max_bytes=max_bytes)
     except BodyRefused as refused:
-        raise _Closing(refused.status, refused.reason) from None
+        raise ClosingError(refused.status, refused.reason) from None
 
 
-class _Closing(ApiError):
+class ClosingError(ApiError):
     """A refused body: answered, then the connection closes (the rest is never read)."""
 
 
@@ -381,10 +381,14 @@ async def create_key(request: web.Request, caller: Caller) -> web.StreamResponse
 async def rotate_key(request: web.Request, caller: Caller) -> web.StreamResponse:
     caller.may_write()
     store = request.app[STORE]
-    async with store.writing():
-        record_key, record = _visible_key(store, caller, request.match_info["key_id"])
-        minted = await _mint(store, caller, "keys.rotate", record, record_key)
-    return web.json_response(minted, status=201)
+
+    async def answer() -> tuple[int, dict[str, Any]]:
+        async with store.writing():
+            record_key, record = _visible_key(store, caller, request.match_info["key_id"])
+            return 201, await _mint(store, caller, "keys.rotate", record, record_key)
+
+    # a retry with its Idempotency-Key gets the key it rotated to, not a third one
+    return await _answered(store, caller, request, b"", answer)
 
 
 async def revoke_key(request: web.Request, caller: Caller) -> web.StreamResponse:

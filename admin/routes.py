@@ -107,6 +107,7 @@ ROUTES: Final = (
         MintedKey,
         None,
         True,
+        True,
     ),
     Route(
         "GET", "/raises", api.list_raises, "Every raise of the budgets the caller sees.", RaiseList

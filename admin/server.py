@@ -64,7 +64,7 @@ async def json_errors(
 ) -> web.StreamResponse:
     try:
         return await handler(request)
-    except api._Closing as exc:
+    except api.ClosingError as exc:
         return close_after(exc.response())
     except ApiError as exc:
         return exc.response()

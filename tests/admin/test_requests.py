@@ -174,10 +174,12 @@ async def test_retries_converge_and_every_change_is_audited(
             await server.call("PUT", "/v1/admin/budgets/acme.monthly", token, made) for _ in "ab"
         ]
         assert [p[0] for p in put] == [201, 200] and put[0][1] == put[1][1]
-        status, rotated = await server.call(
-            "POST", f"/v1/admin/keys/{first[1]['key_id']}/rotate", token
-        )
+        rotation = {"Idempotency-Key": "rotate-ci-key-1"}
+        rotate = f"/v1/admin/keys/{first[1]['key_id']}/rotate"
+        status, rotated = await server.call("POST", rotate, token, headers=rotation)
         assert status == 201 and rotated["key"] != first[1]["key"]
+        # a retry gets the key it rotated to (the old one is gone: no third key)
+        assert await server.call("POST", rotate, token, headers=rotation) == (201, rotated)
         assert rotated["name"] == "acme.ci" and rotated["project_id"] == "p1"
         assert (await server.call("GET", f"/v1/admin/keys/{first[1]['key_id']}", token))[0] == 404
 
