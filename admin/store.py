@@ -22,6 +22,7 @@ from typing import Any, Final
 from aiokafka import AIOKafkaProducer
 
 from admin.access import Caller
+from admin.audit_table import AuditSink, AuditTable
 from admin.errors import ApiError
 from runtime.compacted import CompactedView, publish_with
 from runtime.kafka import PLAINTEXT, KafkaSecurity
@@ -66,7 +67,10 @@ class Remembered:
 @dataclass
 class AdminStore:
     config: AdminConfig
+    #: the audit trail's ClickHouse table (admin/audit_table.py); None: the topic only
+    audit_sink: AuditSink | None = None
     view: CompactedView = field(init=False)
+    _audit_table: AuditTable | None = field(init=False, default=None)
     _producer: AIOKafkaProducer | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: held through an idempotent POST: a retry sent while the first is in flight waits
@@ -86,7 +90,15 @@ class AdminStore:
             self.config.bootstrap,
             [t.budget_policies, t.budget_raises, t.gateway_keys, t.admin_audit, t.generations],
             security=self.config.security,
+            on_change=self._changed,
         )
+        if self.audit_sink is not None:
+            self._audit_table = AuditTable(self.audit_sink)
+
+    def _changed(self, topic: str, key: bytes, value: bytes | None) -> None:
+        table = self._audit_table
+        if table is not None and topic == self.config.topics.admin_audit and value is not None:
+            table.add(json.loads(value))
 
     async def start(self) -> None:
         producer = AIOKafkaProducer(
@@ -103,8 +115,12 @@ class AdminStore:
             await producer.stop()
             raise
         self._producer = producer
+        if self._audit_table is not None:
+            await self._audit_table.start(self.audit())
 
     async def stop(self) -> None:
+        if self._audit_table is not None:
+            await self._audit_table.stop()
         if self._verdicts is not None:
             await self._verdicts.stop()
             self._verdicts = None

@@ -17,7 +17,7 @@ from typing import Any, Final
 import click
 from rich.table import Table
 
-from admin import ROLES, AdminConfig, SpendQuery, TokenBook, serve_admin
+from admin import ROLES, AdminConfig, AuditSink, SpendQuery, TokenBook, serve_admin
 from runtime.private_files import check_secret_file
 from runtime.topic_reader import read_latest_values
 from schemas.errors import ConfigError, SpendbusError
@@ -73,6 +73,26 @@ def spend_query(settings: Settings) -> SpendQuery:
     return run
 
 
+def audit_sink(settings: Settings) -> AuditSink | None:
+    """The audit trail's ClickHouse table on a ClickHouse server; None with the embedded
+    store (the worker's process owns it: the trail stays on the admin.audit topic)."""
+    if settings.dsn.startswith("chdb://"):
+        click.echo(
+            "note: the audit trail is kept on the admin.audit topic; with a ClickHouse "
+            "server (CLICKHOUSE_DSN) it is also in its admin_audit table",
+            err=True,
+        )
+        return None
+    from aggregator import open_client, run_query
+
+    client = open_client(settings.dsn, access=settings.clickhouse_access)
+
+    def execute(sql: str) -> None:
+        client.command(sql)
+
+    return AuditSink(execute=execute, select=lambda sql: run_query(client, sql)[1])
+
+
 def token_book(settings: Settings) -> TokenBook:
     settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     return TokenBook((settings.home / ADMIN_TOKENS_FILE).resolve(), admin_secret(settings))
@@ -108,9 +128,16 @@ def admin_serve(port: int | None) -> None:
             security=settings.kafka_security,
         )
         tokens = token_book(settings)
+        sink = audit_sink(settings)
     except SpendbusError as exc:
         raise click.ClickException(str(exc)) from None
-    serve_admin(config, tokens, spend_query=spend_query(settings), port=port or settings.admin_port)
+    serve_admin(
+        config,
+        tokens,
+        spend_query=spend_query(settings),
+        audit_sink=sink,
+        port=port or settings.admin_port,
+    )
 
 
 @click.group("tokens")
