@@ -66,8 +66,11 @@ def test_a_token_is_shown_once_and_kept_as_a_keyed_digest(tmp_path: Path) -> Non
     assert refused.exit_code != 0 and "chmod 600" in refused.output
 
 
-def get(url: str, token: str | None = None) -> tuple[int, Any]:
-    request = urllib.request.Request(url)
+def get(
+    url: str, token: str | None = None, method: str = "GET", body: Any = None
+) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -109,9 +112,30 @@ def test_admin_serve_listens_on_its_port_and_takes_the_tokens(
         assert status == 200 and document["openapi"].startswith("3.1")
         assert get(f"{url}/v1/admin/budgets")[0] == 401
         assert get(f"{url}/v1/admin/budgets", token) == (200, {"budgets": []})
-        # a token made while it runs counts at once
-        viewer = run(env, "admin", "tokens", "new", "--role", "org-viewer", "--org", "acme")
-        assert get(f"{url}/v1/admin/keys", viewer.stdout.strip()) == (200, {"keys": []})
+        # a token made while it runs counts at once; the README's session
+        initech = run(env, "admin", "tokens", "new", "--role", "org-admin", "--org", "initech")
+        org_token, api = initech.stdout.strip(), f"{url}/v1/admin"
+        status, key = get(
+            f"{api}/keys",
+            org_token,
+            "POST",
+            {"name": "initech.customer-42", "secret_id": "sk-openai", "project_id": "c42"},
+        )
+        assert status == 201 and key["org_id"] == "initech"
+        status, made = get(
+            f"{api}/budgets/initech.c42",
+            org_token,
+            "PUT",
+            {
+                "scope": "project",
+                "window": "month",
+                "limit_usd": "25",
+                "match": {"project_id": "c42"},
+            },
+        )
+        assert status == 201
+        assert made["match"] == {"project_id": "c42", "org_id": "initech"}
+        assert get(f"{api}/counters?budget_id=initech.c42", org_token) == (200, {"counters": []})
     finally:
         server.send_signal(signal.SIGINT)
         output = server.communicate(timeout=GUARD_S)[0]
