@@ -21,7 +21,7 @@ from admin import ROLES, AdminConfig, AuditSink, SpendQuery, TokenBook, serve_ad
 from runtime.private_files import check_secret_file
 from runtime.topic_reader import read_latest_values
 from schemas.errors import ConfigError, SpendbusError
-from spendbus.commands.keys import _private_stdout
+from spendbus.commands.keys import private_stdout
 from spendbus.commands.output import console
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.key_secret import key_secret
@@ -154,7 +154,7 @@ def tokens_new(role: str, org_id: str | None) -> None:
         token, record = token_book(load_settings()).mint(role, org_id)
     except SpendbusError as exc:
         raise click.ClickException(str(exc)) from None
-    _private_stdout()
+    private_stdout()
     click.echo(token)
     where = "every org" if record.org_id is None else f"org {record.org_id}"
     click.echo(f"token {record.token_id}: {record.role} of {where}; shown once, keep it", err=True)
