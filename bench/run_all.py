@@ -31,9 +31,12 @@ BENCHES = {
     "replay": [],
     "overshoot": [],
     "cli": ["--rounds", "21"],
+    "admin": [],
 }
 #: (bench, dotted path in its JSON, label) shown in the summary
 HEADLINES = [
+    ("admin", "counters.p99_ms", "admin API counters read p99 ms"),
+    ("admin", "spend_report.p99_ms", "admin API spend report p99 ms"),
     ("pipeline", "throughput.aggregator_events_per_s", "aggregator events/s (1 worker)"),
     ("pipeline", "throughput.raw_consume_events_per_s", "raw aiokafka consume events/s"),
     ("pipeline", "throughput.ratio_to_raw", "aggregator / raw"),

@@ -19,6 +19,7 @@ from runtime.faces import lazy_names
 if TYPE_CHECKING:
     from runtime.acls import ROLES, AclBinding, role_bindings
     from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
+    from runtime.compacted import CompactedView, publish, publish_with
     from runtime.half_close import AnswerAfterHalfClose
     from runtime.http_log import expose_malformed_requests
     from runtime.kafka import (
@@ -53,6 +54,9 @@ _HOMES: dict[str, str] = {
     "DEFAULT_ACCESS": "runtime.clickhouse_access",
     "redact_dsn": "runtime.clickhouse_access",
     "AclBinding": "runtime.acls",
+    "CompactedView": "runtime.compacted",
+    "publish": "runtime.compacted",
+    "publish_with": "runtime.compacted",
     "AnswerAfterHalfClose": "runtime.half_close",
     "FOLLOW_CLUSTER": "runtime.replication",
     "KafkaSecurity": "runtime.kafka",
@@ -93,6 +97,7 @@ __all__ = [
     "AclBinding",
     "AnswerAfterHalfClose",
     "ClickHouseAccess",
+    "CompactedView",
     "KafkaSecurity",
     "ReplicationPlan",
     "ReplicationPolicy",
@@ -106,6 +111,8 @@ __all__ = [
     "lazy_names",
     "plan_for",
     "preflight",
+    "publish",
+    "publish_with",
     "read_latest_values",
     "read_until",
     "redact",

@@ -188,6 +188,7 @@ def role_bindings(
             base.notify_deliveries,
             base.budget_raises,
             base.budget_approvals,
+            base.admin_audit,
         ]
         derived = [base.usage_priced, base.budget_verdicts, base.shared_alerts, app]
         entries = [

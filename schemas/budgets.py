@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from schemas.errors import ConfigError, ContractError
 from schemas.ids import canonical_id, counter_key
-from schemas.money import usd_to_nanos
+from schemas.money import nanos_to_usd, usd_to_nanos
 from schemas.periods import WEEKDAYS, Window, parse_window, with_calendar
 from schemas.usage import BUDGET_EXCEEDED, JOB_BUDGET_EXCEEDED
 
@@ -395,6 +395,41 @@ def budget_from_yaml(item: Any, *, source: str = "<budgets>", index: int = 0) ->
     if budget is None:
         raise ConfigError(errors[0])
     return budget
+
+
+def parse_budget(item: Any, *, source: str = "<budget>") -> tuple[Budget | None, list[str]]:
+    """One budget in its YAML form (a mapping; the admin API's JSON is the same), or None
+    and every error found in it, each naming the field."""
+    return _parse_budget(item, source, 0)
+
+
+def budget_fields(budget: Budget) -> dict[str, Any]:
+    """``budget`` in its YAML form: what :func:`parse_budget` reads back to the same budget
+    (the optional fields at their defaults left out)."""
+    fields: dict[str, Any] = {
+        "id": budget.budget_id,
+        "scope": budget.scope,
+        "window": budget.window.spec,
+        "action": budget.action,
+    }
+    if budget.match:
+        fields["match"] = {k: v[0] if len(v) == 1 else list(v) for k, v in budget.match.items()}
+    if budget.limit_nanos is not None:
+        fields["limit_usd"] = format(nanos_to_usd(budget.limit_nanos).normalize(), "f")
+    if budget.limit_tokens is not None:
+        fields["limit_tokens"] = budget.limit_tokens
+    if budget.limit_requests is not None:
+        fields["limit_requests"] = budget.limit_requests
+    if budget.alert_at:
+        fields["alert_at"] = list(budget.alert_at)
+    if budget.count_denied:
+        fields["count_denied"] = True
+    if budget.rate is not None:
+        fields["rate"] = {k: v for k, v in budget.rate.to_record().items() if v is not None}
+    fields.update(budget.window.calendar)
+    if budget.unpriced is not None:
+        fields["unpriced"] = budget.unpriced
+    return fields
 
 
 def _field_errors(where: str, exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:

@@ -14,14 +14,16 @@ the topic (the audit trail).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from schemas.budgets import Budget
-from schemas.errors import ContractError
+from schemas.errors import ConfigError, ContractError
 from schemas.ids import canonical_id
+from schemas.money import usd_to_nanos
 from schemas.periods import from_micros, to_micros
 
 MODES: Final = ("by", "to")
@@ -194,4 +196,78 @@ def scope_values_of(scope: str, text: str) -> tuple[str, ...]:
     return tuple(
         canonical_id(value, attribute)
         for value, attribute in zip(parts, ("org_id", *rest), strict=True)
+    )
+
+
+def raise_until(text: str, now: datetime) -> datetime:
+    """When a raise ends: an ISO 8601 time with its zone (``2026-12-31T18:00:00Z``) or a
+    duration from now (``90s``, ``30m``, ``6h``, ``2d``)."""
+    text = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    if text[:-1].isdigit() and text[-1:] in units:
+        return now + timedelta(seconds=int(text[:-1]) * units[text[-1]])
+    try:
+        until = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"until {text!r}: give a time with its zone (2026-12-31T18:00:00Z) or a "
+            "duration from now (90s, 30m, 6h, 2d)"
+        ) from None
+    if until.tzinfo is None:
+        raise ConfigError(f"until {text!r}: the time needs a zone (Z or +01:00)")
+    return until.astimezone(UTC)
+
+
+def grant_raise(
+    budget: Budget,
+    *,
+    scope_text: str | None,
+    by_usd: str | None,
+    to_usd: str | None,
+    tokens: int | None,
+    requests: int | None,
+    until_text: str,
+    reason: str,
+    created_by: str,
+    now: datetime,
+) -> BudgetRaise:
+    """A new raise of ``budget`` (``spendbus budgets raise``, ``POST /v1/admin/raises``);
+    ConfigError or ContractError naming what is wrong (the option's name without its
+    dashes)."""
+    if by_usd is not None and to_usd is not None:
+        raise ConfigError("give by or to, not both")
+    if by_usd is None and to_usd is None and tokens is None and requests is None:
+        raise ConfigError("give by USD or to USD (and/or tokens, requests)")
+    for name, count in (("tokens", tokens), ("requests", requests)):
+        if count is not None and count < 1:
+            raise ConfigError(f"{name}: must be >= 1")
+    if not reason.strip():
+        raise ConfigError("reason: say why the limit is raised")
+    until = raise_until(until_text, now)
+    if until <= now:
+        raise ConfigError(f"until {until.isoformat()} has passed")
+    usd = by_usd if by_usd is not None else to_usd
+    nanos = None if usd is None else usd_to_nanos(usd)
+    if nanos is not None and nanos <= 0:
+        raise ConfigError("the USD amount must be > 0")
+    for amount, limit, name in (
+        (nanos, budget.limit_nanos, "a USD limit (limit_usd)"),
+        (tokens, budget.limit_tokens, "limit_tokens"),
+        (requests, budget.limit_requests, "limit_requests"),
+    ):
+        if amount is not None and limit is None:
+            raise ConfigError(f"budget {budget.budget_id!r} has no {name} to raise")
+    scope_values = () if scope_text is None else scope_values_of(budget.scope, scope_text)
+    return BudgetRaise(
+        raise_id=f"r-{uuid.uuid4().hex[:12]}",
+        budget_id=budget.budget_id,
+        scope_values=scope_values,
+        mode="to" if to_usd is not None else "by",
+        raise_nanos=nanos,
+        raise_tokens=tokens,
+        raise_requests=requests,
+        starts_at_us=to_micros(now),
+        until_us=to_micros(until),
+        reason=reason.strip(),
+        created_by=created_by,
     )

@@ -188,6 +188,12 @@ class Topics:
         return f"{self.prefix}gateway.keys"
 
     @property
+    def admin_audit(self) -> str:
+        """Append-only, kept forever: every change the admin API made (who, what before and
+        after, when, from where), JSON keyed by its audit id (admin/README.md)."""
+        return f"{self.prefix}admin.audit"
+
+    @property
     def enforcer_group(self) -> str:
         """The consumer group every enforcer joins to count the replicas sharing the budgets
         (enforcer/membership.py; shared by every generation, nothing is committed)."""
@@ -213,6 +219,7 @@ class Topics:
             TopicSpec(self.budget_raises, "raise_id", "BudgetRaise", COMPACTED_CONFIG, 1),
             TopicSpec(self.budget_approvals, "job_key", "JobApproval", LEDGER_CONFIG, 1),
             TopicSpec(self.notify_deliveries, "webhook|alert_id", "JSON", COMPACTED_CONFIG, 1),
+            TopicSpec(self.admin_audit, "audit_id", "JSON", LEDGER_CONFIG, 1),
             TopicSpec(
                 self.counter_snapshots, "snapshot|partition|counter", "JSON", COMPACTED_CONFIG, 1
             ),

@@ -25,13 +25,17 @@ COMMANDS: Final = {
         "spendbus.commands.acls:acls",
         "The Kafka ACL bindings a role needs; --apply creates them.",
     ),
-    "approvals": LazyCommand(
-        "spendbus.commands.approvals:approvals",
-        "Jobs a spend policy held for approval: list them, approve (a raise) or deny.",
+    "admin": LazyCommand(
+        "spendbus.cli:admin_group",
+        "The admin API over HTTP (`admin serve`), its tokens and its audit trail.",
     ),
     "aggregator": LazyCommand(
         "spendbus.commands.aggregator:aggregator",
         "The stream processor that prices usage and keeps the budget counters.",
+    ),
+    "approvals": LazyCommand(
+        "spendbus.commands.approvals:approvals",
+        "Jobs a spend policy held for approval: list them, approve (a raise) or deny.",
     ),
     "budgets": LazyCommand(
         "spendbus.cli:budgets_group",
@@ -165,6 +169,26 @@ BUDGETS_COMMANDS: Final = {
 }
 
 
+#: `spendbus admin`'s commands (the admin API, admin/; the operator's sql, usage and
+#: verify are top-level commands of spendbus/commands/admin.py)
+ADMIN_COMMANDS: Final = {
+    "audit": LazyCommand(
+        "spendbus.commands.admin_api:admin_audit",
+        "Every change the admin API made, oldest first: who (token, role), what (before and "
+        "after), when, from where (the admin.audit topic).",
+    ),
+    "serve": LazyCommand(
+        "spendbus.commands.admin_api:admin_serve",
+        "Serve the admin API on loopback: budgets, keys, raises and the audit trail under "
+        "/v1/admin/, its OpenAPI document at /openapi.json.",
+    ),
+    "tokens": LazyCommand(
+        "spendbus.commands.admin_api:admin_tokens",
+        "The admin API's bearer tokens (stored as keyed digests only).",
+    ),
+}
+
+
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="spendbus")
 def cli() -> None:
@@ -174,6 +198,11 @@ def cli() -> None:
 def budgets_group() -> click.Command:
     """`spendbus budgets`: its commands imported one by one, as they run."""
     return LazyGroup(name="budgets", lazy=BUDGETS_COMMANDS, help=COMMANDS["budgets"].summary)
+
+
+def admin_group() -> click.Command:
+    """`spendbus admin`: the admin API's commands, imported as they run."""
+    return LazyGroup(name="admin", lazy=ADMIN_COMMANDS, help=COMMANDS["admin"].summary)
 
 
 def prices_group() -> click.Command:

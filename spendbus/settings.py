@@ -11,6 +11,7 @@ SPENDBUS_TOPIC_PREFIX      prefix of every topic name                       (non
 SPENDBUS_PARTITIONS        partitions of the data topics, set at creation   4
 SPENDBUS_WEB_PORT          the aggregator worker's web port (sql, stats)    6066
 SPENDBUS_WEB_HOST          the address the worker's web server binds        127.0.0.1
+SPENDBUS_ADMIN_PORT        the admin API's port (``spendbus admin serve``)  6070
 SPENDBUS_WEB_TOKEN_FILE    a file holding the worker's web bearer token     $SPENDBUS_HOME/web.token
 SPENDBUS_SINK_PROCESS      the worker's sink in a process of its own        false
 SPENDBUS_WEB_TOKEN         the token itself (prefer the _FILE form)         (none)
@@ -42,7 +43,7 @@ SPENDBUS_CONFIG            a YAML file with any of the keys below           (non
 
 A config file uses the lower-case names without the prefix (``home``,
 ``kafka_bootstrap``, ``clickhouse_dsn``, ``topic_prefix``, ``partitions``,
-``web_port``, ``web_host``, ``web_body_timeout_s``, ``session_idle_seconds``, ``prune_seconds``, ``sink_process``, ``engine_process``, ``cache_dir``,
+``web_port``, ``web_host``, ``admin_port``, ``web_body_timeout_s``, ``session_idle_seconds``, ``prune_seconds``, ``sink_process``, ``engine_process``, ``cache_dir``,
 ``kafka_security_protocol``, ``kafka_sasl_mechanism``, ``kafka_sasl_username``,
 ``kafka_sasl_password``, ``kafka_sasl_password_file``,
 ``kafka_ssl_cafile``, ``kafka_ssl_certfile``, ``kafka_ssl_keyfile``, ``replication_factor``,
@@ -89,6 +90,8 @@ class Settings(BaseModel):
     partitions: int = Field(default=4, ge=1, le=256)
     web_port: int = Field(default=6066, ge=1, le=65535)
     web_host: str = "127.0.0.1"
+    #: the admin API's port (admin/; it binds loopback only)
+    admin_port: int = Field(default=6070, ge=1, le=65535)
     web_body_timeout_s: float = Field(default=60.0, gt=0)
     session_idle_seconds: float = Field(default=SESSION_IDLE_SECONDS, gt=0)
     prune_seconds: float = Field(default=60.0, gt=0)
@@ -213,6 +216,7 @@ _ENV = {
     "SPENDBUS_PARTITIONS": "partitions",
     "SPENDBUS_WEB_PORT": "web_port",
     "SPENDBUS_WEB_HOST": "web_host",
+    "SPENDBUS_ADMIN_PORT": "admin_port",
     "SPENDBUS_WEB_BODY_TIMEOUT": "web_body_timeout_s",
     "SPENDBUS_SESSION_IDLE_SECONDS": "session_idle_seconds",
     "SPENDBUS_PRUNE_SECONDS": "prune_seconds",

@@ -13,15 +13,14 @@
 the ingest room never imports the enforcer. See README.md beside this file.
 """
 
+from schemas.virtual_keys import key_digest, key_hmac, keyed_digest
+
 from .config import (
     GatewayConfig,
     Principal,
     Upstream,
     VirtualKey,
     key_bits,
-    key_digest,
-    key_hmac,
-    keyed_digest,
     load_config,
     parse_config,
     parse_key_entries,

@@ -10,8 +10,6 @@ this module never reads the environment.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import itertools
 import math
 from collections.abc import Mapping
@@ -23,32 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from schemas.errors import ConfigError
 from schemas.ids import MAX_ID_LENGTH
+from schemas.virtual_keys import key_digest, keyed_digest
 
 from .families import Api
 from .headers import NEVER_FORWARDED
 
 DEFAULT_SESSION_HEADER = "X-Spend-Session"
-
-
-def key_digest(key: str) -> str:
-    """The plain SHA-256 (hex) of a virtual key: the legacy stored form (``key_sha256``)."""
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def keyed_digest(secret: bytes, sha256_hex: str) -> str:
-    """The HMAC-SHA256 (hex), under the server-side key secret, of a key's SHA-256.
-
-    Keyed over the SHA-256 rather than the key itself so that a legacy ``key_sha256``
-    converts to its keyed form without the key (``spendbus keys migrate``); what is
-    stored is useless without the secret, so a leaked topic or config file cannot be
-    searched offline for weak keys.
-    """
-    return hmac.new(secret, bytes.fromhex(sha256_hex), hashlib.sha256).hexdigest()
-
-
-def key_hmac(secret: bytes, key: str) -> str:
-    """The keyed digest (``key_hmac``) a virtual key is stored and looked up by."""
-    return keyed_digest(secret, key_digest(key))
 
 
 #: the least estimated entropy of a key given in clear (what ``spendbus keys new`` makes: 256)

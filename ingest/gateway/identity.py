@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
 from schemas.ids import MAX_ID_LENGTH
+from schemas.virtual_keys import key_hmac, keyed_digest
 
-from .config import Principal, VirtualKey, key_hmac, keyed_digest
+from .config import Principal, VirtualKey
 
 #: where SDKs put the API key, in the order they are looked at
 KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")

@@ -40,14 +40,13 @@ from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from runtime.topic_reader import read_until, start_at_beginning
 from schemas.codec import GATEWAY_KEY
 from schemas.errors import DecodeError, SpendbusError
+from schemas.virtual_keys import KEYED_PREFIX, key_topic_record
 
 from .config import GatewayConfig, Principal, VirtualKey
 from .identity import KeyStore
 
 log = logging.getLogger("spendbus.gateway.keys")
 
-#: the record key of a keyed digest: this prefix, then the HMAC-SHA256 hex
-KEYED_PREFIX: Final = "hmac-sha256:"
 #: a record key: a keyed digest, or (legacy) the plain SHA-256 hex of a virtual key
 DIGEST_PATTERN: Final = re.compile(r"(?:hmac-sha256:)?[0-9a-f]{64}")
 
@@ -64,17 +63,17 @@ class KeysNotReady(SpendbusError):
 def key_record(vk: VirtualKey, applied_at: datetime) -> dict[str, Any]:
     """The topic value of ``vk`` (its digest is the record key)."""
     p = vk.principal
-    return {
-        "name": vk.name,
-        "org_id": p.org_id,
-        "secret_id": p.secret_id,
-        "project_id": p.project_id,
-        "grant_id": p.grant_id,
-        "user_id": p.user_id,
-        "groups": list(p.groups),
-        "tags": dict(p.tags),
-        "applied_at": applied_at,
-    }
+    return key_topic_record(
+        name=vk.name,
+        org_id=p.org_id,
+        secret_id=p.secret_id,
+        project_id=p.project_id,
+        grant_id=p.grant_id,
+        user_id=p.user_id,
+        groups=p.groups,
+        tags=dict(p.tags),
+        applied_at=applied_at,
+    )
 
 
 def key_from_record(key: str, record: dict[str, Any]) -> VirtualKey:

@@ -6,41 +6,22 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import click
 from rich.table import Table
 
+from runtime.compacted import publish
 from runtime.topic_reader import read_latest_values
 from schemas.budgets import Budget
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE
 from schemas.errors import ConfigError, ContractError
-from schemas.money import format_usd, usd_to_nanos
+from schemas.money import format_usd
 from schemas.periods import from_micros, to_micros
-from schemas.raises import BudgetRaise, scope_values_of
+from schemas.raises import BudgetRaise, grant_raise, scope_values_of
 from spendbus.commands.output import console, fail, limits_text
 from spendbus.settings import Settings, load_settings
-from spendbus.stack.compacted import publish
 from spendbus.stack.local import bootstrap_or_fail
-
-
-def _raise_until(text: str, now: datetime) -> datetime:
-    """``--until``: an ISO 8601 time with its zone (``2026-12-31T18:00:00Z``) or a duration
-    from now (``90s``, ``30m``, ``6h``, ``2d``)."""
-    text = text.strip()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-    if text[:-1].isdigit() and text[-1:] in units:
-        return now + timedelta(seconds=int(text[:-1]) * units[text[-1]])
-    try:
-        until = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(
-            f"--until {text!r}: give a time with its zone (2026-12-31T18:00:00Z) or a "
-            "duration from now (90s, 30m, 6h, 2d)"
-        ) from None
-    if until.tzinfo is None:
-        raise ConfigError(f"--until {text!r}: the time needs a zone (Z or +01:00)")
-    return until.astimezone(UTC)
 
 
 def _live_budget(settings: Settings, budget_id: str) -> Budget:
@@ -108,48 +89,26 @@ def budgets_raise(
 ) -> None:
     """Raise a budget's limits (one counter with --scope, else every counter) until --until."""
     import getpass
-    import uuid
 
     settings = load_settings()
+    now = datetime.now(UTC)
     try:
-        if by_usd is not None and to_usd is not None:
-            raise ConfigError("give --by or --to, not both")
-        if by_usd is None and to_usd is None and tokens is None and requests is None:
-            raise ConfigError("give --by USD or --to USD (and/or --tokens, --requests)")
-        if not reason.strip():
-            raise ConfigError("--reason: say why the limit is raised")
-        now = datetime.now(UTC)
-        until = _raise_until(until_text, now)
-        if until <= now:
-            raise ConfigError(f"--until {until.isoformat()} has passed")
         budget = _live_budget(settings, budget_id)
-        usd = by_usd if by_usd is not None else to_usd
-        nanos = None if usd is None else usd_to_nanos(usd)
-        if nanos is not None and nanos <= 0:
-            raise ConfigError("the USD amount must be > 0")
-        for amount, limit, name in (
-            (nanos, budget.limit_nanos, "a USD limit (limit_usd)"),
-            (tokens, budget.limit_tokens, "limit_tokens"),
-            (requests, budget.limit_requests, "limit_requests"),
-        ):
-            if amount is not None and limit is None:
-                raise ConfigError(f"budget {budget_id!r} has no {name} to raise")
-        scope_values = () if scope_text is None else scope_values_of(budget.scope, scope_text)
+        granted = grant_raise(
+            budget,
+            scope_text=scope_text,
+            by_usd=by_usd,
+            to_usd=to_usd,
+            tokens=tokens,
+            requests=requests,
+            until_text=until_text,
+            reason=reason,
+            created_by=getpass.getuser(),
+            now=now,
+        )
     except (ConfigError, ContractError) as exc:
         fail(exc)
-    granted = BudgetRaise(
-        raise_id=f"r-{uuid.uuid4().hex[:12]}",
-        budget_id=budget_id,
-        scope_values=scope_values,
-        mode="to" if to_usd is not None else "by",
-        raise_nanos=nanos,
-        raise_tokens=tokens,
-        raise_requests=requests,
-        starts_at_us=to_micros(now),
-        until_us=to_micros(until),
-        reason=reason.strip(),
-        created_by=getpass.getuser(),
-    )
+    until = from_micros(granted.until_us)
     asyncio.run(
         publish(
             bootstrap_or_fail(settings),
@@ -159,7 +118,7 @@ def budgets_raise(
         )
     )
     ln, lt, lr = granted.limits(budget.limit_nanos, budget.limit_tokens, budget.limit_requests)
-    target = "/".join(scope_values) if scope_values else "every counter"
+    target = "/".join(granted.scope_values) if granted.scope_values else "every counter"
     click.echo(
         f"raised {budget_id} ({target}) {_raise_text(granted)}: limits "
         f"{limits_text(budget.limit_nanos, budget.limit_tokens, budget.limit_requests)} -> "

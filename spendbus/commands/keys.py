@@ -109,7 +109,7 @@ def keys_new(as_json: bool, out: Path | None) -> None:
         click.echo(json.dumps({"key_file": str(out), "key_hmac": digest}) if as_json else digest)
         click.echo(f"the key is in {out} (mode 0600): keep it, it cannot be recovered", err=True)
         return
-    _private_stdout()
+    private_stdout()
     click.echo(text)
     if not as_json:
         click.echo(
@@ -131,9 +131,10 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _private_stdout() -> None:
+def private_stdout() -> None:
     """Standard output redirected to a regular file (``keys new > alice.key``, which the
-    shell made under its own umask, often 0644): make that file 0600 before the key is in it."""
+    shell made under its own umask, often 0644): make that file 0600 before the key is in it
+    (``admin tokens new`` prints its token the same way)."""
     try:
         fd = sys.stdout.fileno()
         info = os.fstat(fd)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,12 +22,10 @@ from rich.table import Table
 
 from runtime.topic_reader import read_latest_values
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, VERDICT
+from schemas.counter_rows import counter_row
 from schemas.errors import ContractError
-from schemas.forecast import Burn
 from schemas.money import format_usd
-from schemas.periods import from_micros, to_micros
-from schemas.raises import BudgetRaise, RaiseBook
-from schemas.rolling import rolling_spend
+from schemas.raises import RaiseBook
 from spendbus.commands.output import limits_text
 from spendbus.settings import Settings
 
@@ -50,14 +47,6 @@ CSV_COLUMNS = (
     "burn_nanos_per_hour",
     "exhausts_at",
 )
-
-
-def _iso(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    return str(value)
 
 
 def _parse(value: str | None) -> datetime | None:
@@ -122,77 +111,17 @@ def live_counters(
     ``org_id`` (a counter's first scope value) and ``budget_ids`` when given."""
     now = now or datetime.now(UTC)
     verdicts, book, alert_at = asyncio.run(_verdicts_and_raises(settings, bootstrap))
-    now_us = to_micros(now)
     rows = []
     for v in verdicts:
-        reset = v["reset_at"]
-        if reset is not None and reset <= now:
-            continue  # a past period's counter
         values = tuple(v["scope_values"])
         if org_id is not None and (not values or values[0] != org_id):
             continue
         if budget_ids and v["budget_id"] not in budget_ids:
             continue
-        granted: BudgetRaise | None = book.active(v["budget_id"], values, now_us)
-        spent = (v["spent_nanos"], v["spent_tokens"], v["spent_requests"])
-        state, reset_at = v["state"], _iso(reset)
-        rolling = rolling_spend(v)
-        if rolling is not None:
-            # the buckets that left the window since the verdict, by this clock
-            spent = rolling.at(now_us)
-            limits = (v["limit_nanos"], v["limit_tokens"], v["limit_requests"])
-            state = counter_state_of(spent, limits, alert_at.get(v["budget_id"], ()))
-            if state == "exceeded":
-                reopens = rolling.fits_at(now_us, limits, (0, 0, 0))
-                reset_at = None if reopens is None else _iso(from_micros(reopens))
-        span = v["burn_span_us"]
-        burn = (
-            Burn(
-                v["burn_nanos"] or 0,
-                v["burn_tokens"] or 0,
-                v["burn_requests"] or 0,
-                span,
-                to_micros(v["as_of"]),
-            ).per_hour()
-            if span
-            else None
-        )
-        rows.append(
-            {
-                "budget_id": v["budget_id"],
-                "scope": v["scope"],
-                "scope_values": list(values),
-                "counter": v["counter_key"],
-                "action": v["action"],
-                "period": v["period"],
-                "state": state,
-                "spent_nanos": spent[0],
-                "spent_tokens": spent[1],
-                "spent_requests": spent[2],
-                "limit_nanos": v["limit_nanos"],
-                "limit_tokens": v["limit_tokens"],
-                "limit_requests": v["limit_requests"],
-                "raise": None if granted is None else granted.to_json(),
-                "reset_at": reset_at,
-                "burn_per_hour": burn,
-                "exhausts_at": _iso(v["exhausts_at"]),
-                "as_of": _iso(v["as_of"]),
-                "seq": v["seq"],
-            }
-        )
+        row = counter_row(v, book, alert_at.get(v["budget_id"], ()), now)
+        if row is not None:
+            rows.append(row)
     return sorted(rows, key=lambda r: (r["budget_id"], r["scope_values"]))
-
-
-def counter_state_of(
-    spent: tuple[int, int, int],
-    limits: tuple[int | None, int | None, int | None],
-    alert_at: Sequence[float],
-) -> str:
-    """exceeded when a limit is reached, alert past the lowest threshold (the fold's rule)."""
-    ratio = max((s / limit for s, limit in zip(spent, limits, strict=True) if limit), default=0.0)
-    if ratio >= 1.0:
-        return "exceeded"
-    return "alert" if alert_at and ratio >= min(alert_at) else "ok"
 
 
 def burn_usd(nanos: int) -> str:

@@ -58,9 +58,19 @@ TINY: dict[str, list[str]] = {
         *("--chart", "{tmp}/overshoot.png", "--out", "{tmp}/overshoot.json"),
     ],
     "cli": ["--rounds", "1"],
+    "admin": [
+        "--events",
+        "2000",
+        "--budgets",
+        "2",
+        "--counters-per-budget",
+        "3",
+        "--requests",
+        "3",
+    ],
 }
 #: the benches that need a Kafka broker
-ON_KAFKA = {"publisher", "burst", "pipeline", "gateway", "replay", "overshoot"}
+ON_KAFKA = {"admin", "publisher", "burst", "pipeline", "gateway", "replay", "overshoot"}
 
 
 def run_tiny(name: str, tmp: Path, env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -1,0 +1,290 @@
+"""What the admin API reads and writes: the compacted budget, raise and key topics (the
+very records the CLI writes) followed live, and the audit topic.
+
+A write is published with ``acks=all`` and applied to the view once acknowledged, then
+its audit entry is published the same way; only then is the request answered, so a GET
+that follows reads it (read your writes). Writes go one at a time (one lock): a create's
+"does it exist?" and its publish cannot interleave with another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from aiokafka import AIOKafkaProducer
+
+from admin.access import Caller
+from admin.audit_table import AuditSink, AuditTable
+from admin.errors import ApiError
+from runtime.compacted import CompactedView, publish_with
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from schemas.budgets import Budget
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, GATEWAY_KEY, VERDICT
+from schemas.errors import ContractError
+from schemas.generations import GenerationSwitch
+from schemas.raises import BudgetRaise, RaiseBook
+from schemas.topics import CONTROL_KEY, Topics
+
+#: seconds a write waits for the broker's acknowledgement before answering 503
+ACK_TIMEOUT_S: Final = 15.0
+#: answers kept for Idempotency-Key retries (the oldest go first)
+IDEMPOTENT_ANSWERS: Final = 10_000
+
+
+def _verdict_or_none(value: bytes) -> dict[str, Any] | None:
+    try:
+        return dict(VERDICT.decode(value))
+    except ContractError:  # what the enforcers skip too
+        return None
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    bootstrap: str
+    topics: Topics
+    #: the server-side secret virtual keys are digested with (the gateways')
+    key_secret: bytes
+    security: KafkaSecurity = PLAINTEXT
+
+
+@dataclass
+class Remembered:
+    """A POST's answer under its Idempotency-Key, and what was asked."""
+
+    request: bytes
+    status: int
+    body: dict[str, Any]
+
+
+@dataclass
+class AdminStore:
+    config: AdminConfig
+    #: the audit trail's ClickHouse table (admin/audit_table.py); None: the topic only
+    audit_sink: AuditSink | None = None
+    view: CompactedView = field(init=False)
+    _audit_table: AuditTable | None = field(init=False, default=None)
+    _producer: AIOKafkaProducer | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: held through an idempotent POST: a retry sent while the first is in flight waits
+    _once_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _answers: OrderedDict[tuple[str, str, str], Remembered] = field(default_factory=OrderedDict)
+    #: the current generation's verdicts, followed from the first counters read on
+    _verdicts: CompactedView | None = None
+    _verdicts_topic: str = ""
+    _verdicts_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: (topic, key) -> (the value decoded, what it decoded to): a read decodes only
+    #: what changed since the last one
+    _decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        t = self.config.topics
+        self.view = CompactedView(
+            self.config.bootstrap,
+            [t.budget_policies, t.budget_raises, t.gateway_keys, t.admin_audit, t.generations],
+            security=self.config.security,
+            on_change=self._changed,
+        )
+        if self.audit_sink is not None:
+            self._audit_table = AuditTable(self.audit_sink)
+
+    def _changed(self, topic: str, key: bytes, value: bytes | None) -> None:
+        table = self._audit_table
+        if table is not None and topic == self.config.topics.admin_audit and value is not None:
+            table.add(json.loads(value))
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.config.bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=int(ACK_TIMEOUT_S * 1000),
+            **self.config.security.client_kwargs(),
+        )
+        await producer.start()
+        try:
+            await self.view.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
+        if self._audit_table is not None:
+            await self._audit_table.start(self.audit())
+
+    async def stop(self) -> None:
+        if self._audit_table is not None:
+            await self._audit_table.stop()
+        if self._verdicts is not None:
+            await self._verdicts.stop()
+            self._verdicts = None
+        await self.view.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    # --- reads ---------------------------------------------------------------------------
+    def _decode(self, topic: str, key: bytes, value: bytes, decode: Callable[[bytes], Any]) -> Any:
+        held = self._decoded.get((topic, key))
+        if held is not None and held[0] == value:
+            return held[1]
+        decoded = decode(value)
+        self._decoded[(topic, key)] = (value, decoded)
+        return decoded
+
+    def _decoded_values(
+        self, topic: str, values: dict[bytes, bytes], decode: Callable[[bytes], Any]
+    ) -> dict[bytes, Any]:
+        """``values`` decoded, each only once while it stays the same (tombstoned keys'
+        entries are let go)."""
+        out = {key: self._decode(topic, key, value, decode) for key, value in values.items()}
+        gone = [k for k in self._decoded if k[0] == topic and k[1] not in values]
+        for k in gone:
+            del self._decoded[k]
+        return out
+
+    def budgets(self) -> dict[str, Budget]:
+        topic = self.config.topics.budget_policies
+        decoded = self._decoded_values(
+            topic,
+            self.view.values(topic),
+            lambda value: Budget.from_record(BUDGET_POLICY.decode(value)),
+        )
+        return {budget.budget_id: budget for budget in decoded.values()}
+
+    def raises(self) -> dict[str, BudgetRaise]:
+        topic = self.config.topics.budget_raises
+        decoded = self._decoded_values(
+            topic,
+            self.view.values(topic),
+            lambda value: BudgetRaise.from_record(BUDGET_RAISE.decode(value)),
+        )
+        return {key.decode(): found for key, found in decoded.items()}
+
+    def keys(self) -> dict[str, dict[str, Any]]:
+        """record key -> decoded VirtualKey record of every live, readable key."""
+        out = {}
+        for key, value in self.view.values(self.config.topics.gateway_keys).items():
+            try:
+                out[key.decode()] = GATEWAY_KEY.decode(value)
+            except Exception:  # an unreadable record serves no one: the gateways skip it too
+                continue
+        return out
+
+    def raise_book(self) -> RaiseBook:
+        book = RaiseBook()
+        for raise_id, found in self.raises().items():
+            book.apply(raise_id, found.to_record())
+        return book
+
+    async def verdicts(self) -> list[dict[str, Any]]:
+        """The live verdicts of the generation the enforcers follow (what they check)."""
+        topics = self.config.topics
+        switch = self.view.get(topics.generations, CONTROL_KEY)
+        generation = "" if switch is None else GenerationSwitch.decode(switch).generation
+        topic = topics.of_generation(generation).budget_verdicts
+        async with self._verdicts_lock:
+            if self._verdicts is None or self._verdicts_topic != topic:
+                if self._verdicts is not None:  # a cutover: follow the new generation
+                    await self._verdicts.stop()
+                    self._verdicts = None
+                view = CompactedView(self.config.bootstrap, [topic], security=self.config.security)
+                await view.start()
+                self._verdicts, self._verdicts_topic = view, topic
+            values = self._verdicts.values(topic)
+        decoded = self._decoded_values(topic, values, _verdict_or_none)
+        return [v for v in decoded.values() if v is not None]
+
+    def audit(self) -> list[dict[str, Any]]:
+        values = self.view.values(self.config.topics.admin_audit)
+        entries = [json.loads(v) for v in values.values()]
+        return sorted(entries, key=lambda e: (e["at"], e["audit_id"]))
+
+    # --- writes --------------------------------------------------------------------------
+    @asynccontextmanager
+    async def writing(self) -> AsyncIterator[None]:
+        async with self._lock:
+            yield
+
+    async def write(
+        self,
+        caller: Caller,
+        *,
+        topic: str,
+        records: list[tuple[bytes, bytes | None]],
+        action: str,
+        resource: str,
+        resource_id: str,
+        org_id: str | None,
+        before: Any,
+        after: Any,
+    ) -> None:
+        """Publish ``records`` then their audit entry, each acknowledged (hold ``writing``)."""
+        entry = {
+            "audit_id": f"a-{secrets.token_hex(8)}",
+            "at": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "token_id": caller.token_id,
+            "role": caller.role,
+            "remote": caller.remote,
+            "action": action,
+            "resource": resource,
+            "resource_id": resource_id,
+            "org_id": org_id,
+            "before": before,
+            "after": after,
+        }
+        audit: list[tuple[bytes, bytes | None]] = [
+            (str(entry["audit_id"]).encode(), json.dumps(entry, default=str).encode())
+        ]
+        await self._publish(topic, records)
+        await self._publish(self.config.topics.admin_audit, audit)
+
+    async def _publish(self, topic: str, records: list[tuple[bytes, bytes | None]]) -> None:
+        assert self._producer is not None, "the store is started with the app"
+        try:
+            async with asyncio.timeout(ACK_TIMEOUT_S):
+                placed = await publish_with(self._producer, topic, records)
+        except TimeoutError:
+            raise ApiError(
+                503, f"the broker did not acknowledge within {ACK_TIMEOUT_S:g} s; retry"
+            ) from None
+        self.view.apply_written(topic, placed, records)
+
+    # --- Idempotency-Key -----------------------------------------------------------------
+    async def once(
+        self,
+        caller: Caller,
+        idempotency_key: str | None,
+        route: str,
+        request: bytes,
+        answer: Callable[[], Awaitable[tuple[int, dict[str, Any]]]],
+    ) -> tuple[int, dict[str, Any]]:
+        """``answer()``, or the answer a POST with the same Idempotency-Key (same caller,
+        same route) got; the same key with another body is a 422."""
+        if idempotency_key is None:
+            return await answer()
+        if not 1 <= len(idempotency_key) <= 200:
+            raise ApiError(422, "header 'Idempotency-Key': 1-200 characters", "Idempotency-Key")
+        slot = (caller.token_id, route, idempotency_key)
+        async with self._once_lock:
+            remembered = self._answers.get(slot)
+            if remembered is not None:
+                if remembered.request != request:
+                    raise ApiError(
+                        422,
+                        "header 'Idempotency-Key': already used for another request body",
+                        "Idempotency-Key",
+                    )
+                return remembered.status, remembered.body
+            status, body = await answer()
+            if status < 300:
+                self._answers[slot] = Remembered(request, status, body)
+                while len(self._answers) > IDEMPOTENT_ANSWERS:
+                    self._answers.popitem(last=False)
+            return status, body

@@ -1,0 +1,202 @@
+"""Who may do what through the admin API, on a real broker: every role × resource × verb,
+across two orgs and a budget of none; seed 000's codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.topics import Topics
+from tests.admin.kit import AdminServer, admin_server, budget
+
+pytestmark = pytest.mark.integration
+
+ROLES = ("platform-admin", "org-admin", "org-viewer")
+OWNERS = ("acme", "globex", None)  # the caller's org is acme; None: a budget of no org
+
+
+async def seed(server: AdminServer, platform: str, tag: str) -> dict[str | None, dict[str, str]]:
+    """For each owner: a budget, a key and a raise of it (made by the platform admin)."""
+    made: dict[str | None, dict[str, str]] = {}
+    for owner in OWNERS:
+        budget_id = f"{owner or 'all'}.{tag}"
+        status, _ = await server.call(
+            "POST", "/v1/admin/budgets", platform, budget(budget_id, owner)
+        )
+        assert status == 201
+        status, granted = await server.call(
+            "POST",
+            "/v1/admin/raises",
+            platform,
+            {"budget_id": budget_id, "by_usd": "5", "until": "1d", "reason": "launch"},
+        )
+        assert status == 201, granted
+        ids = {"budget": budget_id, "raise": granted["raise_id"]}
+        if owner is not None:
+            status, key = await server.call(
+                "POST",
+                "/v1/admin/keys",
+                platform,
+                {"name": f"{owner}.{tag}", "org_id": owner, "secret_id": "sk-openai"},
+            )
+            assert status == 201, key
+            ids["key"] = key["key_id"]
+        made[owner] = ids
+    return made
+
+
+def expected(role: str, owner: str | None, writes: bool) -> str:
+    """'ok', 'hidden' (404) or 'forbidden' (403)."""
+    if role == "platform-admin":
+        return "ok"
+    if writes and role == "org-viewer":
+        return "forbidden"
+    return "ok" if owner == "acme" else "hidden"
+
+
+async def test_every_role_resource_and_verb_is_fenced_by_org(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with admin_server(kafka_bootstrap, topics, tmp_path) as server:
+        platform = server.token("platform-admin")
+        callers = {
+            "platform-admin": platform,
+            "org-admin": server.token("org-admin", "acme"),
+            "org-viewer": server.token("org-viewer", "acme"),
+        }
+        wrong: list[str] = []
+
+        def check(role: str, owner: str | None, what: str, status: int, ok: set[int]) -> None:
+            want = expected(role, owner, writes=what.split()[0] not in ("GET",))
+            codes = {"ok": ok, "hidden": {404}, "forbidden": {403}}[want]
+            if status not in codes:
+                wrong.append(f"{role} on {owner or 'no-org'}: {what} -> {status}, want {want}")
+
+        for role, token in callers.items():
+            made = await seed(server, platform, role)
+            # lists show exactly what the caller may see
+            status, listed = await server.call("GET", "/v1/admin/budgets", token)
+            shown = {b["id"] for b in listed["budgets"]}
+            for owner, ids in made.items():
+                if (ids["budget"] in shown) != (expected(role, owner, False) == "ok"):
+                    wrong.append(
+                        f"{role}: budget list shows {ids['budget']}: {ids['budget'] in shown}"
+                    )
+            status, listed = await server.call("GET", "/v1/admin/keys", token)
+            shown = {k["key_id"] for k in listed["keys"]}
+            for owner, ids in made.items():
+                if "key" in ids and (ids["key"] in shown) != (expected(role, owner, False) == "ok"):
+                    wrong.append(f"{role}: key list shows {owner}'s key: {ids['key'] in shown}")
+            status, listed = await server.call("GET", "/v1/admin/raises", token)
+            shown = {r["raise_id"] for r in listed["raises"]}
+            for owner, ids in made.items():
+                if (ids["raise"] in shown) != (expected(role, owner, False) == "ok"):
+                    wrong.append(
+                        f"{role}: raise list shows {owner}'s raise: {ids['raise'] in shown}"
+                    )
+
+            for owner, ids in made.items():
+                b, r = ids["budget"], ids["raise"]
+                calls: list[tuple[str, str, Any, set[int]]] = [
+                    ("GET", f"/v1/admin/budgets/{b}", None, {200}),
+                    ("PATCH", f"/v1/admin/budgets/{b}", {"limit_usd": "60"}, {200}),
+                    ("PUT", f"/v1/admin/budgets/{b}", budget(b, owner, limit_usd="70"), {200}),
+                    ("GET", f"/v1/admin/raises/{r}", None, {200}),
+                    ("POST", f"/v1/admin/raises/{r}/revoke", None, {200}),
+                ]
+                if "key" in ids:
+                    k = ids["key"]
+                    calls += [
+                        ("GET", f"/v1/admin/keys/{k}", None, {200}),
+                        ("POST", f"/v1/admin/keys/{k}/rotate", None, {201}),
+                    ]
+                for method, path, body, ok in calls:
+                    status, answer = await server.call(method, path, token, body)
+                    check(role, owner, f"{method} {path}", status, ok)
+                    if status == 201 and path.endswith("/rotate"):
+                        ids["key"] = answer["key_id"]  # the old one is revoked
+                # the destructive verbs last
+                if "key" in ids:
+                    status, _ = await server.call("DELETE", f"/v1/admin/keys/{ids['key']}", token)
+                    check(role, owner, "DELETE key", status, {200})
+                status, _ = await server.call("DELETE", f"/v1/admin/budgets/{b}", token)
+                check(role, owner, "DELETE budget", status, {200})
+
+            # creating: in the caller's org, in another, in none
+            for owner in OWNERS:
+                name = f"{owner or 'all'}.new-{role}"
+                status, _ = await server.call(
+                    "POST", "/v1/admin/budgets", token, budget(name, owner)
+                )
+                want = {
+                    "platform-admin": 201,
+                    "org-viewer": 403,
+                    # another org's: 403; of none: made its own org's, but named outside it
+                    "org-admin": {"acme": 201, "globex": 403, None: 422}[owner],
+                }[role]
+                if status != want:
+                    wrong.append(f"{role}: create budget of {owner}: {status}, want {want}")
+                status, _ = await server.call(
+                    "POST",
+                    "/v1/admin/keys",
+                    token,
+                    {"name": name, "org_id": owner or "acme", "secret_id": "sk-openai"}
+                    if owner
+                    else {"name": name, "secret_id": "sk-openai"},
+                )
+                want = {
+                    ("platform-admin", None): 422,  # a platform key must name its org
+                    ("org-admin", "globex"): 403,
+                    ("org-admin", None): 422,  # its own org, but named outside it
+                }.get((role, owner), 201 if role != "org-viewer" else 403)
+                if role == "org-viewer":
+                    want = 403
+                if status != want:
+                    wrong.append(f"{role}: create key of {owner}: {status}, want {want}")
+        assert not wrong, "\n".join(wrong)
+
+
+async def test_seed_000_codes_and_no_token_no_answer(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with admin_server(kafka_bootstrap, topics, tmp_path) as server:
+        acme = server.token("org-admin", "acme")
+        globex = server.token("org-admin", "globex")
+        viewer = server.token("org-viewer", "acme")
+        assert (await server.call("POST", "/v1/admin/budgets", acme, budget("acme.m")))[0] == 201
+        status, body = await server.call("POST", "/v1/admin/budgets", acme, budget("acme.m"))
+        assert (status, body["error"]) == (409, "budget 'acme.m' exists (PUT replaces it)")
+        for cap in ("0", "-5", 0):
+            status, body = await server.call(
+                "POST", "/v1/admin/budgets", acme, budget("acme.zero", limit_usd=cap)
+            )
+            assert (status, body["field"]) == (422, "limit_usd"), body
+        status, key = await server.call(
+            "POST", "/v1/admin/keys", acme, {"name": "acme.ci", "secret_id": "sk-openai"}
+        )
+        assert status == 201 and key["org_id"] == "acme" and key["key"].startswith("sb-")
+        # another org's key: 404, the same as one that does not exist
+        assert (await server.call("GET", f"/v1/admin/keys/{key['key_id']}", globex))[0] == 404
+        assert (await server.call("DELETE", f"/v1/admin/keys/{key['key_id']}", globex))[0] == 404
+        assert (await server.call("GET", "/v1/admin/keys/" + "0" * 64, globex))[0] == 404
+        # a role that may not: 403
+        status, body = await server.call("POST", "/v1/admin/budgets", viewer, budget("acme.v"))
+        assert (status, body["error"]) == (403, "role org-viewer is read only")
+        # a budget of another org, or named outside the caller's
+        status, body = await server.call(
+            "POST", "/v1/admin/budgets", acme, budget("acme.x", "globex")
+        )
+        assert status == 403 and body["error"].startswith("field 'match.org_id'")
+        status, body = await server.call("POST", "/v1/admin/budgets", acme, budget("globex.m"))
+        assert (status, body["field"]) == (422, "id")
+        # no token, a malformed one, a revoked one
+        assert (await server.call("GET", "/v1/admin/budgets", None))[0] == 401
+        assert (await server.call("GET", "/v1/admin/budgets", "sbadm_x_y"))[0] == 401
+        revoked_id = next(r.token_id for r in server.tokens.records() if r.org_id == "globex")
+        server.tokens.revoke(revoked_id)
+        assert (await server.call("GET", "/v1/admin/budgets", globex))[0] == 401
+        # a key's secret is in the mint's answer only
+        status, listed = await server.call("GET", "/v1/admin/keys", acme)
+        assert "key" not in listed["keys"][0] and key["key"] not in str(listed)
