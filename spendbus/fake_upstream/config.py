@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class FakeUpstreamConfig(BaseModel):
@@ -29,6 +29,8 @@ class FakeUpstreamConfig(BaseModel):
     gzip: bool = False
     #: Obey the x-fake-* request headers.
     honor_headers: bool = True
+    #: The key the admin usage reports want (billing.py); None: they refuse every request.
+    admin_key: SecretStr | None = None
 
     @field_validator("error_statuses")
     @classmethod

@@ -1,0 +1,49 @@
+"""Reconciliation: the meter proved against the providers' own usage reports.
+
+``fetch_pages`` reads a provider's admin usage report (every page), ``read_report``
+checks it whole into :class:`ProviderUsage` rows, ``open_store`` keeps imports (a repeated
+or overlapping one replaces the days it covers) and runs in ClickHouse, and ``reconcile``
+matches day × credential (``load_mapping``) × model × tier × token class against the
+ledger's ``usage_events``, each delta explained by its cause (``CAUSES``) or named as the
+residual. See README.md here. Code outside the room imports these names only.
+"""
+
+from reconcile.fetch import fetch_pages
+from reconcile.mapping import CredentialMapping, load_mapping, mapping_from_data
+from reconcile.matching import CAUSES, Cell, DaySummary, LedgerCell, ledger_sql, match
+from reconcile.provider_reports import (
+    PROVIDERS,
+    TOKEN_CLASSES,
+    ProviderReport,
+    ProviderUsage,
+    ReportError,
+    read_report,
+)
+from reconcile.run import Reconciliation, import_report, reconcile, render_table
+from reconcile.store import ReconcileStore, StoreError, open_store
+
+__all__ = [
+    "CAUSES",
+    "PROVIDERS",
+    "TOKEN_CLASSES",
+    "Cell",
+    "CredentialMapping",
+    "DaySummary",
+    "LedgerCell",
+    "ProviderReport",
+    "ProviderUsage",
+    "ReconcileStore",
+    "Reconciliation",
+    "ReportError",
+    "StoreError",
+    "fetch_pages",
+    "import_report",
+    "ledger_sql",
+    "load_mapping",
+    "mapping_from_data",
+    "match",
+    "open_store",
+    "read_report",
+    "reconcile",
+    "render_table",
+]

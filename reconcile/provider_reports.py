@@ -1,0 +1,234 @@
+"""The providers' own usage reports, read into one shape: :class:`ProviderUsage` rows.
+
+OpenAI's organization Usage API (``/v1/organization/usage/completions``: daily buckets of
+``organization.usage.completions.result``, grouped by ``project_id``, ``api_key_id``,
+``model``, ``batch``) and Anthropic's Admin API usage report
+(``/v1/organizations/usage_report/messages``: daily buckets grouped by ``api_key_id``,
+``workspace_id``, ``model``, ``service_tier``, ``context_window``), as pages of
+``{"data": [...], "has_more": ..., "next_page": ...}``. A file holds one page or a list of
+pages (what ``reconcile fetch`` saves); every page a report announced must be there.
+
+Token classes are the ledger's (:data:`TOKEN_CLASSES`): OpenAI's ``input_tokens`` count the
+cached ones, so uncached input is ``input_tokens - input_cached_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from schemas.errors import SpendbusError
+
+#: the token classes a cell is matched in (the ledger's columns, cache writes by TTL)
+TOKEN_CLASSES = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output")
+#: the providers whose usage reports `reconcile fetch` reads and `reconcile import` takes
+PROVIDERS = ("openai", "anthropic")
+
+
+class ReportError(SpendbusError):
+    """A provider report that cannot be read whole: the message names what and where."""
+
+
+@dataclass(frozen=True)
+class ProviderUsage:
+    """One (day, key, model, tier) result of a provider report."""
+
+    provider: str
+    day: date
+    api_key_id: str
+    model: str
+    tier: str
+    tokens: dict[str, int]
+    #: requests the provider counted (OpenAI's num_model_requests); None: not reported
+    requests: int | None = None
+    #: the project (OpenAI) or workspace (Anthropic) the key belongs to
+    project: str | None = None
+
+
+@dataclass
+class ProviderReport:
+    """A report read whole: its rows, and the days it covers (a day with no usage counts)."""
+
+    provider: str
+    rows: list[ProviderUsage] = field(default_factory=list)
+    days: set[date] = field(default_factory=set)
+
+
+def _count(result: dict[str, Any], name: str, where: str, *, required: bool = True) -> int:
+    value: Any = result
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None and not required:
+        return 0
+    if type(value) is not int or value < 0:
+        raise ReportError(f"{where}: {name} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _group(result: dict[str, Any], name: str, where: str) -> str:
+    value = result.get(name)
+    if not isinstance(value, str) or not value:
+        raise ReportError(
+            f"{where}: {name} is {value!r}: the report must be grouped by {name} "
+            f"(group_by[]={name})"
+        )
+    return value
+
+
+def _day_of(value: Any, where: str, *, unix: bool) -> date:
+    try:
+        if unix:
+            if type(value) is not int:
+                raise ValueError
+            moment = datetime.fromtimestamp(value, UTC)
+        else:
+            if not isinstance(value, str):
+                raise ValueError
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    except (ValueError, OverflowError, OSError):
+        raise ReportError(f"{where}: bucket start {value!r} is not a time") from None
+    if moment.time() != datetime.min.time():
+        raise ReportError(
+            f"{where}: bucket starts at {value!r}, not a UTC day: use bucket_width=1d"
+        )
+    return moment.date()
+
+
+def _openai_row(result: dict[str, Any], day: date, where: str) -> ProviderUsage:
+    total_input = _count(result, "input_tokens", where)
+    cached = _count(result, "input_cached_tokens", where, required=False)
+    if cached > total_input:
+        raise ReportError(
+            f"{where}: input_cached_tokens {cached} exceed input_tokens {total_input}"
+        )
+    batch = result.get("batch")
+    if not isinstance(batch, bool):
+        raise ReportError(
+            f"{where}: batch is {batch!r}: the report must be grouped by batch (group_by[]=batch)"
+        )
+    return ProviderUsage(
+        provider="openai",
+        day=day,
+        api_key_id=_group(result, "api_key_id", where),
+        model=_group(result, "model", where),
+        tier="batch" if batch else "standard",
+        tokens={
+            "input": total_input - cached,
+            "cache_read": cached,
+            "cache_write_5m": 0,
+            "cache_write_1h": 0,
+            "output": _count(result, "output_tokens", where),
+        },
+        requests=_count(result, "num_model_requests", where),
+        project=result.get("project_id") if isinstance(result.get("project_id"), str) else None,
+    )
+
+
+def _anthropic_row(result: dict[str, Any], day: date, where: str) -> ProviderUsage:
+    tier = result.get("service_tier")
+    if not isinstance(tier, str) or not tier:
+        raise ReportError(
+            f"{where}: service_tier is {tier!r}: the report must be grouped by service_tier"
+        )
+    workspace = result.get("workspace_id")
+    return ProviderUsage(
+        provider="anthropic",
+        day=day,
+        api_key_id=_group(result, "api_key_id", where),
+        model=_group(result, "model", where),
+        tier=tier,
+        tokens={
+            "input": _count(result, "uncached_input_tokens", where),
+            "cache_read": _count(result, "cache_read_input_tokens", where, required=False),
+            "cache_write_5m": _count(
+                result, "cache_creation.ephemeral_5m_input_tokens", where, required=False
+            ),
+            "cache_write_1h": _count(
+                result, "cache_creation.ephemeral_1h_input_tokens", where, required=False
+            ),
+            "output": _count(result, "output_tokens", where),
+        },
+        project=workspace if isinstance(workspace, str) else None,
+    )
+
+
+def read_report(provider: str, pages: Any, source: str) -> ProviderReport:
+    """``pages`` (one page or a list of them, as parsed JSON) of ``provider``'s usage report.
+
+    Raises ReportError naming the page, bucket and field for anything malformed, a result
+    not grouped by key and model, a day given twice, or a page the report announced
+    (``has_more``) that is not there: a partial report is never imported.
+    """
+    if provider not in PROVIDERS:
+        raise ReportError(f"provider {provider!r}: expected one of {', '.join(PROVIDERS)}")
+    page_list = pages if isinstance(pages, list) else [pages]
+    if not page_list:
+        raise ReportError(f"{source}: no page in the report")
+    report = ProviderReport(provider)
+    for number, page in enumerate(page_list, 1):
+        where = f"{source} page {number}"
+        if not isinstance(page, dict) or not isinstance(page.get("data"), list):
+            raise ReportError(f'{where}: expected a page {{"data": [...], "has_more": ...}}')
+        has_more = page.get("has_more")
+        if not isinstance(has_more, bool):
+            raise ReportError(f"{where}: has_more must be true or false, got {has_more!r}")
+        if has_more and number == len(page_list):
+            raise ReportError(
+                f"{where}: partial report: has_more is true and the next page "
+                f"({page.get('next_page')!r}) is not in it"
+            )
+        if not has_more and number < len(page_list):
+            raise ReportError(
+                f"{where}: has_more is false but {len(page_list) - number} page(s) follow"
+            )
+        for index, bucket in enumerate(page["data"]):
+            bucket_where = f"{where} bucket {index}"
+            if not isinstance(bucket, dict) or not isinstance(bucket.get("results"), list):
+                raise ReportError(f"{bucket_where}: expected a bucket with results")
+            if provider == "openai":
+                day = _day_of(bucket.get("start_time"), bucket_where, unix=True)
+            else:
+                day = _day_of(bucket.get("starting_at"), bucket_where, unix=False)
+            if day in report.days:
+                raise ReportError(f"{bucket_where}: day {day} is given twice")
+            report.days.add(day)
+            seen: set[tuple[str, str, str]] = set()
+            for n, result in enumerate(bucket["results"]):
+                result_where = f"{bucket_where} result {n}"
+                if not isinstance(result, dict):
+                    raise ReportError(f"{result_where}: expected an object")
+                row = (
+                    _openai_row(result, day, result_where)
+                    if provider == "openai"
+                    else _anthropic_row(result, day, result_where)
+                )
+                key = (row.api_key_id, row.model, row.tier)
+                if key in seen:
+                    # grouped by more than key, model and tier (a project, a context
+                    # window): add the parts up, never count a row twice
+                    report.rows = [
+                        _merged(r, row) if _key(r) == (day, *key) else r for r in report.rows
+                    ]
+                    continue
+                seen.add(key)
+                report.rows.append(row)
+    return report
+
+
+def _key(row: ProviderUsage) -> tuple[date, str, str, str]:
+    return (row.day, row.api_key_id, row.model, row.tier)
+
+
+def _merged(a: ProviderUsage, b: ProviderUsage) -> ProviderUsage:
+    requests = None if a.requests is None or b.requests is None else a.requests + b.requests
+    return ProviderUsage(
+        provider=a.provider,
+        day=a.day,
+        api_key_id=a.api_key_id,
+        model=a.model,
+        tier=a.tier,
+        tokens={k: a.tokens[k] + b.tokens[k] for k in TOKEN_CLASSES},
+        requests=requests,
+        project=a.project,
+    )

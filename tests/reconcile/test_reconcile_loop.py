@@ -1,0 +1,228 @@
+"""The loop closed: traffic through the gateway on the real broker, the aggregator worker's
+ClickHouse ledger, the fake providers' own usage reports fetched over their admin API, and
+the reconciliation: zero residual exactly, then each injected cause as its own delta."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from pydantic import SecretStr
+
+from reconcile import (
+    Cell,
+    fetch_pages,
+    import_report,
+    mapping_from_data,
+    open_store,
+    read_report,
+    reconcile,
+)
+from schemas.codec import PRICE_TABLE
+from schemas.pricing import default_price_file, load_price_file
+from schemas.topics import Topics
+from spendbus.fake_upstream import FakeUpstreamConfig
+from spendbus.fake_upstream.billing import api_key_id
+from spendbus.stack.compacted import publish
+from tests.gateway.kit import CREDENTIALS, KEY_OF, GatewayStack, gateway_stack
+from tests.pipeline_kit import Pipeline
+
+ADMIN_KEY = "admin-key-for-the-fake-reports-0123"
+MAPPING = mapping_from_data(
+    {
+        "credentials": {
+            "sk-openai": {
+                "provider": "openai",
+                "api_key_id": api_key_id("openai", CREDENTIALS["sk-openai"]),
+            },
+            "sk-anthropic": {
+                "provider": "anthropic",
+                "api_key_id": api_key_id("anthropic", CREDENTIALS["sk-anthropic"]),
+            },
+        }
+    },
+    "test",
+)
+PROMPT = "Reconcile the meter against the bill, line by line. " * 8
+
+
+def chat(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
+
+
+def message(model: str, *, stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+    return body | ({"stream": True} if stream else {})
+
+
+async def post(url: str, path: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url + path, json=body, headers=headers) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+
+
+async def clean_traffic(stack: GatewayStack) -> int:
+    """Calls through the gateway, each read whole; how many."""
+    openai = {"Authorization": f"Bearer {KEY_OF['sk-openai']}"}
+    anthropic = {"x-api-key": KEY_OF["sk-anthropic"], "anthropic-version": "2023-06-01"}
+    await post(stack.url, "/v1/chat/completions", chat("gpt-4o"), openai)
+    await post(stack.url, "/v1/chat/completions", chat("gpt-4o"), openai)
+    await post(stack.url, "/v1/messages", message("claude-sonnet-4-5"), anthropic)
+    await post(stack.url, "/v1/messages", message("claude-sonnet-4-5", stream=True), anthropic)
+    return 4
+
+
+async def hang_up(stack: GatewayStack) -> None:
+    """A stream the client leaves after its first event: the ledger charges an estimate."""
+    headers = {
+        "x-api-key": KEY_OF["sk-anthropic"],
+        "anthropic-version": "2023-06-01",
+        "x-fake-output-tokens": "400",
+    }
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(
+            stack.url + "/v1/messages",
+            json=message("claude-haiku-4-5", stream=True) | {"max_tokens": 1024},
+            headers=headers,
+        )
+        assert resp.status == 200
+        await resp.content.readany()
+        resp.close()
+
+
+async def reconcile_now(
+    stack: GatewayStack, pipeline: Pipeline, store: Any, events: int
+) -> list[Cell]:
+    """Wait for ``events`` rows in the ledger, fetch both reports, import, reconcile."""
+    await stack.publisher.flush(30)
+    await asyncio.to_thread(
+        pipeline.sql_until,
+        "SELECT count() FROM usage_events",
+        lambda rows: bool(rows) and rows[0][0] >= events,
+    )
+    since = datetime.now(UTC).date() - timedelta(days=1)
+    for provider in ("openai", "anthropic"):
+        pages = await asyncio.to_thread(fetch_pages, provider, ADMIN_KEY, since, stack.upstream.url)
+        import_report(store, read_report(provider, pages, f"{provider} fetch"), f"{provider} fetch")
+    result = await asyncio.to_thread(reconcile, store, pipeline.sql, MAPPING)
+    return result.cells
+
+
+def by_model(cells: Sequence[Cell]) -> dict[tuple[str, str], Cell]:
+    return {(c.model, c.tier): c for c in cells if c.billed or c.ledger}
+
+
+def billed_truth(stack: GatewayStack, model: str) -> dict[str, int]:
+    """What the fake provider billed for ``model``, in the token classes."""
+    total = dict.fromkeys(("input", "cache_read", "cache_write_5m", "cache_write_1h", "output"), 0)
+    for call in stack.upstream.billing.calls:
+        if call.model == model:
+            u = call.usage
+            total["input"] += u.input_tokens
+            total["cache_read"] += u.cache_read_tokens
+            total["cache_write_5m"] += u.cache_write_tokens - u.cache_write_1h_tokens
+            total["cache_write_1h"] += u.cache_write_1h_tokens
+            total["output"] += u.output_tokens
+    return total
+
+
+async def scenario(bootstrap: str, topics: Topics, home: Path, pipeline: Pipeline) -> None:
+    upstream = FakeUpstreamConfig(
+        port=0, seed=11, chunk_latency_ms=20, output_tokens=(16, 48), admin_key=SecretStr(ADMIN_KEY)
+    )
+    store = open_store(f"chdb://{home / 'reconcile-store'}")
+    async with gateway_stack(bootstrap, topics, home, upstream=upstream) as stack:
+        # 1. gateway traffic only: every cell agrees, exactly
+        events = await clean_traffic(stack)
+        cells = await reconcile_now(stack, pipeline, store, events)
+        assert {(c.model, c.tier) for c in cells} == {
+            ("gpt-4o", "standard"),
+            ("claude-sonnet-4-5", "standard"),
+        }
+        for cell in cells:
+            assert cell.causes == [], cell.as_dict()
+            assert all(d == 0 for d in cell.deltas.values()), cell.as_dict()
+            assert sum(cell.provider_tokens.values()) > 0
+        assert by_model(cells)[("gpt-4o", "standard")].provider_requests == 2
+
+        # 2. each cause injected in a cell of its own
+        await hang_up(stack)
+        direct = {"Authorization": f"Bearer {CREDENTIALS['sk-openai']}"}
+        await post(stack.upstream.url, "/v1/chat/completions", chat("gpt-4o-mini"), direct)
+        await post(
+            stack.upstream.url,
+            "/v1/chat/completions",
+            chat("gpt-4o"),
+            direct | {"x-fake-batch": "true"},
+        )
+        openai = {"Authorization": f"Bearer {KEY_OF['sk-openai']}"}
+        await post(stack.url, "/v1/chat/completions", chat("gpt-unlisted-model"), openai)
+        stranger = {"Authorization": "Bearer sk-a-key-nobody-mapped"}
+        await post(stack.upstream.url, "/v1/chat/completions", chat("gpt-4o"), stranger)
+        cells = await reconcile_now(stack, pipeline, store, events + 2)
+
+    found = by_model(cells)
+    clean = [found[("gpt-4o", "standard")], found[("claude-sonnet-4-5", "standard")]]
+    unmapped = [c for c in cells if not c.credential]
+    assert len(unmapped) == 1 and unmapped[0].causes == ["unmapped_credential"]
+    assert unmapped[0].api_key_id == api_key_id("openai", "sk-a-key-nobody-mapped")
+    mapped = {(c.model, c.tier): c for c in cells if c.credential}
+    assert [c.causes for c in clean] == [[], []]
+    assert all(not any(c.deltas.values()) for c in clean)
+    assert mapped[("gpt-4o", "standard")] is clean[0]
+
+    hung = mapped[("claude-haiku-4-5", "standard")]
+    assert hung.causes == ["estimate"]
+    assert hung.ledger is not None and hung.ledger.estimated_calls == 1
+    truth = billed_truth(stack, "claude-haiku-4-5")
+    assert hung.provider_tokens == truth
+    assert hung.deltas == {k: truth[k] - hung.spendbus_tokens[k] for k in truth}
+    assert any(hung.deltas.values())
+
+    bypass = mapped[("gpt-4o-mini", "standard")]
+    assert bypass.causes == ["bypass"] and bypass.ledger is None
+    assert bypass.deltas == billed_truth(stack, "gpt-4o-mini")
+
+    batch = mapped[("gpt-4o", "batch")]
+    assert batch.causes == ["batch_tier"] and batch.provider_requests == 1
+    assert sum(batch.deltas.values()) > 0
+
+    unpriced = mapped[("gpt-unlisted-model", "standard")]
+    assert unpriced.causes == ["unpriced"]
+    assert not any(unpriced.deltas.values())
+    assert unpriced.ledger is not None and unpriced.ledger.cost_nanos == 0
+
+    assert all(not any(c.residual.values()) for c in cells)
+    # the same day imported three times over: each import replaced the one before
+    rows = store.query("SELECT count() FROM reconciliation_imports")
+    assert rows[0][0] >= 4
+
+
+def test_the_ledger_reconciles_with_the_providers_report_and_each_cause_is_named(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
+) -> None:
+    tables = load_price_file(default_price_file())
+    asyncio.run(
+        publish(
+            kafka_bootstrap,
+            topics.pricing,
+            [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
+        )
+    )
+    pipeline = Pipeline(kafka_bootstrap, topics, tmp_path / "worker", clickhouse_dsn)
+    pipeline.worker.start(timeout=180)
+    try:
+        asyncio.run(scenario(kafka_bootstrap, topics, tmp_path, pipeline))
+    finally:
+        pipeline.worker.stop()
