@@ -92,6 +92,11 @@ COMMANDS: Final = {
         "spendbus.commands.replay:snapshot",
         "Fold the ledger from the latest snapshot (or offset 0) and write a new counter snapshot.",
     ),
+    "reconcile": LazyCommand(
+        "spendbus.cli:reconcile_group",
+        "The providers' usage reports against the ledger: `reconcile fetch` or `import`, then "
+        "`reconcile report`.",
+    ),
     "sql": LazyCommand(
         "spendbus.commands.admin:sql",
         "Run an analyst QUERY on ClickHouse (through the running worker when it owns the store).",
@@ -157,6 +162,24 @@ BUDGETS_COMMANDS: Final = {
 }
 
 
+#: `spendbus reconcile`'s commands, loaded the same way
+RECONCILE_COMMANDS: Final = {
+    "fetch": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_fetch",
+        "Fetch PROVIDER's usage report (every page) since --since, and import it.",
+    ),
+    "import": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_import",
+        "Import FILE, PROVIDER's usage report as JSON pages (one page or a list of them).",
+    ),
+    "report": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_report",
+        "Reconcile every imported day against the ledger: both sides, each delta and its "
+        "cause, the residual no cause explains (stored in the `reconciliation` table).",
+    ),
+}
+
+
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="spendbus")
 def cli() -> None:
@@ -166,6 +189,11 @@ def cli() -> None:
 def budgets_group() -> click.Command:
     """`spendbus budgets`: its commands imported one by one, as they run."""
     return LazyGroup(name="budgets", lazy=BUDGETS_COMMANDS, help=COMMANDS["budgets"].summary)
+
+
+def reconcile_group() -> click.Command:
+    """`spendbus reconcile`: its commands imported one by one, as they run."""
+    return LazyGroup(name="reconcile", lazy=RECONCILE_COMMANDS, help=COMMANDS["reconcile"].summary)
 
 
 def prices_group() -> click.Command:

@@ -164,7 +164,7 @@ def _days(start: date, end: date) -> list[date]:
 
 def _window(start: datetime, end: datetime | None) -> tuple[date, date]:
     first = start.astimezone(UTC).date()
-    last = (end or datetime.now(UTC) + timedelta(days=1)).astimezone(UTC)
+    last = (end or datetime.now(UTC)).astimezone(UTC)  # no end: up to now, today included
     # a bucket is a whole UTC day: an end inside a day includes that day
     stop = last.date() + timedelta(days=1 if last.time() != datetime.min.time() else 0)
     if stop <= first:

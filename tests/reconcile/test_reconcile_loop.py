@@ -5,12 +5,16 @@ the reconciliation: zero residual exactly, then each injected cause as its own d
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from pydantic import SecretStr
 
 from reconcile import (
@@ -31,6 +35,7 @@ from spendbus.stack.compacted import publish
 from tests.gateway.kit import CREDENTIALS, KEY_OF, GatewayStack, gateway_stack
 from tests.pipeline_kit import Pipeline
 
+ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "admin-key-for-the-fake-reports-0123"
 MAPPING = mapping_from_data(
     {
@@ -46,6 +51,14 @@ MAPPING = mapping_from_data(
         }
     },
     "test",
+)
+MAPPING_YAML = yaml.safe_dump(
+    {
+        "credentials": {
+            secret: {"provider": provider, "api_key_id": key_id}
+            for secret, (provider, key_id) in MAPPING.keys.items()
+        }
+    }
 )
 PROMPT = "Reconcile the meter against the bill, line by line. " * 8
 
@@ -119,6 +132,23 @@ async def reconcile_now(
     return result.cells
 
 
+async def cli(env: dict[str, str], *args: str) -> str:
+    """`spendbus reconcile ARGS` as its own process (the loop keeps serving); its stdout."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "spendbus",
+        "reconcile",
+        *args,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT), "SPENDBUS_PURE": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, (args, out.decode(), err.decode())
+    return out.decode()
+
+
 def by_model(cells: Sequence[Cell]) -> dict[tuple[str, str], Cell]:
     return {(c.model, c.tier): c for c in cells if c.billed or c.ledger}
 
@@ -142,6 +172,20 @@ async def scenario(bootstrap: str, topics: Topics, home: Path, pipeline: Pipelin
         port=0, seed=11, chunk_latency_ms=20, output_tokens=(16, 48), admin_key=SecretStr(ADMIN_KEY)
     )
     store = open_store(f"chdb://{home / 'reconcile-store'}")
+    try:
+        await traffic_and_causes(bootstrap, topics, home, pipeline, store, upstream)
+    finally:
+        store.close()
+
+
+async def traffic_and_causes(
+    bootstrap: str,
+    topics: Topics,
+    home: Path,
+    pipeline: Pipeline,
+    store: Any,
+    upstream: FakeUpstreamConfig,
+) -> None:
     async with gateway_stack(bootstrap, topics, home, upstream=upstream) as stack:
         # 1. gateway traffic only: every cell agrees, exactly
         events = await clean_traffic(stack)
@@ -171,6 +215,33 @@ async def scenario(bootstrap: str, topics: Topics, home: Path, pipeline: Pipelin
         stranger = {"Authorization": "Bearer sk-a-key-nobody-mapped"}
         await post(stack.upstream.url, "/v1/chat/completions", chat("gpt-4o"), stranger)
         cells = await reconcile_now(stack, pipeline, store, events + 2)
+        # the same through the CLI, in a process of its own: fetch both reports, report
+        home_env = dict(pipeline.worker.env)
+        admin_key_file = home / "admin.key"
+        admin_key_file.write_text(ADMIN_KEY + "\n")
+        admin_key_file.chmod(0o600)
+        Path(home_env["SPENDBUS_HOME"], "reconcile.yaml").write_text(MAPPING_YAML)
+        for provider in ("openai", "anthropic"):
+            await cli(
+                home_env,
+                "fetch",
+                "--provider",
+                provider,
+                "--admin-key-file",
+                str(admin_key_file),
+                "--since",
+                "1d",
+                "--base-url",
+                stack.upstream.url,
+            )
+        table = await cli(home_env, "report")
+        shown = json.loads(await cli(home_env, "report", "--json"))
+    print(table)  # the README's example output
+    assert ADMIN_KEY not in table
+    assert sorted((c["model"], c["tier"], c["causes"]) for c in shown["cells"]) == sorted(
+        (c.model, c.tier, c.causes) for c in cells
+    )
+    assert all(day["residual"] == 0 for day in shown["days"])
 
     found = by_model(cells)
     clean = [found[("gpt-4o", "standard")], found[("claude-sonnet-4-5", "standard")]]

@@ -1,0 +1,161 @@
+"""`spendbus reconcile`: the providers' usage reports fetched or imported, and the ledger
+reconciled against them (reconcile/).
+
+The reconciliation's tables live beside the ledger on a ClickHouse server (the
+``CLICKHOUSE_DSN`` database); with the embedded engine, whose data path the worker holds,
+in an embedded store of their own at ``$SPENDBUS_HOME/reconcile``, and the ledger is read
+through the running worker's ``/sql``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import click
+
+from schemas.errors import ConfigError, SpendbusError
+from spendbus.commands.output import fail
+from spendbus.settings import Settings, load_settings
+
+PROVIDER_CHOICE = click.Choice(["openai", "anthropic"])
+
+
+def store_dsn(settings: Settings) -> str:
+    """Where the reconciliation tables live (see the module doc)."""
+    if settings.dsn.startswith("chdb://"):
+        return f"chdb://{(settings.home / 'reconcile').resolve()}"
+    return settings.dsn
+
+
+def since_day(text: str, today: date | None = None) -> date:
+    """``30d`` (days back from today, UTC) or a date ``2026-11-01``."""
+    today = today or datetime.now(UTC).date()
+    match = re.fullmatch(r"(\d{1,4})d", text)
+    if match:
+        return today - timedelta(days=int(match.group(1)))
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: give days back (30d) or a date (2026-11-01)", param_hint="--since"
+        ) from None
+
+
+def ledger_reader(settings: Settings) -> Callable[[str], Sequence[Sequence[Any]]]:
+    """Runs SQL on the ledger (the current generation's usage_events)."""
+    from spendbus.commands.store_queries import history_query
+    from spendbus.stack.local import worker_process
+
+    if settings.dsn.startswith("chdb://") and worker_process(settings).pid() is None:
+        raise ConfigError(
+            "the embedded ledger is read through the running aggregator worker, and none "
+            "runs: start it (`spendbus up`), or point CLICKHOUSE_DSN at a ClickHouse server"
+        )
+    query = history_query(settings)
+    if query is None:
+        raise ConfigError(f"the ledger's ClickHouse store cannot be reached ({settings.dsn})")
+    return query
+
+
+def _import(provider: str, pages: Any, source: str) -> None:
+    from reconcile import import_report, open_store, read_report
+
+    settings = load_settings()
+    report = read_report(provider, pages, source)
+    store = open_store(store_dsn(settings), settings.clickhouse_access)
+    try:
+        import_report(store, report, source)
+    finally:
+        store.close()
+    days = sorted(report.days)
+    span = f"{days[0]}..{days[-1]}" if days else "no day"
+    click.echo(
+        f"imported {provider} usage: {len(report.rows)} row(s), {len(days)} day(s) {span} "
+        "(replacing any earlier import of those days)"
+    )
+
+
+@click.command("fetch")
+@click.option("--provider", type=PROVIDER_CHOICE, required=True)
+@click.option(
+    "--admin-key-file",
+    required=True,
+    help="File (or - for stdin) whose first line is the provider's admin API key.",
+)
+@click.option("--since", default="30d", show_default=True, help="Days back (30d) or a date.")
+@click.option("--base-url", default=None, help="The provider's API root (default: the real one).")
+@click.option(
+    "--save",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the pages fetched to this file (`reconcile import` reads it).",
+)
+def reconcile_fetch(
+    provider: str, admin_key_file: str, since: str, base_url: str | None, save: Path | None
+) -> None:
+    """Fetch PROVIDER's usage report (every page) since --since, and import it."""
+    from reconcile import fetch_pages
+    from spendbus.secret_input import read_secret
+
+    admin_key = read_secret(admin_key_file, "admin key")
+    start = since_day(since)
+    try:
+        pages = fetch_pages(provider, admin_key, start, base_url)
+        if save is not None:
+            save.write_text(json.dumps(pages, indent=1))
+        _import(provider, pages, f"{provider} admin API since {start}")
+    except SpendbusError as exc:
+        fail(exc)
+
+
+@click.command("import")
+@click.option("--provider", type=PROVIDER_CHOICE, required=True)
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def reconcile_import(provider: str, file: Path) -> None:
+    """Import FILE, PROVIDER's usage report as JSON pages (one page or a list of them)."""
+    try:
+        pages = json.loads(file.read_text())
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(f"{file}: not a JSON report ({exc})", param_hint="FILE") from None
+    try:
+        _import(provider, pages, str(file))
+    except SpendbusError as exc:
+        fail(exc)
+
+
+@click.command("report")
+@click.option(
+    "--mapping",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The credential mapping (default: $SPENDBUS_HOME/reconcile.yaml).",
+)
+@click.option("--since", default=None, help="Only the days from here (30d or a date).")
+@click.option("--json", "as_json", is_flag=True, help="The whole reconciliation as JSON.")
+def reconcile_report(mapping: Path | None, since: str | None, as_json: bool) -> None:
+    """Reconcile every imported day against the ledger: both sides, each delta and its
+    cause, the residual no cause explains (stored in the `reconciliation` table)."""
+    from reconcile import load_mapping, open_store, reconcile, render_table
+
+    settings = load_settings()
+    try:
+        credentials = load_mapping(mapping or settings.home / "reconcile.yaml")
+        run_query = ledger_reader(settings)
+        store = open_store(store_dsn(settings), settings.clickhouse_access)
+        try:
+            result = reconcile(
+                store, run_query, credentials, since=None if since is None else since_day(since)
+            )
+        finally:
+            store.close()
+    except SpendbusError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=1))
+    else:
+        click.echo(render_table(result))
