@@ -108,7 +108,7 @@ _SHORT = {
 def render_table(result: Reconciliation) -> str:
     """The report as text: one line per day, then every cell with a delta or a cause."""
     lines = [
-        f"{'provider':<10} {'day':<10} {'provider tok':>12} {'spendbus tok':>12} "
+        f"{'provider':<10} {'day':<10} {'billed tok':>12} {'metered tok':>12} "
         f"{'residual':>8}  explained"
     ]
     for day in result.days:
