@@ -10,14 +10,27 @@ residual. See README.md here. Code outside the room imports these names only.
 
 from reconcile.fetch import fetch_pages
 from reconcile.mapping import CredentialMapping, load_mapping, mapping_from_data
-from reconcile.matching import CAUSES, Cell, DaySummary, LedgerCell, ledger_sql, match
+from reconcile.matching import (
+    CAUSES,
+    Cell,
+    CostCell,
+    DaySummary,
+    LedgerCell,
+    ledger_sql,
+    match,
+    match_costs,
+)
 from reconcile.provider_reports import (
     PROVIDERS,
     TOKEN_CLASSES,
+    CostReport,
+    ProviderCost,
     ProviderReport,
     ProviderUsage,
     ReportError,
+    read_cost_report,
     read_report,
+    report_kind,
 )
 from reconcile.run import Reconciliation, import_report, reconcile, render_table
 from reconcile.store import ReconcileStore, StoreError, open_store
@@ -27,9 +40,12 @@ __all__ = [
     "PROVIDERS",
     "TOKEN_CLASSES",
     "Cell",
+    "CostCell",
+    "CostReport",
     "CredentialMapping",
     "DaySummary",
     "LedgerCell",
+    "ProviderCost",
     "ProviderReport",
     "ProviderUsage",
     "ReconcileStore",
@@ -42,8 +58,11 @@ __all__ = [
     "load_mapping",
     "mapping_from_data",
     "match",
+    "match_costs",
     "open_store",
+    "read_cost_report",
     "read_report",
     "reconcile",
     "render_table",
+    "report_kind",
 ]

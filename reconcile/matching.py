@@ -17,10 +17,13 @@ Causes (:data:`CAUSES`), each named where it applies:
 - ``batch_tier``: such traffic in the batch tier (the Batch APIs are not proxied);
 - ``cache_ttl``: cache writes split differently between the 5-minute and 1-hour TTLs;
 - ``unpriced``: the ledger charged the cell's calls $0 (no price for the model): its
-  tokens may agree, its cost cannot.
+  tokens may agree, its cost cannot;
+- ``price``: the tokens agree and the cost does not: spendbus's price table differs from
+  the rate the provider billed (its effective rate per class is shown).
 
 A cell whose tokens differ and that no token cause explains is ``unexplained``: its delta
-is the residual.
+is the residual. Costs are matched by (provider, day, model, tier) (:class:`CostCell`: the
+cost reports name no key); a cost cell takes the token causes of its token cells.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
+from decimal import Decimal
 from typing import Any
 
 from .mapping import CredentialMapping
-from .provider_reports import PROVIDERS, TOKEN_CLASSES, ProviderUsage
+from .provider_reports import PROVIDERS, TOKEN_CLASSES, ProviderCost, ProviderUsage
 
 CAUSES = (
     "unmapped_credential",
@@ -40,10 +44,11 @@ CAUSES = (
     "batch_tier",
     "cache_ttl",
     "unpriced",
+    "price",
     "unexplained",
 )
-#: the causes that explain a token delta (unpriced explains a cost, never tokens)
-TOKEN_CAUSES = frozenset(CAUSES) - {"unpriced", "unexplained"}
+#: the causes that explain a token delta (unpriced and price explain a cost, never tokens)
+TOKEN_CAUSES = frozenset(CAUSES) - {"unpriced", "price", "unexplained"}
 
 
 @dataclass
@@ -236,6 +241,90 @@ def causes_of(cell: Cell) -> list[str]:
 
 
 @dataclass
+class CostCell:
+    """Both sides' cost of a (provider, day, model, tier), in nanos."""
+
+    provider: str
+    day: date
+    model: str
+    tier: str
+    provider_nanos: int = 0
+    spendbus_nanos: int = 0
+    #: the provider's nanos per token class (``other``: what it bills beyond tokens)
+    provider_classes: dict[str, int] = field(default_factory=dict)
+    #: the tokens of each class the provider's usage report counts for the cell
+    provider_tokens: dict[str, int] = field(default_factory=dict)
+    causes: list[str] = field(default_factory=list)
+
+    @property
+    def delta(self) -> int:
+        return self.provider_nanos - self.spendbus_nanos
+
+    @property
+    def residual(self) -> int:
+        return self.delta if "unexplained" in self.causes else 0
+
+    def effective_rates(self) -> dict[str, str]:
+        """What the provider billed per million tokens of each class (USD, exact)."""
+        return {
+            # nanos per token / 1000 = USD per million tokens
+            c: str(Decimal(nanos) / Decimal(self.provider_tokens[c]) / 1000)
+            for c, nanos in sorted(self.provider_classes.items())
+            if self.provider_tokens.get(c)
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "day": self.day.isoformat(),
+            "model": self.model,
+            "tier": self.tier,
+            "provider_nanos": self.provider_nanos,
+            "spendbus_nanos": self.spendbus_nanos,
+            "delta_nanos": self.delta,
+            "residual_nanos": self.residual,
+            "effective_usd_per_mtok": self.effective_rates(),
+            "causes": list(self.causes),
+        }
+
+
+def match_costs(
+    provider: str, days: Iterable[date], rows: Iterable[ProviderCost], token_cells: Iterable[Cell]
+) -> list[CostCell]:
+    """Every (day, model, tier) cost of the covered ``days``, matched and explained by the
+    causes of its token cells (see the module doc)."""
+    covered = set(days)
+    cells: dict[tuple[date, str, str], CostCell] = {}
+    inherited: dict[tuple[date, str, str], set[str]] = {}
+    for row in rows:
+        if row.day not in covered:
+            continue
+        key = (row.day, row.model, row.tier)
+        cell = cells.setdefault(key, CostCell(provider, *key))
+        cell.provider_nanos += row.nanos
+        cell.provider_classes[row.token_class] = (
+            cell.provider_classes.get(row.token_class, 0) + row.nanos
+        )
+    for token_cell in token_cells:
+        if token_cell.day not in covered:
+            continue
+        key = (token_cell.day, token_cell.model, token_cell.tier)
+        cell = cells.setdefault(key, CostCell(provider, *key))
+        if token_cell.ledger is not None:
+            cell.spendbus_nanos += token_cell.ledger.cost_nanos
+        for c in TOKEN_CLASSES:
+            cell.provider_tokens[c] = cell.provider_tokens.get(c, 0) + token_cell.provider_tokens[c]
+        inherited.setdefault(key, set()).update(token_cell.causes)
+    for key, cell in cells.items():
+        causes = inherited.get(key, set())
+        found = causes & (TOKEN_CAUSES | {"unpriced"})
+        if cell.delta and not found:
+            found.add("unexplained" if "unexplained" in causes else "price")
+        cell.causes = [c for c in CAUSES if c in found] if cell.delta else []
+    return [cells[k] for k in sorted(cells)]
+
+
+@dataclass
 class DaySummary:
     provider: str
     day: date
@@ -244,6 +333,10 @@ class DaySummary:
     explained: dict[str, int]  # token cause -> |delta| tokens of the cells it is named in
     residual: int  # |delta| tokens of the unexplained cells
     unpriced_calls: int = 0  # calls the ledger charged $0 (no price for the model)
+    provider_nanos: int | None = None  # None: no cost report covers the day
+    spendbus_nanos: int = 0
+    cost_explained: dict[str, int] = field(default_factory=dict)  # cause -> |delta| nanos
+    cost_residual: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -254,12 +347,30 @@ class DaySummary:
             "explained": dict(self.explained),
             "residual": self.residual,
             "unpriced_calls": self.unpriced_calls,
+            "provider_nanos": self.provider_nanos,
+            "spendbus_nanos": self.spendbus_nanos,
+            "cost_explained": dict(self.cost_explained),
+            "cost_residual_nanos": self.cost_residual,
         }
 
 
-def summarize(cells: Iterable[Cell]) -> list[DaySummary]:
-    """Per (provider, day): both totals, the delta each cause explains, the residual."""
+def summarize(cells: Iterable[Cell], costs: Iterable[CostCell] = ()) -> list[DaySummary]:
+    """Per (provider, day): both totals, the delta each cause explains, the residual; in
+    tokens, and in nanos where a cost report covers the day."""
     days: dict[tuple[str, date], DaySummary] = {}
+    for cost in costs:
+        summary = days.get((cost.provider, cost.day)) or DaySummary(
+            cost.provider, cost.day, 0, 0, {}, 0
+        )
+        days[(cost.provider, cost.day)] = summary
+        summary.provider_nanos = (summary.provider_nanos or 0) + cost.provider_nanos
+        summary.spendbus_nanos += cost.spendbus_nanos
+        summary.cost_residual += abs(cost.residual)
+        for cause in cost.causes:
+            if cause != "unexplained":
+                summary.cost_explained[cause] = summary.cost_explained.get(cause, 0) + abs(
+                    cost.delta
+                )
     for cell in cells:
         summary = days.get((cell.provider, cell.day)) or DaySummary(
             cell.provider, cell.day, 0, 0, {}, 0

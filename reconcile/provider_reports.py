@@ -10,12 +10,21 @@ pages (what ``reconcile fetch`` saves); every page a report announced must be th
 
 Token classes are the ledger's (:data:`TOKEN_CLASSES`): OpenAI's ``input_tokens`` count the
 cached ones, so uncached input is ``input_tokens - input_cached_tokens``.
+
+The cost reports (:func:`read_cost_report`): OpenAI's Costs API (``/v1/organization/costs``,
+grouped by ``project_id`` and ``line_item``: ``amount.value`` in dollars) and Anthropic's
+cost report (``/v1/organizations/cost_report``, grouped by ``workspace_id`` and
+``description``: ``amount`` in cents as a decimal string, with ``model``, ``service_tier``
+and ``token_type``), read into :class:`ProviderCost` rows in nanos. Neither names an API
+key: costs are matched by day, model and tier.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from schemas.errors import SpendbusError
@@ -153,19 +162,16 @@ def _anthropic_row(result: dict[str, Any], day: date, where: str) -> ProviderUsa
     )
 
 
-def read_report(provider: str, pages: Any, source: str) -> ProviderReport:
-    """``pages`` (one page or a list of them, as parsed JSON) of ``provider``'s usage report.
-
-    Raises ReportError naming the page, bucket and field for anything malformed, a result
-    not grouped by key and model, a day given twice, or a page the report announced
-    (``has_more``) that is not there: a partial report is never imported.
-    """
+def _buckets(provider: str, pages: Any, source: str) -> Iterator[tuple[date, list[Any], str]]:
+    """(day, results, where) of every daily bucket of a report's pages, checked whole: a
+    malformed page, a day given twice or a page announced (``has_more``) and absent is a
+    ReportError, so a partial report is never imported."""
     if provider not in PROVIDERS:
         raise ReportError(f"provider {provider!r}: expected one of {', '.join(PROVIDERS)}")
     page_list = pages if isinstance(pages, list) else [pages]
     if not page_list:
         raise ReportError(f"{source}: no page in the report")
-    report = ProviderReport(provider)
+    days: set[date] = set()
     for number, page in enumerate(page_list, 1):
         where = f"{source} page {number}"
         if not isinstance(page, dict) or not isinstance(page.get("data"), list):
@@ -190,30 +196,174 @@ def read_report(provider: str, pages: Any, source: str) -> ProviderReport:
                 day = _day_of(bucket.get("start_time"), bucket_where, unix=True)
             else:
                 day = _day_of(bucket.get("starting_at"), bucket_where, unix=False)
-            if day in report.days:
+            if day in days:
                 raise ReportError(f"{bucket_where}: day {day} is given twice")
-            report.days.add(day)
-            seen: set[tuple[str, str, str]] = set()
+            days.add(day)
             for n, result in enumerate(bucket["results"]):
-                result_where = f"{bucket_where} result {n}"
                 if not isinstance(result, dict):
-                    raise ReportError(f"{result_where}: expected an object")
-                row = (
-                    _openai_row(result, day, result_where)
-                    if provider == "openai"
-                    else _anthropic_row(result, day, result_where)
-                )
-                key = (row.api_key_id, row.model, row.tier)
-                if key in seen:
-                    # grouped by more than key, model and tier (a project, a context
-                    # window): add the parts up, never count a row twice
-                    report.rows = [
-                        _merged(r, row) if _key(r) == (day, *key) else r for r in report.rows
-                    ]
-                    continue
-                seen.add(key)
-                report.rows.append(row)
+                    raise ReportError(f"{bucket_where} result {n}: expected an object")
+            yield day, bucket["results"], bucket_where
+
+
+def read_report(provider: str, pages: Any, source: str) -> ProviderReport:
+    """``pages`` (one page or a list of them, as parsed JSON) of ``provider``'s usage report.
+
+    Raises ReportError naming the page, bucket and field for anything malformed (see
+    ``_buckets``) or a result not grouped by key and model.
+    """
+    report = ProviderReport(provider)
+    for day, results, bucket_where in _buckets(provider, pages, source):
+        report.days.add(day)
+        seen: set[tuple[str, str, str]] = set()
+        for n, result in enumerate(results):
+            result_where = f"{bucket_where} result {n}"
+            row = (
+                _openai_row(result, day, result_where)
+                if provider == "openai"
+                else _anthropic_row(result, day, result_where)
+            )
+            key = (row.api_key_id, row.model, row.tier)
+            if key in seen:
+                # grouped by more than key, model and tier (a project, a context
+                # window): add the parts up, never count a row twice
+                report.rows = [
+                    _merged(r, row) if _key(r) == (day, *key) else r for r in report.rows
+                ]
+                continue
+            seen.add(key)
+            report.rows.append(row)
     return report
+
+
+#: the cost reports' names of the token classes: OpenAI's line item after the model
+#: ("gpt-4o, cached input"; "batch " before the class in the batch tier), Anthropic's
+#: token_type; anything else a provider bills (web search, storage) is class "other"
+OPENAI_COST_CLASSES = {
+    "input": "input",
+    "cached input": "cache_read",
+    "cache write": "cache_write_5m",
+    "cache write 1h": "cache_write_1h",
+    "output": "output",
+}
+ANTHROPIC_COST_CLASSES = {
+    "uncached_input_tokens": "input",
+    "cache_read_input_tokens": "cache_read",
+    "cache_creation.ephemeral_5m_input_tokens": "cache_write_5m",
+    "cache_creation.ephemeral_1h_input_tokens": "cache_write_1h",
+    "output_tokens": "output",
+}
+OTHER = "other"
+
+
+@dataclass(frozen=True)
+class ProviderCost:
+    """One (day, model, tier, class) amount of a provider's cost report, in nanos."""
+
+    provider: str
+    day: date
+    model: str
+    tier: str
+    token_class: str
+    nanos: int
+    project: str | None = None
+
+
+@dataclass
+class CostReport:
+    provider: str
+    rows: list[ProviderCost] = field(default_factory=list)
+    days: set[date] = field(default_factory=set)
+
+
+def _nanos(amount: Decimal, scale: int, where: str) -> int:
+    """``amount`` (units of ``scale`` nanos each: dollars, cents) in whole nanos, half to
+    even (the fake provider's amounts are exact to the nano)."""
+    if not amount.is_finite() or amount < 0:
+        raise ReportError(f"{where}: amount {amount} is not a cost >= 0")
+    return int((amount * scale).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+
+
+def _openai_cost(result: dict[str, Any], day: date, where: str) -> ProviderCost:
+    amount = result.get("amount")
+    value = amount.get("value") if isinstance(amount, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ReportError(f"{where}: amount.value must be a number of dollars, got {value!r}")
+    if str(amount.get("currency", "usd")).lower() != "usd":  # type: ignore[union-attr]  # a dict here
+        raise ReportError(f"{where}: only usd costs are read, got {amount.get('currency')!r}")  # type: ignore[union-attr]  # a dict here
+    line = result.get("line_item")
+    if not isinstance(line, str) or not line:
+        raise ReportError(f"{where}: line_item is {line!r}: group_by[]=line_item")
+    model, _, what = line.partition(", ")
+    tier = "batch" if what.startswith("batch ") else "standard"
+    token_class = OPENAI_COST_CLASSES.get(what.removeprefix("batch "), OTHER)
+    project = result.get("project_id")
+    return ProviderCost(
+        provider="openai",
+        day=day,
+        model=model if token_class != OTHER or what else "",
+        tier=tier,
+        token_class=token_class,
+        nanos=_nanos(Decimal(repr(value)), 10**9, where),
+        project=project if isinstance(project, str) else None,
+    )
+
+
+def _anthropic_cost(result: dict[str, Any], day: date, where: str) -> ProviderCost:
+    raw = result.get("amount")
+    try:
+        amount = Decimal(raw) if isinstance(raw, str) else None
+    except ArithmeticError:
+        amount = None
+    if amount is None:
+        raise ReportError(f"{where}: amount must be cents as a decimal string, got {raw!r}")
+    if result.get("currency", "USD") != "USD":
+        raise ReportError(f"{where}: only USD costs are read, got {result.get('currency')!r}")
+    if "description" in result and result.get("description") is None:
+        raise ReportError(f"{where}: description is null: group_by[]=description")
+    token_type, model = result.get("token_type"), result.get("model")
+    token_class = OTHER
+    if result.get("cost_type") == "tokens" and isinstance(token_type, str):
+        token_class = ANTHROPIC_COST_CLASSES.get(token_type, OTHER)
+    if token_class != OTHER and not (isinstance(model, str) and model):
+        raise ReportError(f"{where}: model is {model!r}: group_by[]=description")
+    tier = result.get("service_tier")
+    workspace = result.get("workspace_id")
+    return ProviderCost(
+        provider="anthropic",
+        day=day,
+        model=model if isinstance(model, str) else "",
+        tier=tier if isinstance(tier, str) and tier else "standard",
+        token_class=token_class,
+        nanos=_nanos(amount, 10**7, where),  # cents
+        project=workspace if isinstance(workspace, str) else None,
+    )
+
+
+def read_cost_report(provider: str, pages: Any, source: str) -> CostReport:
+    """``pages`` of ``provider``'s cost report (OpenAI's Costs API grouped by project_id and
+    line_item; Anthropic's cost report grouped by workspace_id and description), each
+    amount exact in nanos; the same checks as :func:`read_report`."""
+    report = CostReport(provider)
+    for day, results, bucket_where in _buckets(provider, pages, source):
+        report.days.add(day)
+        for n, result in enumerate(results):
+            result_where = f"{bucket_where} result {n}"
+            report.rows.append(
+                _openai_cost(result, day, result_where)
+                if provider == "openai"
+                else _anthropic_cost(result, day, result_where)
+            )
+    return report
+
+
+def report_kind(pages: Any) -> str | None:
+    """``usage`` or ``costs`` by the first result's fields; None when no result tells."""
+    for page in pages if isinstance(pages, list) else [pages]:
+        for bucket in page.get("data", []) if isinstance(page, dict) else []:
+            for result in bucket.get("results", []) if isinstance(bucket, dict) else []:
+                if isinstance(result, dict):
+                    return "costs" if "amount" in result else "usage"
+    return None
 
 
 def _key(row: ProviderUsage) -> tuple[date, str, str, str]:

@@ -1,18 +1,21 @@
 """A reconciliation run: the covered days of each provider matched against the ledger,
 stored in the ``reconciliation`` table (both sides, the delta and the causes of every
-cell and token class) and returned with a summary per day."""
+cell and token class; each cost cell as token class ``cost_nanos``) and returned with a
+summary per day."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
+from schemas.money import format_usd
+
 from .mapping import CredentialMapping
-from .matching import Cell, DaySummary, match, read_ledger, summarize
-from .provider_reports import PROVIDERS, TOKEN_CLASSES, ProviderReport
+from .matching import Cell, CostCell, DaySummary, match, match_costs, read_ledger, summarize
+from .provider_reports import PROVIDERS, TOKEN_CLASSES, CostReport, ProviderReport
 from .store import ReconcileStore
 
 
@@ -21,17 +24,22 @@ class Reconciliation:
     run_id: str
     cells: list[Cell]
     days: list[DaySummary]
+    costs: list[CostCell] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
             "days": [d.as_dict() for d in self.days],
             "cells": [c.as_dict() for c in self.cells],
+            "costs": [c.as_dict() for c in self.costs],
         }
 
 
-def import_report(store: ReconcileStore, report: ProviderReport, source: str) -> str:
-    """Store a report read whole (it replaces earlier imports of the days it covers)."""
+def import_report(store: ReconcileStore, report: ProviderReport | CostReport, source: str) -> str:
+    """Store a usage or cost report read whole (it replaces earlier imports of the days it
+    covers)."""
+    if isinstance(report, CostReport):
+        return store.import_costs(report, source)
     return store.import_report(report, source)
 
 
@@ -46,6 +54,7 @@ def reconcile(
     ``run_query`` reads (plain SQL over ``usage_events``); the run is stored."""
     run_id = uuid.uuid4().hex
     cells: list[Cell] = []
+    costs: list[CostCell] = []
     for provider in providers:
         days = [d for d in store.covered_days(provider) if since is None or d >= since]
         if not days:
@@ -53,7 +62,13 @@ def reconcile(
         first, last = days[0], days[-1]
         rows = store.provider_usage(provider, first, last)
         ledger = read_ledger(run_query, provider, first, last)
-        cells += match(provider, days, rows, ledger, mapping)
+        matched = match(provider, days, rows, ledger, mapping)
+        cells += matched
+        # costs on the days both reports cover (a cost without its tokens explains nothing)
+        cost_days = sorted(set(days) & set(store.covered_days(provider, "costs")))
+        if cost_days:
+            cost_rows = store.provider_costs(provider, cost_days[0], cost_days[-1])
+            costs += match_costs(provider, cost_days, cost_rows, matched)
     now = datetime.now(UTC)
     store.insert(
         "reconciliation",
@@ -75,6 +90,24 @@ def reconcile(
             ]
             for cell in cells
             for token_class in TOKEN_CLASSES
+        ]
+        + [
+            [
+                run_id,
+                now,
+                cost.provider,
+                cost.day,
+                "",
+                "",
+                cost.model,
+                cost.tier,
+                COST_NANOS,
+                cost.provider_nanos,
+                cost.spendbus_nanos,
+                cost.delta,
+                cost.causes,
+            ]
+            for cost in costs
         ],
         (
             "run_id",
@@ -92,8 +125,11 @@ def reconcile(
             "causes",
         ),
     )
-    return Reconciliation(run_id, cells, summarize(cells))
+    return Reconciliation(run_id, cells, summarize(cells, costs), costs)
 
+
+#: the ``token_class`` of a cost cell's row in the ``reconciliation`` table (amounts in nanos)
+COST_NANOS = "cost_nanos"
 
 #: the short names of the token classes in the table
 _SHORT = {
@@ -130,6 +166,39 @@ def render_table(result: Reconciliation) -> str:
             lines.append(
                 f"  {cell.provider} {cell.day} {who} {cell.model} [{cell.tier}]: "
                 f"{deltas or 'tokens agree'} <- {', '.join(cell.causes)}"
+            )
+    costs = [c for c in result.costs if c.causes]
+    priced = [d for d in result.days if d.provider_nanos is not None]
+    if priced:
+        lines += [
+            "",
+            f"{'cost':<10} {'day':<10} {'billed':>12} {'metered':>12} {'residual':>10}  explained",
+        ]
+        for day in priced:
+            explained = ", ".join(
+                f"{c} {format_usd(n, 9)}" for c, n in sorted(day.cost_explained.items())
+            )
+            lines.append(
+                f"{day.provider:<10} {day.day.isoformat():<10} "
+                f"{format_usd(day.provider_nanos or 0, 9):>12} {format_usd(day.spendbus_nanos, 9):>12} "
+                f"{format_usd(day.cost_residual, 9):>10}  {explained or '-'}"
+            )
+    if costs:
+        lines += ["", "costs with a delta (provider - spendbus):"]
+        for cost in costs:
+            rates = ""
+            if "price" in cost.causes:
+                rates = (
+                    " (billed $/Mtok: "
+                    + ", ".join(
+                        f"{_SHORT.get(c, c)} {r}" for c, r in cost.effective_rates().items()
+                    )
+                    + ")"
+                )
+            lines.append(
+                f"  {cost.provider} {cost.day} {cost.model} [{cost.tier}]: "
+                f"{'+' if cost.delta >= 0 else '-'}{format_usd(abs(cost.delta), 9)} "
+                f"<- {', '.join(cost.causes)}{rates}"
             )
     if not result.days:
         lines.append("(no provider report imported: `spendbus reconcile fetch` or `import` first)")

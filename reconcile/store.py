@@ -1,9 +1,9 @@
-"""The reconciliation's own ClickHouse tables: the providers' reports as imported, and each
-reconciliation's cells (both sides and the delta of every token class, with its causes).
+"""The reconciliation's own ClickHouse tables: the providers' usage and cost reports as
+imported, and each reconciliation's cells (both sides and the delta of every token class, with its causes).
 
 Imports replace, never add: each import writes its rows under a new ``import_id``, then one
-``reconciliation_imports`` row per (provider, day) it covers; a read takes, per (provider,
-day), the rows of the latest import (``argMax`` over ``imported_at``). A repeated or
+``reconciliation_imports`` row per (provider, report, day) it covers; a read takes, per
+(provider, report, day), the rows of the latest import (``argMax`` over ``imported_at``). A repeated or
 overlapping import therefore replaces the days it covers, and an import that fails before
 its coverage rows are written changes nothing. No FINAL, no mutation.
 """
@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
 from schemas.errors import ConfigError, SpendbusError
 
-from .provider_reports import ProviderReport, ProviderUsage
+from .provider_reports import CostReport, ProviderCost, ProviderReport, ProviderUsage
 
 DDL = (
     """
@@ -40,16 +40,32 @@ DDL = (
     ORDER BY (provider, day, import_id, api_key_id, model, tier, token_class)
     """,
     """
+    CREATE TABLE IF NOT EXISTS reconciliation_provider_costs
+    (
+        import_id   String,
+        provider    LowCardinality(String),
+        day         Date,
+        project     Nullable(String),
+        model       String,
+        tier        LowCardinality(String),
+        token_class LowCardinality(String),
+        nanos       Int64
+    )
+    ENGINE = MergeTree
+    ORDER BY (provider, day, import_id, model, tier, token_class)
+    """,
+    """
     CREATE TABLE IF NOT EXISTS reconciliation_imports
     (
         provider    LowCardinality(String),
+        report      LowCardinality(String),
         day         Date,
         import_id   String,
         imported_at DateTime64(6, 'UTC'),
         source      String
     )
     ENGINE = ReplacingMergeTree(imported_at)
-    ORDER BY (provider, day)
+    ORDER BY (provider, report, day)
     """,
     """
     CREATE TABLE IF NOT EXISTS reconciliation
@@ -181,21 +197,67 @@ class ReconcileStore:
                 "amount",
             ),
         )
+        self._cover(report.provider, "usage", report.days, import_id, source)
+        return import_id
+
+    def import_costs(self, report: CostReport, source: str) -> str:
+        """Store a cost report as the current one of every day it covers; its import id."""
+        import_id = uuid.uuid4().hex
+        rows: list[list[Any]] = [
+            [import_id, r.provider, r.day, r.project, r.model, r.tier, r.token_class, r.nanos]
+            for r in report.rows
+        ]
+        self.insert(
+            "reconciliation_provider_costs",
+            rows,
+            ("import_id", "provider", "day", "project", "model", "tier", "token_class", "nanos"),
+        )
+        self._cover(report.provider, "costs", report.days, import_id, source)
+        return import_id
+
+    def _cover(
+        self, provider: str, kind: str, days: set[date], import_id: str, source: str
+    ) -> None:
         # the coverage last: until it is written, the previous import stays current
         now = datetime.now(UTC)
         self.insert(
             "reconciliation_imports",
-            [[report.provider, day, import_id, now, source] for day in sorted(report.days)],
-            ("provider", "day", "import_id", "imported_at", "source"),
+            [[provider, kind, day, import_id, now, source] for day in sorted(days)],
+            ("provider", "report", "day", "import_id", "imported_at", "source"),
         )
-        return import_id
 
-    def covered_days(self, provider: str) -> list[date]:
+    def covered_days(self, provider: str, kind: str = "usage") -> list[date]:
         rows = self.query(
-            "SELECT DISTINCT day FROM reconciliation_imports WHERE provider = {p:String} ORDER BY day",
-            {"p": provider},
+            "SELECT DISTINCT day FROM reconciliation_imports "
+            "WHERE provider = {p:String} AND report = {k:String} ORDER BY day",
+            {"p": provider, "k": kind},
         )
         return [row[0] for row in rows]
+
+    def provider_costs(self, provider: str, first: date, last: date) -> list[ProviderCost]:
+        """The current cost import's rows of ``provider`` for the days in [first, last]."""
+        rows = self.query(
+            """
+            SELECT u.day, u.model, u.tier, u.token_class, sum(u.nanos), any(u.project)
+            FROM reconciliation_provider_costs AS u
+            INNER JOIN
+            (
+                SELECT provider, day, argMax(import_id, imported_at) AS current
+                FROM reconciliation_imports
+                WHERE provider = {p:String} AND report = 'costs'
+                  AND day BETWEEN {first:Date} AND {last:Date}
+                GROUP BY provider, day
+            ) AS c ON u.provider = c.provider AND u.day = c.day AND u.import_id = c.current
+            WHERE u.provider = {p:String}
+            GROUP BY u.day, u.model, u.tier, u.token_class
+            ORDER BY u.day, u.model, u.tier, u.token_class
+            """,
+            {"p": provider, "first": first, "last": last},
+        )
+        return [
+            ProviderCost(provider, day, model, tier, cls, int(nanos), project)
+            for day, model, tier, cls, nanos, project in rows
+        ]
 
     def provider_usage(self, provider: str, first: date, last: date) -> list[ProviderUsage]:
         """The current import's rows of ``provider`` for the days in [first, last]."""
@@ -208,7 +270,8 @@ class ReconcileStore:
             (
                 SELECT provider, day, argMax(import_id, imported_at) AS current
                 FROM reconciliation_imports
-                WHERE provider = {p:String} AND day BETWEEN {first:Date} AND {last:Date}
+                WHERE provider = {p:String} AND report = 'usage'
+                  AND day BETWEEN {first:Date} AND {last:Date}
                 GROUP BY provider, day
             ) AS c ON u.provider = c.provider AND u.day = c.day AND u.import_id = c.current
             WHERE u.provider = {p:String}

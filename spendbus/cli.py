@@ -166,11 +166,12 @@ BUDGETS_COMMANDS: Final = {
 RECONCILE_COMMANDS: Final = {
     "fetch": LazyCommand(
         "spendbus.commands.reconcile:reconcile_fetch",
-        "Fetch PROVIDER's usage report (every page) since --since, and import it.",
+        "Fetch PROVIDER's usage and cost reports (every page) since --since, and import them.",
     ),
     "import": LazyCommand(
         "spendbus.commands.reconcile:reconcile_import",
-        "Import FILE, PROVIDER's usage report as JSON pages (one page or a list of them).",
+        "Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of "
+        'them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]}).',
     ),
     "report": LazyCommand(
         "spendbus.commands.reconcile:reconcile_report",

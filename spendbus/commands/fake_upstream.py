@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -77,6 +78,12 @@ if TYPE_CHECKING:
     help="File (or - for stdin) whose first line is the admin key the usage reports want "
     "(GET /v1/organization/usage/completions, /v1/organizations/usage_report/messages).",
 )
+@click.option(
+    "--price-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The price list the providers bill by in their cost reports (default: the shipped one).",
+)
 def fake_upstream(
     host: str,
     port: int,
@@ -91,6 +98,7 @@ def fake_upstream(
     gzip_: bool,
     seed: int,
     admin_key_file: str | None,
+    price_file: Path | None,
 ) -> None:
     """Serve Anthropic, OpenAI, Gemini and Bedrock endpoints with their real wire formats.
 
@@ -113,6 +121,8 @@ def fake_upstream(
         "gzip": gzip_,
         "seed": seed,
     }
+    if price_file is not None:
+        values["price_file"] = price_file
     if admin_key_file is not None:
         from spendbus.secret_input import read_secret
 

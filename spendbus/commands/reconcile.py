@@ -62,22 +62,38 @@ def ledger_reader(settings: Settings) -> Callable[[str], Sequence[Sequence[Any]]
     return query
 
 
-def _import(provider: str, pages: Any, source: str) -> None:
-    from reconcile import import_report, open_store, read_report
+def _import(provider: str, reports: dict[str, Any], source: str) -> None:
+    """Read every report whole first (usage, costs), then store them: a bad one writes
+    nothing."""
+    from reconcile import (
+        CostReport,
+        ProviderReport,
+        import_report,
+        open_store,
+        read_cost_report,
+        read_report,
+    )
 
     settings = load_settings()
-    report = read_report(provider, pages, source)
+    read: list[tuple[str, ProviderReport | CostReport]] = []
+    for kind, pages in reports.items():
+        where = f"{source} ({kind})"
+        if kind == "usage":
+            read.append((kind, read_report(provider, pages, where)))
+        else:
+            read.append((kind, read_cost_report(provider, pages, where)))
     store = open_store(store_dsn(settings), settings.clickhouse_access)
     try:
-        import_report(store, report, source)
+        for kind, report in read:
+            import_report(store, report, f"{source} ({kind})")
+            days = sorted(report.days)
+            span = f"{days[0]}..{days[-1]}" if days else "no day"
+            click.echo(
+                f"imported {provider} {kind}: {len(report.rows)} row(s), {len(days)} day(s) "
+                f"{span} (replacing any earlier import of those days)"
+            )
     finally:
         store.close()
-    days = sorted(report.days)
-    span = f"{days[0]}..{days[-1]}" if days else "no day"
-    click.echo(
-        f"imported {provider} usage: {len(report.rows)} row(s), {len(days)} day(s) {span} "
-        "(replacing any earlier import of those days)"
-    )
 
 
 @click.command("fetch")
@@ -98,32 +114,55 @@ def _import(provider: str, pages: Any, source: str) -> None:
 def reconcile_fetch(
     provider: str, admin_key_file: str, since: str, base_url: str | None, save: Path | None
 ) -> None:
-    """Fetch PROVIDER's usage report (every page) since --since, and import it."""
+    """Fetch PROVIDER's usage and cost reports (every page) since --since, and import them."""
     from reconcile import fetch_pages
     from spendbus.secret_input import read_secret
 
     admin_key = read_secret(admin_key_file, "admin key")
     start = since_day(since)
     try:
-        pages = fetch_pages(provider, admin_key, start, base_url)
+        reports = {
+            kind: fetch_pages(provider, admin_key, start, base_url, kind)
+            for kind in ("usage", "costs")
+        }
         if save is not None:
-            save.write_text(json.dumps(pages, indent=1))
-        _import(provider, pages, f"{provider} admin API since {start}")
+            save.write_text(json.dumps(reports, indent=1))
+        _import(provider, reports, f"{provider} admin API since {start}")
     except SpendbusError as exc:
         fail(exc)
 
 
 @click.command("import")
 @click.option("--provider", type=PROVIDER_CHOICE, required=True)
+@click.option(
+    "--report",
+    "kind",
+    type=click.Choice(["usage", "costs"]),
+    default=None,
+    help="Which report FILE holds (default: told by its results).",
+)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def reconcile_import(provider: str, file: Path) -> None:
-    """Import FILE, PROVIDER's usage report as JSON pages (one page or a list of them)."""
+def reconcile_import(provider: str, kind: str | None, file: Path) -> None:
+    """Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of
+    them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]})."""
+    from reconcile import report_kind
+
     try:
         pages = json.loads(file.read_text())
     except (ValueError, OSError) as exc:
         raise click.BadParameter(f"{file}: not a JSON report ({exc})", param_hint="FILE") from None
+    if isinstance(pages, dict) and set(pages) <= {"usage", "costs"} and pages:
+        reports = pages
+    else:
+        kind = kind or report_kind(pages)
+        if kind is None:
+            raise click.BadParameter(
+                f"{file}: no result tells a usage report from a cost report: give --report",
+                param_hint="FILE",
+            )
+        reports = {kind: pages}
     try:
-        _import(provider, pages, str(file))
+        _import(provider, reports, str(file))
     except SpendbusError as exc:
         fail(exc)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
@@ -31,6 +33,8 @@ class FakeUpstreamConfig(BaseModel):
     honor_headers: bool = True
     #: The key the admin usage reports want (billing.py); None: they refuse every request.
     admin_key: SecretStr | None = None
+    #: The provider's price list its bill is priced by (billing.py); None: the shipped one.
+    price_file: Path | None = None
 
     @field_validator("error_statuses")
     @classmethod

@@ -18,9 +18,10 @@
 ``POST /model/{modelId}/invoke-with-response-stream``  its stream (Anthropic events in
                                                        ``chunk`` frames)
 ``GET /stats`` (``DELETE /stats`` resets)              what was served, by route
-``GET /v1/organization/usage/completions``             OpenAI's admin usage report, and
-``GET /v1/organizations/usage_report/messages``        Anthropic's, of the calls billed
-                                                       (billing.py; admin key)
+``GET /v1/organization/usage/completions``             OpenAI's admin usage and cost
+``GET /v1/organization/costs``                         reports, and Anthropic's, of the
+``GET /v1/organizations/usage_report/messages``        calls billed (billing.py; admin
+``GET /v1/organizations/cost_report``                  key)
 ``GET /healthz``                                       ``ok``
 =====================================================  ==================================
 
@@ -66,7 +67,7 @@ from aiohttp import web
 
 from . import openai_chat, openai_responses, realtime
 from .answer import answer
-from .billing import BillingLedger, report_handlers
+from .billing import BillingLedger, ListPrices, report_handlers
 from .config import FakeUpstreamConfig
 from .exchange import synthesize_error
 from .formats import CHARS_PER_TOKEN
@@ -104,7 +105,7 @@ class FakeUpstream:
         #: background Responses, finished, by id (openai_responses.background)
         self.stored_responses: dict[str, bytes] = {}
         #: every call billed, which the admin usage reports aggregate (billing.py)
-        self.billing = BillingLedger()
+        self.billing = BillingLedger(ListPrices(self.config.price_file))
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self.app = self._make_app()

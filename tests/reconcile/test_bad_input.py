@@ -23,6 +23,7 @@ from reconcile import (
     mapping_from_data,
     match,
     open_store,
+    read_cost_report,
     read_report,
 )
 from schemas.errors import ConfigError
@@ -262,3 +263,70 @@ def test_the_cli_imports_a_report_once_and_refuses_a_partial_one(tmp_path: Path)
         assert output_by_day(reopened) == {DAY: 50}
     finally:
         reopened.close()
+
+
+def cost_page(results: list[dict[str, Any]], *, openai: bool) -> dict[str, Any]:
+    bucket: dict[str, Any] = (
+        {"object": "bucket", "start_time": unix(DAY), "end_time": unix(DAY) + 86_400}
+        if openai
+        else {"starting_at": "2026-11-03T00:00:00Z", "ending_at": "2026-11-04T00:00:00Z"}
+    )
+    return {"data": [bucket | {"results": results}], "has_more": False, "next_page": None}
+
+
+def test_cost_reports_read_exactly_to_the_nano_by_model_tier_and_class() -> None:
+    openai = cost_page(
+        [
+            {"amount": {"value": 0.00123456, "currency": "usd"}, "line_item": "gpt-4o, input"},
+            {"amount": {"value": 0.5, "currency": "usd"}, "line_item": "gpt-4o, batch output"},
+            {"amount": {"value": 2, "currency": "usd"}, "line_item": "web search tool calls"},
+        ],
+        openai=True,
+    )
+    rows = read_cost_report("openai", openai, "t").rows
+    assert [(r.model, r.tier, r.token_class, r.nanos) for r in rows] == [
+        ("gpt-4o", "standard", "input", 1_234_560),
+        ("gpt-4o", "batch", "output", 500_000_000),
+        ("", "standard", "other", 2_000_000_000),
+    ]
+    anthropic = cost_page(
+        [
+            {
+                "currency": "USD",
+                "amount": "123.45",  # cents: $1.2345
+                "description": "Claude Sonnet 4.5 Usage - Input Tokens",
+                "cost_type": "tokens",
+                "model": "claude-sonnet-4-5",
+                "service_tier": "batch",
+                "token_type": "cache_creation.ephemeral_1h_input_tokens",
+            }
+        ],
+        openai=False,
+    )
+    (row,) = read_cost_report("anthropic", anthropic, "t").rows
+    assert (row.model, row.tier, row.token_class, row.nanos) == (
+        "claude-sonnet-4-5",
+        "batch",
+        "cache_write_1h",
+        1_234_500_000,
+    )
+
+
+@pytest.mark.parametrize(
+    ("provider", "result", "message"),
+    [
+        ("openai", {"amount": {"value": "1"}, "line_item": "gpt-4o, input"}, "amount.value"),
+        ("openai", {"amount": {"value": -1}, "line_item": "gpt-4o, input"}, "not a cost >= 0"),
+        ("openai", {"amount": {"value": 1}}, r"group_by\[\]=line_item"),
+        ("openai", {"amount": {"value": 1, "currency": "eur"}, "line_item": "x"}, "only usd"),
+        ("anthropic", {"amount": 12}, "cents as a decimal string"),
+        ("anthropic", {"amount": "abc"}, "cents as a decimal string"),
+        ("anthropic", {"amount": "1", "description": None}, r"group_by\[\]=description"),
+        ("anthropic", {"amount": "1", "currency": "EUR"}, "only USD"),
+    ],
+)
+def test_a_malformed_cost_report_is_refused_naming_the_field(
+    provider: str, result: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ReportError, match=message):
+        read_cost_report(provider, cost_page([result], openai=provider == "openai"), "t")

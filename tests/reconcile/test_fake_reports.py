@@ -44,10 +44,10 @@ async def test_every_page_is_followed_and_each_call_is_billed_once() -> None:
     assert len(report.days) == 41
     (row,) = report.rows
     assert row.api_key_id == api_key_id("anthropic", "sk-ant-one")
-    billed = [c.usage for c in upstream.billing.calls]
-    assert len(billed) == 3
-    assert row.tokens["input"] == sum(u.input_tokens for u in billed)
-    assert row.tokens["output"] == sum(u.output_tokens for u in billed)
+    tally = upstream.billing.tally
+    assert sum(tally.values()) == 3
+    assert row.tokens["input"] == sum(c.usage.input_tokens * n for c, n in tally.items())
+    assert row.tokens["output"] == sum(c.usage.output_tokens * n for c, n in tally.items())
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,12 @@ from pydantic import SecretStr
 
 from reconcile import (
     Cell,
+    Reconciliation,
     fetch_pages,
     import_report,
     mapping_from_data,
     open_store,
+    read_cost_report,
     read_report,
     reconcile,
 )
@@ -30,7 +33,7 @@ from schemas.codec import PRICE_TABLE
 from schemas.pricing import default_price_file, load_price_file
 from schemas.topics import Topics
 from spendbus.fake_upstream import FakeUpstreamConfig
-from spendbus.fake_upstream.billing import api_key_id
+from spendbus.fake_upstream.billing import api_key_id, usage_classes
 from spendbus.stack.compacted import publish
 from tests.gateway.kit import CREDENTIALS, KEY_OF, GatewayStack, gateway_stack
 from tests.pipeline_kit import Pipeline
@@ -116,8 +119,9 @@ async def hang_up(stack: GatewayStack) -> None:
 
 async def reconcile_now(
     stack: GatewayStack, pipeline: Pipeline, store: Any, events: int
-) -> list[Cell]:
-    """Wait for ``events`` rows in the ledger, fetch both reports, import, reconcile."""
+) -> Reconciliation:
+    """Wait for ``events`` rows in the ledger, fetch each provider's usage and cost
+    reports, import them, reconcile."""
     await stack.publisher.flush(30)
     await asyncio.to_thread(
         pipeline.sql_until,
@@ -125,11 +129,13 @@ async def reconcile_now(
         lambda rows: bool(rows) and rows[0][0] >= events,
     )
     since = datetime.now(UTC).date() - timedelta(days=1)
+    url = stack.upstream.url
     for provider in ("openai", "anthropic"):
-        pages = await asyncio.to_thread(fetch_pages, provider, ADMIN_KEY, since, stack.upstream.url)
-        import_report(store, read_report(provider, pages, f"{provider} fetch"), f"{provider} fetch")
-    result = await asyncio.to_thread(reconcile, store, pipeline.sql, MAPPING)
-    return result.cells
+        usage = await asyncio.to_thread(fetch_pages, provider, ADMIN_KEY, since, url, "usage")
+        import_report(store, read_report(provider, usage, "fetched"), "fetched")
+        costs = await asyncio.to_thread(fetch_pages, provider, ADMIN_KEY, since, url, "costs")
+        import_report(store, read_cost_report(provider, costs, "fetched"), "fetched")
+    return await asyncio.to_thread(reconcile, store, pipeline.sql, MAPPING)
 
 
 async def cli(env: dict[str, str], *args: str) -> str:
@@ -153,23 +159,55 @@ def by_model(cells: Sequence[Cell]) -> dict[tuple[str, str], Cell]:
     return {(c.model, c.tier): c for c in cells if c.billed or c.ledger}
 
 
+def billed_cost(stack: GatewayStack, model: str, *, batch: bool = False) -> int:
+    """What the fake provider charged for ``model``'s calls, in nanos."""
+    ledger = stack.upstream.billing
+    return sum(
+        sum(ledger.cost_of(call).values()) * count
+        for call, count in ledger.tally.items()
+        if call.model == model and call.batch == batch
+    )
+
+
+def provider_price_file(home: Path) -> Path:
+    """The provider's list: the shipped prices, then a newer version where claude-opus-4-1
+    costs less (a price cut spendbus's table has not seen)."""
+    newest = max(load_price_file(default_price_file()), key=lambda t: t.effective_from)
+    since = (newest.effective_from + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    path = home / "provider-prices.yaml"
+    path.write_text(
+        default_price_file().read_text()
+        + f"""
+  - version: "provider-list-now"
+    effective_from: "{since}"
+    extends: "{newest.version}"
+    models:
+    - match: "claude-opus-4-1"
+      input_per_mtok: "12.00"
+      output_per_mtok: "60.00"
+"""
+    )
+    return path
+
+
 def billed_truth(stack: GatewayStack, model: str) -> dict[str, int]:
     """What the fake provider billed for ``model``, in the token classes."""
     total = dict.fromkeys(("input", "cache_read", "cache_write_5m", "cache_write_1h", "output"), 0)
-    for call in stack.upstream.billing.calls:
+    for call, count in stack.upstream.billing.tally.items():
         if call.model == model:
-            u = call.usage
-            total["input"] += u.input_tokens
-            total["cache_read"] += u.cache_read_tokens
-            total["cache_write_5m"] += u.cache_write_tokens - u.cache_write_1h_tokens
-            total["cache_write_1h"] += u.cache_write_1h_tokens
-            total["output"] += u.output_tokens
+            for token_class, tokens in usage_classes(call.usage).items():
+                total[token_class] += tokens * count
     return total
 
 
 async def scenario(bootstrap: str, topics: Topics, home: Path, pipeline: Pipeline) -> None:
     upstream = FakeUpstreamConfig(
-        port=0, seed=11, chunk_latency_ms=20, output_tokens=(16, 48), admin_key=SecretStr(ADMIN_KEY)
+        port=0,
+        seed=11,
+        chunk_latency_ms=20,
+        output_tokens=(16, 48),
+        admin_key=SecretStr(ADMIN_KEY),
+        price_file=provider_price_file(home),
     )
     store = open_store(f"chdb://{home / 'reconcile-store'}")
     try:
@@ -189,16 +227,22 @@ async def traffic_and_causes(
     async with gateway_stack(bootstrap, topics, home, upstream=upstream) as stack:
         # 1. gateway traffic only: every cell agrees, exactly
         events = await clean_traffic(stack)
-        cells = await reconcile_now(stack, pipeline, store, events)
-        assert {(c.model, c.tier) for c in cells} == {
+        first = await reconcile_now(stack, pipeline, store, events)
+        assert {(c.model, c.tier) for c in first.cells} == {
             ("gpt-4o", "standard"),
             ("claude-sonnet-4-5", "standard"),
         }
-        for cell in cells:
+        for cell in first.cells:
             assert cell.causes == [], cell.as_dict()
             assert all(d == 0 for d in cell.deltas.values()), cell.as_dict()
             assert sum(cell.provider_tokens.values()) > 0
-        assert by_model(cells)[("gpt-4o", "standard")].provider_requests == 2
+        assert by_model(first.cells)[("gpt-4o", "standard")].provider_requests == 2
+        # and the money: to the nano, each token class billed at the listed rate
+        assert len(first.costs) == 2
+        for cost in first.costs:
+            assert cost.delta == 0 and cost.causes == [], cost.as_dict()
+            assert cost.provider_nanos == billed_cost(stack, cost.model) > 0
+        assert all(day.residual == 0 and day.cost_residual == 0 for day in first.days)
 
         # 2. each cause injected in a cell of its own
         await hang_up(stack)
@@ -214,7 +258,10 @@ async def traffic_and_causes(
         await post(stack.url, "/v1/chat/completions", chat("gpt-unlisted-model"), openai)
         stranger = {"Authorization": "Bearer sk-a-key-nobody-mapped"}
         await post(stack.upstream.url, "/v1/chat/completions", chat("gpt-4o"), stranger)
-        cells = await reconcile_now(stack, pipeline, store, events + 2)
+        anthropic = {"x-api-key": KEY_OF["sk-anthropic"], "anthropic-version": "2023-06-01"}
+        await post(stack.url, "/v1/messages", message("claude-opus-4-1"), anthropic)
+        second = await reconcile_now(stack, pipeline, store, events + 3)
+        cells = second.cells
         # the same through the CLI, in a process of its own: fetch both reports, report
         home_env = dict(pipeline.worker.env)
         admin_key_file = home / "admin.key"
@@ -241,7 +288,10 @@ async def traffic_and_causes(
     assert sorted((c["model"], c["tier"], c["causes"]) for c in shown["cells"]) == sorted(
         (c.model, c.tier, c.causes) for c in cells
     )
-    assert all(day["residual"] == 0 for day in shown["days"])
+    assert sorted((c["model"], c["tier"], c["delta_nanos"]) for c in shown["costs"]) == sorted(
+        (c.model, c.tier, c.delta) for c in second.costs
+    )
+    assert all(day["residual"] == day["cost_residual_nanos"] == 0 for day in shown["days"])
 
     found = by_model(cells)
     clean = [found[("gpt-4o", "standard")], found[("claude-sonnet-4-5", "standard")]]
@@ -274,10 +324,45 @@ async def traffic_and_causes(
     assert not any(unpriced.deltas.values())
     assert unpriced.ledger is not None and unpriced.ledger.cost_nanos == 0
 
+    stale = mapped[("claude-opus-4-1", "standard")]
+    assert stale.causes == [] and not any(stale.deltas.values())
+
     assert all(not any(c.residual.values()) for c in cells)
-    # the same day imported three times over: each import replaced the one before
+
+    # the money of each cell: every delta exact and explained
+    money = {(c.model, c.tier): c for c in second.costs}
+    ledger_cost = {
+        key: sum(c.ledger.cost_nanos for c in cells if (c.model, c.tier) == key and c.ledger)
+        for key in money
+    }
+    for key, spent in money.items():
+        assert spent.spendbus_nanos == ledger_cost[key]
+        assert spent.provider_nanos == billed_cost(stack, key[0], batch=key[1] == "batch")
+    assert money[("claude-sonnet-4-5", "standard")].causes == []
+    assert money[("claude-haiku-4-5", "standard")].causes == ["estimate"]
+    assert money[("gpt-4o-mini", "standard")].causes == ["bypass"]
+    assert money[("gpt-4o", "batch")].causes == ["batch_tier"]
+    # the cost report names no key: the stranger's call lands in the mapped keys' cell
+    billing = stack.upstream.billing
+    stranger_cost = sum(
+        sum(billing.cost_of(c).values()) * count
+        for c, count in billing.tally.items()
+        if c.api_key_id == unmapped[0].api_key_id
+    )
+    assert money[("gpt-4o", "standard")].delta == stranger_cost > 0
+    assert money[("gpt-4o", "standard")].causes == ["unmapped_credential"]
+    assert money[("gpt-unlisted-model", "standard")].causes == ["unpriced"]
+    assert money[("gpt-unlisted-model", "standard")].spendbus_nanos == 0
+    # tokens agree, money does not: the price table differs from the billed rate
+    stale_cost = money[("claude-opus-4-1", "standard")]
+    assert stale_cost.causes == ["price"] and stale_cost.delta < 0
+    rates = stale_cost.effective_rates()
+    assert Decimal(rates["input"]) == Decimal("12") and Decimal(rates["output"]) == Decimal("60")
+    assert all(c.residual == 0 for c in second.costs)
+    assert all(day.cost_residual == 0 for day in second.days)
+    # the same days imported again and again: each import replaced the one before
     rows = store.query("SELECT count() FROM reconciliation_imports")
-    assert rows[0][0] >= 4
+    assert rows[0][0] >= 8
 
 
 def test_the_ledger_reconciles_with_the_providers_report_and_each_cause_is_named(
