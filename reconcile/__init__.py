@@ -8,6 +8,7 @@ ledger's ``usage_events``, each delta explained by its cause (``CAUSES``) or nam
 residual. See README.md here. Code outside the room imports these names only.
 """
 
+from reconcile.alerts import ALERT_KIND, drift_alerts
 from reconcile.fetch import fetch_pages
 from reconcile.mapping import CredentialMapping, load_mapping, mapping_from_data
 from reconcile.matching import (
@@ -36,6 +37,7 @@ from reconcile.run import Reconciliation, import_report, reconcile, render_table
 from reconcile.store import ReconcileStore, StoreError, open_store
 
 __all__ = [
+    "ALERT_KIND",
     "CAUSES",
     "PROVIDERS",
     "TOKEN_CLASSES",
@@ -52,6 +54,7 @@ __all__ = [
     "Reconciliation",
     "ReportError",
     "StoreError",
+    "drift_alerts",
     "fetch_pages",
     "import_report",
     "ledger_sql",

@@ -176,12 +176,30 @@ def reconcile_import(provider: str, kind: str | None, file: Path) -> None:
 )
 @click.option("--since", default=None, help="Only the days from here (30d or a date).")
 @click.option("--json", "as_json", is_flag=True, help="The whole reconciliation as JSON.")
-def reconcile_report(mapping: Path | None, since: str | None, as_json: bool) -> None:
+@click.option(
+    "--alert-tokens",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Publish a drift alert on budget.alerts for each day whose token residual exceeds this.",
+)
+@click.option(
+    "--alert-usd",
+    default=None,
+    help="Publish a drift alert for each day whose cost residual exceeds this many dollars.",
+)
+def reconcile_report(
+    mapping: Path | None,
+    since: str | None,
+    as_json: bool,
+    alert_tokens: int | None,
+    alert_usd: str | None,
+) -> None:
     """Reconcile every imported day against the ledger: both sides, each delta and its
     cause, the residual no cause explains (stored in the `reconciliation` table)."""
-    from reconcile import load_mapping, open_store, reconcile, render_table
+    from reconcile import drift_alerts, load_mapping, open_store, reconcile, render_table
 
     settings = load_settings()
+    alert_nanos = None if alert_usd is None else usd_nanos(alert_usd)
     try:
         credentials = load_mapping(mapping or settings.home / "reconcile.yaml")
         run_query = ledger_reader(settings)
@@ -198,3 +216,44 @@ def reconcile_report(mapping: Path | None, since: str | None, as_json: bool) -> 
         click.echo(json.dumps(result.as_dict(), indent=1))
     else:
         click.echo(render_table(result))
+    alerts = drift_alerts(result.days, residual_tokens=alert_tokens, residual_nanos=alert_nanos)
+    if alerts:
+        try:
+            publish_alerts(settings, alerts)
+        except SpendbusError as exc:
+            fail(exc)
+        click.echo(
+            f"published {len(alerts)} drift alert(s) on {settings.topics.budget_alerts}", err=True
+        )
+
+
+def usd_nanos(text: str) -> int:
+    """``--alert-usd`` in nanos: a decimal amount of dollars, >= 0."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        amount = Decimal(text)
+    except InvalidOperation:
+        amount = Decimal(-1)
+    if not amount.is_finite() or amount < 0:
+        raise click.BadParameter(f"{text!r}: a dollar amount >= 0", param_hint="--alert-usd")
+    return int(amount * 10**9)
+
+
+def publish_alerts(settings: Settings, alerts: Sequence[Any]) -> None:
+    """The alerts on budget.alerts, keyed by counter key as the aggregator's are."""
+    import asyncio
+
+    from schemas.codec import ALERT
+    from spendbus.stack.compacted import publish
+    from spendbus.stack.local import bootstrap_or_fail
+
+    records = [(a["counter_key"].encode(), ALERT.encode(a)) for a in alerts]
+    asyncio.run(
+        publish(
+            bootstrap_or_fail(settings),
+            settings.topics.budget_alerts,
+            records,
+            security=settings.kafka_security,
+        )
+    )
