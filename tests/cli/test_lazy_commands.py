@@ -25,7 +25,17 @@ from spendbus.cli import (
 from spendbus.lazy_group import LazyGroup
 
 #: what `spendbus --help` and `spendbus price` never need: the rooms and their I/O
-HEAVY = ("aggregator", "enforcer", "ingest", "notify", "aiokafka", "aiohttp", "faust", "fastavro")
+HEAVY = (
+    "aggregator",
+    "enforcer",
+    "ingest",
+    "notify",
+    "reconcile",
+    "aiokafka",
+    "aiohttp",
+    "faust",
+    "fastavro",
+)
 
 
 def loaded(name: str) -> click.Command:
