@@ -9,6 +9,7 @@ residual. See README.md here. Code outside the room imports these names only.
 """
 
 from reconcile.alerts import ALERT_KIND, drift_alerts
+from reconcile.effective_prices import effective_price_map, price_map_text
 from reconcile.fetch import fetch_pages
 from reconcile.mapping import CredentialMapping, load_mapping, mapping_from_data
 from reconcile.matching import (
@@ -55,6 +56,7 @@ __all__ = [
     "ReportError",
     "StoreError",
     "drift_alerts",
+    "effective_price_map",
     "fetch_pages",
     "import_report",
     "ledger_sql",
@@ -63,6 +65,7 @@ __all__ = [
     "match",
     "match_costs",
     "open_store",
+    "price_map_text",
     "read_cost_report",
     "read_report",
     "reconcile",

@@ -173,6 +173,11 @@ RECONCILE_COMMANDS: Final = {
         "Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of "
         'them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]}).',
     ),
+    "prices": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_prices",
+        "Write a new price version at the rates the provider billed where only the price "
+        "differs (cause `price`), through `prices import`'s path; `prices apply` publishes it.",
+    ),
     "report": LazyCommand(
         "spendbus.commands.reconcile:reconcile_report",
         "Reconcile every imported day against the ledger: both sides, each delta and its "

@@ -227,6 +227,94 @@ def reconcile_report(
         )
 
 
+@click.command("prices")
+@click.option(
+    "--mapping",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The credential mapping (default: $SPENDBUS_HOME/reconcile.yaml).",
+)
+@click.option(
+    "--base",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Our price file to extend (default: the one shipped with spendbus).",
+)
+@click.option(
+    "--output",
+    "-o",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the new price file.",
+)
+@click.option(
+    "--version", "version", default=None, help="The new version (default: reconciled-<date>)."
+)
+@click.option(
+    "--effective-from",
+    "effective_text",
+    default=None,
+    metavar="TIMESTAMP",
+    help="RFC 3339 time from which the new version prices events (default: today 00:00 UTC).",
+)
+def reconcile_prices(
+    mapping: Path | None,
+    base: Path | None,
+    output: Path,
+    version: str | None,
+    effective_text: str | None,
+) -> None:
+    """Write a new price version at the rates the provider billed where only the price
+    differs (cause `price`), through `prices import`'s path; `prices apply` publishes it."""
+    import tempfile
+
+    from reconcile import effective_price_map, load_mapping, open_store, price_map_text, reconcile
+    from schemas.pricing.writer import import_prices, price_file_text, read_source
+    from spendbus.commands.prices_sync import next_version
+
+    settings = load_settings()
+    base_path, tables, newest, effective, version = next_version(
+        base, version, effective_text, "reconciled"
+    )
+    try:
+        credentials = load_mapping(mapping or settings.home / "reconcile.yaml")
+        run_query = ledger_reader(settings)
+        store = open_store(store_dsn(settings), settings.clickhouse_access)
+        try:
+            result = reconcile(store, run_query, credentials)
+        finally:
+            store.close()
+        entries, notes = effective_price_map(result.costs)
+        if not entries:
+            raise ConfigError(
+                "no (model, tier) whose tokens agree and whose money does not: no rate to write"
+            )
+        with tempfile.TemporaryDirectory() as scratch:
+            rates = Path(scratch) / "billed-rates.json"
+            rates.write_text(price_map_text(entries))
+            source = read_source(
+                "litellm", rates, providers=("openai", "anthropic"), on=effective.date()
+            )
+        table, report = import_prices(
+            newest, source, version=version, effective_from=effective, add_new=False
+        )
+    except SpendbusError as exc:
+        fail(exc)
+    header = (
+        f"spendbus price file: {base_path.name} and version {version!r} at the rates the\n"
+        "providers billed (`spendbus reconcile prices`, run "
+        f"{result.run_id}). Every price is USD per million tokens, exact."
+    )
+    output.write_text(price_file_text([*tables, table], header=header), encoding="utf-8")
+    click.echo(
+        f"{output}: version {version!r} from {effective.isoformat()}: "
+        f"{len(report.updated)} updated at the billed rates, {len(report.unchanged)} unchanged",
+        err=True,
+    )
+    for item in [*report.updated, *report.conflicts, *notes, *source.warnings]:
+        click.echo(f"  {item}", err=True)
+
+
 def usd_nanos(text: str) -> int:
     """``--alert-usd`` in nanos: a decimal amount of dollars, >= 0."""
     from decimal import Decimal, InvalidOperation

@@ -16,13 +16,16 @@ from typing import Any
 import pytest
 
 from reconcile import (
+    CostCell,
     LedgerCell,
     ReconcileStore,
     ReportError,
+    effective_price_map,
     import_report,
     mapping_from_data,
     match,
     open_store,
+    price_map_text,
     read_cost_report,
     read_report,
 )
@@ -330,3 +333,40 @@ def test_a_malformed_cost_report_is_refused_naming_the_field(
 ) -> None:
     with pytest.raises(ReportError, match=message):
         read_cost_report(provider, cost_page([result], openai=provider == "openai"), "t")
+
+
+def test_only_a_price_cause_at_the_standard_tier_makes_a_billed_rate() -> None:
+    def cell(model: str, tier: str, classes: dict[str, int], tokens: dict[str, int]) -> CostCell:
+        return CostCell(
+            "anthropic",
+            DAY,
+            model,
+            tier,
+            provider_nanos=sum(classes.values()),
+            spendbus_nanos=1,
+            provider_classes=classes,
+            provider_tokens=tokens,
+            causes=["price"],
+        )
+
+    cells = [
+        cell(
+            "m-priced", "standard", {"input": 36_000, "output": 120_000}, {"input": 3, "output": 2}
+        ),
+        cell("m-batch", "batch", {"input": 6, "output": 6}, {"input": 1, "output": 1}),
+        cell("m-no-output", "standard", {"input": 6}, {"input": 1, "output": 0}),
+    ]
+    entries, notes = effective_price_map(cells)
+    assert list(entries) == ["m-priced"]
+    text = price_map_text(entries)
+    assert json.loads(text)["m-priced"] == {
+        "litellm_provider": "anthropic",
+        "mode": "chat",
+        "input_cost_per_token": 0.000012,
+        "output_cost_per_token": 0.00006,
+    }
+    assert '"input_cost_per_token": 0.000012,' in text  # an exact decimal, never 1.2e-05
+    assert len(notes) == 2 and "standard only" in notes[0] and "no output" in notes[1]
+    agreeing = cell("m-agrees", "standard", {"input": 6, "output": 6}, {"input": 1, "output": 1})
+    agreeing.causes = []
+    assert effective_price_map([agreeing]) == ({}, [])

@@ -30,8 +30,9 @@ from reconcile import (
     reconcile,
 )
 from schemas.codec import PRICE_TABLE
-from schemas.pricing import default_price_file, load_price_file
+from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.topics import Topics
+from schemas.usage import new_usage_event
 from spendbus.fake_upstream import FakeUpstreamConfig
 from spendbus.fake_upstream.billing import api_key_id, usage_classes
 from spendbus.stack.compacted import publish
@@ -283,7 +284,43 @@ async def traffic_and_causes(
             )
         table = await cli(home_env, "report")
         shown = json.loads(await cli(home_env, "report", "--json"))
+        # the billed rates as a new price version, through `prices import`'s path
+        repriced = home / "repriced.yaml"
+        effective = datetime.now(UTC).replace(microsecond=0)
+        await cli(
+            home_env,
+            "prices",
+            "-o",
+            str(repriced),
+            "--effective-from",
+            effective.isoformat().replace("+00:00", "Z"),
+        )
     print(table)  # the README's example output
+    book = PriceBook(load_price_file(repriced))
+    shipped = PriceBook(load_price_file(default_price_file()))
+
+    def price(prices: PriceBook, model: str, input_tokens: int, output_tokens: int) -> int:
+        return prices.price_event(
+            new_usage_event(
+                provider="anthropic",
+                api="anthropic-messages",
+                model=model,
+                secret_id="s",
+                org_id="o",
+                gateway_id="g",
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                occurred_at=effective + timedelta(seconds=1),
+            )
+        ).cost_nanos
+
+    # a million tokens each way at the provider's cut rates: $12 in, $60 out
+    assert price(book, "claude-opus-4-1", 1_000_000, 0) == 12_000_000_000
+    assert price(book, "claude-opus-4-1", 0, 1_000_000) == 60_000_000_000
+    # every other model as it was
+    assert price(book, "claude-sonnet-4-5", 1000, 1000) == price(
+        shipped, "claude-sonnet-4-5", 1000, 1000
+    )
     assert ADMIN_KEY not in table
     assert sorted((c["model"], c["tier"], c["causes"]) for c in shown["cells"]) == sorted(
         (c.model, c.tier, c.causes) for c in cells
