@@ -23,6 +23,7 @@ from reconcile.matching import (
     match_costs,
 )
 from reconcile.provider_reports import (
+    IMPORT_PROVIDERS,
     PROVIDERS,
     TOKEN_CLASSES,
     CostReport,
@@ -30,6 +31,7 @@ from reconcile.provider_reports import (
     ProviderReport,
     ProviderUsage,
     ReportError,
+    read_bedrock_cur,
     read_cost_report,
     read_report,
     report_kind,
@@ -40,6 +42,7 @@ from reconcile.store import ReconcileStore, StoreError, open_store
 __all__ = [
     "ALERT_KIND",
     "CAUSES",
+    "IMPORT_PROVIDERS",
     "PROVIDERS",
     "TOKEN_CLASSES",
     "Cell",
@@ -66,6 +69,7 @@ __all__ = [
     "match_costs",
     "open_store",
     "price_map_text",
+    "read_bedrock_cur",
     "read_cost_report",
     "read_report",
     "reconcile",

@@ -3,7 +3,7 @@
 The gateway names its upstream credentials ``secrets.<secret_id>`` (gateway.yaml); usage
 events carry that ``secret_id``. The provider's reports name the same credential by its
 own key id (OpenAI ``api_key_id`` with its ``project_id``, Anthropic ``api_key_id`` with
-its ``workspace_id``). The mapping file joins them::
+its ``workspace_id``; Bedrock's CUR rows the AWS account id, ``line_item_usage_account_id``). The mapping file joins them::
 
     credentials:
       sk-openai: {provider: openai, api_key_id: key_abc123, project_id: proj_x}
@@ -23,7 +23,7 @@ import yaml
 
 from schemas.errors import ConfigError
 
-from .provider_reports import PROVIDERS
+from .provider_reports import IMPORT_PROVIDERS
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ def mapping_from_data(data: Any, source: str) -> CredentialMapping:
         if extra:
             raise ConfigError(f"{where}: unknown field(s) {sorted(extra)}")
         provider, key_id = entry.get("provider"), entry.get("api_key_id")
-        if provider not in PROVIDERS:
-            raise ConfigError(f"{where}: provider must be one of {', '.join(PROVIDERS)}")
+        if provider not in IMPORT_PROVIDERS:
+            raise ConfigError(f"{where}: provider must be one of {', '.join(IMPORT_PROVIDERS)}")
         if not isinstance(key_id, str) or not key_id:
             raise ConfigError(
                 f"{where}: api_key_id is required (the id the provider's reports use)"

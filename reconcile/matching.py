@@ -35,7 +35,7 @@ from decimal import Decimal
 from typing import Any
 
 from .mapping import CredentialMapping
-from .provider_reports import PROVIDERS, TOKEN_CLASSES, ProviderCost, ProviderUsage
+from .provider_reports import IMPORT_PROVIDERS, TOKEN_CLASSES, ProviderCost, ProviderUsage
 
 CAUSES = (
     "unmapped_credential",
@@ -116,9 +116,13 @@ class Cell:
 def ledger_sql(provider: str, first: date, last: date) -> str:
     """The ledger's cells of ``provider`` for the UTC days [first, last], as plain SQL (the
     worker's read-only ``/sql`` takes no parameters: every value here is checked)."""
-    if provider not in PROVIDERS or not isinstance(first, date) or not isinstance(last, date):
+    if (
+        provider not in IMPORT_PROVIDERS
+        or not isinstance(first, date)
+        or not isinstance(last, date)
+    ):
         raise ValueError(f"no ledger query for {provider!r} {first!r}..{last!r}")
-    if provider == "openai":  # OpenAI's report splits the batch tier only
+    if provider in ("openai", "bedrock"):  # their reports split the batch tier only
         tier = "if(service_tier = 'batch', 'batch', 'standard')"
     else:
         tier = "multiIf(service_tier IN ('batch', 'priority'), assumeNotNull(service_tier), 'standard')"

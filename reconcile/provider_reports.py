@@ -31,8 +31,10 @@ from schemas.errors import SpendbusError
 
 #: the token classes a cell is matched in (the ledger's columns, cache writes by TTL)
 TOKEN_CLASSES = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output")
-#: the providers whose usage reports `reconcile fetch` reads and `reconcile import` takes
+#: the providers whose admin reports `reconcile fetch` reads (and `reconcile import` takes)
 PROVIDERS = ("openai", "anthropic")
+#: every provider a report can be imported for: Bedrock as Cost and Usage Report rows
+IMPORT_PROVIDERS = (*PROVIDERS, "bedrock")
 
 
 class ReportError(SpendbusError):
@@ -382,3 +384,105 @@ def _merged(a: ProviderUsage, b: ProviderUsage) -> ProviderUsage:
         requests=requests,
         project=a.project,
     )
+
+
+# -- Bedrock: AWS Cost and Usage Report (CUR 2.0) rows -----------------------------------
+
+#: the CUR 2.0 columns a Bedrock row is read from
+CUR_COLUMNS = (
+    "line_item_usage_start_date",
+    "line_item_product_code",
+    "line_item_line_item_type",
+    "line_item_usage_account_id",
+    "line_item_usage_type",
+    "line_item_resource_id",
+    "line_item_usage_amount",
+    "line_item_unblended_cost",
+)
+#: a usage type's ending -> the token class it bills (AWS's Bedrock CUR guide); any other
+#: Bedrock usage is money without tokens (class "other")
+CUR_TOKEN_TYPES = (
+    ("-cache-read-input-token-count", "cache_read"),
+    ("-cache-write-input-token-count", "cache_write_5m"),
+    ("-input-tokens", "input"),
+    ("-output-tokens", "output"),
+)
+
+
+def _cur_class(usage_type: str) -> str:
+    lowered = usage_type.lower()
+    for ending, token_class in CUR_TOKEN_TYPES:
+        if lowered.endswith(ending) or f"-mantle{ending}-" in lowered:
+            return token_class
+    return OTHER
+
+
+def read_bedrock_cur(text: str, source: str) -> tuple[ProviderReport, CostReport]:
+    """Bedrock's rows of a CUR 2.0 export (CSV with its header): tokens and nanos by day,
+    account (the credential's key id), model (the ``line_item_resource_id`` ARN's model or
+    inference profile) and class. Rows of other services, and credits, taxes and fees
+    (not ``Usage``), are not Bedrock usage: skipped. A file covers the UTC days it has
+    rows for: export whole days. ReportError names the row and column otherwise."""
+    import csv
+    import io
+
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in CUR_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ReportError(f"{source}: not a CUR 2.0 export: no column {', '.join(missing)}")
+    usage: dict[tuple[date, str, str, str], dict[str, int]] = {}
+    report, costs = ProviderReport("bedrock"), CostReport("bedrock")
+    cost_sums: dict[tuple[date, str, str, str], int] = {}
+    for number, row in enumerate(reader, 2):  # line 1 is the header
+        where = f"{source} line {number}"
+        if row["line_item_product_code"] != "AmazonBedrock":
+            continue
+        if row["line_item_line_item_type"] != "Usage":
+            continue
+        try:
+            moment = datetime.fromisoformat(
+                row["line_item_usage_start_date"].replace("Z", "+00:00")
+            )
+        except (ValueError, AttributeError):
+            raise ReportError(
+                f"{where}: line_item_usage_start_date {row['line_item_usage_start_date']!r} is not a time"
+            ) from None
+        day = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC).date()
+        account = row["line_item_usage_account_id"] or ""
+        if not account:
+            raise ReportError(f"{where}: line_item_usage_account_id is empty")
+        resource = row["line_item_resource_id"] or ""
+        model = resource.rpartition("/")[2] if "/" in resource else ""
+        usage_type = row["line_item_usage_type"] or ""
+        token_class = _cur_class(usage_type)
+        if token_class != OTHER and not model:
+            raise ReportError(
+                f"{where}: line_item_resource_id {resource!r} names no model (a foundation-model "
+                "or inference-profile ARN)"
+            )
+        tier = "batch" if "batch" in usage_type.lower() else "standard"
+        try:
+            amount = Decimal(row["line_item_usage_amount"])
+            cost = Decimal(row["line_item_unblended_cost"])
+        except (ArithmeticError, TypeError):
+            raise ReportError(
+                f"{where}: line_item_usage_amount and _unblended_cost must be numbers"
+            ) from None
+        report.days.add(day)
+        costs.days.add(day)
+        if token_class != OTHER:
+            if not amount.is_finite() or amount < 0 or amount != amount.to_integral_value():
+                raise ReportError(f"{where}: line_item_usage_amount {amount} is no token count")
+            tokens = usage.setdefault((day, account, model, tier), dict.fromkeys(TOKEN_CLASSES, 0))
+            tokens[token_class] += int(amount)
+        key = (day, model, tier, token_class)
+        cost_sums[key] = cost_sums.get(key, 0) + _nanos(cost, 10**9, where)
+    report.rows = [
+        ProviderUsage("bedrock", day, account, model, tier, tokens)
+        for (day, account, model, tier), tokens in sorted(usage.items())
+    ]
+    costs.rows = [
+        ProviderCost("bedrock", day, model, tier, token_class, nanos)
+        for (day, model, tier, token_class), nanos in sorted(cost_sums.items())
+    ]
+    return report, costs

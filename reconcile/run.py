@@ -15,7 +15,7 @@ from schemas.money import format_usd
 
 from .mapping import CredentialMapping
 from .matching import Cell, CostCell, DaySummary, match, match_costs, read_ledger, summarize
-from .provider_reports import PROVIDERS, TOKEN_CLASSES, CostReport, ProviderReport
+from .provider_reports import IMPORT_PROVIDERS, TOKEN_CLASSES, CostReport, ProviderReport
 from .store import ReconcileStore
 
 
@@ -47,7 +47,7 @@ def reconcile(
     store: ReconcileStore,
     run_query: Callable[[str], Sequence[Sequence[Any]]],
     mapping: CredentialMapping,
-    providers: Sequence[str] = PROVIDERS,
+    providers: Sequence[str] = IMPORT_PROVIDERS,
     since: date | None = None,
 ) -> Reconciliation:
     """Match every imported day (from ``since``) of ``providers`` against the ledger, which

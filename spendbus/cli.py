@@ -171,7 +171,8 @@ RECONCILE_COMMANDS: Final = {
     "import": LazyCommand(
         "spendbus.commands.reconcile:reconcile_import",
         "Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of "
-        'them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]}).',
+        'them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]}); '
+        "for bedrock, the Bedrock rows of a CUR 2.0 export (CSV).",
     ),
     "prices": LazyCommand(
         "spendbus.commands.reconcile:reconcile_prices",

@@ -62,26 +62,24 @@ def ledger_reader(settings: Settings) -> Callable[[str], Sequence[Sequence[Any]]
     return query
 
 
-def _import(provider: str, reports: dict[str, Any], source: str) -> None:
-    """Read every report whole first (usage, costs), then store them: a bad one writes
-    nothing."""
-    from reconcile import (
-        CostReport,
-        ProviderReport,
-        import_report,
-        open_store,
-        read_cost_report,
-        read_report,
-    )
+def _read(provider: str, reports: dict[str, Any], source: str) -> list[tuple[str, Any]]:
+    """Every report read whole (usage, costs) before any is stored: a bad one writes nothing."""
+    from reconcile import read_cost_report, read_report
 
-    settings = load_settings()
-    read: list[tuple[str, ProviderReport | CostReport]] = []
+    read: list[tuple[str, Any]] = []
     for kind, pages in reports.items():
         where = f"{source} ({kind})"
         if kind == "usage":
             read.append((kind, read_report(provider, pages, where)))
         else:
             read.append((kind, read_cost_report(provider, pages, where)))
+    return read
+
+
+def _store(provider: str, read: list[tuple[str, Any]], source: str) -> None:
+    from reconcile import import_report, open_store
+
+    settings = load_settings()
     store = open_store(store_dsn(settings), settings.clickhouse_access)
     try:
         for kind, report in read:
@@ -127,13 +125,14 @@ def reconcile_fetch(
         }
         if save is not None:
             save.write_text(json.dumps(reports, indent=1))
-        _import(provider, reports, f"{provider} admin API since {start}")
+        source = f"{provider} admin API since {start}"
+        _store(provider, _read(provider, reports, source), source)
     except SpendbusError as exc:
         fail(exc)
 
 
 @click.command("import")
-@click.option("--provider", type=PROVIDER_CHOICE, required=True)
+@click.option("--provider", type=click.Choice(["openai", "anthropic", "bedrock"]), required=True)
 @click.option(
     "--report",
     "kind",
@@ -144,9 +143,19 @@ def reconcile_fetch(
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def reconcile_import(provider: str, kind: str | None, file: Path) -> None:
     """Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of
-    them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]})."""
-    from reconcile import report_kind
+    them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]});
+    for bedrock, the Bedrock rows of a CUR 2.0 export (CSV)."""
+    from reconcile import read_bedrock_cur, report_kind
 
+    if provider == "bedrock":
+        try:
+            usage, costs = read_bedrock_cur(file.read_text(), str(file))
+            _store(provider, [("usage", usage), ("costs", costs)], str(file))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"{file}: cannot read it ({exc})", param_hint="FILE") from None
+        except SpendbusError as exc:
+            fail(exc)
+        return
     try:
         pages = json.loads(file.read_text())
     except (ValueError, OSError) as exc:
@@ -162,7 +171,7 @@ def reconcile_import(provider: str, kind: str | None, file: Path) -> None:
             )
         reports = {kind: pages}
     try:
-        _import(provider, reports, str(file))
+        _store(provider, _read(provider, reports, str(file)), str(file))
     except SpendbusError as exc:
         fail(exc)
 
