@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, date, datetime
 
+import pytest
 from aiokafka import AIOKafkaConsumer
 
 from notify.payload import summary
@@ -58,6 +59,7 @@ async def read_alerts(bootstrap: str, topic: str) -> list[tuple[bytes, dict[str,
         await consumer.stop()
 
 
+@pytest.mark.integration
 def test_the_alert_is_published_on_budget_alerts(kafka_bootstrap: str, topics: Topics) -> None:
     settings = load_settings(
         {"KAFKA_BOOTSTRAP": kafka_bootstrap, "SPENDBUS_TOPIC_PREFIX": topics.prefix}

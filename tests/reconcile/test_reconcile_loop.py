@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 from pydantic import SecretStr
 
@@ -38,6 +39,8 @@ from spendbus.fake_upstream.billing import api_key_id, usage_classes
 from spendbus.stack.compacted import publish
 from tests.gateway.kit import CREDENTIALS, KEY_OF, GatewayStack, gateway_stack
 from tests.pipeline_kit import Pipeline
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "admin-key-for-the-fake-reports-0123"
