@@ -19,7 +19,8 @@ Causes (:data:`CAUSES`), each named where it applies:
 - ``unpriced``: the ledger charged the cell's calls $0 (no price for the model): its
   tokens may agree, its cost cannot;
 - ``price``: the tokens agree and the cost does not: spendbus's price table differs from
-  the rate the provider billed (its effective rate per class is shown).
+  the rate the provider billed (its effective rate per class is shown); money billed
+  where no token was (a tool's fee, storage) is ``unexplained``, never a price.
 
 A cell whose tokens differ and that no token cause explains is ``unexplained``: its delta
 is the residual. Costs are matched by (provider, day, model, tier) (:class:`CostCell`: the
@@ -323,7 +324,9 @@ def match_costs(
         causes = inherited.get(key, set())
         found = causes & (TOKEN_CAUSES | {"unpriced"})
         if cell.delta and not found:
-            found.add("unexplained" if "unexplained" in causes else "price")
+            # a price explains money only where tokens were billed and agree
+            priced = any(cell.provider_tokens.values()) and "unexplained" not in causes
+            found.add("price" if priced else "unexplained")
         cell.causes = [c for c in CAUSES if c in found] if cell.delta else []
     return [cells[k] for k in sorted(cells)]
 

@@ -24,6 +24,7 @@ from reconcile import (
     import_report,
     mapping_from_data,
     match,
+    match_costs,
     open_store,
     price_map_text,
     read_cost_report,
@@ -370,3 +371,14 @@ def test_only_a_price_cause_at_the_standard_tier_makes_a_billed_rate() -> None:
     agreeing = cell("m-agrees", "standard", {"input": 6, "output": 6}, {"input": 1, "output": 1})
     agreeing.causes = []
     assert effective_price_map([agreeing]) == ({}, [])
+
+
+def test_money_billed_beyond_any_token_is_unexplained_never_a_price() -> None:
+    web_search = cost_page(
+        [{"amount": {"value": 0.01, "currency": "usd"}, "line_item": "web search tool calls"}],
+        openai=True,
+    )
+    costs = read_cost_report("openai", web_search, "t")
+    (cell,) = match_costs("openai", costs.days, costs.rows, [])
+    assert cell.model == "" and cell.delta == 10_000_000
+    assert cell.causes == ["unexplained"] and cell.residual == 10_000_000
