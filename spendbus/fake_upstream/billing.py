@@ -1,7 +1,7 @@
 """The fake providers' own bill: every call they charged, and the admin reports built from it.
 
-Each 2xx answer that billed usage is one :class:`BilledCall` (UTC day, provider, the
-credential's key id, model, batch tier, usage). The admin endpoints aggregate them the way
+Each 2xx answer that billed usage is counted under its :class:`BilledCall` (UTC day,
+provider, format, the credential's key id, model, batch tier, usage). The admin endpoints aggregate them the way
 the providers document: daily UTC buckets, grouped by key and model, paginated with
 ``has_more`` / ``next_page``:
 
@@ -11,7 +11,7 @@ the providers document: daily UTC buckets, grouped by key and model, paginated w
 ``GET /v1/organizations/cost_report``             Anthropic cost report (by workspace and
                                                   description: model, tier, token type)
 
-Each call is priced when billed, by the provider's own list (:class:`ListPrices`: a price
+Each kind of call is priced once, when a cost report first asks, by the provider's own list (:class:`ListPrices`: a price
 file, the shipped one unless ``FakeUpstreamConfig.price_file`` names another; a model the
 list lacks at :data:`FALLBACK_NANOS_PER_TOKEN`), in exact integer nanos per token class
 (the classes sum to the call's price, rounded once). OpenAI reports a cost as dollars (a
@@ -119,10 +119,18 @@ def usage_classes(usage: FakeUsage) -> dict[str, int]:
 
 
 class ListPrices:
-    """The provider's price list: what each call it bills costs, by token class."""
+    """The provider's price list: what each call it bills costs, by token class (the file
+    is read on the first cost asked, not when a fake provider starts)."""
 
     def __init__(self, price_file: Path | None = None) -> None:
-        self.book = PriceBook(load_price_file(price_file or default_price_file()))
+        self.price_file = price_file
+        self._book: PriceBook | None = None
+
+    @property
+    def book(self) -> PriceBook:
+        if self._book is None:
+            self._book = PriceBook(load_price_file(self.price_file or default_price_file()))
+        return self._book
 
     def _price(
         self, fmt: str, provider: str, model: str, usage: FakeUsage, batch: bool

@@ -36,6 +36,20 @@ class FakeUpstreamConfig(BaseModel):
     #: The provider's price list its bill is priced by (billing.py); None: the shipped one.
     price_file: Path | None = None
 
+    @field_validator("price_file")
+    @classmethod
+    def _price_file(cls, value: Path | None) -> Path | None:
+        """A price list that cannot be read fails here, not in a cost report's answer."""
+        if value is not None:
+            from schemas.errors import SpendbusError
+            from schemas.pricing import load_price_file
+
+            try:
+                load_price_file(value)
+            except SpendbusError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
     @field_validator("error_statuses")
     @classmethod
     def _statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:

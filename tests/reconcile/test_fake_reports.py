@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import aiohttp
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from reconcile import ReportError, fetch_pages, read_report
 from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
@@ -84,3 +85,12 @@ async def test_a_bad_query_is_a_400_naming_the_parameter() -> None:
             ) as resp:
                 assert resp.status == 400
                 assert named in (await resp.json())["error"]["message"]
+
+
+def test_a_price_list_that_cannot_be_read_is_refused_when_configured(tmp_path: Path) -> None:
+    broken = tmp_path / "prices.yaml"
+    broken.write_text("versions: [{version: x}]\n")
+    with pytest.raises(ValidationError, match="price_file"):
+        FakeUpstreamConfig(price_file=broken)
+    with pytest.raises(ValidationError, match="price_file"):
+        FakeUpstreamConfig(price_file=tmp_path / "absent.yaml")
