@@ -70,7 +70,7 @@ BENCH_BY_NAME := bench/bench_enforcer.py bench/enforcer_bench_sidecar.py bench/e
 check: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy schemas runtime aggregator enforcer ingest notify admin spendbus tests bench \
+	$(BIN)/mypy schemas runtime aggregator enforcer ingest notify admin reconcile spendbus tests bench \
 	  --exclude '^bench/(bench_enforcer|enforcer_bench_.+)\.py$$'
 	MYPYPATH=bench $(BIN)/mypy $(BENCH_BY_NAME)
 

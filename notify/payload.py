@@ -62,6 +62,14 @@ def summary(alert: Mapping[str, Any], scope: str | None) -> str:
             f"Model {alert.get('model')} is in use without a price: its calls are charged $0 "
             "until a price is added (spendbus prices check)."
         )
+    if kind == "reconciliation":
+        provider = "/".join(scope_values(alert["counter_key"]))
+        return (
+            f"Reconciliation drift: {provider}'s report of {alert['period'].removeprefix('d:')} "
+            f"differs from the ledger by {alert['spent_tokens']:,} tokens and "
+            f"{format_usd(alert['spent_nanos'], 6)} that no known cause explains "
+            "(spendbus reconcile report)."
+        )
     values = scope_values(alert["counter_key"])
     who = f" ({scope or 'scope'} {'/'.join(values)})" if values else ""
     spent = format_usd(alert["spent_nanos"], 2)

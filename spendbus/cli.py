@@ -104,6 +104,11 @@ COMMANDS: Final = {
         "spendbus.commands.replay:snapshot",
         "Fold the ledger from the latest snapshot (or offset 0) and write a new counter snapshot.",
     ),
+    "reconcile": LazyCommand(
+        "spendbus.cli:reconcile_group",
+        "The providers' usage reports against the ledger: `reconcile fetch` or `import`, then "
+        "`reconcile report`.",
+    ),
     "sql": LazyCommand(
         "spendbus.commands.admin:sql",
         "Run an analyst QUERY on ClickHouse (through the running worker when it owns the store).",
@@ -188,6 +193,30 @@ ADMIN_COMMANDS: Final = {
     ),
 }
 
+#: `spendbus reconcile`'s commands, loaded the same way
+RECONCILE_COMMANDS: Final = {
+    "fetch": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_fetch",
+        "Fetch PROVIDER's usage and cost reports (every page) since --since, and import them.",
+    ),
+    "import": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_import",
+        "Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of "
+        'them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]}); '
+        "for bedrock, the Bedrock rows of a CUR 2.0 export (CSV).",
+    ),
+    "prices": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_prices",
+        "Write a new price version at the rates the provider billed where only the price "
+        "differs (cause `price`), through `prices import`'s path; `prices apply` publishes it.",
+    ),
+    "report": LazyCommand(
+        "spendbus.commands.reconcile:reconcile_report",
+        "Reconcile every imported day against the ledger: both sides, each delta and its "
+        "cause, the residual no cause explains (stored in the `reconciliation` table).",
+    ),
+}
+
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="spendbus")
@@ -203,6 +232,11 @@ def budgets_group() -> click.Command:
 def admin_group() -> click.Command:
     """`spendbus admin`: the admin API's commands, imported as they run."""
     return LazyGroup(name="admin", lazy=ADMIN_COMMANDS, help=COMMANDS["admin"].summary)
+
+
+def reconcile_group() -> click.Command:
+    """`spendbus reconcile`: its commands imported one by one, as they run."""
+    return LazyGroup(name="reconcile", lazy=RECONCILE_COMMANDS, help=COMMANDS["reconcile"].summary)
 
 
 def prices_group() -> click.Command:

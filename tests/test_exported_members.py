@@ -21,7 +21,17 @@ import pytest
 from runtime.faces import lazy_names
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOMS = ("schemas", "runtime", "aggregator", "enforcer", "ingest", "notify", "admin", "spendbus")
+ROOMS = (
+    "schemas",
+    "runtime",
+    "aggregator",
+    "enforcer",
+    "ingest",
+    "notify",
+    "admin",
+    "reconcile",
+    "spendbus",
+)
 #: the faces a room must have, with ``__all__``: what code outside it imports
 REQUIRED = (*ROOMS[:-1], "aggregator.counting", "aggregator.sink", "aggregator.replay")
 PLUMBING: dict[str, object] = {

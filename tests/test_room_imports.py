@@ -1,9 +1,9 @@
 """The rooms' import rules, read from the source with ast (function-level imports too).
 
-Stages (ingest/, aggregator/, enforcer/, notify/, admin/) import no other part of the project
+Stages (ingest/, aggregator/, enforcer/, notify/, admin/, reconcile/) import no other part of the project
 but schemas/ (the contract) and runtime/ (the I/O kit they share); runtime/ imports only
 schemas/; schemas/ imports nothing else of the project. The CLI (spendbus/) reaches
-aggregator/, ingest/, enforcer/ and notify/ only through their public ``__init__``
+aggregator/, ingest/, enforcer/, notify/ and reconcile/ only through their public ``__init__``
 (ingest's subpackages that export names with ``__all__`` are public too). Inside the
 aggregator, each shelf imports only the shelves below it. Inside each room the modules
 import each other without a cycle, counting the imports written inside functions and
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("ingest", "aggregator", "enforcer", "notify", "admin")
+STAGES = ("ingest", "aggregator", "enforcer", "notify", "admin", "reconcile")
 SHARED = ("schemas", "runtime")
 ROOMS = (*SHARED, *STAGES, "spendbus")
 
@@ -93,6 +93,7 @@ PUBLIC_FACES = {
     "enforcer": {"enforcer"},
     "notify": {"notify"},
     "admin": {"admin"},
+    "reconcile": {"reconcile"},
 }
 
 

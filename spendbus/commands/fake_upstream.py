@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -71,6 +72,18 @@ if TYPE_CHECKING:
 )
 @click.option("--gzip", "gzip_", is_flag=True, help="Gzip bodies for clients that accept it.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of usage and faults.")
+@click.option(
+    "--admin-key-file",
+    default=None,
+    help="File (or - for stdin) whose first line is the admin key the usage reports want "
+    "(GET /v1/organization/usage/completions, /v1/organizations/usage_report/messages).",
+)
+@click.option(
+    "--price-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The price list the providers bill by in their cost reports (default: the shipped one).",
+)
 def fake_upstream(
     host: str,
     port: int,
@@ -84,11 +97,14 @@ def fake_upstream(
     output_tokens: tuple[int, int],
     gzip_: bool,
     seed: int,
+    admin_key_file: str | None,
+    price_file: Path | None,
 ) -> None:
     """Serve Anthropic, OpenAI, Gemini and Bedrock endpoints with their real wire formats.
 
     Usage is deterministic from --seed and each request; GET /stats sums what
-    was served and billed. Runs until Ctrl-C.
+    was served and billed; with --admin-key-file, the providers' admin usage reports
+    aggregate every call billed (`spendbus reconcile fetch` reads them). Runs until Ctrl-C.
     """
     from spendbus.fake_upstream import FakeUpstreamConfig
 
@@ -105,6 +121,12 @@ def fake_upstream(
         "gzip": gzip_,
         "seed": seed,
     }
+    if price_file is not None:
+        values["price_file"] = price_file
+    if admin_key_file is not None:
+        from spendbus.secret_input import read_secret
+
+        values["admin_key"] = read_secret(admin_key_file, "admin key")
     if error_statuses:
         values["error_statuses"] = tuple(error_statuses)
     try:

@@ -50,7 +50,7 @@ def _newest(tables: list[PriceTable]) -> PriceTable | None:
     return max(tables, key=lambda t: (t.effective_from, t.version)) if tables else None
 
 
-def _next_version(
+def next_version(
     base: Path | None, version: str | None, effective_text: str | None, prefix: str
 ) -> tuple[Path, list[PriceTable], PriceTable | None, datetime, str]:
     """The base file, its versions and newest one, and the new version's start (default
@@ -135,7 +135,7 @@ def prices_import(
     report_json: bool,
 ) -> None:
     """Write a new dated version of our price file from a community price map FILE."""
-    base_path, tables, newest, effective, version = _next_version(
+    base_path, tables, newest, effective, version = next_version(
         base, version, effective_text, source_kind
     )
     try:
@@ -248,7 +248,7 @@ def prices_update(
     """Fetch both community price maps, take what they agree on, show the diff against our
     newest version and, with -o, write a new version in force from --effective-from
     (older events keep their prices). Exit 1 when prices differ, as `prices diff`."""
-    base_path, tables, newest, effective, version = _next_version(
+    base_path, tables, newest, effective, version = next_version(
         base, version, effective_text, "maps"
     )
     try:
@@ -284,4 +284,4 @@ def prices_update(
         raise SystemExit(1)
 
 
-__all__ = ["prices_diff", "prices_import", "prices_update"]
+__all__ = ["next_version", "prices_diff", "prices_import", "prices_update"]

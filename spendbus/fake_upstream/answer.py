@@ -9,12 +9,15 @@ import hashlib
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
 from . import hostile, openai_responses
+from .billing import BillingLedger
 from .config import FakeUpstreamConfig
 from .exchange import FakeExchange, synthesize, synthesize_error
 from .formats import CHARS_PER_TOKEN, DELTA_CHARS
@@ -45,9 +48,11 @@ async def answer(
     stats: Stats,
     arrival: int,
     stored: dict[str, bytes] | None = None,
+    ledger: BillingLedger | None = None,
 ) -> web.StreamResponse:
     """Answer ``request`` (its ``body`` read, the ``arrival``-th since the start;
-    ``stored``: the background Responses kept for retrieval)."""
+    ``stored``: the background Responses kept for retrieval; ``ledger``: the bill each
+    charged call goes on)."""
     fault = random.Random(f"{config.seed}|fault|{arrival}")
     forced = Forced.read(request) if config.honor_headers else Forced()
 
@@ -123,6 +128,7 @@ async def answer(
         stats=stats,
         declared=declared,
         generation_ms=0.0 if stream else _generation_ms(call, usage, config),
+        bill=None if ledger is None else partial(ledger.record, call.fmt, request, model),
     )
 
 
@@ -250,9 +256,11 @@ async def send(
     stats: Stats,
     declared: int | None,
     generation_ms: float = 0.0,
+    bill: Callable[[FakeUsage], None] | None = None,
 ) -> web.StreamResponse:
-    """Write ``exchange`` (cut, paced or batched) and count what it served and billed;
-    ``declared`` is the Content-Length a cut body promised."""
+    """Write ``exchange`` (cut, paced or batched) and count what it served and billed
+    (``bill``: the provider's ledger of charged calls); ``declared`` is the
+    Content-Length a cut body promised."""
     stats.status(call.route, exchange.status)
     response = web.StreamResponse(status=exchange.status, headers=exchange.headers)
     response.content_type = exchange.content_type.split(";")[0]
@@ -288,12 +296,16 @@ async def send(
         stats.add(call.route, "client_disconnects")
         if exchange.status == 200:
             stats.billed(call.route, exchange.usage, reported=False)
+            if bill is not None:
+                bill(exchange.usage)
         if isinstance(exc, asyncio.CancelledError):
             raise
         return response
     stats.add(call.route, "bytes_out", sent)
     if exchange.status == 200:
         stats.billed(call.route, exchange.usage, reported=exchange.reported)
+        if bill is not None:
+            bill(exchange.usage)
     return response
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class FakeUpstreamConfig(BaseModel):
@@ -29,6 +31,24 @@ class FakeUpstreamConfig(BaseModel):
     gzip: bool = False
     #: Obey the x-fake-* request headers.
     honor_headers: bool = True
+    #: The key the admin usage reports want (billing.py); None: they refuse every request.
+    admin_key: SecretStr | None = None
+    #: The provider's price list its bill is priced by (billing.py); None: the shipped one.
+    price_file: Path | None = None
+
+    @field_validator("price_file")
+    @classmethod
+    def _price_file(cls, value: Path | None) -> Path | None:
+        """A price list that cannot be read fails here, not in a cost report's answer."""
+        if value is not None:
+            from schemas.errors import SpendbusError
+            from schemas.pricing import load_price_file
+
+            try:
+                load_price_file(value)
+            except SpendbusError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("error_statuses")
     @classmethod

@@ -18,6 +18,10 @@
 ``POST /model/{modelId}/invoke-with-response-stream``  its stream (Anthropic events in
                                                        ``chunk`` frames)
 ``GET /stats`` (``DELETE /stats`` resets)              what was served, by route
+``GET /v1/organization/usage/completions``             OpenAI's admin usage and cost
+``GET /v1/organization/costs``                         reports, and Anthropic's, of the
+``GET /v1/organizations/usage_report/messages``        calls billed (billing.py; admin
+``GET /v1/organizations/cost_report``                  key)
 ``GET /healthz``                                       ``ok``
 =====================================================  ==================================
 
@@ -63,6 +67,7 @@ from aiohttp import web
 
 from . import openai_chat, openai_responses, realtime
 from .answer import answer
+from .billing import BillingLedger, ListPrices, report_handlers
 from .config import FakeUpstreamConfig
 from .exchange import synthesize_error
 from .formats import CHARS_PER_TOKEN
@@ -99,6 +104,8 @@ class FakeUpstream:
         self._arrivals = 0
         #: background Responses, finished, by id (openai_responses.background)
         self.stored_responses: dict[str, bytes] = {}
+        #: every call billed, which the admin usage reports aggregate (billing.py)
+        self.billing = BillingLedger(ListPrices(self.config.price_file))
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self.app = self._make_app()
@@ -160,6 +167,8 @@ class FakeUpstream:
         app.router.add_get("/stats", self._get_stats)
         app.router.add_delete("/stats", self._reset_stats)
         app.router.add_get("/healthz", self._healthz)
+        for path, handler in report_handlers(self.billing, self.config.admin_key):
+            app.router.add_get(path, handler)
         return app
 
     def _fixed(self, route: str) -> Any:
@@ -243,6 +252,7 @@ class FakeUpstream:
             stats=self.stats,
             arrival=self._arrivals,
             stored=self.stored_responses,
+            ledger=self.billing,
         )
 
     async def _retrieve(self, request: web.Request) -> web.Response:

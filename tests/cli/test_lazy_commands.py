@@ -9,15 +9,33 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
 
-from spendbus.cli import BUDGETS_COMMANDS, COMMANDS, budgets_group, cli
+from spendbus.cli import (
+    BUDGETS_COMMANDS,
+    COMMANDS,
+    RECONCILE_COMMANDS,
+    budgets_group,
+    cli,
+    reconcile_group,
+)
 from spendbus.lazy_group import LazyGroup
 
 #: what `spendbus --help` and `spendbus price` never need: the rooms and their I/O
-HEAVY = ("aggregator", "enforcer", "ingest", "notify", "aiokafka", "aiohttp", "faust", "fastavro")
+HEAVY = (
+    "aggregator",
+    "enforcer",
+    "ingest",
+    "notify",
+    "reconcile",
+    "aiokafka",
+    "aiohttp",
+    "faust",
+    "fastavro",
+)
 
 
 def loaded(name: str) -> click.Command:
@@ -37,14 +55,20 @@ def test_each_summary_is_the_first_paragraph_of_the_commands_help(name: str) -> 
         assert group.command_summary(name, limit) == command.get_short_help_str(limit)
 
 
-@pytest.mark.parametrize("name", sorted(BUDGETS_COMMANDS))
-def test_each_budgets_summary_is_the_first_paragraph_of_its_help(name: str) -> None:
-    group = budgets_group()
+@pytest.mark.parametrize(
+    ("group_of", "name"),
+    [(budgets_group, name) for name in sorted(BUDGETS_COMMANDS)]
+    + [(reconcile_group, name) for name in sorted(RECONCILE_COMMANDS)],
+)
+def test_each_subcommands_summary_is_the_first_paragraph_of_its_help(
+    group_of: Any, name: str
+) -> None:
+    group = group_of()
     assert isinstance(group, LazyGroup)
     command = group.get_command(click.Context(group), name)
     assert command is not None and command.name == name
     first = " ".join((command.help or "").split("\n\n")[0].split())
-    assert BUDGETS_COMMANDS[name].summary == first
+    assert group.lazy[name].summary == first
 
 
 def test_the_command_list_is_the_same_loaded_or_not() -> None:

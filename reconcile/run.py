@@ -1,0 +1,205 @@
+"""A reconciliation run: the covered days of each provider matched against the ledger,
+stored in the ``reconciliation`` table (both sides, the delta and the causes of every
+cell and token class; each cost cell as token class ``cost_nanos``) and returned with a
+summary per day."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from schemas.money import format_usd
+
+from .mapping import CredentialMapping
+from .matching import Cell, CostCell, DaySummary, match, match_costs, read_ledger, summarize
+from .provider_reports import IMPORT_PROVIDERS, TOKEN_CLASSES, CostReport, ProviderReport
+from .store import ReconcileStore
+
+
+@dataclass
+class Reconciliation:
+    run_id: str
+    cells: list[Cell]
+    days: list[DaySummary]
+    costs: list[CostCell] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "days": [d.as_dict() for d in self.days],
+            "cells": [c.as_dict() for c in self.cells],
+            "costs": [c.as_dict() for c in self.costs],
+        }
+
+
+def import_report(store: ReconcileStore, report: ProviderReport | CostReport, source: str) -> str:
+    """Store a usage or cost report read whole (it replaces earlier imports of the days it
+    covers)."""
+    if isinstance(report, CostReport):
+        return store.import_costs(report, source)
+    return store.import_report(report, source)
+
+
+def reconcile(
+    store: ReconcileStore,
+    run_query: Callable[[str], Sequence[Sequence[Any]]],
+    mapping: CredentialMapping,
+    providers: Sequence[str] = IMPORT_PROVIDERS,
+    since: date | None = None,
+) -> Reconciliation:
+    """Match every imported day (from ``since``) of ``providers`` against the ledger, which
+    ``run_query`` reads (plain SQL over ``usage_events``); the run is stored."""
+    run_id = uuid.uuid4().hex
+    cells: list[Cell] = []
+    costs: list[CostCell] = []
+    for provider in providers:
+        days = [d for d in store.covered_days(provider) if since is None or d >= since]
+        if not days:
+            continue
+        first, last = days[0], days[-1]
+        rows = store.provider_usage(provider, first, last)
+        ledger = read_ledger(run_query, provider, first, last)
+        matched = match(provider, days, rows, ledger, mapping)
+        cells += matched
+        # costs on the days both reports cover (a cost without its tokens explains nothing)
+        cost_days = sorted(set(days) & set(store.covered_days(provider, "costs")))
+        if cost_days:
+            cost_rows = store.provider_costs(provider, cost_days[0], cost_days[-1])
+            costs += match_costs(provider, cost_days, cost_rows, matched)
+    now = datetime.now(UTC)
+    store.insert(
+        "reconciliation",
+        [
+            [
+                run_id,
+                now,
+                cell.provider,
+                cell.day,
+                cell.credential,
+                cell.api_key_id,
+                cell.model,
+                cell.tier,
+                token_class,
+                cell.provider_tokens[token_class],
+                cell.spendbus_tokens[token_class],
+                cell.deltas[token_class],
+                cell.causes,
+            ]
+            for cell in cells
+            for token_class in TOKEN_CLASSES
+        ]
+        + [
+            [
+                run_id,
+                now,
+                cost.provider,
+                cost.day,
+                "",
+                "",
+                cost.model,
+                cost.tier,
+                COST_NANOS,
+                cost.provider_nanos,
+                cost.spendbus_nanos,
+                cost.delta,
+                cost.causes,
+            ]
+            for cost in costs
+        ],
+        (
+            "run_id",
+            "reconciled_at",
+            "provider",
+            "day",
+            "credential",
+            "api_key_id",
+            "model",
+            "tier",
+            "token_class",
+            "provider_amount",
+            "spendbus_amount",
+            "delta",
+            "causes",
+        ),
+    )
+    return Reconciliation(run_id, cells, summarize(cells, costs), costs)
+
+
+#: the ``token_class`` of a cost cell's row in the ``reconciliation`` table (amounts in nanos)
+COST_NANOS = "cost_nanos"
+
+#: the short names of the token classes in the table
+_SHORT = {
+    "input": "in",
+    "cache_read": "c.read",
+    "cache_write_5m": "c.w5m",
+    "cache_write_1h": "c.w1h",
+    "output": "out",
+}
+
+
+def render_table(result: Reconciliation) -> str:
+    """The report as text: one line per day, then every cell with a delta or a cause."""
+    lines = [
+        f"{'provider':<10} {'day':<10} {'billed tok':>12} {'metered tok':>12} "
+        f"{'residual':>8}  explained"
+    ]
+    for day in result.days:
+        explained = ", ".join(f"{c} {n}" for c, n in sorted(day.explained.items())) or "-"
+        if day.unpriced_calls:
+            explained += f"; unpriced calls {day.unpriced_calls}"
+        lines.append(
+            f"{day.provider:<10} {day.day.isoformat():<10} {day.provider_tokens:>12} "
+            f"{day.spendbus_tokens:>12} {day.residual:>8}  {explained}"
+        )
+    flagged = [c for c in result.cells if c.causes or any(c.deltas.values())]
+    if flagged:
+        lines += ["", "cells with a delta or a cause (delta = provider - spendbus):"]
+        for cell in flagged:
+            who = cell.credential or f"(unmapped {cell.api_key_id})"
+            if not cell.api_key_id:
+                who = f"{cell.credential} (no mapping)"
+            deltas = " ".join(f"{_SHORT[c]} {d:+d}" for c, d in cell.deltas.items() if d)
+            lines.append(
+                f"  {cell.provider} {cell.day} {who} {cell.model} [{cell.tier}]: "
+                f"{deltas or 'tokens agree'} <- {', '.join(cell.causes)}"
+            )
+    costs = [c for c in result.costs if c.causes]
+    priced = [d for d in result.days if d.provider_nanos is not None]
+    if priced:
+        lines += [
+            "",
+            f"{'cost':<10} {'day':<10} {'billed':>12} {'metered':>12} {'residual':>10}  explained",
+        ]
+        for day in priced:
+            explained = ", ".join(
+                f"{c} {format_usd(n, 9)}" for c, n in sorted(day.cost_explained.items())
+            )
+            lines.append(
+                f"{day.provider:<10} {day.day.isoformat():<10} "
+                f"{format_usd(day.provider_nanos or 0, 9):>12} {format_usd(day.spendbus_nanos, 9):>12} "
+                f"{format_usd(day.cost_residual, 9):>10}  {explained or '-'}"
+            )
+    if costs:
+        lines += ["", "costs with a delta (provider - spendbus):"]
+        for cost in costs:
+            rates = ""
+            if "price" in cost.causes:
+                rates = (
+                    " (billed $/Mtok: "
+                    + ", ".join(
+                        f"{_SHORT.get(c, c)} {r}" for c, r in cost.effective_rates().items()
+                    )
+                    + ")"
+                )
+            lines.append(
+                f"  {cost.provider} {cost.day} {cost.model} [{cost.tier}]: "
+                f"{'+' if cost.delta >= 0 else '-'}{format_usd(abs(cost.delta), 9)} "
+                f"<- {', '.join(cost.causes)}{rates}"
+            )
+    if not result.days:
+        lines.append("(no provider report imported: `spendbus reconcile fetch` or `import` first)")
+    return "\n".join(lines)
