@@ -1,0 +1,611 @@
+/**
+ * check(): the Python enforcer's decision for one request (enforcer/check.py,
+ * counting.py, fitting.py, fail_mode.py), from what a follower holds.
+ *
+ * Every applicable budget counted against its verdict (zero when the verdict is of
+ * another period), in the order the Python enforcer walks them; the refusing counter
+ * chosen as it chooses it; the refusal bodies of enforcer/refusals.py (see refusals.ts).
+ *
+ * What this client does not port, check() refuses to answer (throws UnsupportedCheck)
+ * rather than answer otherwise: a request that counts in a session budget, a budget with
+ * rate limits, a rolling window, a raised budget, or an enforce budget with a USD limit
+ * that is not exhausted (its worst case needs the price book). It holds nothing: each
+ * check is the Python enforcer's check of a request with nothing in flight (a peek).
+ */
+import { Context, MAX_TOKENS_PER_EVENT, RequestContext } from "./context";
+import { compose } from "./ids";
+import { isoUs, periodEndUs, periodKey } from "./periods";
+import { Budget, CounterVerdict, FollowerState } from "./state";
+import { respond, Response, spendHeaderOf } from "./refusals";
+
+export const REQUEST_BYTES_PER_TOKEN = 3;
+
+/** The enforcer settings a check reads (enforcer/config.py, same defaults). */
+export interface CheckConfig {
+  failMode: "open" | "closed";
+  graceS: number;
+  refusalStyle: "default" | "native" | "seed000";
+  defaultMaxOutputTokens: number;
+  unpricedModels: "refuse" | "allow_free";
+  replicas: number;
+  inFlightRetryAfterS: number;
+  failClosedRetryAfterS: number;
+}
+
+export const DEFAULT_CHECK_CONFIG: CheckConfig = {
+  failMode: "open",
+  graceS: 900,
+  refusalStyle: "default",
+  defaultMaxOutputTokens: 8192,
+  unpricedModels: "refuse",
+  replicas: 1,
+  inFlightRetryAfterS: 5,
+  failClosedRetryAfterS: 30,
+};
+
+/** A request this client cannot decide as the Python enforcer would (see the README). */
+export class UnsupportedCheck extends Error {
+  constructor(
+    readonly feature: string,
+    readonly budgetId: string,
+    detail: string,
+  ) {
+    super(
+      `check() cannot decide this request as the Python enforcer would: budget ${JSON.stringify(budgetId)} ` +
+        `${detail} (${feature} is not ported to @spendbus/client; ask the sidecar, spendbus enforcer serve)`,
+    );
+    this.name = "UnsupportedCheck";
+  }
+}
+
+export const STATE_NAMES = ["ok", "alert", "exceeded", "in_flight", "failed_open", "failed_closed", "too_large"] as const;
+export type CounterState = (typeof STATE_NAMES)[number];
+const OK = 0;
+const ALERT = 1;
+const EXCEEDED = 2;
+const FAILED_OPEN = 4;
+const FAILED_CLOSED = 5;
+const TOO_LARGE = 6;
+const NEVER_US = 2 ** 62;
+
+/** One budget with what a check reads of it (enforcer/plans.py Plan). */
+export interface Plan {
+  budget: Budget;
+  enforce: boolean;
+  holdable: boolean;
+  alertMin: number | null;
+}
+
+function planOf(budget: Budget): Plan {
+  const enforce = budget.action === "enforce";
+  return {
+    budget,
+    enforce,
+    holdable: enforce && (budget.limitNanos !== null || budget.limitTokens !== null || budget.limitRequests !== null),
+    alertMin: budget.alertAt.length > 0 ? Math.min(...budget.alertAt) : null,
+  };
+}
+
+/** Every applicable counter as the check saw it (enforcer/counters.py CounterStatus). */
+export class CounterStatus {
+  heldNanos = 0;
+  heldTokens = 0;
+  heldRequests = 0;
+
+  constructor(
+    readonly plan: Plan,
+    readonly scopeValues: string[],
+    readonly period: string,
+    public endUs: number | null,
+    readonly verdict: CounterVerdict | null,
+    readonly spentNanos: number,
+    readonly spentTokens: number,
+    readonly spentRequests: number,
+    public stateIndex: number,
+  ) {}
+
+  get state(): CounterState {
+    return STATE_NAMES[this.stateIndex];
+  }
+  get budgetId(): string {
+    return this.plan.budget.budgetId;
+  }
+  get counter(): string {
+    return compose([this.plan.budget.budgetId, ...this.scopeValues]);
+  }
+  get limitNanos(): number | null {
+    return this.plan.budget.limitNanos;
+  }
+  get limitTokens(): number | null {
+    return this.plan.budget.limitTokens;
+  }
+  get limitRequests(): number | null {
+    return this.plan.budget.limitRequests;
+  }
+
+  usedFraction(): number {
+    return usedFractionOf(this, this.spentNanos, this.spentTokens, this.spentRequests);
+  }
+
+  remaining(): { nanos: number | null; tokens: number | null; requests: number | null } {
+    const left = (limit: number | null, used: number): number | null => (limit === null ? null : Math.max(0, limit - used));
+    return {
+      nanos: left(this.limitNanos, this.spentNanos + this.heldNanos),
+      tokens: left(this.limitTokens, this.spentTokens + this.heldTokens),
+      requests: left(this.limitRequests, this.spentRequests + this.heldRequests),
+    };
+  }
+
+  /** The counter as the sidecar's JSON shows it (without the forecast and raise fields). */
+  toJSON(): Record<string, unknown> {
+    const budget = this.plan.budget;
+    return {
+      budget_id: budget.budgetId,
+      scope: budget.scope,
+      scope_values: [...this.scopeValues],
+      counter: this.counter,
+      action: this.plan.enforce ? "enforce" : "warn",
+      window: budget.window.spec,
+      period: this.period,
+      state: this.state,
+      spent_nanos: this.spentNanos,
+      spent_tokens: this.spentTokens,
+      spent_requests: this.spentRequests,
+      held_nanos: this.heldNanos,
+      held_tokens: this.heldTokens,
+      held_requests: this.heldRequests,
+      limit_nanos: this.limitNanos,
+      limit_tokens: this.limitTokens,
+      limit_requests: this.limitRequests,
+      remaining: this.remaining(),
+      used_pct: roundHalfEven(this.usedFraction() * 100, 2),
+      reset_at: isoUs(this.endUs),
+      as_of: this.verdict === null ? null : isoUs(this.verdict.asOfUs),
+      seq: this.verdict === null ? null : this.verdict.seq,
+    };
+  }
+}
+
+/** Python's round(x, places) for the values a percentage takes (half to even on the decimal). */
+function roundHalfEven(x: number, places: number): number {
+  const scaled = x * 10 ** places;
+  const floor = Math.floor(scaled);
+  const diff = scaled - floor;
+  const exact = Number(x.toFixed(places + 6)) * 10 ** places - floor;
+  const n = Math.abs(exact - 0.5) < 1e-9 ? (floor % 2 === 0 ? floor : floor + 1) : diff < 0.5 ? floor : floor + 1;
+  return n / 10 ** places;
+}
+
+export function usedFractionOf(row: CounterStatus, spentNanos: number, spentTokens: number, spentRequests: number): number {
+  let used = 0;
+  const limits: [number | null, number][] = [
+    [row.limitNanos, spentNanos],
+    [row.limitTokens, spentTokens],
+    [row.limitRequests, spentRequests],
+  ];
+  for (const [limit, spent] of limits) {
+    if (limit && spent / limit > used) used = spent / limit;
+  }
+  return used;
+}
+
+/** What the check decided (enforcer/decision.py Decision). */
+export class Decision {
+  requestNanos = -1;
+  requestTokens = -1;
+  replicas = 1;
+  fittingMaxTokens: number | null = null;
+  private answer: Response | null = null;
+
+  constructor(
+    readonly ctx: Context,
+    readonly decision: string,
+    readonly outcome: "allowed" | "refused" | "failed_open" | "failed_closed",
+    readonly counters: CounterStatus[],
+    readonly refusalIndex: number,
+    readonly nowUs: number,
+    readonly config: CheckConfig,
+    readonly reason: string | null = null,
+  ) {}
+
+  get allowed(): boolean {
+    return this.outcome === "allowed" || this.outcome === "failed_open";
+  }
+  get refusing(): CounterStatus | null {
+    return this.refusalIndex < 0 ? null : this.counters[this.refusalIndex];
+  }
+  get budgetId(): string | null {
+    return this.refusing?.budgetId ?? null;
+  }
+  get response(): Response {
+    if (this.answer === null) this.answer = respond(this);
+    return this.answer;
+  }
+  get status(): number {
+    return this.response.status;
+  }
+  get body(): Record<string, unknown> | null {
+    return this.response.body;
+  }
+  get headers(): [string, string][] {
+    return this.response.headers;
+  }
+  get retryAfter(): number | null {
+    return this.response.retryAfter;
+  }
+
+  /** X-Spend-Budget of each counter past an alert threshold or a warn budget's limit. */
+  warningHeaders(): [string, string][] {
+    return this.counters
+      .filter((r) => (r.stateIndex === ALERT || r.stateIndex === EXCEEDED) && r.verdict !== null)
+      .map((r) => spendHeaderOf(r.plan.budget, r.state, r.endUs, r.usedFraction()));
+  }
+
+  refusingRows(): CounterStatus[] {
+    return this.counters.filter((r) => (r.stateIndex === EXCEEDED || r.stateIndex === TOO_LARGE) && r.plan.enforce);
+  }
+
+  /** Fields to set on the request's UsageEvent. */
+  usageFields(): { outcome: string; decision: string; decision_budget_id: string | null } {
+    return { outcome: this.outcome, decision: this.decision, decision_budget_id: this.budgetId };
+  }
+
+  /** The decision as the sidecar's JSON (`spendbus check`); hold_id is always null here. */
+  toJSON(counters = true): Record<string, unknown> {
+    const answer = this.response;
+    const refusing = this.outcome === "refused" ? this.refusingRows() : [];
+    const out: Record<string, unknown> = {
+      allowed: this.allowed,
+      decision: this.decision,
+      outcome: this.outcome,
+      status: answer.status,
+      budget_id: this.budgetId,
+      reason: this.reason,
+      retry_after: answer.retryAfter,
+      headers: answer.headers.map((h) => [...h]),
+      body: answer.body,
+      hold_id: null,
+      over_budget: refusing.length > 0,
+      job_over_budget: refusing.some((r) => r.plan.budget.scope === "session"),
+      exceeded_budgets: [...new Set(refusing.map((r) => r.budgetId))],
+      usage_fields: this.usageFields(),
+    };
+    if (counters) out.counters = this.counters.map((c) => c.toJSON());
+    return out;
+  }
+}
+
+/** The plans that can apply to an org, in the Python enforcer's order (enforcer/plans.py Index). */
+class Index {
+  readonly general: Plan[] = [];
+  readonly byOrg = new Map<string, Plan[]>();
+
+  constructor(budgets: Map<string, Budget>) {
+    for (const budgetId of [...budgets.keys()].sort(compareCodePoints)) {
+      const plan = planOf(budgets.get(budgetId)!);
+      const orgs = plan.budget.match.get("org_id");
+      if (orgs !== undefined && orgs.size > 0) {
+        for (const org of orgs) {
+          if (!this.byOrg.has(org)) this.byOrg.set(org, []);
+          this.byOrg.get(org)!.push(plan);
+        }
+      } else {
+        this.general.push(plan);
+      }
+    }
+  }
+
+  plans(ctx: Context): Plan[] {
+    const pinned = this.byOrg.get(ctx.org);
+    return pinned === undefined ? this.general : [...this.general, ...pinned];
+  }
+}
+
+/** Python sorts str by code point; JS's default sort compares UTF-16 units. */
+function compareCodePoints(a: string, b: string): number {
+  const x = Array.from(a);
+  const y = Array.from(b);
+  for (let i = 0; i < Math.min(x.length, y.length); i++) {
+    const d = x[i].codePointAt(0)! - y[i].codePointAt(0)!;
+    if (d !== 0) return d;
+  }
+  return x.length - y.length;
+}
+
+const SCOPE_ATTRIBUTE: Record<string, string> = {
+  secret: "secret_id",
+  project: "project_id",
+  grant: "grant_id",
+  group: "group",
+  user: "user_id",
+};
+
+function matches(plan: Plan, ctx: Context): boolean {
+  for (const [attribute, allowed] of plan.budget.match) {
+    if (!(ctx.canon.get(attribute) ?? []).some((v) => allowed.has(v))) return false;
+  }
+  return true;
+}
+
+/** The scope values of every counter of `plan` that `ctx` counts in (Plan.scoped). */
+function scoped(plan: Plan, ctx: Context): string[][] {
+  const scope = plan.budget.scope;
+  if (scope === "org") return [[ctx.org]];
+  if (scope === "session") {
+    const sessions = ctx.canon.get("session_id")!;
+    if (sessions.length === 0) return [];
+    const identity = ctx.canon.get("user_id")!.length > 0 ? ctx.canon.get("user_id")! : ctx.canon.get("secret_id")!;
+    return [[ctx.org, identity[0], sessions[0]]];
+  }
+  const values = ctx.canon.get(SCOPE_ATTRIBUTE[scope] ?? scope) ?? [];
+  return values.map((v) => [ctx.org, v]);
+}
+
+/** A check's running state (enforcer/tally.py). */
+class Tally {
+  readonly rows: CounterStatus[] = [];
+  refusal = -1;
+  refusalEnd = 0;
+  hard = false;
+  estInput = 0;
+  estOutput = 0;
+  estTokens = -1;
+  estNanos = -1;
+
+  constructor(
+    readonly ctx: Context,
+    readonly nowUs: number,
+    readonly share: number,
+  ) {}
+
+  estimateTokens(defaultOutput: number): void {
+    [this.estInput, this.estOutput] = requestTokens(this.ctx, defaultOutput);
+    this.estTokens = this.estInput + this.estOutput;
+  }
+
+  considerRefusal(state: number, endUs: number | null): void {
+    const isHard = state === EXCEEDED || state === TOO_LARGE;
+    const end = endUs === null ? NEVER_US : endUs;
+    if (this.refusal < 0 || (isHard && !this.hard) || (isHard === this.hard && end > this.refusalEnd)) {
+      this.refusal = this.rows.length;
+      this.refusalEnd = end;
+      this.hard = isHard;
+    }
+  }
+}
+
+/** (input estimate, max output) of the request, in tokens (enforcer/estimates.py). */
+export function requestTokens(ctx: Context, defaultOutput: number): [number, number] {
+  const r = ctx.request;
+  let input = 0;
+  if (r.input_tokens !== null && r.input_tokens !== undefined) input = r.input_tokens;
+  else if (r.request_bytes) input = Math.min(MAX_TOKENS_PER_EVENT, Math.ceil(r.request_bytes / REQUEST_BYTES_PER_TOKEN));
+  let output = r.max_output_tokens ?? defaultOutput;
+  const candidates = r.candidates;
+  if (candidates !== null && candidates !== undefined && candidates > 1) {
+    output = Math.min(MAX_TOKENS_PER_EVENT, output * candidates);
+  }
+  return [input, output];
+}
+
+/** Decides requests from a FollowerState as the Python enforcer's Checker does. */
+export class Checker {
+  readonly config: CheckConfig;
+  private index: Index | null = null;
+  private indexVersion = -1;
+
+  constructor(
+    readonly state: FollowerState,
+    config: Partial<CheckConfig> = {},
+  ) {
+    this.config = { ...DEFAULT_CHECK_CONFIG, ...config };
+    if (!Number.isInteger(this.config.replicas) || this.config.replicas < 1) {
+      throw new RangeError(`replicas must be an integer >= 1, got ${this.config.replicas}`);
+    }
+  }
+
+  private plansOf(ctx: Context): Plan[] {
+    if (this.index === null || this.indexVersion !== this.state.policyVersion) {
+      this.index = new Index(this.state.budgets);
+      this.indexVersion = this.state.policyVersion;
+    }
+    return this.index.plans(ctx);
+  }
+
+  /** Decide for one request (a context object, validated here: InvalidContext names a bad field). */
+  check(request: RequestContext | Context): Decision {
+    const ctx = request instanceof Context ? request : new Context(request);
+    const nowUs = this.state.clockUs();
+    const freshAt = this.state.freshAtUs;
+    if (this.state.ready && freshAt !== null && nowUs - freshAt <= this.config.graceS * 1_000_000) {
+      return this.evaluate(ctx, nowUs);
+    }
+    return this.stale(ctx, nowUs);
+  }
+
+  private evaluate(ctx: Context, nowUs: number): Decision {
+    const tally = new Tally(ctx, nowUs, this.config.replicas);
+    for (const plan of this.plansOf(ctx)) {
+      if (plan.budget.match.size > 0 && !matches(plan, ctx)) continue;
+      const counters = scoped(plan, ctx);
+      if (counters.length === 0) continue;
+      this.refuseUnported(plan, nowUs);
+      const period = periodKey(plan.budget.window, nowUs);
+      const endUs = periodEndUs(plan.budget.window, nowUs);
+      for (const values of counters) this.count(tally, plan, values, period, endUs);
+    }
+    if (tally.refusal >= 0) return this.refused(tally);
+    return new Decision(ctx, "allowed", "allowed", tally.rows, -1, nowUs, this.config);
+  }
+
+  /** Throws when `plan` has what this client does not port. */
+  private refuseUnported(plan: Plan, nowUs: number): void {
+    const budget = plan.budget;
+    if (budget.scope === "session") {
+      throw new UnsupportedCheck("sessions", budget.budgetId, "is a session (per-job) budget");
+    }
+    if (budget.window.kind === "rolling") {
+      throw new UnsupportedCheck("rolling windows", budget.budgetId, `has a rolling window (${budget.window.spec})`);
+    }
+    if (budget.rated && plan.enforce) {
+      throw new UnsupportedCheck("rate limits", budget.budgetId, "has rate limits");
+    }
+    if (this.state.raisedAt(budget.budgetId, nowUs)) {
+      throw new UnsupportedCheck("raises", budget.budgetId, "has a raise in force");
+    }
+  }
+
+  private count(tally: Tally, plan: Plan, values: string[], period: string, endUs: number | null): void {
+    const budget = plan.budget;
+    const cid = compose([budget.budgetId, ...values]);
+    let verdict = this.state.verdicts.get(cid) ?? null;
+    let counted: CounterVerdict | null = null;
+    if (verdict !== null && verdict.period === period) {
+      counted = verdict;
+    } else if (this.state.ahead.size > 0) {
+      const promoted = this.state.promote(cid, period);
+      if (promoted !== null) verdict = counted = promoted;
+    }
+    const spentNanos = counted?.spentNanos ?? 0;
+    const spentTokens = counted?.spentTokens ?? 0;
+    const spentRequests = counted?.spentRequests ?? 0;
+    const row = new CounterStatus(plan, values, period, endUs, verdict, spentNanos, spentTokens, spentRequests, OK);
+    const { limitNanos, limitTokens, limitRequests } = budget;
+    let state: number;
+    if (
+      (limitNanos !== null && spentNanos >= limitNanos) ||
+      (limitTokens !== null && spentTokens >= limitTokens) ||
+      (limitRequests !== null && spentRequests >= limitRequests)
+    ) {
+      state = EXCEEDED;
+    } else {
+      state = plan.holdable ? this.fitsAlone(tally, row) : OK;
+      if (state === OK && (spentNanos || spentTokens || spentRequests) && plan.alertMin !== null) {
+        if (usedFractionOf(row, spentNanos, spentTokens, spentRequests) >= plan.alertMin) state = ALERT;
+      }
+    }
+    row.stateIndex = state;
+    if (state >= EXCEEDED && plan.enforce) tally.considerRefusal(state, endUs);
+    tally.rows.push(row);
+  }
+
+  /** Whether this request's worst case, times the replicas, fits what the verdict leaves
+   * (Counting._hold with nothing held): OK, or TOO_LARGE. */
+  private fitsAlone(tally: Tally, row: CounterStatus): number {
+    if (row.limitNanos !== null) {
+      throw new UnsupportedCheck(
+        "pricing",
+        row.budgetId,
+        "has a USD limit not yet reached: the request's worst case would be priced by the price book",
+      );
+    }
+    if (tally.estTokens < 0) tally.estimateTokens(this.config.defaultMaxOutputTokens);
+    const share = tally.share;
+    if (
+      (row.limitTokens !== null && row.spentTokens + share * tally.estTokens > row.limitTokens) ||
+      (row.limitRequests !== null && row.spentRequests + share > row.limitRequests)
+    ) {
+      return TOO_LARGE;
+    }
+    return OK;
+  }
+
+  private refused(tally: Tally): Decision {
+    const rows = tally.rows;
+    const refusing = rows[tally.refusal];
+    const budget = refusing.plan.budget;
+    // hard refusals only: nothing is held, so nothing is ever refused for what is in flight
+    const value = budget.scope === "session" ? "job_budget_exceeded" : "budget_exceeded";
+    const decision = new Decision(tally.ctx, value, "refused", rows, tally.refusal, tally.nowUs, this.config);
+    if (refusing.stateIndex !== EXCEEDED && tally.estTokens >= 0) {
+      decision.requestNanos = Math.max(tally.estNanos, 0);
+      decision.requestTokens = tally.estTokens;
+      decision.replicas = tally.share;
+      let fitting = this.fittingMaxTokens(tally);
+      const candidates = tally.ctx.request.candidates;
+      if (fitting !== null && candidates !== null && candidates !== undefined && candidates > 1) {
+        fitting = Math.floor(fitting / candidates);
+      }
+      decision.fittingMaxTokens = fitting;
+    }
+    return decision;
+  }
+
+  /** The largest max output tokens every enforce counter would admit now (enforcer/fitting.py,
+   * for token and request limits: a USD limit not reached never gets here). */
+  private fittingMaxTokens(tally: Tally): number | null {
+    const fits = (output: number): boolean => {
+      for (const row of tally.rows) {
+        if (!row.plan.holdable) continue;
+        if (row.stateIndex === EXCEEDED) return false;
+        if (row.limitRequests !== null && row.spentRequests + tally.share * (row.heldRequests + 1) > row.limitRequests) {
+          return false;
+        }
+        if (
+          row.limitTokens !== null &&
+          row.spentTokens + tally.share * (row.heldTokens + tally.estInput + output) > row.limitTokens
+        ) {
+          return false;
+        }
+      }
+      return true;
+    };
+    if (!fits(0)) return null;
+    const maxOutput = tally.estOutput;
+    if (maxOutput <= 1) return 0;
+    let guess = maxOutput - 1;
+    for (const row of tally.rows) {
+      if (!row.plan.holdable || row.limitTokens === null) continue;
+      const room = Math.floor((row.limitTokens - row.spentTokens) / tally.share) - row.heldTokens - tally.estInput;
+      guess = Math.min(guess, room);
+    }
+    guess = Math.max(0, guess);
+    let low: number;
+    let high: number;
+    if (fits(guess)) {
+      if (!fits(guess + 1)) return guess;
+      low = guess + 1;
+      high = maxOutput;
+    } else {
+      if (guess === 0 || fits(guess - 1)) return Math.max(0, guess - 1);
+      low = 0;
+      high = guess - 1;
+    }
+    while (high - low > 1) {
+      const middle = Math.floor((low + high) / 2);
+      if (fits(middle)) low = middle;
+      else high = middle;
+    }
+    return low;
+  }
+
+  /** Verdicts not loaded or stale: fail_mode decides requests an enforce budget covers. */
+  private stale(ctx: Context, nowUs: number): Decision {
+    const state = this.state;
+    // only called when the verdicts cannot be trusted: not loaded, or not fresh within grace
+    const reason = state.ready ? "stale" : "not_ready";
+    const hits: [Plan, string[]][] = [];
+    for (const plan of this.plansOf(ctx)) {
+      if (plan.budget.match.size > 0 && !matches(plan, ctx)) continue;
+      for (const values of scoped(plan, ctx)) hits.push([plan, values]);
+    }
+    if (reason !== "not_ready" && !hits.some(([plan]) => plan.enforce)) {
+      return this.evaluate(ctx, nowUs); // warn budgets never block
+    }
+    const closed = this.config.failMode === "closed";
+    const failed = closed ? FAILED_CLOSED : FAILED_OPEN;
+    const rows: CounterStatus[] = [];
+    let first = -1;
+    for (const [plan, values] of hits) {
+      if (state.raisedAt(plan.budget.budgetId, nowUs)) {
+        throw new UnsupportedCheck("raises", plan.budget.budgetId, "has a raise in force");
+      }
+      const period = periodKey(plan.budget.window, nowUs);
+      const endUs = periodEndUs(plan.budget.window, nowUs);
+      if (first < 0 && plan.enforce) first = rows.length;
+      rows.push(new CounterStatus(plan, values, period, endUs, null, 0, 0, 0, failed));
+    }
+    if (closed) return new Decision(ctx, "failed_closed", "failed_closed", rows, first, nowUs, this.config, reason);
+    return new Decision(ctx, "failed_open", "failed_open", rows, -1, nowUs, this.config, reason);
+  }
+}

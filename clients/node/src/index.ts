@@ -1,0 +1,16 @@
+export { codecFor, Codec, ContractViolation, rabinFingerprint, MAGIC } from "./avro";
+export { canonicalId, compose, decompose, usageRawKey } from "./ids";
+export { parseWindow, periodKey, periodEndUs, isoUs } from "./periods";
+export type { Window } from "./periods";
+export { newUsageEvent, newEventId, validateUsageEvent, InvalidEvent } from "./usage";
+export type { UsageEvent, UsageEventFields } from "./usage";
+export { UsagePublisher, prepare } from "./publisher";
+export type { PublisherOptions, PreparedEvent } from "./publisher";
+export { FollowerState, systemClockUs } from "./state";
+export type { Budget, CounterVerdict, ClockUs } from "./state";
+export { Context, InvalidContext } from "./context";
+export type { RequestContext } from "./context";
+export { Checker, Decision, CounterStatus, UnsupportedCheck, DEFAULT_CHECK_CONFIG } from "./check";
+export type { CheckConfig } from "./check";
+export { VerdictFollower } from "./follower";
+export type { FollowerOptions } from "./follower";

@@ -1,0 +1,250 @@
+/**
+ * What a refused (or warned) request is answered with (enforcer/refusals.py and
+ * enforcer/response.py): the same status, headers and JSON body, per refusal style.
+ */
+import type { CounterStatus, Decision } from "./check";
+import type { Budget } from "./state";
+import { isoUs } from "./periods";
+
+export interface Response {
+  status: number;
+  headers: [string, string][];
+  body: Record<string, unknown> | null;
+  retryAfter: number | null;
+}
+
+export const SPEND_HEADER = "X-Spend-Budget";
+const RETRY_AFTER = "Retry-After";
+const SHOULD_RETRY = "x-should-retry";
+const REFUSAL_HEADER = "X-Spend-Refusal";
+const JSON_TYPE: [string, string] = ["Content-Type", "application/json"];
+const NANOS_PER_CENT = 10_000_000;
+
+export const NATIVE_DIALECTS: Record<string, string> = {
+  anthropic: "anthropic",
+  openai: "openai",
+  azure: "openai",
+  azure_openai: "openai",
+  "azure-openai": "openai",
+  openai_compatible: "openai",
+  gemini: "gemini",
+  google: "gemini",
+  google_ai: "gemini",
+  vertex: "gemini",
+  vertex_ai: "gemini",
+  bedrock: "bedrock",
+  aws_bedrock: "bedrock",
+  "aws-bedrock": "bedrock",
+};
+
+// urllib.parse.quote's always-safe characters, and the header's own (enforcer/response.py)
+const HEADER_SAFE = new Set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~!#$%&'*+-.^_`|~:@/()[]{}<>?=");
+
+/** A value safe inside a header parameter (no CR/LF, no `;` or `,`), as urllib's quote writes it. */
+export function headerText(value: string): string {
+  let out = "";
+  for (const ch of value) {
+    if (HEADER_SAFE.has(ch)) {
+      out += ch;
+    } else {
+      for (const byte of Buffer.from(ch, "utf8")) out += `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
+    }
+  }
+  return out;
+}
+
+/** format_usd(nanos, 6): `$` and the dollars to 6 places, half to even. */
+export function formatUsd6(nanos: number): string {
+  const n = BigInt(nanos);
+  const negative = n < 0n;
+  const abs = negative ? -n : n;
+  let micros = abs / 1000n;
+  const rest = abs % 1000n;
+  if (rest > 500n || (rest === 500n && micros % 2n === 1n)) micros += 1n;
+  const dollars = micros / 1_000_000n;
+  const fraction = (micros % 1_000_000n).toString().padStart(6, "0");
+  return `$${negative && micros !== 0n ? "-" : ""}${dollars}.${fraction}`;
+}
+
+/** The X-Spend-Budget header of one counter. */
+export function spendHeaderOf(budget: Budget, state: string, endUs: number | null, usedFraction: number): [string, string] {
+  const shown = state === "exceeded" || state === "in_flight" ? "exceeded" : state;
+  const reset = isoUs(endUs) ?? (budget.window.kind === "rolling" ? "rolling" : "never");
+  const used = Math.trunc(usedFraction * 100);
+  return [
+    SPEND_HEADER,
+    `${headerText(budget.budgetId)}; scope=${headerText(budget.scope)}; used=${used}%; state=${shown}; reset=${reset}`,
+  ];
+}
+
+function secondsUntil(endUs: number, nowUs: number): number {
+  return Math.max(1, Math.ceil((endUs - nowUs) / 1_000_000));
+}
+
+function dialect(provider: string | null | undefined): string | null {
+  if (provider === null || provider === undefined) return null;
+  return NATIVE_DIALECTS[provider.trim().toLowerCase()] ?? null;
+}
+
+/** repr() of a Python str, as the refusal messages quote budget ids. */
+export function pyRepr(value: string): string {
+  const quote = value.includes("'") && !value.includes('"') ? '"' : "'";
+  let out = "";
+  for (const ch of value) {
+    const code = ch.codePointAt(0)!;
+    if (ch === "\\") out += "\\\\";
+    else if (ch === quote) out += `\\${quote}`;
+    else if (ch === "\n") out += "\\n";
+    else if (ch === "\r") out += "\\r";
+    else if (ch === "\t") out += "\\t";
+    else if (code < 0x20 || code === 0x7f) out += `\\x${code.toString(16).padStart(2, "0")}`;
+    else out += ch;
+  }
+  return `${quote}${out}${quote}`;
+}
+
+export function respond(decision: Decision): Response {
+  const config = decision.config;
+  if (decision.allowed) {
+    return { status: 200, headers: decision.warningHeaders(), body: null, retryAfter: null };
+  }
+  let style = config.refusalStyle === "native" ? dialect(decision.ctx.request.provider) : null;
+  if (decision.decision === "failed_closed") return failedClosed(decision, style);
+  const refusing = decision.refusing!;
+  if (config.refusalStyle === "seed000") style = "seed000";
+  const value = decision.decision;
+  const reason = refusing.state === "exceeded" ? "exhausted" : "request_too_large";
+  const budget = pyRepr(refusing.budgetId);
+  const retryAfter = refusing.endUs !== null ? secondsUntil(refusing.endUs, decision.nowUs) : null;
+  const reset = isoUs(refusing.endUs);
+  const until = reset ? ` until ${reset}.` : ".";
+  const message =
+    reason === "exhausted"
+      ? `Budget ${budget} is exhausted${until}`
+      : `Budget ${budget}: this request's worst case (${formatUsd6(decision.requestNanos)}, ${decision.requestTokens} tokens) ` +
+        `does not fit what is left (${leftText(decision, refusing)}).${fitText(decision)} A retry of this request is refused${until}`;
+  const headers: [string, string][] = [JSON_TYPE];
+  if (retryAfter !== null) headers.push([RETRY_AFTER, String(retryAfter)]);
+  headers.push([SHOULD_RETRY, "false"]);
+  if (refusing.state === "exceeded") {
+    headers.push(spendHeaderOf(refusing.plan.budget, refusing.state, refusing.endUs, refusing.usedFraction()));
+  }
+  const session = refusing.plan.budget.scope === "session";
+  if (style === null) {
+    const status = value === "job_budget_exceeded" || session ? 429 : 402;
+    const body = defaultBody(value, refusing);
+    body.reason = reason;
+    if (reason !== "exhausted") Object.assign(body, leftFields(decision, refusing));
+    body.message = message;
+    return { status, headers, body, retryAfter };
+  }
+  if (style === "seed000") {
+    const limit = refusing.limitNanos;
+    const spent = refusing.spentNanos;
+    const body = {
+      error: "budget_exceeded",
+      secretId: decision.ctx.request.secret_id,
+      period: refusing.period,
+      limitCents: limit === null ? null : Math.floor(limit / NANOS_PER_CENT),
+      spentCents: limit === null ? null : Math.ceil(spent / NANOS_PER_CENT),
+    };
+    return { status: 402, headers: [...headers, [REFUSAL_HEADER, headerText(message)]], body, retryAfter };
+  }
+  return native(style, 429, message, headers, retryAfter, true);
+}
+
+function leftText(decision: Decision, refusing: CounterStatus): string {
+  const share = decision.replicas;
+  const parts: string[] = [];
+  const limits: [number | null, number, number, string][] = [
+    [refusing.limitNanos, refusing.spentNanos, refusing.heldNanos, "nanos"],
+    [refusing.limitTokens, refusing.spentTokens, refusing.heldTokens, "tokens"],
+    [refusing.limitRequests, refusing.spentRequests, refusing.heldRequests, "requests"],
+  ];
+  for (const [limit, spent, held, unit] of limits) {
+    if (limit === null) continue;
+    const left = Math.max(0, limit - spent - held);
+    let text = unit === "nanos" ? formatUsd6(left) : `${left} ${unit}`;
+    if (share > 1) {
+      const mine = Math.max(0, Math.floor((limit - spent) / share) - held);
+      const mineText = unit === "nanos" ? formatUsd6(mine) : `${mine} ${unit}`;
+      text += `, ${mineText} of it this replica's 1/${share} share`;
+    }
+    parts.push(text);
+  }
+  return parts.join("; ");
+}
+
+function fitText(decision: Decision): string {
+  if (decision.requestTokens < 0) return "";
+  if (decision.fittingMaxTokens === null) return " Not even the input fits with max_tokens 0.";
+  return ` The largest max_tokens that fits now is ${decision.fittingMaxTokens}.`;
+}
+
+function leftFields(decision: Decision, refusing: CounterStatus): Record<string, unknown> {
+  const remaining = refusing.remaining();
+  return {
+    remaining_nanos: remaining.nanos,
+    remaining_tokens: remaining.tokens,
+    remaining_requests: remaining.requests,
+    held_tokens: refusing.heldTokens,
+    held_requests: refusing.heldRequests,
+    request_nanos: decision.requestNanos,
+    request_tokens: decision.requestTokens,
+    replicas: decision.replicas,
+    max_tokens_that_fits: decision.fittingMaxTokens,
+  };
+}
+
+function defaultBody(value: string, refusing: CounterStatus): Record<string, unknown> {
+  return {
+    error: value,
+    budget_id: refusing.budgetId,
+    counter: refusing.counter,
+    period: refusing.period,
+    limit_nanos: refusing.limitNanos,
+    spent_nanos: refusing.spentNanos,
+    reset_at: isoUs(refusing.endUs),
+    limit_tokens: refusing.limitTokens,
+    spent_tokens: refusing.spentTokens,
+    limit_requests: refusing.limitRequests,
+    spent_requests: refusing.spentRequests,
+    held_nanos: refusing.heldNanos,
+  };
+}
+
+function failedClosed(decision: Decision, style: string | null): Response {
+  const retryAfter = decision.config.failClosedRetryAfterS;
+  const headers: [string, string][] = [JSON_TYPE, [RETRY_AFTER, String(retryAfter)]];
+  const message =
+    "Spend limits cannot be verified right now (budget verdicts are " +
+    `${decision.reason === "not_ready" ? "not loaded" : "stale"}); retry later.`;
+  if (style === null) {
+    const body = { error: "failed_closed", reason: decision.reason, budget_id: decision.budgetId, message };
+    return { status: 503, headers, body, retryAfter };
+  }
+  return native(style, 503, message, headers, retryAfter, false);
+}
+
+function native(
+  style: string,
+  status: number,
+  message: string,
+  headers: [string, string][],
+  retryAfter: number | null,
+  quota: boolean,
+): Response {
+  let body: Record<string, unknown>;
+  if (style === "anthropic") {
+    body = { type: "error", error: { type: quota ? "rate_limit_error" : "api_error", message } };
+  } else if (style === "openai") {
+    const kind = quota ? "insufficient_quota" : "server_error";
+    body = { error: { message, type: kind, param: null, code: quota ? kind : null } };
+  } else if (style === "gemini") {
+    body = { error: { code: status, message, status: quota ? "RESOURCE_EXHAUSTED" : "UNAVAILABLE" } };
+  } else {
+    headers = [...headers, ["x-amzn-ErrorType", quota ? "ThrottlingException" : "ServiceUnavailableException"]];
+    body = { message };
+  }
+  return { status, headers, body, retryAfter };
+}

@@ -1,0 +1,633 @@
+"""The table of cases the TypeScript client is held to (clients/node/test/cases.json).
+
+Each check case is budgets, raises and verdicts as the topics carry them (Avro single-object
+bytes, hex), the follower's clock when they were applied and when the request is checked,
+the enforcer settings, and the request; the expected answer is what the Python enforcer
+decides for it (``Enforcer.peek``: the check of a request with nothing in flight), as the
+sidecar's JSON, or the :class:`enforcer.InvalidContext` field it names. Cases the Node
+client does not port say so (``node: "unsupported"``): there it must throw, never answer.
+
+The encoding cases are UsageEvents with the key and value the Python publisher writes, and
+the partition Kafka's murmur2 gives the key. ``python -m tests.clients.node_cases`` writes
+the file; tests/clients/test_node_client.py regenerates it and compares, so neither side
+drifts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from enforcer import Context, Enforcer, EnforcerConfig, InvalidContext
+from ingest.publisher.sender import partition_index
+from schemas.avro_schemas import fingerprint
+from schemas.budgets import Budget, budgets_from_yaml
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, USAGE_EVENT, VERDICT, codec_for
+from schemas.periods import to_micros
+from schemas.raises import BudgetRaise
+from schemas.records import UsageEvent
+from schemas.topics import usage_raw_key
+from schemas.usage import new_usage_event
+from tests.enforcer.kit import verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES_PATH = ROOT / "clients" / "node" / "test" / "cases.json"
+#: what the Node client's counters show of the sidecar's (no forecast, no raise fields)
+COUNTER_FIELDS = (
+    "budget_id",
+    "scope",
+    "scope_values",
+    "counter",
+    "action",
+    "window",
+    "period",
+    "state",
+    "spent_nanos",
+    "spent_tokens",
+    "spent_requests",
+    "held_nanos",
+    "held_tokens",
+    "held_requests",
+    "limit_nanos",
+    "limit_tokens",
+    "limit_requests",
+    "remaining",
+    "used_pct",
+    "reset_at",
+    "as_of",
+    "seq",
+)
+USD = 1_000_000_000
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+BASE_CTX: dict[str, Any] = {
+    "org_id": "acme",
+    "secret_id": "sk-1",
+    "provider": "anthropic",
+    "model": "claude-sonnet-4-5",
+    "input_tokens": 1000,
+    "max_output_tokens": 1000,
+}
+#: the enforcer settings a case may change (EnforcerConfig names -> the Node client's)
+CONFIG_NAMES = {
+    "fail_mode": "failMode",
+    "grace_s": "graceS",
+    "refusal_style": "refusalStyle",
+    "default_max_output_tokens": "defaultMaxOutputTokens",
+    "replicas": "replicas",
+}
+
+
+def budgets(yaml_list: list[dict[str, Any]]) -> list[Budget]:
+    return budgets_from_yaml(yaml_list)
+
+
+def one(spec: dict[str, Any]) -> Budget:
+    return budgets([spec])[0]
+
+
+class Case:
+    """One check case: what the topics hold, the clocks, the settings and the request."""
+
+    def __init__(
+        self,
+        name: str,
+        policies: Sequence[Budget] = (),
+        verdicts: Sequence[Mapping[str, Any]] = (),
+        ctx: Mapping[str, Any] | None = None,
+        *,
+        applied_at: datetime = NOW,
+        checked_at: datetime | None = None,
+        raises: Sequence[BudgetRaise] = (),
+        ready: bool = True,
+        fresh_at: datetime | None = NOW,
+        config: Mapping[str, Any] | None = None,
+        node: str = "same",
+        **ctx_fields: Any,
+    ) -> None:
+        self.name = name
+        self.policies = list(policies)
+        self.verdicts = list(verdicts)
+        self.ctx = dict(BASE_CTX if ctx is None else ctx) | ctx_fields
+        self.applied_at = applied_at
+        self.checked_at = checked_at or applied_at
+        self.raises = list(raises)
+        self.ready = ready
+        self.fresh_at = fresh_at
+        self.config = dict(config or {})
+        self.node = node
+
+    def expected(self) -> dict[str, Any]:
+        """What the Python enforcer answers (or the field its InvalidContext names)."""
+        clock = Clock(self.applied_at)
+        enforcer = Enforcer(EnforcerConfig(**self.config), clock=clock)
+        state = enforcer.state
+        for b in self.policies:
+            state.apply_policy(b.budget_id, BUDGET_POLICY.decode(policy_bytes(b)))
+        for r in self.raises:
+            state.apply_raise(r.raise_id, BUDGET_RAISE.decode(BUDGET_RAISE.encode(r.to_record())))
+        for v in self.verdicts:
+            state.apply_verdict(v["counter_key"], VERDICT.decode(VERDICT.encode(v)))
+        state.ready = self.ready
+        state.fresh_at_us = None if self.fresh_at is None else to_micros(self.fresh_at)
+        clock.at = self.checked_at
+        try:
+            ctx = Context.from_mapping(self.ctx)
+        except InvalidContext as exc:
+            return {"invalid_context": exc.field}
+        answer = enforcer.peek(ctx).to_json(counters=True)
+        answer["counters"] = [{k: c[k] for k in COUNTER_FIELDS} for c in answer["counters"]]
+        return answer
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "node": self.node,
+            "applied_at_us": to_micros(self.applied_at),
+            "checked_at_us": to_micros(self.checked_at),
+            "ready": self.ready,
+            "fresh_at_us": None if self.fresh_at is None else to_micros(self.fresh_at),
+            "config": {CONFIG_NAMES[k]: v for k, v in self.config.items()},
+            "policies": [[b.budget_id, policy_bytes(b).hex()] for b in self.policies],
+            "raises": [[r.raise_id, BUDGET_RAISE.encode(r.to_record()).hex()] for r in self.raises],
+            "verdicts": [[v["counter_key"], VERDICT.encode(v).hex()] for v in self.verdicts],
+            "ctx": self.ctx,
+            "expected": self.expected(),
+        }
+
+
+class Clock:
+    """The enforcer's clock, set by the case (seconds since the epoch)."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return to_micros(self.at) / 1_000_000
+
+
+def policy_bytes(b: Budget) -> bytes:
+    return BUDGET_POLICY.encode(b.to_record(NOW))
+
+
+def check_cases() -> list[Case]:
+    tokens = one({"id": "org-tokens", "scope": "org", "window": "month", "limit_tokens": 10_000})
+    requests = one({"id": "org-requests", "scope": "org", "window": "day", "limit_requests": 10})
+    alerting = one(
+        {
+            "id": "secret-tokens",
+            "scope": "secret",
+            "window": "week",
+            "limit_tokens": 100_000,
+            "alert_at": [0.5, 0.9],
+        }
+    )
+    usd = one({"id": "org-usd", "scope": "org", "window": "month", "limit_usd": "5"})
+    warn = one(
+        {"id": "warn-usd", "scope": "org", "window": "total", "limit_usd": "1", "action": "warn"}
+    )
+    daily = one({"id": "daily-tokens", "scope": "org", "window": "day", "limit_tokens": 5_000})
+    new_york = one(
+        {
+            "id": "ny-daily",
+            "scope": "org",
+            "window": "day",
+            "limit_tokens": 5_000,
+            "timezone": "America/New_York",
+        }
+    )
+    sunday_weeks = one(
+        {
+            "id": "sun-weeks",
+            "scope": "org",
+            "window": "week",
+            "limit_tokens": 5_000,
+            "week_start": "sunday",
+            "timezone": "Asia/Kolkata",
+        }
+    )
+    cycle = one(
+        {
+            "id": "cycle-15",
+            "scope": "org",
+            "window": "month",
+            "limit_requests": 3,
+            "month_start_day": 15,
+        }
+    )
+    groups = one({"id": "per-group", "scope": "group", "window": "month", "limit_tokens": 3_000})
+    users = one({"id": "per-user", "scope": "user", "window": "total", "limit_requests": 2})
+    projects = one(
+        {
+            "id": "per-project",
+            "scope": "project",
+            "window": "month",
+            "limit_tokens": 4_000,
+            "match": {"model": ["claude-sonnet-4-5"]},
+        }
+    )
+    team = one({"id": "per-team", "scope": "tag:team", "window": "month", "limit_tokens": 3_000})
+    pinned = one(
+        {
+            "id": "globex-only",
+            "scope": "secret",
+            "window": "month",
+            "limit_tokens": 1,
+            "match": {"org_id": ["globex"]},
+        }
+    )
+    total = one({"id": "lifetime", "scope": "org", "window": "total", "limit_tokens": 2_000})
+    odd_id = one({"id": "team; a,b é", "scope": "org", "window": "month", "limit_tokens": 100})
+    session = one({"id": "per-job", "scope": "session", "window": "total", "limit_tokens": 1_000})
+    rolling = one({"id": "rolling-5h", "scope": "org", "window": "rolling:5h", "limit_tokens": 9})
+    rated = one(
+        {
+            "id": "rated",
+            "scope": "org",
+            "window": "month",
+            "limit_tokens": 1_000_000,
+            "rate": {"requests_per_second": 5},
+        }
+    )
+    yesterday = NOW - timedelta(days=1)
+    late_evening = datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC)
+    raise_ = BudgetRaise(
+        raise_id="r-1",
+        budget_id="org-tokens",
+        scope_values=("acme",),
+        mode="by",
+        raise_nanos=None,
+        raise_tokens=50_000,
+        raise_requests=None,
+        starts_at_us=to_micros(NOW - timedelta(hours=1)),
+        until_us=to_micros(NOW + timedelta(hours=1)),
+        reason="launch day",
+    )
+    return [
+        Case("no budget: allowed", []),
+        Case("tokens: room left", [tokens], [verdict(tokens, ["acme"], spent_tokens=5_000)]),
+        Case("tokens: exhausted", [tokens], [verdict(tokens, ["acme"], spent_tokens=10_000)]),
+        Case(
+            "tokens: worst case too large",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=8_500)],
+        ),
+        Case(
+            "tokens: too large with 3 candidates",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=1_000)],
+            candidates=3,
+            max_output_tokens=4_000,
+        ),
+        Case(
+            "tokens: too large for a replica's share",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=4_001)],
+            config={"replicas": 3},
+        ),
+        Case(
+            "tokens: not even the input fits",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=9_500)],
+        ),
+        Case(
+            "tokens: estimate from request bytes, default max output",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=1_000)],
+            ctx={"org_id": "acme", "secret_id": "sk-1", "request_bytes": 3_001},
+        ),
+        Case("requests: one left", [requests], [verdict(requests, ["acme"], spent_requests=9)]),
+        Case("requests: none left", [requests], [verdict(requests, ["acme"], spent_requests=10)]),
+        Case(
+            "alert threshold passed",
+            [alerting],
+            [verdict(alerting, ["acme", "sk-1"], spent_tokens=60_000)],
+        ),
+        Case("warn budget past its limit", [warn], [verdict(warn, ["acme"], spent_nanos=2 * USD)]),
+        Case("usd: exhausted", [usd, warn], [verdict(usd, ["acme"], spent_nanos=5 * USD)]),
+        Case(
+            "usd: room left needs the price book",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=USD)],
+            node="unsupported",
+        ),
+        Case(
+            "a verdict of yesterday counts zero today",
+            [daily],
+            [verdict(daily, ["acme"], spent_tokens=5_000, at=yesterday)],
+        ),
+        Case(
+            "a lower seq is ignored",
+            [daily],
+            [
+                verdict(daily, ["acme"], spent_tokens=5_000, seq=5),
+                verdict(daily, ["acme"], spent_tokens=0, seq=4),
+            ],
+        ),
+        Case(
+            "a verdict of tomorrow waits, today's is enforced",
+            [daily],
+            [
+                verdict(daily, ["acme"], spent_tokens=100, seq=1, at=late_evening),
+                verdict(
+                    daily,
+                    ["acme"],
+                    spent_tokens=5_000,
+                    seq=2,
+                    at=late_evening + timedelta(seconds=2),
+                ),
+            ],
+            applied_at=late_evening,
+            fresh_at=late_evening,
+        ),
+        Case(
+            "the verdict kept ahead takes over at midnight",
+            [daily],
+            [
+                verdict(daily, ["acme"], spent_tokens=100, seq=1, at=late_evening),
+                verdict(
+                    daily,
+                    ["acme"],
+                    spent_tokens=5_000,
+                    seq=2,
+                    at=late_evening + timedelta(seconds=2),
+                ),
+            ],
+            applied_at=late_evening,
+            checked_at=late_evening + timedelta(seconds=5),
+            fresh_at=late_evening,
+        ),
+        Case(
+            "a local day (New York) is not the UTC day",
+            [new_york],
+            [
+                verdict(
+                    new_york,
+                    ["acme"],
+                    spent_tokens=5_000,
+                    at=datetime(2026, 12, 1, 3, 0, tzinfo=UTC),
+                )
+            ],
+            applied_at=datetime(2026, 12, 1, 3, 0, tzinfo=UTC),
+            fresh_at=datetime(2026, 12, 1, 3, 0, tzinfo=UTC),
+        ),
+        Case(
+            "a local day across the DST change",
+            [new_york],
+            [
+                verdict(
+                    new_york,
+                    ["acme"],
+                    spent_tokens=4_500,
+                    at=datetime(2026, 11, 1, 12, 0, tzinfo=UTC),
+                )
+            ],
+            applied_at=datetime(2026, 11, 1, 12, 0, tzinfo=UTC),
+            fresh_at=datetime(2026, 11, 1, 12, 0, tzinfo=UTC),
+        ),
+        Case(
+            "weeks from Sunday in Kolkata",
+            [sunday_weeks],
+            [verdict(sunday_weeks, ["acme"], spent_tokens=5_000)],
+        ),
+        Case(
+            "a billing cycle from the 15th",
+            [cycle],
+            [verdict(cycle, ["acme"], spent_requests=3)],
+        ),
+        Case(
+            "groups: the exhausted one refuses",
+            [groups],
+            [
+                verdict(groups, ["acme", "eng"], spent_tokens=100),
+                verdict(groups, ["acme", "ml"], spent_tokens=3_000),
+            ],
+            groups=[" eng ", "ml", "eng"],
+        ),
+        Case(
+            "users are case-insensitive",
+            [users],
+            [verdict(users, ["acme", "ann@example.com"], spent_requests=2)],
+            user_id="  Ann@Example.COM ",
+        ),
+        Case(
+            "a project budget matching the model",
+            [projects],
+            [verdict(projects, ["acme", "p1"], spent_tokens=3_500)],
+            project_id="p1",
+        ),
+        Case(
+            "a project budget another model escapes",
+            [projects],
+            [verdict(projects, ["acme", "p1"], spent_tokens=3_500)],
+            project_id="p1",
+            model="gpt-4o",
+        ),
+        Case(
+            "a tag scope",
+            [team],
+            [verdict(team, ["acme", "search"], spent_tokens=3_000)],
+            tags={"team": "search "},
+        ),
+        Case(
+            "a budget pinned to another org",
+            [pinned, tokens],
+            [verdict(tokens, ["acme"], spent_tokens=100)],
+        ),
+        Case(
+            "pinned to this org",
+            [pinned, tokens],
+            [verdict(pinned, ["globex", "sk-1"], spent_tokens=1)],
+            org_id="globex",
+        ),
+        Case(
+            "the refusal that resets last is reported",
+            [total, tokens, daily],
+            [
+                verdict(daily, ["acme"], spent_tokens=5_000),
+                verdict(tokens, ["acme"], spent_tokens=10_000),
+                verdict(total, ["acme"], spent_tokens=2_000),
+            ],
+        ),
+        Case(
+            "a hard refusal beats a soft one",
+            [tokens, daily],
+            [
+                verdict(tokens, ["acme"], spent_tokens=9_900),
+                verdict(daily, ["acme"], spent_tokens=5_000),
+            ],
+        ),
+        Case(
+            "an id that needs quoting in a header",
+            [odd_id],
+            [verdict(odd_id, ["école-42"], spent_tokens=100)],
+            org_id="école-42",
+        ),
+        *[
+            Case(
+                f"native refusal: {provider}",
+                [tokens],
+                [verdict(tokens, ["acme"], spent_tokens=10_000)],
+                config={"refusal_style": "native"},
+                provider=provider,
+            )
+            for provider in ("anthropic", "OpenAI", "vertex", "bedrock", "someone-else")
+        ],
+        Case(
+            "seed000 refusal",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD + 1)],
+            config={"refusal_style": "seed000"},
+        ),
+        Case("not loaded: fail open", [], ready=False, fresh_at=None),
+        Case(
+            "not loaded: fail closed",
+            [],
+            ready=False,
+            fresh_at=None,
+            config={"fail_mode": "closed"},
+        ),
+        Case(
+            "stale verdicts: fail closed on an enforce budget",
+            [tokens, warn],
+            [verdict(tokens, ["acme"], spent_tokens=10)],
+            fresh_at=NOW - timedelta(seconds=901),
+            config={"fail_mode": "closed"},
+        ),
+        Case(
+            "stale verdicts: fail closed natively",
+            [tokens],
+            fresh_at=NOW - timedelta(seconds=61),
+            config={"fail_mode": "closed", "grace_s": 60, "refusal_style": "native"},
+            provider="gemini",
+        ),
+        Case(
+            "stale verdicts: warn budgets are checked anyway",
+            [warn],
+            [verdict(warn, ["acme"], spent_nanos=2 * USD)],
+            fresh_at=NOW - timedelta(seconds=901),
+            config={"fail_mode": "closed"},
+        ),
+        Case("invalid: a blank org", [], ctx={"org_id": "  ", "secret_id": "sk-1"}),
+        Case("invalid: an unknown field", [], ctx={"org_id": "a", "secret_id": "s", "x": 1}),
+        Case("invalid: groups not a list", [], groups="eng"),
+        Case("invalid: a negative count", [], input_tokens=-1),
+        Case("invalid: too many candidates", [], candidates=129),
+        Case(
+            "a session budget",
+            [session],
+            session_id="job-1",
+            node="unsupported",
+        ),
+        Case("a rolling window", [rolling], node="unsupported"),
+        Case("a budget with rate limits", [rated], node="unsupported"),
+        Case(
+            "a raised budget",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=10_000)],
+            raises=[raise_],
+            node="unsupported",
+        ),
+    ]
+
+
+def encoding_cases() -> list[dict[str, Any]]:
+    """UsageEvents with the key and value the Python publisher writes for them."""
+    at = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+    events: list[UsageEvent] = [
+        new_usage_event(
+            event_id="0193b4d2-0000-7000-8000-000000000001",
+            provider="anthropic",
+            api="anthropic-messages",
+            model="claude-sonnet-4-5",
+            secret_id="sk-1",
+            org_id=" Acme ",
+            gateway_id="node",
+            input_tokens=1_000,
+            output_tokens=250,
+            occurred_at=at,
+        ),
+        new_usage_event(
+            event_id="evt-2",
+            provider="openai",
+            api="openai-chat",
+            model="gpt-4o-mini",
+            secret_id="sk-2",
+            org_id="école-42",
+            gateway_id="node",
+            input_tokens=12,
+            output_tokens=7,
+            reasoning_tokens=3,
+            cache_read_tokens=40,
+            cache_write_tokens=9,
+            cache_write_1h_tokens=4,
+            occurred_at=at,
+            project_id="p1",
+            user_id="ann@example.com",
+            groups=["eng", "ml"],
+            session_id="job-9",
+            tags={"team": "search", "env": "prod"},
+            usage_source="estimated",
+            estimate_reason="stream_cut",
+            status_code=499,
+            stream=True,
+            request_id="req-1",
+            latency_ms=321,
+            units={"web_search": 2},
+            service_tier="priority",
+        ),
+        new_usage_event(
+            event_id="evt-3",
+            provider="gemini",
+            api="gemini",
+            model="gemini-2.5-pro",
+            secret_id="sk-3",
+            org_id="globex",
+            gateway_id="node",
+            input_tokens=0,
+            output_tokens=0,
+            occurred_at=at,
+            outcome="refused",
+            decision="budget_exceeded",
+            decision_budget_id="org-usd",
+            status_code=402,
+        ),
+    ]
+    out = []
+    for event in events:
+        fields = dict(event)
+        fields["occurred_at"] = to_micros(event["occurred_at"])
+        key = usage_raw_key(event["org_id"])
+        out.append(
+            {
+                "event": fields,
+                "key_hex": key.hex(),
+                "value_hex": USAGE_EVENT.encode(event).hex(),
+                "partition_of_4": partition_index(key, 4),
+                "partition_of_12": partition_index(key, 12),
+            }
+        )
+    return out
+
+
+def table() -> dict[str, Any]:
+    names = ("UsageEvent", "Verdict", "BudgetPolicy", "BudgetRaise", "GenerationSwitch")
+    return {
+        "comment": "generated by `python -m tests.clients.node_cases` from the Python enforcer "
+        "and codec: do not edit",
+        "fingerprints": {n: fingerprint(codec_for(n).schema).hex() for n in names},
+        "events": encoding_cases(),
+        "checks": [case.to_json() for case in check_cases()],
+    }
+
+
+def table_text() -> str:
+    return json.dumps(table(), indent=1, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":
+    CASES_PATH.write_text(table_text(), encoding="utf-8")
+    sys.stdout.write(f"wrote {CASES_PATH}\n")
