@@ -1,6 +1,6 @@
 """The table of cases the TypeScript client is held to (clients/node/test/cases.json).
 
-Each check case is budgets, raises and verdicts as the topics carry them (Avro single-object
+Each check case is budgets, prices, raises and verdicts as the topics carry them (Avro single-object
 bytes, hex), the follower's clock when they were applied and when the request is checked,
 the enforcer settings, and the request; the expected answer is what the Python enforcer
 decides for it (``Enforcer.peek``: the check of a request with nothing in flight), as the
@@ -26,8 +26,9 @@ from enforcer import Context, Enforcer, EnforcerConfig, InvalidContext
 from ingest.publisher.sender import partition_index
 from schemas.avro_schemas import fingerprint
 from schemas.budgets import Budget, budgets_from_yaml
-from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, USAGE_EVENT, VERDICT, codec_for
+from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE, USAGE_EVENT, VERDICT, codec_for
 from schemas.periods import to_micros
+from schemas.pricing import PriceTable, price_table_from_yaml
 from schemas.raises import BudgetRaise
 from schemas.records import UsageEvent
 from schemas.topics import usage_raw_key
@@ -78,7 +79,52 @@ CONFIG_NAMES = {
     "refusal_style": "refusalStyle",
     "default_max_output_tokens": "defaultMaxOutputTokens",
     "replicas": "replicas",
+    "unpriced_models": "unpricedModels",
 }
+#: the price versions every case's pricing topic holds (unless it says otherwise): a model
+#: with a long-context tier and a unit price, one by its snapshot forms, a fallback in a
+#: later version, and a version not yet in force
+PRICES_YAML: dict[str, Any] = {
+    "versions": [
+        {
+            "version": "2026-01-01",
+            "effective_from": "2026-01-01T00:00:00Z",
+            "models": [
+                {
+                    "match": "claude-sonnet-4-5",
+                    "input_per_mtok": "3.00",
+                    "output_per_mtok": "15.00",
+                    "long_context": {
+                        "above_input_tokens": 200000,
+                        "input_per_mtok": "6.00",
+                        "output_per_mtok": "22.50",
+                    },
+                    "unit_prices": {"web_search": "0.01"},
+                },
+                {"match": "gpt-4o", "input_per_mtok": "2.5", "output_per_mtok": "10"},
+                {"match": "gpt-4o-mini", "input_per_mtok": "0.15", "output_per_mtok": "0.6"},
+                {
+                    "match": "odd-rates",
+                    "input_per_mtok": "0.000333",
+                    "output_per_mtok": "1.0000005",
+                },
+            ],
+        },
+        {
+            "version": "2026-12-01",
+            "effective_from": "2026-12-01T00:00:00Z",
+            "models": [
+                {"match": "claude-sonnet-4-5", "input_per_mtok": "30", "output_per_mtok": "150"}
+            ],
+            "fallback": {"input_per_mtok": "1", "output_per_mtok": "2"},
+        },
+    ]
+}
+
+
+def price_tables() -> list[PriceTable]:
+    tables = price_table_from_yaml(PRICES_YAML, source="node cases")
+    return tables if isinstance(tables, list) else [tables]
 
 
 def budgets(yaml_list: list[dict[str, Any]]) -> list[Budget]:
@@ -102,6 +148,7 @@ class Case:
         applied_at: datetime = NOW,
         checked_at: datetime | None = None,
         raises: Sequence[BudgetRaise] = (),
+        prices: Sequence[PriceTable] | None = None,
         ready: bool = True,
         fresh_at: datetime | None = NOW,
         config: Mapping[str, Any] | None = None,
@@ -115,6 +162,7 @@ class Case:
         self.applied_at = applied_at
         self.checked_at = checked_at or applied_at
         self.raises = list(raises)
+        self.prices = price_tables() if prices is None else list(prices)
         self.ready = ready
         self.fresh_at = fresh_at
         self.config = dict(config or {})
@@ -125,6 +173,8 @@ class Case:
         clock = Clock(self.applied_at)
         enforcer = Enforcer(EnforcerConfig(**self.config), clock=clock)
         state = enforcer.state
+        for t in self.prices:
+            state.apply_price(t.version, PRICE_TABLE.decode(PRICE_TABLE.encode(t.to_record())))
         for b in self.policies:
             state.apply_policy(b.budget_id, BUDGET_POLICY.decode(policy_bytes(b)))
         for r in self.raises:
@@ -151,6 +201,7 @@ class Case:
             "ready": self.ready,
             "fresh_at_us": None if self.fresh_at is None else to_micros(self.fresh_at),
             "config": {CONFIG_NAMES[k]: v for k, v in self.config.items()},
+            "prices": [[t.version, PRICE_TABLE.encode(t.to_record()).hex()] for t in self.prices],
             "policies": [[b.budget_id, policy_bytes(b).hex()] for b in self.policies],
             "raises": [[r.raise_id, BUDGET_RAISE.encode(r.to_record()).hex()] for r in self.raises],
             "verdicts": [[v["counter_key"], VERDICT.encode(v).hex()] for v in self.verdicts],
@@ -186,6 +237,15 @@ def check_cases() -> list[Case]:
         }
     )
     usd = one({"id": "org-usd", "scope": "org", "window": "month", "limit_usd": "5"})
+    free = one(
+        {
+            "id": "free-unpriced",
+            "scope": "org",
+            "window": "month",
+            "limit_usd": "5",
+            "unpriced": "allow_free",
+        }
+    )
     warn = one(
         {"id": "warn-usd", "scope": "org", "window": "total", "limit_usd": "1", "action": "warn"}
     )
@@ -308,11 +368,98 @@ def check_cases() -> list[Case]:
         ),
         Case("warn budget past its limit", [warn], [verdict(warn, ["acme"], spent_nanos=2 * USD)]),
         Case("usd: exhausted", [usd, warn], [verdict(usd, ["acme"], spent_nanos=5 * USD)]),
+        Case("usd: room left", [usd], [verdict(usd, ["acme"], spent_nanos=USD)]),
         Case(
-            "usd: room left needs the price book",
+            "usd: worst case too large",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 10_000_000)],
+            max_output_tokens=4_000,
+        ),
+        Case(
+            "usd: too large for a replica's share, beside a token budget",
+            [usd, tokens],
+            [
+                verdict(usd, ["acme"], spent_nanos=5 * USD - 100_000_000),
+                verdict(tokens, ["acme"], spent_tokens=4_000),
+            ],
+            config={"replicas": 4},
+            max_output_tokens=2_500,
+        ),
+        Case(
+            "usd: rates the slope guesses wrong",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 3_333_333)],
+            model="odd-rates",
+            input_tokens=7,
+            max_output_tokens=100_000,
+        ),
+        Case(
+            "usd: the long-context tier prices a long prompt",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=4 * USD)],
+            input_tokens=200_001,
+            max_output_tokens=30_000,
+        ),
+        Case(
+            "usd: billed units in the worst case",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 40_000_000)],
+            units={"web_search": 3, "unknown_unit": 2, "zero": 0},
+        ),
+        Case(
+            "usd: a snapshot and a Bedrock id of a priced model",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 17_999_999)],
+            model="us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        ),
+        Case(
+            "usd: another version, not a snapshot, is unpriced",
             [usd],
             [verdict(usd, ["acme"], spent_nanos=USD)],
-            node="unsupported",
+            model="gpt-4o-mini-realtime",
+        ),
+        Case(
+            "usd: unpriced natively (openai)",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=USD)],
+            model="mystery-9",
+            provider="openai",
+            config={"refusal_style": "native"},
+        ),
+        Case(
+            "usd: unpriced allowed free",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=USD)],
+            model="mystery-9",
+            config={"unpriced_models": "allow_free"},
+        ),
+        Case(
+            "usd: a budget that lets unpriced models pass free",
+            [free],
+            [verdict(free, ["acme"], spent_nanos=USD)],
+            model="mystery-9",
+        ),
+        Case(
+            "usd: the next price version and its fallback",
+            [usd],
+            [
+                verdict(
+                    usd,
+                    ["acme"],
+                    spent_nanos=5 * USD - 200_000_000,
+                    at=datetime(2026, 12, 2, tzinfo=UTC),
+                )
+            ],
+            applied_at=datetime(2026, 12, 2, tzinfo=UTC),
+            fresh_at=datetime(2026, 12, 2, tzinfo=UTC),
+            model="mystery-9",
+            max_output_tokens=100_000,
+        ),
+        Case(
+            "usd: no price version in force",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=USD)],
+            prices=[],
         ),
         Case(
             "a verdict of yesterday counts zero today",
@@ -516,6 +663,8 @@ def check_cases() -> list[Case]:
         Case("invalid: groups not a list", [], groups="eng"),
         Case("invalid: a negative count", [], input_tokens=-1),
         Case("invalid: too many candidates", [], candidates=129),
+        Case("invalid: a unit name", [], units={"Web": 1}),
+        Case("invalid: a unit count", [], units={"web_search": -1}),
         Case(
             "a session budget",
             [session],

@@ -39,7 +39,7 @@ export function rabinFingerprint(bytes: Uint8Array): Buffer {
 }
 
 /** The writer schemas this client reads and writes, by name. */
-export type SchemaName = "UsageEvent" | "Verdict" | "BudgetPolicy" | "BudgetRaise" | "GenerationSwitch";
+export type SchemaName = "UsageEvent" | "Verdict" | "BudgetPolicy" | "BudgetRaise" | "GenerationSwitch" | "PriceTable";
 
 /** Where the build put the standalone .avsc files (overridable for a checkout). */
 export function schemaDir(): string {

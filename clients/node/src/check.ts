@@ -8,9 +8,8 @@
  *
  * What this client does not port, check() refuses to answer (throws UnsupportedCheck)
  * rather than answer otherwise: a request that counts in a session budget, a budget with
- * rate limits, a rolling window, a raised budget, or an enforce budget with a USD limit
- * that is not exhausted (its worst case needs the price book). It holds nothing: each
- * check is the Python enforcer's check of a request with nothing in flight (a peek).
+ * rate limits, a rolling window, or a raised budget. It holds nothing: each check is the
+ * Python enforcer's check of a request with nothing in flight (a peek).
  */
 import { Context, MAX_TOKENS_PER_EVENT, RequestContext } from "./context";
 import { compose } from "./ids";
@@ -58,7 +57,18 @@ export class UnsupportedCheck extends Error {
   }
 }
 
-export const STATE_NAMES = ["ok", "alert", "exceeded", "in_flight", "failed_open", "failed_closed", "too_large"] as const;
+export const STATE_NAMES = [
+  "ok",
+  "alert",
+  "exceeded",
+  "in_flight",
+  "failed_open",
+  "failed_closed",
+  "too_large",
+  "throttled",
+  "unpriced",
+  "too_many_sessions",
+] as const;
 export type CounterState = (typeof STATE_NAMES)[number];
 const OK = 0;
 const ALERT = 1;
@@ -66,6 +76,7 @@ const EXCEEDED = 2;
 const FAILED_OPEN = 4;
 const FAILED_CLOSED = 5;
 const TOO_LARGE = 6;
+const UNPRICED = 8;
 const NEVER_US = 2 ** 62;
 
 /** One budget with what a check reads of it (enforcer/plans.py Plan). */
@@ -73,15 +84,18 @@ export interface Plan {
   budget: Budget;
   enforce: boolean;
   holdable: boolean;
+  /** an enforce USD budget refusing a model without a price (its own or the default policy) */
+  refuseUnpriced: boolean;
   alertMin: number | null;
 }
 
-function planOf(budget: Budget): Plan {
+function planOf(budget: Budget, unpricedDefault: string): Plan {
   const enforce = budget.action === "enforce";
   return {
     budget,
     enforce,
     holdable: enforce && (budget.limitNanos !== null || budget.limitTokens !== null || budget.limitRequests !== null),
+    refuseUnpriced: enforce && budget.limitNanos !== null && (budget.unpriced ?? unpricedDefault) === "refuse",
     alertMin: budget.alertAt.length > 0 ? Math.min(...budget.alertAt) : null,
   };
 }
@@ -242,7 +256,9 @@ export class Decision {
   }
 
   refusingRows(): CounterStatus[] {
-    return this.counters.filter((r) => (r.stateIndex === EXCEEDED || r.stateIndex === TOO_LARGE) && r.plan.enforce);
+    return this.counters.filter(
+      (r) => (r.stateIndex === EXCEEDED || r.stateIndex === TOO_LARGE || r.stateIndex === UNPRICED) && r.plan.enforce,
+    );
   }
 
   /** Fields to set on the request's UsageEvent. */
@@ -280,9 +296,9 @@ class Index {
   readonly general: Plan[] = [];
   readonly byOrg = new Map<string, Plan[]>();
 
-  constructor(budgets: Map<string, Budget>) {
+  constructor(budgets: Map<string, Budget>, unpricedDefault: string) {
     for (const budgetId of [...budgets.keys()].sort(compareCodePoints)) {
-      const plan = planOf(budgets.get(budgetId)!);
+      const plan = planOf(budgets.get(budgetId)!, unpricedDefault);
       const orgs = plan.budget.match.get("org_id");
       if (orgs !== undefined && orgs.size > 0) {
         for (const org of orgs) {
@@ -364,7 +380,7 @@ class Tally {
   }
 
   considerRefusal(state: number, endUs: number | null): void {
-    const isHard = state === EXCEEDED || state === TOO_LARGE;
+    const isHard = state === EXCEEDED || state === TOO_LARGE || state === UNPRICED;
     const end = endUs === null ? NEVER_US : endUs;
     if (this.refusal < 0 || (isHard && !this.hard) || (isHard === this.hard && end > this.refusalEnd)) {
       this.refusal = this.rows.length;
@@ -406,7 +422,7 @@ export class Checker {
 
   private plansOf(ctx: Context): Plan[] {
     if (this.index === null || this.indexVersion !== this.state.policyVersion) {
-      this.index = new Index(this.state.budgets);
+      this.index = new Index(this.state.budgets, this.config.unpricedModels);
       this.indexVersion = this.state.policyVersion;
     }
     return this.index.plans(ctx);
@@ -479,7 +495,7 @@ export class Checker {
     ) {
       state = EXCEEDED;
     } else {
-      state = plan.holdable ? this.fitsAlone(tally, row) : OK;
+      state = plan.holdable ? this.hold(tally, plan, row) : OK;
       if (state === OK && (spentNanos || spentTokens || spentRequests) && plan.alertMin !== null) {
         if (usedFractionOf(row, spentNanos, spentTokens, spentRequests) >= plan.alertMin) state = ALERT;
       }
@@ -490,24 +506,32 @@ export class Checker {
   }
 
   /** Whether this request's worst case, times the replicas, fits what the verdict leaves
-   * (Counting._hold with nothing held): OK, or TOO_LARGE. */
-  private fitsAlone(tally: Tally, row: CounterStatus): number {
-    if (row.limitNanos !== null) {
-      throw new UnsupportedCheck(
-        "pricing",
-        row.budgetId,
-        "has a USD limit not yet reached: the request's worst case would be priced by the price book",
-      );
+   * (Counting._hold with nothing held): OK, UNPRICED or TOO_LARGE. */
+  private hold(tally: Tally, plan: Plan, row: CounterStatus): number {
+    this.estimate(tally, row.limitNanos !== null);
+    const model = tally.ctx.request.model ?? "";
+    if (tally.estNanos === 0 && plan.refuseUnpriced && this.state.prices.unpriced(model, tally.nowUs)) {
+      return UNPRICED; // a cost that cannot be priced cannot be held against the limit
     }
-    if (tally.estTokens < 0) tally.estimateTokens(this.config.defaultMaxOutputTokens);
     const share = tally.share;
     if (
+      (row.limitNanos !== null && row.spentNanos + share * tally.estNanos > row.limitNanos) ||
       (row.limitTokens !== null && row.spentTokens + share * tally.estTokens > row.limitTokens) ||
       (row.limitRequests !== null && row.spentRequests + share > row.limitRequests)
     ) {
       return TOO_LARGE;
     }
     return OK;
+  }
+
+  /** The request's worst case into `tally`, once: its tokens and, with `priced`, its cost. */
+  private estimate(tally: Tally, priced: boolean): void {
+    if (tally.estTokens < 0) tally.estimateTokens(this.config.defaultMaxOutputTokens);
+    if (priced && tally.estNanos < 0) tally.estNanos = this.worstCase(tally, tally.estOutput);
+  }
+
+  private worstCase(tally: Tally, output: number): number {
+    return this.state.prices.worstCaseNanos(tally.ctx.request.model ?? "", tally.nowUs, tally.estInput, output, tally.ctx.units);
   }
 
   private refused(tally: Tally): Decision {
@@ -517,7 +541,7 @@ export class Checker {
     // hard refusals only: nothing is held, so nothing is ever refused for what is in flight
     const value = budget.scope === "session" ? "job_budget_exceeded" : "budget_exceeded";
     const decision = new Decision(tally.ctx, value, "refused", rows, tally.refusal, tally.nowUs, this.config);
-    if (refusing.stateIndex !== EXCEEDED && tally.estTokens >= 0) {
+    if (refusing.stateIndex !== EXCEEDED && refusing.stateIndex !== UNPRICED && tally.estTokens >= 0) {
       decision.requestNanos = Math.max(tally.estNanos, 0);
       decision.requestTokens = tally.estTokens;
       decision.replicas = tally.share;
@@ -531,10 +555,10 @@ export class Checker {
     return decision;
   }
 
-  /** The largest max output tokens every enforce counter would admit now (enforcer/fitting.py,
-   * for token and request limits: a USD limit not reached never gets here). */
+  /** The largest max output tokens every enforce counter would admit now (enforcer/fitting.py). */
   private fittingMaxTokens(tally: Tally): number | null {
     const fits = (output: number): boolean => {
+      let nanos = -1;
       for (const row of tally.rows) {
         if (!row.plan.holdable) continue;
         if (row.stateIndex === EXCEEDED) return false;
@@ -547,17 +571,31 @@ export class Checker {
         ) {
           return false;
         }
+        if (row.limitNanos !== null) {
+          if (nanos < 0) nanos = this.worstCase(tally, output);
+          if (row.spentNanos + tally.share * (row.heldNanos + nanos) > row.limitNanos) return false;
+        }
       }
       return true;
     };
     if (!fits(0)) return null;
     const maxOutput = tally.estOutput;
     if (maxOutput <= 1) return 0;
+    const base = this.worstCase(tally, 0);
+    const top = this.worstCase(tally, maxOutput);
+    // floats, as Python's true division: the guess is checked and moved by single tokens
+    const slope = (top - base) / maxOutput;
     let guess = maxOutput - 1;
     for (const row of tally.rows) {
-      if (!row.plan.holdable || row.limitTokens === null) continue;
-      const room = Math.floor((row.limitTokens - row.spentTokens) / tally.share) - row.heldTokens - tally.estInput;
-      guess = Math.min(guess, room);
+      if (!row.plan.holdable) continue;
+      if (row.limitTokens !== null) {
+        const room = Math.floor((row.limitTokens - row.spentTokens) / tally.share) - row.heldTokens - tally.estInput;
+        guess = Math.min(guess, room);
+      }
+      if (row.limitNanos !== null && slope > 0) {
+        const roomNanos = (row.limitNanos - row.spentNanos) / tally.share - row.heldNanos - base;
+        guess = Math.min(guess, Math.trunc(roomNanos / slope));
+      }
     }
     guess = Math.max(0, guess);
     let low: number;

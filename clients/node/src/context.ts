@@ -3,6 +3,7 @@
  * with the canonical values every counter is looked up by.
  */
 import { canonicalId, codePoints, MAX_ID_LENGTH, strip } from "./ids";
+import { pyRepr } from "./refusals";
 
 export const MAX_GROUPS = 256;
 export const MAX_TAGS = 64;
@@ -82,6 +83,27 @@ function count(name: string, value: unknown, bound: number): void {
   }
 }
 
+export const MAX_UNIT_CAPS = 32;
+export const MAX_UNITS_PER_EVENT = 100_000_000;
+
+/** The request's unit caps: a map of unit name to a count (enforcer/context.py _units). */
+function units(value: unknown): Map<string, number> | null {
+  if (value === null || value === undefined) return null;
+  if (typeof value !== "object" || Array.isArray(value)) throw new InvalidContext("units", "a map of unit name to count");
+  const entries = Object.entries(value as Record<string, unknown>);
+  if (entries.length === 0) return null;
+  if (entries.length > MAX_UNIT_CAPS) throw new InvalidContext("units", `more than ${MAX_UNIT_CAPS} units`);
+  const out = new Map<string, number>();
+  for (const [name, count] of entries) {
+    if (!/^[a-z][a-z0-9_]{0,39}$/.test(name)) throw new InvalidContext("units", `${pyRepr(name)} is not a unit name`);
+    if (typeof count !== "number" || !Number.isInteger(count) || count < 0 || count > MAX_UNITS_PER_EVENT) {
+      throw new InvalidContext("units", `${name}: an integer in 0..${MAX_UNITS_PER_EVENT}`);
+    }
+    if (count) out.set(name, count);
+  }
+  return out.size > 0 ? out : null;
+}
+
 /** A validated context: the request as given and its canonical values. */
 export class Context {
   readonly canon: Map<string, string[]>;
@@ -90,6 +112,8 @@ export class Context {
   readonly user: string;
   readonly session: string;
   readonly group: string[];
+  /** the billed units the request can cost at most (counts > 0), or null */
+  readonly units: Map<string, number> | null;
 
   constructor(readonly request: RequestContext) {
     if (typeof request !== "object" || request === null || Array.isArray(request)) {
@@ -156,6 +180,7 @@ export class Context {
     ) {
       throw new InvalidContext("candidates", `must be an integer in [1, ${MAX_CANDIDATES}]`);
     }
+    this.units = units(request.units);
     this.canon = canon;
     this.user = users[0] ?? "";
     this.session = sessions[0] ?? "";

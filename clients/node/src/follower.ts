@@ -1,6 +1,6 @@
 /**
  * The verdict follower (enforcer/follower.py, docs/contract.md "Following the verdicts"):
- * budget.policies, budget.raises and spendbus.generations, and the verdict topic of the
+ * budget.policies, budget.raises, pricing and spendbus.generations, and the verdict topic of the
  * current generation, each read whole from the beginning (compacted topics: the newest
  * value per key), into a FollowerState that check() reads.
  *
@@ -171,11 +171,12 @@ export class VerdictFollower {
     this.readers.push(
       this.reader(`${this.prefix}budget.policies`, "BudgetPolicy", (k, r) => state.applyPolicy(k, r)),
       this.reader(`${this.prefix}budget.raises`, "BudgetRaise", (k, r) => state.applyRaise(k, r)),
+      this.reader(`${this.prefix}pricing`, "PriceTable", (k, r) => state.applyPrice(k, r)),
     );
     this.verdicts = this.reader(this.verdictTopic(this.generation), "Verdict", (k, r) => {
       state.applyVerdict(k, r);
     });
-    const started = [...this.readers.slice(-2), this.verdicts];
+    const started = [...this.readers.slice(-3), this.verdicts];
     for (const reader of started) {
       await reader.start();
       await reader.skipToLow();

@@ -113,16 +113,28 @@ export function respond(decision: Decision): Response {
   const refusing = decision.refusing!;
   if (config.refusalStyle === "seed000") style = "seed000";
   const value = decision.decision;
-  const reason = refusing.state === "exceeded" ? "exhausted" : "request_too_large";
+  const reason = REASONS[refusing.state];
+  if (reason === undefined) throw new Error(`no refusal for a counter in state ${refusing.state}`);
   const budget = pyRepr(refusing.budgetId);
-  const retryAfter = refusing.endUs !== null ? secondsUntil(refusing.endUs, decision.nowUs) : null;
-  const reset = isoUs(refusing.endUs);
-  const until = reset ? ` until ${reset}.` : ".";
-  const message =
-    reason === "exhausted"
-      ? `Budget ${budget} is exhausted${until}`
-      : `Budget ${budget}: this request's worst case (${formatUsd6(decision.requestNanos)}, ${decision.requestTokens} tokens) ` +
-        `does not fit what is left (${leftText(decision, refusing)}).${fitText(decision)} A retry of this request is refused${until}`;
+  let retryAfter: number | null;
+  let message: string;
+  if (reason === "model_unpriced") {
+    // no price to hold or count: retrying cannot help until a price is applied
+    retryAfter = null;
+    message =
+      `Budget ${budget} has a USD limit and refuses model ${pyRepr(decision.ctx.request.model ?? "")}: ` +
+      "no price in force prices it, so its cost could not be counted against the " +
+      "limit (apply a price for it, a price-table fallback, or unpriced: allow_free).";
+  } else {
+    retryAfter = refusing.endUs !== null ? secondsUntil(refusing.endUs, decision.nowUs) : null;
+    const reset = isoUs(refusing.endUs);
+    const until = reset ? ` until ${reset}.` : ".";
+    message =
+      reason === "exhausted"
+        ? `Budget ${budget} is exhausted${until}`
+        : `Budget ${budget}: this request's worst case (${formatUsd6(decision.requestNanos)}, ${decision.requestTokens} tokens) ` +
+          `does not fit what is left (${leftText(decision, refusing)}).${fitText(decision)} A retry of this request is refused${until}`;
+  }
   const headers: [string, string][] = [JSON_TYPE];
   if (retryAfter !== null) headers.push([RETRY_AFTER, String(retryAfter)]);
   headers.push([SHOULD_RETRY, "false"]);
@@ -134,7 +146,8 @@ export function respond(decision: Decision): Response {
     const status = value === "job_budget_exceeded" || session ? 429 : 402;
     const body = defaultBody(value, refusing);
     body.reason = reason;
-    if (reason !== "exhausted") Object.assign(body, leftFields(decision, refusing));
+    if (reason === "model_unpriced") body.model = decision.ctx.request.model ?? null;
+    else if (reason !== "exhausted") Object.assign(body, leftFields(decision, refusing));
     body.message = message;
     return { status, headers, body, retryAfter };
   }
@@ -150,7 +163,31 @@ export function respond(decision: Decision): Response {
     };
     return { status: 402, headers: [...headers, [REFUSAL_HEADER, headerText(message)]], body, retryAfter };
   }
+  if (reason === "model_unpriced") return invalid(style, message, headers);
   return native(style, 429, message, headers, retryAfter, true);
+}
+
+/** Why a budget refused, by the refusing counter's state (the body's `reason`). */
+const REASONS: Record<string, string> = {
+  exceeded: "exhausted",
+  too_large: "request_too_large",
+  unpriced: "model_unpriced",
+};
+
+/** A request the enforcer will never admit as it is: each SDK's bad-request error (400). */
+function invalid(style: string, message: string, headers: [string, string][]): Response {
+  let body: Record<string, unknown>;
+  if (style === "anthropic") {
+    body = { type: "error", error: { type: "invalid_request_error", message } };
+  } else if (style === "openai") {
+    body = { error: { message, type: "invalid_request_error", param: "model", code: "model_unpriced" } };
+  } else if (style === "gemini") {
+    body = { error: { code: 400, message, status: "INVALID_ARGUMENT" } };
+  } else {
+    headers = [...headers, ["x-amzn-ErrorType", "ValidationException"]];
+    body = { message };
+  }
+  return { status: 400, headers, body, retryAfter: null };
 }
 
 function leftText(decision: Decision, refusing: CounterStatus): string {

@@ -6,6 +6,7 @@
 import { ContractViolation } from "./avro";
 import { compose, decompose } from "./ids";
 import { parseWindow, periodEndUs, periodKey, Window } from "./periods";
+import { PriceBook } from "./pricing";
 
 /** One budget, as its BudgetPolicy record says (schemas/budgets.py Budget.from_record). */
 export interface Budget {
@@ -96,6 +97,8 @@ export const systemClockUs: ClockUs = () => Date.now() * 1000;
 export class FollowerState {
   readonly budgets = new Map<string, Budget>();
   policyVersion = 0;
+  /** the price versions of the pricing topic */
+  readonly prices = new PriceBook();
   /** raise id -> (budget id, revoked_at µs or null, until µs) */
   readonly raises = new Map<string, { budgetId: string; revokedAtUs: number | null; untilUs: number }>();
   /** counter key -> its last verdict */
@@ -118,6 +121,11 @@ export class FollowerState {
     }
     this.budgets.set(budgetId, budgetFromRecord(record));
     this.policyVersion++;
+  }
+
+  /** Add, replace or remove (null) one price version. */
+  applyPrice(version: string, record: Record<string, unknown> | null): void {
+    this.prices.apply(version, record);
   }
 
   applyRaise(raiseId: string, record: Record<string, unknown> | null): void {

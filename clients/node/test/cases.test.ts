@@ -25,6 +25,7 @@ interface CheckCase {
   ready: boolean;
   fresh_at_us: number | null;
   config: Record<string, unknown>;
+  prices: [string, string][];
   policies: [string, string][];
   raises: [string, string][];
   verdicts: [string, string][];
@@ -37,6 +38,7 @@ const table = JSON.parse(fs.readFileSync(path.join(__dirname, "..", "..", "test"
 function decideInNode(c: CheckCase): Record<string, unknown> {
   let now = c.applied_at_us;
   const state = new FollowerState(() => now);
+  for (const [key, hex] of c.prices) state.applyPrice(key, codecFor("PriceTable").decode(Buffer.from(hex, "hex")));
   for (const [key, hex] of c.policies) state.applyPolicy(key, codecFor("BudgetPolicy").decode(Buffer.from(hex, "hex")));
   for (const [key, hex] of c.raises) state.applyRaise(key, codecFor("BudgetRaise").decode(Buffer.from(hex, "hex")));
   for (const [key, hex] of c.verdicts) state.applyVerdict(key, codecFor("Verdict").decode(Buffer.from(hex, "hex")));
