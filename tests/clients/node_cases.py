@@ -302,7 +302,14 @@ def check_cases() -> list[Case]:
     total = one({"id": "lifetime", "scope": "org", "window": "total", "limit_tokens": 2_000})
     odd_id = one({"id": "team; a,b é", "scope": "org", "window": "month", "limit_tokens": 100})
     session = one({"id": "per-job", "scope": "session", "window": "total", "limit_tokens": 1_000})
-    rolling = one({"id": "rolling-5h", "scope": "org", "window": "rolling:5h", "limit_tokens": 9})
+    rolling = one(
+        {"id": "rolling-5h", "scope": "org", "window": "rolling:5h", "limit_tokens": 10_000}
+    )
+    rolling_usd = one(
+        {"id": "rolling-usd", "scope": "secret", "window": "rolling:1h", "limit_usd": "1"}
+    )
+    #: a 5 h window's buckets by age (375 s each): 6,000 tokens 4 h ago, 4,000 just now
+    old_and_new = {38: (0, 6_000, 3), 0: (0, 4_000, 2)}
     rated = one(
         {
             "id": "rated",
@@ -671,7 +678,42 @@ def check_cases() -> list[Case]:
             session_id="job-1",
             node="unsupported",
         ),
-        Case("a rolling window", [rolling], node="unsupported"),
+        Case(
+            "rolling: exhausted, reopens as its old buckets leave",
+            [rolling],
+            [verdict(rolling, ["acme"], buckets=old_and_new)],
+        ),
+        Case(
+            "rolling: the old buckets left by the check's clock",
+            [rolling],
+            [verdict(rolling, ["acme"], buckets=old_and_new)],
+            checked_at=NOW + timedelta(hours=2),
+            fresh_at=NOW + timedelta(hours=2),
+        ),
+        Case(
+            "rolling: a request no wait lets fit",
+            [rolling],
+            [verdict(rolling, ["acme"], buckets={0: (0, 1_000, 1)})],
+            max_output_tokens=9_500,
+        ),
+        Case(
+            "rolling: a v2 verdict without buckets",
+            [rolling],
+            [verdict(rolling, ["acme"], spent_tokens=9_000)],
+            checked_at=NOW + timedelta(minutes=10),
+            fresh_at=NOW + timedelta(minutes=10),
+        ),
+        Case(
+            "rolling: USD, too large until enough has left",
+            [rolling_usd],
+            [
+                verdict(
+                    rolling_usd,
+                    ["acme", "sk-1"],
+                    buckets={40: (600_000_000, 0, 9), 12: (390_000_000, 0, 1)},
+                )
+            ],
+        ),
         Case("a budget with rate limits", [rated], node="unsupported"),
         Case(
             "a raised budget",

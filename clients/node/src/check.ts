@@ -8,13 +8,14 @@
  *
  * What this client does not port, check() refuses to answer (throws UnsupportedCheck)
  * rather than answer otherwise: a request that counts in a session budget, a budget with
- * rate limits, a rolling window, or a raised budget. It holds nothing: each check is the
+ * rate limits, or a raised budget. It holds nothing: each check is the
  * Python enforcer's check of a request with nothing in flight (a peek).
  */
 import { Context, MAX_TOKENS_PER_EVENT, RequestContext } from "./context";
 import { compose } from "./ids";
 import { isoUs, periodEndUs, periodKey } from "./periods";
-import { Budget, CounterVerdict, FollowerState } from "./state";
+import { Budget, CounterVerdict, FollowerState, spentAt } from "./state";
+import { RollingSpend } from "./rolling";
 import { respond, Response, spendHeaderOf } from "./refusals";
 
 export const REQUEST_BYTES_PER_TOKEN = 3;
@@ -460,9 +461,6 @@ export class Checker {
     if (budget.scope === "session") {
       throw new UnsupportedCheck("sessions", budget.budgetId, "is a session (per-job) budget");
     }
-    if (budget.window.kind === "rolling") {
-      throw new UnsupportedCheck("rolling windows", budget.budgetId, `has a rolling window (${budget.window.spec})`);
-    }
     if (budget.rated && plan.enforce) {
       throw new UnsupportedCheck("rate limits", budget.budgetId, "has rate limits");
     }
@@ -471,7 +469,8 @@ export class Checker {
     }
   }
 
-  private count(tally: Tally, plan: Plan, values: string[], period: string, endUs: number | null): void {
+  private count(tally: Tally, plan: Plan, values: string[], period: string, periodEnd: number | null): void {
+    let endUs = periodEnd;
     const budget = plan.budget;
     const cid = compose([budget.budgetId, ...values]);
     let verdict = this.state.verdicts.get(cid) ?? null;
@@ -482,9 +481,7 @@ export class Checker {
       const promoted = this.state.promote(cid, period);
       if (promoted !== null) verdict = counted = promoted;
     }
-    const spentNanos = counted?.spentNanos ?? 0;
-    const spentTokens = counted?.spentTokens ?? 0;
-    const spentRequests = counted?.spentRequests ?? 0;
+    const [spentNanos, spentTokens, spentRequests] = counted === null ? [0, 0, 0] : spentAt(counted, tally.nowUs);
     const row = new CounterStatus(plan, values, period, endUs, verdict, spentNanos, spentTokens, spentRequests, OK);
     const { limitNanos, limitTokens, limitRequests } = budget;
     let state: number;
@@ -499,6 +496,12 @@ export class Checker {
       if (state === OK && (spentNanos || spentTokens || spentRequests) && plan.alertMin !== null) {
         if (usedFractionOf(row, spentNanos, spentTokens, spentRequests) >= plan.alertMin) state = ALERT;
       }
+    }
+    if ((state === EXCEEDED || state === TOO_LARGE) && counted !== null && counted.rolling !== null) {
+      // a rolling window never resets as a whole: it reopens when enough of its buckets
+      // have left for this request to fit (null: waiting cannot help)
+      row.endUs = this.reopensAt(tally, row, counted.rolling);
+      endUs = row.endUs;
     }
     row.stateIndex = state;
     if (state >= EXCEEDED && plan.enforce) tally.considerRefusal(state, endUs);
@@ -522,6 +525,15 @@ export class Checker {
       return TOO_LARGE;
     }
     return OK;
+  }
+
+  /** When enough of a rolling window's buckets have left for this request's worst case,
+   * times the replicas, to fit, by this follower's clock; null when it never will. */
+  private reopensAt(tally: Tally, row: CounterStatus, rolling: RollingSpend): number | null {
+    this.estimate(tally, row.limitNanos !== null);
+    const share = tally.share;
+    const needs = [share * Math.max(tally.estNanos, 0), share * tally.estTokens, share];
+    return rolling.fitsAt(tally.nowUs, [row.limitNanos, row.limitTokens, row.limitRequests], needs);
   }
 
   /** The request's worst case into `tally`, once: its tokens and, with `priced`, its cost. */

@@ -7,6 +7,7 @@ import { ContractViolation } from "./avro";
 import { compose, decompose } from "./ids";
 import { parseWindow, periodEndUs, periodKey, Window } from "./periods";
 import { PriceBook } from "./pricing";
+import { RollingSpend, rollingSpend } from "./rolling";
 
 /** One budget, as its BudgetPolicy record says (schemas/budgets.py Budget.from_record). */
 export interface Budget {
@@ -62,10 +63,25 @@ export interface CounterVerdict {
   asOfUs: number;
   seq: number;
   emittedAtUs: number;
+  /** a rolling window's spend as its buckets leave the window (null for other windows) */
+  rolling: RollingSpend | null;
+  /** when the first of its buckets leaves (Infinity: none will) */
+  firstLeavesUs: number;
+}
+
+/** [nanos, tokens, requests] the verdict counts at `nowUs` (rolling buckets that left dropped). */
+export function spentAt(verdict: CounterVerdict, nowUs: number): [number, number, number] {
+  if (verdict.rolling === null || nowUs < verdict.firstLeavesUs) {
+    return [verdict.spentNanos, verdict.spentTokens, verdict.spentRequests];
+  }
+  return verdict.rolling.at(nowUs);
 }
 
 function verdictFromRecord(record: Record<string, unknown>): CounterVerdict {
+  const rolling = rollingSpend(record);
   return {
+    rolling,
+    firstLeavesUs: rolling?.firstLeavesAtUs ?? Infinity,
     counterKey: record.counter_key as string,
     budgetId: record.budget_id as string,
     period: record.period as string,
