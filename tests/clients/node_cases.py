@@ -37,7 +37,7 @@ from tests.enforcer.kit import verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES_PATH = ROOT / "clients" / "node" / "test" / "cases.json"
-#: what the Node client's counters show of the sidecar's (no forecast, no raise fields)
+#: what the Node client's counters show of the sidecar's (no forecast)
 COUNTER_FIELDS = (
     "budget_id",
     "scope",
@@ -56,6 +56,10 @@ COUNTER_FIELDS = (
     "limit_nanos",
     "limit_tokens",
     "limit_requests",
+    "base_limit_nanos",
+    "base_limit_tokens",
+    "base_limit_requests",
+    "raise",
     "remaining",
     "used_pct",
     "reset_at",
@@ -321,18 +325,28 @@ def check_cases() -> list[Case]:
     )
     yesterday = NOW - timedelta(days=1)
     late_evening = datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC)
-    raise_ = BudgetRaise(
-        raise_id="r-1",
-        budget_id="org-tokens",
-        scope_values=("acme",),
-        mode="by",
-        raise_nanos=None,
-        raise_tokens=50_000,
-        raise_requests=None,
-        starts_at_us=to_micros(NOW - timedelta(hours=1)),
-        until_us=to_micros(NOW + timedelta(hours=1)),
-        reason="launch day",
-    )
+
+    def raised(raise_id: str, scope: tuple[str, ...], mode: str, **fields: Any) -> BudgetRaise:
+        values: dict[str, Any] = {
+            "raise_nanos": None,
+            "raise_tokens": None,
+            "raise_requests": None,
+            "starts_at_us": to_micros(NOW - timedelta(hours=1)),
+            "until_us": to_micros(NOW + timedelta(hours=1)),
+        } | fields
+        return BudgetRaise(
+            raise_id=raise_id,
+            budget_id="org-tokens",
+            scope_values=scope,
+            mode=mode,
+            reason="launch day",
+            **values,
+        )
+
+    by_50k = raised("r-by", ("acme",), "by", raise_tokens=50_000)
+    to_12k = raised("r-to", (), "to", raise_tokens=12_000)
+    revoked = raised("r-revoked", ("acme",), "by", raise_tokens=1, revoked_at_us=to_micros(NOW))
+    later = raised("r-later", ("acme",), "to", raise_tokens=99_000, starts_at_us=to_micros(NOW) + 1)
     return [
         Case("no budget: allowed", []),
         Case("tokens: room left", [tokens], [verdict(tokens, ["acme"], spent_tokens=5_000)]),
@@ -716,11 +730,36 @@ def check_cases() -> list[Case]:
         ),
         Case("a budget with rate limits", [rated], node="unsupported"),
         Case(
-            "a raised budget",
+            "raises: a raise of the counter lifts its limit",
             [tokens],
             [verdict(tokens, ["acme"], spent_tokens=10_000)],
-            raises=[raise_],
-            node="unsupported",
+            raises=[by_50k, to_12k],
+        ),
+        Case(
+            "raises: a raise of every counter, the revoked and the later one aside",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=10_000)],
+            raises=[to_12k, revoked, later],
+        ),
+        Case(
+            "raises: exhausted even raised",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=12_000)],
+            raises=[to_12k],
+        ),
+        Case(
+            "raises: a revoked raise and one not begun give nothing",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=10_000)],
+            raises=[revoked, later],
+        ),
+        Case(
+            "raises: failing closed shows the raised limits",
+            [tokens],
+            raises=[by_50k],
+            ready=False,
+            fresh_at=None,
+            config={"fail_mode": "closed"},
         ),
     ]
 

@@ -7,14 +7,15 @@
  * chosen as it chooses it; the refusal bodies of enforcer/refusals.py (see refusals.ts).
  *
  * What this client does not port, check() refuses to answer (throws UnsupportedCheck)
- * rather than answer otherwise: a request that counts in a session budget, a budget with
- * rate limits, or a raised budget. It holds nothing: each check is the
+ * rather than answer otherwise: a request that counts in a session budget or in a budget
+ * with rate limits. It holds nothing: each check is the
  * Python enforcer's check of a request with nothing in flight (a peek).
  */
 import { Context, MAX_TOKENS_PER_EVENT, RequestContext } from "./context";
 import { compose } from "./ids";
 import { isoUs, periodEndUs, periodKey } from "./periods";
 import { Budget, CounterVerdict, FollowerState, spentAt } from "./state";
+import { BudgetRaise, raisedLimits, raiseJSON } from "./raises";
 import { RollingSpend } from "./rolling";
 import { respond, Response, spendHeaderOf } from "./refusals";
 
@@ -117,7 +118,20 @@ export class CounterStatus {
     readonly spentTokens: number,
     readonly spentRequests: number,
     public stateIndex: number,
-  ) {}
+    /** the raise in force for the counter (its limits are the ones checked), or null */
+    readonly granted: BudgetRaise | null = null,
+  ) {
+    const budget = plan.budget;
+    [this.limitNanos, this.limitTokens, this.limitRequests] =
+      granted === null
+        ? [budget.limitNanos, budget.limitTokens, budget.limitRequests]
+        : raisedLimits(granted, budget.limitNanos, budget.limitTokens, budget.limitRequests);
+  }
+
+  /** the limits checked: the budget's, or those its raise gives */
+  readonly limitNanos: number | null;
+  readonly limitTokens: number | null;
+  readonly limitRequests: number | null;
 
   get state(): CounterState {
     return STATE_NAMES[this.stateIndex];
@@ -127,15 +141,6 @@ export class CounterStatus {
   }
   get counter(): string {
     return compose([this.plan.budget.budgetId, ...this.scopeValues]);
-  }
-  get limitNanos(): number | null {
-    return this.plan.budget.limitNanos;
-  }
-  get limitTokens(): number | null {
-    return this.plan.budget.limitTokens;
-  }
-  get limitRequests(): number | null {
-    return this.plan.budget.limitRequests;
   }
 
   usedFraction(): number {
@@ -172,6 +177,10 @@ export class CounterStatus {
       limit_nanos: this.limitNanos,
       limit_tokens: this.limitTokens,
       limit_requests: this.limitRequests,
+      base_limit_nanos: budget.limitNanos,
+      base_limit_tokens: budget.limitTokens,
+      base_limit_requests: budget.limitRequests,
+      raise: this.granted === null ? null : raiseJSON(this.granted),
       remaining: this.remaining(),
       used_pct: roundHalfEven(this.usedFraction() * 100, 2),
       reset_at: isoUs(this.endUs),
@@ -446,7 +455,7 @@ export class Checker {
       if (plan.budget.match.size > 0 && !matches(plan, ctx)) continue;
       const counters = scoped(plan, ctx);
       if (counters.length === 0) continue;
-      this.refuseUnported(plan, nowUs);
+      this.refuseUnported(plan);
       const period = periodKey(plan.budget.window, nowUs);
       const endUs = periodEndUs(plan.budget.window, nowUs);
       for (const values of counters) this.count(tally, plan, values, period, endUs);
@@ -456,16 +465,13 @@ export class Checker {
   }
 
   /** Throws when `plan` has what this client does not port. */
-  private refuseUnported(plan: Plan, nowUs: number): void {
+  private refuseUnported(plan: Plan): void {
     const budget = plan.budget;
     if (budget.scope === "session") {
       throw new UnsupportedCheck("sessions", budget.budgetId, "is a session (per-job) budget");
     }
     if (budget.rated && plan.enforce) {
       throw new UnsupportedCheck("rate limits", budget.budgetId, "has rate limits");
-    }
-    if (this.state.raisedAt(budget.budgetId, nowUs)) {
-      throw new UnsupportedCheck("raises", budget.budgetId, "has a raise in force");
     }
   }
 
@@ -482,8 +488,11 @@ export class Checker {
       if (promoted !== null) verdict = counted = promoted;
     }
     const [spentNanos, spentTokens, spentRequests] = counted === null ? [0, 0, 0] : spentAt(counted, tally.nowUs);
-    const row = new CounterStatus(plan, values, period, endUs, verdict, spentNanos, spentTokens, spentRequests, OK);
-    const { limitNanos, limitTokens, limitRequests } = budget;
+    const granted = this.state.raises.byBudget.has(budget.budgetId)
+      ? this.state.raises.active(budget.budgetId, values, tally.nowUs)
+      : null;
+    const row = new CounterStatus(plan, values, period, endUs, verdict, spentNanos, spentTokens, spentRequests, OK, granted);
+    const { limitNanos, limitTokens, limitRequests } = row;
     let state: number;
     if (
       (limitNanos !== null && spentNanos >= limitNanos) ||
@@ -647,13 +656,11 @@ export class Checker {
     const rows: CounterStatus[] = [];
     let first = -1;
     for (const [plan, values] of hits) {
-      if (state.raisedAt(plan.budget.budgetId, nowUs)) {
-        throw new UnsupportedCheck("raises", plan.budget.budgetId, "has a raise in force");
-      }
       const period = periodKey(plan.budget.window, nowUs);
       const endUs = periodEndUs(plan.budget.window, nowUs);
       if (first < 0 && plan.enforce) first = rows.length;
-      rows.push(new CounterStatus(plan, values, period, endUs, null, 0, 0, 0, failed));
+      const granted = state.raises.active(plan.budget.budgetId, values, nowUs);
+      rows.push(new CounterStatus(plan, values, period, endUs, null, 0, 0, 0, failed, granted));
     }
     if (closed) return new Decision(ctx, "failed_closed", "failed_closed", rows, first, nowUs, this.config, reason);
     return new Decision(ctx, "failed_open", "failed_open", rows, -1, nowUs, this.config, reason);

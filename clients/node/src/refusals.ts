@@ -5,6 +5,7 @@
 import type { CounterStatus, Decision } from "./check";
 import type { Budget } from "./state";
 import { isoUs } from "./periods";
+import { raiseJSON } from "./raises";
 
 export interface Response {
   status: number;
@@ -234,7 +235,8 @@ function leftFields(decision: Decision, refusing: CounterStatus): Record<string,
 }
 
 function defaultBody(value: string, refusing: CounterStatus): Record<string, unknown> {
-  return {
+  const budget = refusing.plan.budget;
+  const body: Record<string, unknown> = {
     error: value,
     budget_id: refusing.budgetId,
     counter: refusing.counter,
@@ -248,6 +250,14 @@ function defaultBody(value: string, refusing: CounterStatus): Record<string, unk
     spent_requests: refusing.spentRequests,
     held_nanos: refusing.heldNanos,
   };
+  if (refusing.granted !== null) {
+    // a raised counter: its base limits and the raise, beside the limits checked
+    body.base_limit_nanos = budget.limitNanos;
+    body.base_limit_tokens = budget.limitTokens;
+    body.base_limit_requests = budget.limitRequests;
+    body.raise = raiseJSON(refusing.granted);
+  }
+  return body;
 }
 
 function failedClosed(decision: Decision, style: string | null): Response {

@@ -7,6 +7,7 @@ import { ContractViolation } from "./avro";
 import { compose, decompose } from "./ids";
 import { parseWindow, periodEndUs, periodKey, Window } from "./periods";
 import { PriceBook } from "./pricing";
+import { RaiseBook } from "./raises";
 import { RollingSpend, rollingSpend } from "./rolling";
 
 /** One budget, as its BudgetPolicy record says (schemas/budgets.py Budget.from_record). */
@@ -115,8 +116,8 @@ export class FollowerState {
   policyVersion = 0;
   /** the price versions of the pricing topic */
   readonly prices = new PriceBook();
-  /** raise id -> (budget id, revoked_at µs or null, until µs) */
-  readonly raises = new Map<string, { budgetId: string; revokedAtUs: number | null; untilUs: number }>();
+  /** the temporary raises of budget limits (budget.raises) */
+  readonly raises = new RaiseBook();
   /** counter key -> its last verdict */
   readonly verdicts = new Map<string, CounterVerdict>();
   /** counter key -> a verdict of a period our clock has not reached yet */
@@ -144,26 +145,9 @@ export class FollowerState {
     this.prices.apply(version, record);
   }
 
+  /** Add, replace (a revocation) or remove (null) one raise. */
   applyRaise(raiseId: string, record: Record<string, unknown> | null): void {
-    if (record === null) {
-      this.raises.delete(raiseId);
-      return;
-    }
-    this.raises.set(raiseId, {
-      budgetId: record.budget_id as string,
-      revokedAtUs: (record.revoked_at as number | null) ?? null,
-      untilUs: record.until as number,
-    });
-  }
-
-  /** Whether a raise of `budgetId` may be in force at `nowUs` (then check() will not answer). */
-  raisedAt(budgetId: string, nowUs: number): boolean {
-    for (const r of this.raises.values()) {
-      if (r.budgetId === budgetId && nowUs < r.untilUs && (r.revokedAtUs === null || nowUs < r.revokedAtUs)) {
-        return true;
-      }
-    }
-    return false;
+    this.raises.apply(raiseId, record);
   }
 
   /** Apply one verdict (`key`: the message key); false when ignored (lower seq, older period). */
