@@ -1,11 +1,13 @@
 """The table of cases the TypeScript client is held to (clients/node/test/cases.json).
 
-Each check case is budgets, prices, raises and verdicts as the topics carry them (Avro single-object
-bytes, hex), the follower's clock when they were applied and when the request is checked,
-the enforcer settings, and the request; the expected answer is what the Python enforcer
-decides for it (``Enforcer.peek``: the check of a request with nothing in flight), as the
-sidecar's JSON, or the :class:`enforcer.InvalidContext` field it names. Cases the Node
-client does not port say so (``node: "unsupported"``): there it must throw, never answer.
+Each check case is budgets, prices, raises and verdicts as the topics carry them (Avro
+single-object bytes, hex), the follower's clock when they were applied and when the request
+is checked, the enforcer settings, the requests checked before (admitted, their holds
+released: the Node client holds nothing) and the request; the expected answer is what the
+Python enforcer decides for it (``Enforcer.peek``: the check of a request with nothing in
+flight), as the sidecar's JSON, or the :class:`enforcer.InvalidContext` field it names.
+Cases the Node client does not port say so (``node: "unsupported"``): there it must throw,
+never answer.
 
 The encoding cases are UsageEvents with the key and value the Python publisher writes, and
 the partition Kafka's murmur2 gives the key. ``python -m tests.clients.node_cases`` writes
@@ -84,6 +86,7 @@ CONFIG_NAMES = {
     "default_max_output_tokens": "defaultMaxOutputTokens",
     "replicas": "replicas",
     "unpriced_models": "unpricedModels",
+    "max_sessions_per_key": "maxSessionsPerKey",
 }
 #: the price versions every case's pricing topic holds (unless it says otherwise): a model
 #: with a long-context tier and a unit price, one by its snapshot forms, a fallback in a
@@ -153,6 +156,7 @@ class Case:
         checked_at: datetime | None = None,
         raises: Sequence[BudgetRaise] = (),
         prices: Sequence[PriceTable] | None = None,
+        before: Sequence[Mapping[str, Any]] = (),
         ready: bool = True,
         fresh_at: datetime | None = NOW,
         config: Mapping[str, Any] | None = None,
@@ -167,6 +171,7 @@ class Case:
         self.checked_at = checked_at or applied_at
         self.raises = list(raises)
         self.prices = price_tables() if prices is None else list(prices)
+        self.before = [dict(BASE_CTX) | dict(b) for b in before]
         self.ready = ready
         self.fresh_at = fresh_at
         self.config = dict(config or {})
@@ -188,6 +193,10 @@ class Case:
         state.ready = self.ready
         state.fresh_at_us = None if self.fresh_at is None else to_micros(self.fresh_at)
         clock.at = self.checked_at
+        for earlier in self.before:
+            decision = enforcer.check(Context.from_mapping(earlier))
+            if decision.hold_id is not None:
+                enforcer.release(decision.hold_id)
         try:
             ctx = Context.from_mapping(self.ctx)
         except InvalidContext as exc:
@@ -209,6 +218,7 @@ class Case:
             "policies": [[b.budget_id, policy_bytes(b).hex()] for b in self.policies],
             "raises": [[r.raise_id, BUDGET_RAISE.encode(r.to_record()).hex()] for r in self.raises],
             "verdicts": [[v["counter_key"], VERDICT.encode(v).hex()] for v in self.verdicts],
+            "before": self.before,
             "ctx": self.ctx,
             "expected": self.expected(),
         }
@@ -687,10 +697,46 @@ def check_cases() -> list[Case]:
         Case("invalid: a unit name", [], units={"Web": 1}),
         Case("invalid: a unit count", [], units={"web_search": -1}),
         Case(
-            "a session budget",
+            "sessions: a job's budget exhausted",
             [session],
+            [verdict(session, ["acme", "sk-1", "job-1"], spent_tokens=1_000)],
             session_id="job-1",
-            node="unsupported",
+        ),
+        Case(
+            "sessions: a job's worst case too large, per user",
+            [session, tokens],
+            [verdict(session, ["acme", "ann", "job-1"], spent_tokens=500)],
+            session_id=" job-1",
+            user_id="Ann",
+            max_output_tokens=400,
+        ),
+        Case(
+            "sessions: a new id past the key's bound",
+            [session],
+            session_id="job-3",
+            before=[{"session_id": "job-1"}, {"session_id": "job-2"}, {"session_id": "job-1"}],
+            config={"max_sessions_per_key": 2},
+            max_output_tokens=10,
+            input_tokens=10,
+        ),
+        Case(
+            "sessions: an id the key opened passes",
+            [session],
+            session_id="job-2",
+            before=[{"session_id": "job-1"}, {"session_id": "job-2"}],
+            config={"max_sessions_per_key": 2},
+            max_output_tokens=10,
+            input_tokens=10,
+        ),
+        Case(
+            "sessions: another key has its own bound",
+            [session],
+            secret_id="sk-2",
+            session_id="job-3",
+            before=[{"session_id": "job-1"}, {"session_id": "job-2"}],
+            config={"max_sessions_per_key": 2},
+            max_output_tokens=10,
+            input_tokens=10,
         ),
         Case(
             "rolling: exhausted, reopens as its old buckets leave",

@@ -7,13 +7,12 @@
  * chosen as it chooses it; the refusal bodies of enforcer/refusals.py (see refusals.ts).
  *
  * What this client does not port, check() refuses to answer (throws UnsupportedCheck)
- * rather than answer otherwise: a request that counts in a session budget or in a budget
- * with rate limits. It holds nothing: each check is the
+ * rather than answer otherwise: a request that counts in a budget with rate limits. It holds nothing: each check is the
  * Python enforcer's check of a request with nothing in flight (a peek).
  */
 import { Context, MAX_TOKENS_PER_EVENT, RequestContext } from "./context";
 import { compose } from "./ids";
-import { isoUs, periodEndUs, periodKey } from "./periods";
+import { DAY_US, isoUs, periodEndUs, periodKey } from "./periods";
 import { Budget, CounterVerdict, FollowerState, spentAt } from "./state";
 import { BudgetRaise, raisedLimits, raiseJSON } from "./raises";
 import { RollingSpend } from "./rolling";
@@ -31,6 +30,8 @@ export interface CheckConfig {
   replicas: number;
   inFlightRetryAfterS: number;
   failClosedRetryAfterS: number;
+  /** new session ids a key may open per UTC day (null: no bound) */
+  maxSessionsPerKey: number | null;
 }
 
 export const DEFAULT_CHECK_CONFIG: CheckConfig = {
@@ -42,7 +43,35 @@ export const DEFAULT_CHECK_CONFIG: CheckConfig = {
   replicas: 1,
   inFlightRetryAfterS: 5,
   failClosedRetryAfterS: 30,
+  maxSessionsPerKey: 1000,
 };
+
+/** The bound on new session ids per key (enforcer/sessions.py SessionBound): a session no
+ * verdict knows yet would get a counter of its own for every id a client makes up, so a key
+ * (org, secret) may open at most `maxSessionsPerKey` of them per UTC day, per process. */
+export class SessionBound {
+  private sessions = new Map<string, Set<string>>();
+  private day = -1;
+
+  constructor(readonly maxSessions: number | null) {}
+
+  /** May `ctx`'s session have a counter of its own? Counted when it may (a check admits). */
+  admits(ctx: Context, nowUs: number): boolean {
+    if (this.maxSessions === null) return true;
+    const day = Math.floor(nowUs / DAY_US);
+    if (day !== this.day) {
+      this.sessions = new Map();
+      this.day = day;
+    }
+    const key = compose([ctx.org, ctx.secret]);
+    let seen = this.sessions.get(key);
+    if (seen === undefined) this.sessions.set(key, (seen = new Set()));
+    if (seen.has(ctx.session)) return true;
+    if (seen.size >= this.maxSessions) return false;
+    seen.add(ctx.session);
+    return true;
+  }
+}
 
 /** A request this client cannot decide as the Python enforcer would (see the README). */
 export class UnsupportedCheck extends Error {
@@ -79,6 +108,7 @@ const FAILED_OPEN = 4;
 const FAILED_CLOSED = 5;
 const TOO_LARGE = 6;
 const UNPRICED = 8;
+const SESSIONS = 9;
 const NEVER_US = 2 ** 62;
 
 /** One budget with what a check reads of it (enforcer/plans.py Plan). */
@@ -267,7 +297,9 @@ export class Decision {
 
   refusingRows(): CounterStatus[] {
     return this.counters.filter(
-      (r) => (r.stateIndex === EXCEEDED || r.stateIndex === TOO_LARGE || r.stateIndex === UNPRICED) && r.plan.enforce,
+      (r) =>
+        (r.stateIndex === EXCEEDED || r.stateIndex === TOO_LARGE || r.stateIndex === UNPRICED || r.stateIndex === SESSIONS) &&
+        r.plan.enforce,
     );
   }
 
@@ -390,7 +422,7 @@ class Tally {
   }
 
   considerRefusal(state: number, endUs: number | null): void {
-    const isHard = state === EXCEEDED || state === TOO_LARGE || state === UNPRICED;
+    const isHard = state === EXCEEDED || state === TOO_LARGE || state === UNPRICED || state === SESSIONS;
     const end = endUs === null ? NEVER_US : endUs;
     if (this.refusal < 0 || (isHard && !this.hard) || (isHard === this.hard && end > this.refusalEnd)) {
       this.refusal = this.rows.length;
@@ -419,12 +451,14 @@ export class Checker {
   readonly config: CheckConfig;
   private index: Index | null = null;
   private indexVersion = -1;
+  readonly sessions: SessionBound;
 
   constructor(
     readonly state: FollowerState,
     config: Partial<CheckConfig> = {},
   ) {
     this.config = { ...DEFAULT_CHECK_CONFIG, ...config };
+    this.sessions = new SessionBound(this.config.maxSessionsPerKey);
     if (!Number.isInteger(this.config.replicas) || this.config.replicas < 1) {
       throw new RangeError(`replicas must be an integer >= 1, got ${this.config.replicas}`);
     }
@@ -467,9 +501,6 @@ export class Checker {
   /** Throws when `plan` has what this client does not port. */
   private refuseUnported(plan: Plan): void {
     const budget = plan.budget;
-    if (budget.scope === "session") {
-      throw new UnsupportedCheck("sessions", budget.budgetId, "is a session (per-job) budget");
-    }
     if (budget.rated && plan.enforce) {
       throw new UnsupportedCheck("rate limits", budget.budgetId, "has rate limits");
     }
@@ -500,6 +531,10 @@ export class Checker {
       (limitRequests !== null && spentRequests >= limitRequests)
     ) {
       state = EXCEEDED;
+    } else if (budget.scope === "session" && verdict === null && plan.enforce && !this.sessions.admits(tally.ctx, tally.nowUs)) {
+      // a session id new to the key past the key's bound: its own counter would be one
+      // more for every id a client makes up, each escaping the session budget
+      state = SESSIONS;
     } else {
       state = plan.holdable ? this.hold(tally, plan, row) : OK;
       if (state === OK && (spentNanos || spentTokens || spentRequests) && plan.alertMin !== null) {
@@ -562,7 +597,8 @@ export class Checker {
     // hard refusals only: nothing is held, so nothing is ever refused for what is in flight
     const value = budget.scope === "session" ? "job_budget_exceeded" : "budget_exceeded";
     const decision = new Decision(tally.ctx, value, "refused", rows, tally.refusal, tally.nowUs, this.config);
-    if (refusing.stateIndex !== EXCEEDED && refusing.stateIndex !== UNPRICED && tally.estTokens >= 0) {
+    const state = refusing.stateIndex;
+    if (state !== EXCEEDED && state !== UNPRICED && state !== SESSIONS && tally.estTokens >= 0) {
       decision.requestNanos = Math.max(tally.estNanos, 0);
       decision.requestTokens = tally.estTokens;
       decision.replicas = tally.share;

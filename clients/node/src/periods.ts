@@ -51,6 +51,8 @@ interface Day {
 }
 
 const DAY_MS = 86_400_000;
+/** a UTC day in µs (the period of the bound on new session ids per key) */
+export const DAY_US = 86_400_000_000;
 
 function dayFromEpochDays(days: number): Day {
   const d = new Date(days * DAY_MS);

@@ -4,7 +4,7 @@
  */
 import type { CounterStatus, Decision } from "./check";
 import type { Budget } from "./state";
-import { isoUs } from "./periods";
+import { DAY_US, isoUs } from "./periods";
 import { raiseJSON } from "./raises";
 
 export interface Response {
@@ -119,7 +119,15 @@ export function respond(decision: Decision): Response {
   const budget = pyRepr(refusing.budgetId);
   let retryAfter: number | null;
   let message: string;
-  if (reason === "model_unpriced") {
+  if (reason === "too_many_sessions") {
+    // a session the key already opened passes; a new id only once the day turns (UTC)
+    retryAfter = secondsUntil((Math.floor(decision.nowUs / DAY_US) + 1) * DAY_US, decision.nowUs);
+    message =
+      `Budget ${budget}: key ${pyRepr(decision.ctx.request.secret_id)} opened ` +
+      `${config.maxSessionsPerKey} sessions today (UTC), the most it may ` +
+      `(max_sessions_per_key); session ${pyRepr(decision.ctx.request.session_id ?? "")} is new and is ` +
+      "refused until the day ends: reuse a session id.";
+  } else if (reason === "model_unpriced") {
     // no price to hold or count: retrying cannot help until a price is applied
     retryAfter = null;
     message =
@@ -148,6 +156,10 @@ export function respond(decision: Decision): Response {
     const body = defaultBody(value, refusing);
     body.reason = reason;
     if (reason === "model_unpriced") body.model = decision.ctx.request.model ?? null;
+    else if (reason === "too_many_sessions") {
+      body.session_id = decision.ctx.request.session_id ?? null;
+      body.max_sessions_per_key = config.maxSessionsPerKey;
+    }
     else if (reason !== "exhausted") Object.assign(body, leftFields(decision, refusing));
     body.message = message;
     return { status, headers, body, retryAfter };
@@ -173,6 +185,7 @@ const REASONS: Record<string, string> = {
   exceeded: "exhausted",
   too_large: "request_too_large",
   unpriced: "model_unpriced",
+  too_many_sessions: "too_many_sessions",
 };
 
 /** A request the enforcer will never admit as it is: each SDK's bad-request error (400). */

@@ -29,6 +29,7 @@ interface CheckCase {
   policies: [string, string][];
   raises: [string, string][];
   verdicts: [string, string][];
+  before: Record<string, unknown>[];
   ctx: Record<string, unknown>;
   expected: Record<string, unknown>;
 }
@@ -46,6 +47,7 @@ function decideInNode(c: CheckCase): Record<string, unknown> {
   state.freshAtUs = c.fresh_at_us;
   now = c.checked_at_us;
   const checker = new Checker(state, c.config);
+  for (const earlier of c.before) checker.check(earlier as never);
   let ctx: Context;
   try {
     ctx = new Context(c.ctx as never);
