@@ -2,12 +2,11 @@
 
 Each check case is budgets, prices, raises and verdicts as the topics carry them (Avro
 single-object bytes, hex), the follower's clock when they were applied and when the request
-is checked, the enforcer settings, the requests checked before (admitted, their holds
-released: the Node client holds nothing) and the request; the expected answer is what the
-Python enforcer decides for it (``Enforcer.peek``: the check of a request with nothing in
-flight), as the sidecar's JSON, or the :class:`enforcer.InvalidContext` field it names.
-Cases the Node client does not port say so (``node: "unsupported"``): there it must throw,
-never answer.
+is checked, the enforcer settings, the requests checked before (admitted: they open
+sessions and take rates; their holds are dropped, as the Node client holds nothing) and the
+request; the expected answer is what the Python enforcer decides for it (``Enforcer.peek``:
+the check of a request with nothing in flight), as the sidecar's JSON, or the
+:class:`enforcer.InvalidContext` field it names.
 
 The encoding cases are UsageEvents with the key and value the Python publisher writes, and
 the partition Kafka's murmur2 gives the key. ``python -m tests.clients.node_cases`` writes
@@ -160,7 +159,6 @@ class Case:
         ready: bool = True,
         fresh_at: datetime | None = NOW,
         config: Mapping[str, Any] | None = None,
-        node: str = "same",
         **ctx_fields: Any,
     ) -> None:
         self.name = name
@@ -175,7 +173,6 @@ class Case:
         self.ready = ready
         self.fresh_at = fresh_at
         self.config = dict(config or {})
-        self.node = node
 
     def expected(self) -> dict[str, Any]:
         """What the Python enforcer answers (or the field its InvalidContext names)."""
@@ -195,8 +192,8 @@ class Case:
         clock.at = self.checked_at
         for earlier in self.before:
             decision = enforcer.check(Context.from_mapping(earlier))
-            if decision.hold_id is not None:
-                enforcer.release(decision.hold_id)
+            if decision.hold_id is not None:  # the hold only: the rate it took stays taken
+                enforcer.holds.release(decision.hold_id)
         try:
             ctx = Context.from_mapping(self.ctx)
         except InvalidContext as exc:
@@ -208,7 +205,6 @@ class Case:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "node": self.node,
             "applied_at_us": to_micros(self.applied_at),
             "checked_at_us": to_micros(self.checked_at),
             "ready": self.ready,
@@ -330,9 +326,10 @@ def check_cases() -> list[Case]:
             "scope": "org",
             "window": "month",
             "limit_tokens": 1_000_000,
-            "rate": {"requests_per_second": 5},
+            "rate": {"requests_per_second": 2, "tokens_per_minute": 6_000},
         }
     )
+    rate_only = one({"id": "rate-only", "scope": "secret", "rate": {"requests_per_minute": 120}})
     yesterday = NOW - timedelta(days=1)
     late_evening = datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC)
 
@@ -774,7 +771,38 @@ def check_cases() -> list[Case]:
                 )
             ],
         ),
-        Case("a budget with rate limits", [rated], node="unsupported"),
+        Case("rates: the first request passes", [rated, rate_only]),
+        Case(
+            "rates: the tokens of the first left the bucket in debt",
+            [rated],
+            before=[{}],
+        ),
+        Case(
+            "rates: two requests a second, a third waits",
+            [rated],
+            before=[{"input_tokens": 1, "max_output_tokens": 1}] * 2,
+            input_tokens=1,
+            max_output_tokens=1,
+        ),
+        Case(
+            "rates: a replica's share, throttled natively (openai)",
+            [rate_only],
+            before=[{}, {}],
+            config={"replicas": 60, "refusal_style": "native"},
+            provider="openai",
+        ),
+        Case(
+            "rates: throttled natively (anthropic)",
+            [rate_only],
+            before=[{}, {}],
+            config={"replicas": 60, "refusal_style": "native"},
+        ),
+        Case(
+            "rates: a budget refusal takes no rate",
+            [rated, tokens],
+            [verdict(tokens, ["acme"], spent_tokens=10_000)],
+            before=[{}],
+        ),
         Case(
             "raises: a raise of the counter lifts its limit",
             [tokens],

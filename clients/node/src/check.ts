@@ -6,15 +6,16 @@
  * another period), in the order the Python enforcer walks them; the refusing counter
  * chosen as it chooses it; the refusal bodies of enforcer/refusals.py (see refusals.ts).
  *
- * What this client does not port, check() refuses to answer (throws UnsupportedCheck)
- * rather than answer otherwise: a request that counts in a budget with rate limits. It holds nothing: each check is the
- * Python enforcer's check of a request with nothing in flight (a peek).
+ * It holds nothing: each check is the Python enforcer's check of a request with nothing in
+ * flight (what Enforcer.peek answers); an admitted request takes its rate, which settle()
+ * and release() give back as the Python enforcer's do.
  */
 import { Context, MAX_TOKENS_PER_EVENT, RequestContext } from "./context";
 import { compose } from "./ids";
 import { DAY_US, isoUs, periodEndUs, periodKey } from "./periods";
 import { Budget, CounterVerdict, FollowerState, spentAt } from "./state";
 import { BudgetRaise, raisedLimits, raiseJSON } from "./raises";
+import { Charges, RateBuckets, refund } from "./rates";
 import { RollingSpend } from "./rolling";
 import { respond, Response, spendHeaderOf } from "./refusals";
 
@@ -73,21 +74,6 @@ export class SessionBound {
   }
 }
 
-/** A request this client cannot decide as the Python enforcer would (see the README). */
-export class UnsupportedCheck extends Error {
-  constructor(
-    readonly feature: string,
-    readonly budgetId: string,
-    detail: string,
-  ) {
-    super(
-      `check() cannot decide this request as the Python enforcer would: budget ${JSON.stringify(budgetId)} ` +
-        `${detail} (${feature} is not ported to @spendbus/client; ask the sidecar, spendbus enforcer serve)`,
-    );
-    this.name = "UnsupportedCheck";
-  }
-}
-
 export const STATE_NAMES = [
   "ok",
   "alert",
@@ -107,6 +93,7 @@ const EXCEEDED = 2;
 const FAILED_OPEN = 4;
 const FAILED_CLOSED = 5;
 const TOO_LARGE = 6;
+const THROTTLED = 7;
 const UNPRICED = 8;
 const SESSIONS = 9;
 const NEVER_US = 2 ** 62;
@@ -249,6 +236,10 @@ export class Decision {
   requestTokens = -1;
   replicas = 1;
   fittingMaxTokens: number | null = null;
+  /** a throttled request: [tokens?, count, window µs, µs until it would pass] */
+  throttle: [boolean, number, number, number] | null = null;
+  /** what an admitted request took from the rate buckets (settle / release give it back) */
+  charges: Charges | null = null;
   private answer: Response | null = null;
 
   constructor(
@@ -409,6 +400,8 @@ class Tally {
   estOutput = 0;
   estTokens = -1;
   estNanos = -1;
+  /** rows of counters whose budget has rate limits (null: none) */
+  rated: number[] | null = null;
 
   constructor(
     readonly ctx: Context,
@@ -452,6 +445,7 @@ export class Checker {
   private index: Index | null = null;
   private indexVersion = -1;
   readonly sessions: SessionBound;
+  readonly buckets = new RateBuckets();
 
   constructor(
     readonly state: FollowerState,
@@ -489,21 +483,73 @@ export class Checker {
       if (plan.budget.match.size > 0 && !matches(plan, ctx)) continue;
       const counters = scoped(plan, ctx);
       if (counters.length === 0) continue;
-      this.refuseUnported(plan);
       const period = periodKey(plan.budget.window, nowUs);
       const endUs = periodEndUs(plan.budget.window, nowUs);
       for (const values of counters) this.count(tally, plan, values, period, endUs);
     }
     if (tally.refusal >= 0) return this.refused(tally);
-    return new Decision(ctx, "allowed", "allowed", tally.rows, -1, nowUs, this.config);
+    return this.admit(tally);
   }
 
-  /** Throws when `plan` has what this client does not port. */
-  private refuseUnported(plan: Plan): void {
-    const budget = plan.budget;
-    if (budget.rated && plan.enforce) {
-      throw new UnsupportedCheck("rate limits", budget.budgetId, "has rate limits");
+  /** No budget refuses: a rate limit may (throttled), else the request takes its rate. */
+  private admit(tally: Tally): Decision {
+    const rated = tally.rated;
+    const decision = () => new Decision(tally.ctx, "allowed", "allowed", tally.rows, -1, tally.nowUs, this.config);
+    if (rated === null) return decision();
+    if (tally.estTokens < 0) tally.estimateTokens(this.config.defaultMaxOutputTokens);
+    const share = tally.share;
+    let worst = -1;
+    let worstWait = 0;
+    let worstSpec: [boolean, number, number] = [false, 0, 0];
+    const taken: [number, number][] = [];
+    for (const i of rated) {
+      const row = tally.rows[i];
+      row.plan.budget.rates.forEach((spec, index) => {
+        const bucket = this.buckets.bucketFor(row.counter, index, spec, share, tally.nowUs);
+        bucket.refill(tally.nowUs, share);
+        const wait = bucket.waitUs(share);
+        if (wait > worstWait) [worst, worstWait, worstSpec] = [i, wait, spec];
+        taken.push([i, index]);
+      });
     }
+    if (worst >= 0) {
+      const row = tally.rows[worst];
+      row.stateIndex = THROTTLED;
+      const throttled = new Decision(tally.ctx, "throttled", "refused", tally.rows, worst, tally.nowUs, this.config);
+      throttled.throttle = [worstSpec[0], worstSpec[1], worstSpec[2], worstWait];
+      throttled.replicas = share;
+      throttled.requestTokens = tally.estTokens;
+      return throttled;
+    }
+    const charges: Charges = [];
+    for (const [i, index] of taken) {
+      const row = tally.rows[i];
+      const bucket = this.buckets.bucketFor(row.counter, index, row.plan.budget.rates[index], share, tally.nowUs);
+      if (bucket.tokens) {
+        bucket.level -= tally.estTokens;
+        if (tally.estTokens > bucket.largest) bucket.largest = tally.estTokens;
+        charges.push([bucket, tally.estTokens]);
+      } else {
+        bucket.level -= 1.0;
+        charges.push([bucket, 1]);
+      }
+    }
+    const allowed = decision();
+    allowed.charges = charges;
+    return allowed;
+  }
+
+  /** The admitted request's usage is known: its rate buckets get back the tokens its worst
+   * case took beyond `usedTokens` (what Python's settle gives back to them). */
+  settle(decision: Decision, usedTokens: number): void {
+    if (decision.charges !== null) refund(decision.charges, usedTokens, true);
+    decision.charges = null;
+  }
+
+  /** The admitted request never reached the provider: its rate is given back. */
+  release(decision: Decision): void {
+    if (decision.charges !== null) refund(decision.charges, 0, false);
+    decision.charges = null;
   }
 
   private count(tally: Tally, plan: Plan, values: string[], period: string, periodEnd: number | null): void {
@@ -549,6 +595,7 @@ export class Checker {
     }
     row.stateIndex = state;
     if (state >= EXCEEDED && plan.enforce) tally.considerRefusal(state, endUs);
+    if (plan.enforce && budget.rates.length > 0) (tally.rated ??= []).push(tally.rows.length);
     tally.rows.push(row);
   }
 

@@ -10,7 +10,7 @@ export { FollowerState, systemClockUs } from "./state";
 export type { Budget, CounterVerdict, ClockUs } from "./state";
 export { Context, InvalidContext } from "./context";
 export type { RequestContext } from "./context";
-export { Checker, Decision, CounterStatus, UnsupportedCheck, DEFAULT_CHECK_CONFIG } from "./check";
+export { Checker, Decision, CounterStatus, SessionBound, DEFAULT_CHECK_CONFIG } from "./check";
 export type { CheckConfig } from "./check";
 export { VerdictFollower } from "./follower";
 export type { FollowerOptions } from "./follower";

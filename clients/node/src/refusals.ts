@@ -112,6 +112,7 @@ export function respond(decision: Decision): Response {
   let style = config.refusalStyle === "native" ? dialect(decision.ctx.request.provider) : null;
   if (decision.decision === "failed_closed") return failedClosed(decision, style);
   const refusing = decision.refusing!;
+  if (decision.decision === "throttled") return throttled(decision, refusing, style);
   if (config.refusalStyle === "seed000") style = "seed000";
   const value = decision.decision;
   const reason = REASONS[refusing.state];
@@ -202,6 +203,44 @@ function invalid(style: string, message: string, headers: [string, string][]): R
     body = { message };
   }
   return { status: 400, headers, body, retryAfter: null };
+}
+
+/** 429 `throttled`: this replica's share of the budget's rate is used up for now; Retry-After
+ * (and `retry-after-ms`) is when its bucket admits again, and a retry is welcome. */
+function throttled(decision: Decision, refusing: CounterStatus, style: string | null): Response {
+  const [tokens, count, windowUs, waitUs] = decision.throttle!;
+  const unit = tokens ? "tokens" : "requests";
+  const window = windowUs === 1_000_000 ? "second" : "minute";
+  const retryAfter = Math.max(1, Math.ceil(waitUs / 1_000_000));
+  const retryMs = Math.max(1, Math.ceil(waitUs / 1000));
+  const share = decision.replicas;
+  const message =
+    `Budget ${pyRepr(refusing.budgetId)}: rate limit of ${count} ${unit} per ${window} reached` +
+    (share > 1 ? ` (this replica's 1/${share} share)` : "") +
+    `; retry in ${retryMs} ms.`;
+  const headers: [string, string][] = [
+    JSON_TYPE,
+    [RETRY_AFTER, String(retryAfter)],
+    ["retry-after-ms", String(retryMs)],
+    [SHOULD_RETRY, "true"],
+  ];
+  if (style === null || style === "seed000") {
+    const body = {
+      error: "throttled",
+      budget_id: refusing.budgetId,
+      counter: refusing.counter,
+      limit: { unit, count, per: window },
+      replicas: share,
+      retry_after_ms: retryMs,
+      message,
+    };
+    return { status: 429, headers, body, retryAfter };
+  }
+  if (style === "openai") {
+    const body = { error: { message, type: unit, param: null, code: "rate_limit_exceeded" } };
+    return { status: 429, headers, body, retryAfter };
+  }
+  return native(style, 429, message, headers, retryAfter, true);
 }
 
 function leftText(decision: Decision, refusing: CounterStatus): string {

@@ -8,6 +8,7 @@ import { compose, decompose } from "./ids";
 import { parseWindow, periodEndUs, periodKey, Window } from "./periods";
 import { PriceBook } from "./pricing";
 import { RaiseBook } from "./raises";
+import { RateSpec, rateSpecs } from "./rates";
 import { RollingSpend, rollingSpend } from "./rolling";
 
 /** One budget, as its BudgetPolicy record says (schemas/budgets.py Budget.from_record). */
@@ -21,8 +22,8 @@ export interface Budget {
   limitTokens: number | null;
   limitRequests: number | null;
   alertAt: number[];
-  /** the budget has rate limits (not checked by this client: check() refuses to answer) */
-  rated: boolean;
+  /** the budget's rate limits: [tokens?, count, window µs] each */
+  rates: RateSpec[];
   unpriced: string | null;
 }
 
@@ -48,7 +49,7 @@ export function budgetFromRecord(record: Record<string, unknown>): Budget {
     limitTokens: record.limit_tokens as number | null,
     limitRequests: record.limit_requests as number | null,
     alertAt: record.alert_at as number[],
-    rated: rate != null && Object.values(rate).some((v) => v !== null),
+    rates: rateSpecs(rate),
     unpriced: (record.unpriced as string | null | undefined) ?? null,
   };
 }
