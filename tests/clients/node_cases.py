@@ -9,13 +9,16 @@ the check of a request with nothing in flight), as the sidecar's JSON, or the
 :class:`enforcer.InvalidContext` field it names.
 
 The encoding cases are UsageEvents with the key and value the Python publisher writes, and
-the partition Kafka's murmur2 gives the key. ``python -m tests.clients.node_cases`` writes
+the partition Kafka's murmur2 gives the key; the released-version cases are records written
+with every older version of each schema the client reads, and what the Python codec reads
+them as. ``python -m tests.clients.node_cases`` writes
 the file; tests/clients/test_node_client.py regenerates it and compares, so neither side
 drifts.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -23,9 +26,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from fastavro import parse_schema, schemaless_writer
+
 from enforcer import Context, Enforcer, EnforcerConfig, InvalidContext
 from ingest.publisher.sender import partition_index
-from schemas.avro_schemas import fingerprint
+from schemas.avro_schemas import fingerprint, history_versions
 from schemas.budgets import Budget, budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, PRICE_TABLE, USAGE_EVENT, VERDICT, codec_for
 from schemas.periods import to_micros
@@ -840,8 +845,26 @@ def check_cases() -> list[Case]:
 
 def encoding_cases() -> list[dict[str, Any]]:
     """UsageEvents with the key and value the Python publisher writes for them."""
+    out = []
+    for event in encoding_events():
+        fields = dict(event)
+        fields["occurred_at"] = to_micros(event["occurred_at"])
+        key = usage_raw_key(event["org_id"])
+        out.append(
+            {
+                "event": fields,
+                "key_hex": key.hex(),
+                "value_hex": USAGE_EVENT.encode(event).hex(),
+                "partition_of_4": partition_index(key, 4),
+                "partition_of_12": partition_index(key, 12),
+            }
+        )
+    return out
+
+
+def encoding_events() -> list[UsageEvent]:
     at = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
-    events: list[UsageEvent] = [
+    return [
         new_usage_event(
             event_id="0193b4d2-0000-7000-8000-000000000001",
             provider="anthropic",
@@ -900,30 +923,93 @@ def encoding_cases() -> list[dict[str, Any]]:
             status_code=402,
         ),
     ]
+
+
+#: the schemas the Node client reads and writes
+SCHEMA_NAMES = (
+    "UsageEvent",
+    "Verdict",
+    "BudgetPolicy",
+    "BudgetRaise",
+    "GenerationSwitch",
+    "PriceTable",
+)
+
+
+def released_version_cases() -> list[dict[str, Any]]:
+    """A record of each released version of each schema (written as a producer built on
+    that version writes it) and what the Python codec reads it as, in the current schema."""
+    at = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    (policy,) = budgets_from_yaml(
+        [{"id": "b", "scope": "org", "window": "week", "limit_usd": "2", "alert_at": [0.5]}]
+    )
+    (daily,) = budgets_from_yaml([{"id": "d", "scope": "org", "window": "day", "limit_tokens": 9}])
+    current: dict[str, dict[str, Any]] = {
+        "UsageEvent": dict(encoding_events()[1]),
+        "Verdict": dict(verdict(daily, ["acme"], spent_tokens=5, at=at)),
+        "BudgetPolicy": policy.to_record(at),
+        "BudgetRaise": {
+            "raise_id": "r",
+            "budget_id": "b",
+            "scope_values": ["acme"],
+            "mode": "by",
+            "raise_nanos": 5,
+            "raise_tokens": None,
+            "raise_requests": None,
+            "starts_at": at,
+            "until": at + timedelta(days=1),
+            "reason": "why",
+            "created_by": "ops",
+            "revoked_at": None,
+        },
+        "GenerationSwitch": {
+            "generation": "g2",
+            "previous": "",
+            "previous_retired": False,
+            "switched_at": at,
+        },
+        "PriceTable": price_tables()[0].to_record(),
+    }
     out = []
-    for event in events:
-        fields = dict(event)
-        fields["occurred_at"] = to_micros(event["occurred_at"])
-        key = usage_raw_key(event["org_id"])
-        out.append(
-            {
-                "event": fields,
-                "key_hex": key.hex(),
-                "value_hex": USAGE_EVENT.encode(event).hex(),
-                "partition_of_4": partition_index(key, 4),
-                "partition_of_12": partition_index(key, 12),
-            }
-        )
+    for name in SCHEMA_NAMES:
+        codec = codec_for(name)
+        for number, schema in enumerate(history_versions(name), start=1):
+            header = b"\xc3\x01" + fingerprint(schema)
+            if header == codec.encode(current[name])[:10]:
+                continue  # the current version: the other cases read it
+            body = io.BytesIO()
+            schemaless_writer(body, parse_schema(schema), current[name])
+            value = header + body.getvalue()
+            out.append(
+                {
+                    "name": name,
+                    "version": number,
+                    "value_hex": value.hex(),
+                    "decoded": as_json(codec.decode(value)),
+                }
+            )
     return out
 
 
+def as_json(value: Any) -> Any:
+    """A decoded record as the Node client reads it: times in µs since the epoch."""
+    if isinstance(value, datetime):
+        return to_micros(value)
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_json(v) for v in value]
+    return value
+
+
 def table() -> dict[str, Any]:
-    names = ("UsageEvent", "Verdict", "BudgetPolicy", "BudgetRaise", "GenerationSwitch")
+    names = SCHEMA_NAMES
     return {
         "comment": "generated by `python -m tests.clients.node_cases` from the Python enforcer "
         "and codec: do not edit",
         "fingerprints": {n: fingerprint(codec_for(n).schema).hex() for n in names},
         "events": encoding_cases(),
+        "released_versions": released_version_cases(),
         "checks": [case.to_json() for case in check_cases()],
     }
 

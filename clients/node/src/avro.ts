@@ -3,8 +3,11 @@
  * `C3 01`, the CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form
  * (8 bytes, little-endian), then the Avro binary body. No record headers, no registry.
  *
- * The schemas are the standalone files of schemas/avro/standalone/, copied into
- * dist/schemas by the build (scripts/copy-schemas.js): one file parses alone.
+ * The schemas are the standalone files of schemas/avro/standalone/ and every released
+ * version of schemas/avro/history/, copied into dist/schemas by the build
+ * (scripts/copy-schemas.js): each file parses alone. A record written with a released
+ * version is read into the current one by Avro's schema resolution, as the Python codec
+ * reads it (fields the writer did not have take their defaults).
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
@@ -65,13 +68,21 @@ class MicrosType extends avro.types.LogicalType {
 /** One record type: its parsed schema, its header and the single-object codec. */
 export class Codec {
   readonly header: Buffer;
+  /** fingerprint (hex) of each released version -> its resolver into the current schema */
+  private readonly writers = new Map<string, avro.Resolver>();
 
   constructor(
     readonly name: SchemaName,
     readonly type: avro.Type,
+    released: avro.Type[] = [],
   ) {
-    const canonical = JSON.stringify(type.schema());
-    this.header = Buffer.concat([MAGIC, rabinFingerprint(Buffer.from(canonical, "utf8"))]);
+    this.header = Buffer.concat([MAGIC, fingerprintOf(type)]);
+    for (const writer of released) {
+      const fingerprint = fingerprintOf(writer).toString("hex");
+      if (fingerprint !== this.header.subarray(2).toString("hex")) {
+        this.writers.set(fingerprint, type.createResolver(writer));
+      }
+    }
   }
 
   /** The record's single-object encoding; throws naming the field a value does not fit. */
@@ -93,14 +104,19 @@ export class Codec {
     if (value.length < HEADER_LENGTH || value[0] !== 0xc3 || value[1] !== 0x01) {
       throw new ContractViolation("bad_magic", `${this.name}: not Avro single-object encoded`);
     }
-    if (!value.subarray(0, HEADER_LENGTH).equals(this.header)) {
+    const body = value.subarray(HEADER_LENGTH);
+    if (value.subarray(0, HEADER_LENGTH).equals(this.header)) {
+      return this.type.fromBuffer(body) as Record<string, unknown>;
+    }
+    const fingerprint = value.subarray(2, HEADER_LENGTH).toString("hex");
+    const resolver = this.writers.get(fingerprint);
+    if (resolver === undefined) {
       throw new ContractViolation(
         "unknown_fingerprint",
-        `${this.name}: written with schema fingerprint ${value.subarray(2, HEADER_LENGTH).toString("hex")}, ` +
-          `not the current one (${this.header.subarray(2).toString("hex")}); this client reads the current version only`,
+        `${this.name}: unknown schema fingerprint ${fingerprint} (written by a newer or foreign producer?)`,
       );
     }
-    return this.type.fromBuffer(value.subarray(HEADER_LENGTH)) as Record<string, unknown>;
+    return this.type.fromBuffer(body, resolver) as Record<string, unknown>;
   }
 }
 
@@ -117,15 +133,29 @@ export class ContractViolation extends Error {
 
 const codecs = new Map<SchemaName, Codec>();
 
-/** The codec of `name`, parsed once from its standalone file. */
+/** The 8 header bytes of `type`: CRC-64-AVRO of its Parsing Canonical Form. */
+function fingerprintOf(type: avro.Type): Buffer {
+  return rabinFingerprint(Buffer.from(JSON.stringify(type.schema()), "utf8"));
+}
+
+function parseFile(file: string): avro.Type {
+  return avro.Type.forSchema(JSON.parse(fs.readFileSync(file, "utf8")), {
+    logicalTypes: { "timestamp-micros": MicrosType },
+  });
+}
+
+/** The codec of `name`, parsed once from its standalone file and its released versions. */
 export function codecFor(name: SchemaName): Codec {
   let codec = codecs.get(name);
   if (codec === undefined) {
-    const text = fs.readFileSync(path.join(schemaDir(), `${name}.avsc`), "utf8");
-    const type = avro.Type.forSchema(JSON.parse(text), {
-      logicalTypes: { "timestamp-micros": MicrosType },
-    });
-    codec = new Codec(name, type);
+    const history = path.join(schemaDir(), "history", name);
+    const released = fs.existsSync(history)
+      ? fs
+          .readdirSync(history)
+          .filter((f) => /^v\d+\.avsc$/.test(f))
+          .map((f) => parseFile(path.join(history, f)))
+      : [];
+    codec = new Codec(name, parseFile(path.join(schemaDir(), `${name}.avsc`)), released);
     codecs.set(name, codec);
   }
   return codec;

@@ -90,3 +90,11 @@ test("events are keyed, partitioned and encoded as the Python publisher writes t
     assert.deepEqual({ ...codecFor("UsageEvent").decode(Buffer.from(e.value_hex, "hex")) }, e.event);
   }
 });
+
+test("records of every released schema version read as the Python codec reads them", () => {
+  assert.ok(table.released_versions.length > 0);
+  for (const r of table.released_versions) {
+    const decoded = codecFor(r.name).decode(Buffer.from(r.value_hex, "hex"));
+    assert.deepEqual(JSON.parse(JSON.stringify(decoded)), r.decoded, `${r.name} v${r.version}`);
+  }
+});
