@@ -27,7 +27,8 @@ export interface FollowerOptions {
   /** how often (ms) the end offsets are read for freshness */
   freshnessIntervalMs?: number;
   kafka?: Omit<KafkaConfig, "brokers" | "clientId">;
-  /** records the follower could not use (bad framing, another schema version...) */
+  /** a record the follower could not use (bad framing, an unknown schema, a value past
+   * 2^53...): it is skipped, as the Python follower skips it; by default a warning says so */
   onSkipped?: (topic: string, partition: number, offset: string, error: unknown) => void;
 }
 
@@ -130,10 +131,14 @@ export class VerdictFollower {
   private wanted = "";
   private readyWaiters: (() => void)[] = [];
 
-  constructor(
-    private readonly options: FollowerOptions,
-    state?: FollowerState,
-  ) {
+  private readonly options: FollowerOptions;
+
+  constructor(options: FollowerOptions, state?: FollowerState) {
+    this.options = {
+      onSkipped: (topic, partition, offset, error) =>
+        process.emitWarning(`skipped ${topic}@${partition}/${offset}: ${error instanceof Error ? error.message : String(error)}`),
+      ...options,
+    };
     this.state = state ?? new FollowerState();
     this.prefix = options.topicPrefix ?? "";
     this.kafka = new Kafka({
@@ -167,6 +172,20 @@ export class VerdictFollower {
       await control.skipToLow();
       await this.until(() => control.reached(control.startEnds));
       this.generation = this.wanted;
+    }
+    const needed = [
+      `${this.prefix}budget.policies`,
+      `${this.prefix}budget.raises`,
+      `${this.prefix}pricing`,
+      this.verdictTopic(this.generation),
+    ];
+    const missing = needed.filter((topic) => !existing.has(topic));
+    if (missing.length > 0) {
+      await this.admin.disconnect();
+      throw new Error(
+        `the topics ${missing.join(", ")} do not exist on ${this.options.brokers.join(",")}: ` +
+          "create the contract's topics (spendbus topics check) or check SPENDBUS_TOPIC_PREFIX",
+      );
     }
     this.readers.push(
       this.reader(`${this.prefix}budget.policies`, "BudgetPolicy", (k, r) => state.applyPolicy(k, r)),
@@ -221,9 +240,15 @@ export class VerdictFollower {
       const reader = this.reader(this.verdictTopic(wanted), "Verdict", (k, r) => {
         records.push([k, r]);
       });
+      try {
+        // the new generation's topics are created before the switch; until then, wait
+        await reader.start();
+        await reader.skipToLow();
+      } catch (error) {
+        await reader.stop();
+        throw error;
+      }
       this.loading = { reader, generation: wanted, records };
-      await reader.start();
-      await reader.skipToLow();
       return;
     }
     const loading = this.loading;
