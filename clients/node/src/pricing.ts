@@ -28,32 +28,116 @@ export function parseDecimal(text: string): Ratio {
   return { num, den };
 }
 
+/** USD per Mtok of the five token classes: input, cache read, 5-minute cache write,
+ * 1-hour cache write, output (TOKEN_PRICE_FIELDS' order). */
+type Prices = [Ratio, Ratio, Ratio, Ratio, Ratio];
+const TOKEN_PRICE_FIELDS = [
+  "input_per_mtok",
+  "cache_read_per_mtok",
+  "cache_write_per_mtok",
+  "cache_write_1h_per_mtok",
+  "output_per_mtok",
+];
+/** defaults of the cache prices, as multiples of the input price */
+const DEFAULT_CACHE_RATIOS = [parseDecimal("0.1"), parseDecimal("1.25"), parseDecimal("2")];
+
 interface ModelPrice {
   match: string;
-  input: Ratio;
-  output: Ratio;
-  /** the long-context tier: above this many prompt tokens, its input and output prices */
-  longContext: { above: number; input: Ratio; output: Ratio } | null;
+  base: Prices;
+  /** the long-context tier: above this many prompt tokens (input + cache), its prices */
+  longContext: { above: number; prices: Prices } | null;
   /** USD per billed unit */
   units: Map<string, Ratio>;
+  /** service tier -> multiplier of every token price */
+  tierFactors: Map<string, Ratio>;
+  /** service tier -> the class rates it bills apart (field name -> USD per Mtok) */
+  tierRates: Map<string, Map<string, Ratio>>;
+}
+
+function mul(a: Ratio, b: Ratio): Ratio {
+  return { num: a.num * b.num, den: a.den * b.den };
+}
+
+function div(a: Ratio, b: Ratio): Ratio {
+  return { num: a.num * b.den, den: a.den * b.num };
 }
 
 function modelPriceOf(record: Record<string, unknown>): ModelPrice {
+  const input = parseDecimal(record.input_per_mtok as string);
+  const cache = (field: string, i: number): Ratio => {
+    const given = record[field] as string | null | undefined;
+    return given === null || given === undefined ? mul(input, DEFAULT_CACHE_RATIOS[i]) : parseDecimal(given);
+  };
+  const base: Prices = [
+    input,
+    cache("cache_read_per_mtok", 0),
+    cache("cache_write_per_mtok", 1),
+    cache("cache_write_1h_per_mtok", 2),
+    parseDecimal(record.output_per_mtok as string),
+  ];
   const tier = record.long_context as Record<string, unknown> | null;
+  let longContext: ModelPrice["longContext"] = null;
+  if (tier !== null && tier !== undefined) {
+    // cache prices above the edge scale as input does
+    const tierInput = parseDecimal(tier.input_per_mtok as string);
+    const ratio = div(tierInput, input);
+    longContext = {
+      above: tier.above_input_tokens as number,
+      prices: [tierInput, mul(base[1], ratio), mul(base[2], ratio), mul(base[3], ratio), parseDecimal(tier.output_per_mtok as string)],
+    };
+  }
+  const named = (field: string): [string, string][] => Object.entries((record[field] as Record<string, string> | undefined) ?? {});
   return {
     match: record.match as string,
-    input: parseDecimal(record.input_per_mtok as string),
-    output: parseDecimal(record.output_per_mtok as string),
-    longContext:
-      tier === null
-        ? null
-        : {
-            above: tier.above_input_tokens as number,
-            input: parseDecimal(tier.input_per_mtok as string),
-            output: parseDecimal(tier.output_per_mtok as string),
-          },
-    units: new Map(Object.entries((record.unit_prices as Record<string, string>) ?? {}).map(([u, p]) => [u, parseDecimal(p)])),
+    base,
+    longContext,
+    units: new Map(named("unit_prices").map(([u, p]) => [u, parseDecimal(p)])),
+    tierFactors: new Map(named("service_tiers").map(([t, f]) => [t, parseDecimal(f)])),
+    tierRates: new Map(
+      Object.entries((record.service_tier_rates as Record<string, Record<string, string>> | undefined) ?? {}).map(([t, rates]) => [
+        t,
+        new Map(Object.entries(rates).map(([name, rate]) => [name, parseDecimal(rate)])),
+      ]),
+    ),
   };
+}
+
+/** (base prices, long-context prices) of a call served by `tier` (ModelPrice.prices_in_tier):
+ * a class's rate in the tier, else its price times the tier's multiplier; above the edge a
+ * tier rate scales as its price does, unless the tier names its rate there. */
+function pricesInTier(price: ModelPrice, tier: string | null): [Prices, Prices | null] {
+  const long = price.longContext?.prices ?? null;
+  if (tier === null || (!price.tierFactors.has(tier) && !price.tierRates.has(tier))) return [price.base, long];
+  const factor = price.tierFactors.get(tier) ?? { num: 1n, den: 1n };
+  const given = price.tierRates.get(tier) ?? new Map<string, Ratio>();
+  const inTier = (prices: Prices, longContext: boolean): Prices => {
+    const out = prices.map((p) => mul(p, factor));
+    TOKEN_PRICE_FIELDS.forEach((name, index) => {
+      const rate = given.get(name);
+      if (rate !== undefined) {
+        out[index] = rate;
+        if (longContext) {
+          const scale = name === "output_per_mtok" ? 4 : 0; // output scales as output, the rest as input
+          out[index] = mul(out[index], div(prices[scale], price.base[scale]));
+        }
+      }
+      if (longContext) {
+        const above = given.get(`long_context_${name}`);
+        if (above !== undefined) out[index] = above;
+      }
+    });
+    return out as Prices;
+  };
+  return [inTier(price.base, false), long === null ? null : inTier(long, true)];
+}
+
+/** The token counts a price applies to. */
+export interface PricedTokens {
+  input: number;
+  cacheRead: number;
+  cacheWrite: number;
+  cacheWrite1h: number;
+  output: number;
 }
 
 const GEOGRAPHIES = new Set(["us", "eu", "apac", "global", "us-gov", "jp", "au", "ca", "uk", "in", "sa"]);
@@ -171,13 +255,27 @@ export class PriceBook {
   /** The worst case of a request in nanos (0 when unpriced): `inputTokens` and
    * `outputTokens` at the prices of the entry in force, plus `units` at their unit prices. */
   worstCaseNanos(model: string, us: number, inputTokens: number, outputTokens: number, units: Map<string, number> | null): number {
+    const tokens = { input: inputTokens, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0, output: outputTokens };
+    return this.priceNanos(model, us, tokens, units, null);
+  }
+
+  /** The cost of one call in nanos (PriceBook.price): every token class at the prices of
+   * the entry in force at `us` (the long-context tier's above its edge, the service tier's),
+   * plus its billed units; rounded once, to the nearest nano, ties to even. 0 when unpriced. */
+  priceNanos(
+    model: string,
+    us: number,
+    tokens: PricedTokens,
+    units: Map<string, number> | null,
+    serviceTier: string | null,
+  ): number {
     const price = this.tableAt(us)?.resolve(model) ?? null;
     if (price === null) return 0;
-    const tier = price.longContext !== null && price.longContext.above < inputTokens ? price.longContext : null;
-    const terms: Ratio[] = [
-      times(tier?.input ?? price.input, BigInt(inputTokens) * 1000n),
-      times(tier?.output ?? price.output, BigInt(outputTokens) * 1000n),
-    ];
+    const [base, long] = pricesInTier(price, serviceTier);
+    const prompt = tokens.input + tokens.cacheRead + tokens.cacheWrite;
+    const rates = long !== null && price.longContext!.above < prompt ? long : base;
+    const counts = [tokens.input, tokens.cacheRead, tokens.cacheWrite - tokens.cacheWrite1h, tokens.cacheWrite1h, tokens.output];
+    const terms: Ratio[] = rates.map((rate, i) => times(rate, BigInt(counts[i]) * 1000n));
     for (const [unit, count] of units ?? []) {
       const usd = price.units.get(unit);
       if (usd !== undefined) terms.push(times(usd, BigInt(count) * 1_000_000_000n));
