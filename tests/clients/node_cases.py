@@ -2,9 +2,8 @@
 
 Each check case is budgets, prices, raises and verdicts as the topics carry them (Avro
 single-object bytes, hex), the follower's clock when they were applied and when the request
-is checked, the enforcer settings, the requests checked before (admitted: they open
-sessions and take rates; their holds are dropped, as the Node client holds nothing) and the
-request; the expected answer is what the Python enforcer decides for it (``Enforcer.peek``:
+is checked, the enforcer settings, the requests checked before (admitted: they hold their
+worst case, take rates and open sessions) and the request; the expected answer is what the Python enforcer decides for it (``Enforcer.peek``:
 the check of a request with nothing in flight), as the sidecar's JSON, or the
 :class:`enforcer.InvalidContext` field it names.
 
@@ -161,6 +160,8 @@ class Case:
         raises: Sequence[BudgetRaise] = (),
         prices: Sequence[PriceTable] | None = None,
         before: Sequence[Mapping[str, Any]] = (),
+        settled: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        verdicts_after: Sequence[Mapping[str, Any]] = (),
         ready: bool = True,
         fresh_at: datetime | None = NOW,
         config: Mapping[str, Any] | None = None,
@@ -175,6 +176,10 @@ class Case:
         self.raises = list(raises)
         self.prices = price_tables() if prices is None else list(prices)
         self.before = [dict(BASE_CTX) | dict(b) for b in before]
+        #: (index into before, the usage event's fields) of requests whose usage came
+        self.settled = [(i, usage_event(fields)) for i, fields in settled]
+        #: verdicts that arrive after the requests before (a settled hold's may cover it)
+        self.verdicts_after = list(verdicts_after)
         self.ready = ready
         self.fresh_at = fresh_at
         self.config = dict(config or {})
@@ -195,10 +200,12 @@ class Case:
         state.ready = self.ready
         state.fresh_at_us = None if self.fresh_at is None else to_micros(self.fresh_at)
         clock.at = self.checked_at
-        for earlier in self.before:
-            decision = enforcer.check(Context.from_mapping(earlier))
-            if decision.hold_id is not None:  # the hold only: the rate it took stays taken
-                enforcer.holds.release(decision.hold_id)
+        # admitted: they hold, take rates and open sessions
+        decisions = [enforcer.check(Context.from_mapping(earlier)) for earlier in self.before]
+        for i, event in self.settled:
+            assert enforcer.settle(decisions[i].hold_id, event)
+        for v in self.verdicts_after:
+            state.apply_verdict(v["counter_key"], VERDICT.decode(VERDICT.encode(v)))
         try:
             ctx = Context.from_mapping(self.ctx)
         except InvalidContext as exc:
@@ -220,6 +227,10 @@ class Case:
             "raises": [[r.raise_id, BUDGET_RAISE.encode(r.to_record()).hex()] for r in self.raises],
             "verdicts": [[v["counter_key"], VERDICT.encode(v).hex()] for v in self.verdicts],
             "before": self.before,
+            "settled": [[i, as_json(dict(event))] for i, event in self.settled],
+            "verdicts_after": [
+                [v["counter_key"], VERDICT.encode(v).hex()] for v in self.verdicts_after
+            ],
             "ctx": self.ctx,
             "expected": self.expected(),
         }
@@ -233,6 +244,23 @@ class Clock:
 
     def __call__(self) -> float:
         return to_micros(self.at) / 1_000_000
+
+
+def usage_event(fields: Mapping[str, Any]) -> UsageEvent:
+    """A request's usage event (the case's fields over a plain one at NOW)."""
+    base: dict[str, Any] = {
+        "event_id": "settled",
+        "provider": "anthropic",
+        "api": "anthropic-messages",
+        "model": "claude-sonnet-4-5",
+        "secret_id": "sk-1",
+        "org_id": "acme",
+        "gateway_id": "node",
+        "input_tokens": 1000,
+        "output_tokens": 100,
+        "occurred_at": NOW,
+    }
+    return new_usage_event(**(base | dict(fields)))
 
 
 def policy_bytes(b: Budget) -> bytes:
@@ -775,6 +803,65 @@ def check_cases() -> list[Case]:
                     buckets={40: (600_000_000, 0, 9), 12: (390_000_000, 0, 1)},
                 )
             ],
+        ),
+        Case(
+            "holds: requests in flight keep one out",
+            [tokens],
+            [verdict(tokens, ["acme"], spent_tokens=5_000)],
+            before=[{}, {}],
+        ),
+        Case(
+            "holds: in flight on a USD budget, a replica's share",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 60_000_000)],
+            before=[{}],
+            config={"replicas": 2},
+        ),
+        Case(
+            "holds: a settled hold counts its actual cost",
+            [usd, tokens],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 40_000_000, seq=3)],
+            before=[{}, {}],
+            settled=[(0, {"input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 3_000})],
+        ),
+        Case(
+            "holds: a verdict with the settled event drops its hold",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 40_000_000, seq=3)],
+            before=[{}, {}],
+            settled=[(0, {"input_tokens": 10, "output_tokens": 5})],
+            verdicts_after=[
+                verdict(
+                    usd,
+                    ["acme"],
+                    spent_nanos=5 * USD - 40_000_000 + 105_000,
+                    seq=4,
+                    at=NOW + timedelta(seconds=1),
+                )
+            ],
+        ),
+        Case(
+            "holds: a verdict older than the event keeps it held",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 40_000_000, seq=3)],
+            before=[{}, {}],
+            settled=[(0, {"input_tokens": 10, "output_tokens": 5})],
+            verdicts_after=[
+                verdict(
+                    usd,
+                    ["acme"],
+                    spent_nanos=5 * USD - 39_000_000,
+                    seq=4,
+                    at=NOW - timedelta(seconds=1),
+                )
+            ],
+        ),
+        Case(
+            "holds: a refused usage event holds no request",
+            [requests],
+            [verdict(requests, ["acme"], spent_requests=9)],
+            before=[{}],
+            settled=[(0, {"outcome": "refused", "input_tokens": 0, "output_tokens": 0})],
         ),
         Case("rates: the first request passes", [rated, rate_only]),
         Case(

@@ -6,16 +6,17 @@
  * another period), in the order the Python enforcer walks them; the refusing counter
  * chosen as it chooses it; the refusal bodies of enforcer/refusals.py (see refusals.ts).
  *
- * It holds nothing: each check is the Python enforcer's check of a request with nothing in
- * flight (what Enforcer.peek answers); an admitted request takes its rate, which settle()
- * and release() give back as the Python enforcer's do.
+ * An admitted request holds its worst case and takes its rate until settle() (its usage
+ * event) or release(); peek() answers as check() would, holding and taking nothing.
  */
 import { Context, MAX_TOKENS_PER_EVENT, RequestContext } from "./context";
 import { compose } from "./ids";
 import { DAY_US, isoUs, periodEndUs, periodKey } from "./periods";
 import { Budget, CounterVerdict, FollowerState, spentAt } from "./state";
 import { BudgetRaise, raisedLimits, raiseJSON } from "./raises";
+import { counterPeriod, Holds } from "./holds";
 import { Charges, RateBuckets, refund } from "./rates";
+import type { UsageEvent } from "./usage";
 import { RollingSpend } from "./rolling";
 import { respond, Response, spendHeaderOf } from "./refusals";
 
@@ -33,6 +34,8 @@ export interface CheckConfig {
   failClosedRetryAfterS: number;
   /** new session ids a key may open per UTC day (null: no bound) */
   maxSessionsPerKey: number | null;
+  /** a hold neither settled nor released is dropped after this long */
+  holdTimeoutS: number;
 }
 
 export const DEFAULT_CHECK_CONFIG: CheckConfig = {
@@ -45,6 +48,7 @@ export const DEFAULT_CHECK_CONFIG: CheckConfig = {
   inFlightRetryAfterS: 5,
   failClosedRetryAfterS: 30,
   maxSessionsPerKey: 1000,
+  holdTimeoutS: 600,
 };
 
 /** The bound on new session ids per key (enforcer/sessions.py SessionBound): a session no
@@ -56,8 +60,9 @@ export class SessionBound {
 
   constructor(readonly maxSessions: number | null) {}
 
-  /** May `ctx`'s session have a counter of its own? Counted when it may (a check admits). */
-  admits(ctx: Context, nowUs: number): boolean {
+  /** May `ctx`'s session have a counter of its own? A reserving check counts it (a peek
+   * only asks). */
+  admits(ctx: Context, nowUs: number, reserve: boolean): boolean {
     if (this.maxSessions === null) return true;
     const day = Math.floor(nowUs / DAY_US);
     if (day !== this.day) {
@@ -66,10 +71,13 @@ export class SessionBound {
     }
     const key = compose([ctx.org, ctx.secret]);
     let seen = this.sessions.get(key);
-    if (seen === undefined) this.sessions.set(key, (seen = new Set()));
+    if (seen === undefined) {
+      if (!reserve) return true;
+      this.sessions.set(key, (seen = new Set()));
+    }
     if (seen.has(ctx.session)) return true;
     if (seen.size >= this.maxSessions) return false;
-    seen.add(ctx.session);
+    if (reserve) seen.add(ctx.session);
     return true;
   }
 }
@@ -93,6 +101,7 @@ const EXCEEDED = 2;
 const FAILED_OPEN = 4;
 const FAILED_CLOSED = 5;
 const TOO_LARGE = 6;
+const IN_FLIGHT = 3;
 const THROTTLED = 7;
 const UNPRICED = 8;
 const SESSIONS = 9;
@@ -240,6 +249,8 @@ export class Decision {
   throttle: [boolean, number, number, number] | null = null;
   /** what an admitted request took from the rate buckets (settle / release give it back) */
   charges: Charges | null = null;
+  /** the hold of an admitted request (settle / release end it), null for none */
+  holdId: number | null = null;
   private answer: Response | null = null;
 
   constructor(
@@ -289,7 +300,11 @@ export class Decision {
   refusingRows(): CounterStatus[] {
     return this.counters.filter(
       (r) =>
-        (r.stateIndex === EXCEEDED || r.stateIndex === TOO_LARGE || r.stateIndex === UNPRICED || r.stateIndex === SESSIONS) &&
+        (r.stateIndex === EXCEEDED ||
+          r.stateIndex === IN_FLIGHT ||
+          r.stateIndex === TOO_LARGE ||
+          r.stateIndex === UNPRICED ||
+          r.stateIndex === SESSIONS) &&
         r.plan.enforce,
     );
   }
@@ -313,7 +328,7 @@ export class Decision {
       retry_after: answer.retryAfter,
       headers: answer.headers.map((h) => [...h]),
       body: answer.body,
-      hold_id: null,
+      hold_id: this.holdId,
       over_budget: refusing.length > 0,
       job_over_budget: refusing.some((r) => r.plan.budget.scope === "session"),
       exceeded_budgets: [...new Set(refusing.map((r) => r.budgetId))],
@@ -402,11 +417,15 @@ class Tally {
   estNanos = -1;
   /** rows of counters whose budget has rate limits (null: none) */
   rated: number[] | null = null;
+  /** the (counter, period) an admitted request holds its worst case on */
+  readonly toHold: [string, string][] = [];
 
   constructor(
     readonly ctx: Context,
     readonly nowUs: number,
     readonly share: number,
+    /** hold the estimate, take the rate and count the session (false: a peek) */
+    readonly reserve: boolean,
   ) {}
 
   estimateTokens(defaultOutput: number): void {
@@ -446,6 +465,8 @@ export class Checker {
   private indexVersion = -1;
   readonly sessions: SessionBound;
   readonly buckets = new RateBuckets();
+  readonly holds: Holds;
+  private expiredAtUs = 0;
 
   constructor(
     readonly state: FollowerState,
@@ -453,6 +474,8 @@ export class Checker {
   ) {
     this.config = { ...DEFAULT_CHECK_CONFIG, ...config };
     this.sessions = new SessionBound(this.config.maxSessionsPerKey);
+    this.holds = new Holds(this.config.holdTimeoutS * 1_000_000);
+    state.onVerdict((counter, period, asOfUs, seq) => this.holds.onVerdict(counter, period, asOfUs, seq));
     if (!Number.isInteger(this.config.replicas) || this.config.replicas < 1) {
       throw new RangeError(`replicas must be an integer >= 1, got ${this.config.replicas}`);
     }
@@ -466,19 +489,34 @@ export class Checker {
     return this.index.plans(ctx);
   }
 
-  /** Decide for one request (a context object, validated here: InvalidContext names a bad field). */
+  /** Decide for one request (a context object, validated here: InvalidContext names a bad
+   * field). An allowed request holds its worst case (`decision.holdId`) until `settle` or
+   * `release` (or the hold timeout), and takes its rate. */
   check(request: RequestContext | Context): Decision {
-    const ctx = request instanceof Context ? request : new Context(request);
-    const nowUs = this.state.clockUs();
-    const freshAt = this.state.freshAtUs;
-    if (this.state.ready && freshAt !== null && nowUs - freshAt <= this.config.graceS * 1_000_000) {
-      return this.evaluate(ctx, nowUs);
-    }
-    return this.stale(ctx, nowUs);
+    return this.decide(request, true);
   }
 
-  private evaluate(ctx: Context, nowUs: number): Decision {
-    const tally = new Tally(ctx, nowUs, this.config.replicas);
+  /** The decision check would take, holding, taking and counting nothing. */
+  peek(request: RequestContext | Context): Decision {
+    return this.decide(request, false);
+  }
+
+  private decide(request: RequestContext | Context, reserve: boolean): Decision {
+    const ctx = request instanceof Context ? request : new Context(request);
+    const nowUs = this.state.clockUs();
+    if (nowUs - this.expiredAtUs >= 1_000_000 || nowUs < this.expiredAtUs) {
+      this.holds.expire(nowUs); // holds only over-count for a bounded time
+      this.expiredAtUs = nowUs;
+    }
+    const freshAt = this.state.freshAtUs;
+    if (this.state.ready && freshAt !== null && nowUs - freshAt <= this.config.graceS * 1_000_000) {
+      return this.evaluate(ctx, nowUs, reserve);
+    }
+    return this.stale(ctx, nowUs, reserve);
+  }
+
+  private evaluate(ctx: Context, nowUs: number, reserve: boolean): Decision {
+    const tally = new Tally(ctx, nowUs, this.config.replicas, reserve);
     for (const plan of this.plansOf(ctx)) {
       if (plan.budget.match.size > 0 && !matches(plan, ctx)) continue;
       const counters = scoped(plan, ctx);
@@ -494,8 +532,15 @@ export class Checker {
   /** No budget refuses: a rate limit may (throttled), else the request takes its rate. */
   private admit(tally: Tally): Decision {
     const rated = tally.rated;
-    const decision = () => new Decision(tally.ctx, "allowed", "allowed", tally.rows, -1, tally.nowUs, this.config);
-    if (rated === null) return decision();
+    const decision = (charges: Charges | null): Decision => {
+      const allowed = new Decision(tally.ctx, "allowed", "allowed", tally.rows, -1, tally.nowUs, this.config);
+      if (tally.reserve && (tally.toHold.length > 0 || (charges !== null && charges.length > 0))) {
+        allowed.holdId = this.holds.reserve(tally.toHold, Math.max(tally.estNanos, 0), tally.estTokens, 1, tally.nowUs);
+        allowed.charges = charges;
+      }
+      return allowed;
+    };
+    if (rated === null) return decision(null);
     if (tally.estTokens < 0) tally.estimateTokens(this.config.defaultMaxOutputTokens);
     const share = tally.share;
     let worst = -1;
@@ -521,6 +566,7 @@ export class Checker {
       throttled.requestTokens = tally.estTokens;
       return throttled;
     }
+    if (!tally.reserve) return decision(null);
     const charges: Charges = [];
     for (const [i, index] of taken) {
       const row = tally.rows[i];
@@ -534,22 +580,43 @@ export class Checker {
         charges.push([bucket, 1]);
       }
     }
-    const allowed = decision();
-    allowed.charges = charges;
-    return allowed;
+    return decision(charges);
   }
 
-  /** The admitted request's usage is known: its rate buckets get back the tokens its worst
-   * case took beyond `usedTokens` (what Python's settle gives back to them). */
-  settle(decision: Decision, usedTokens: number): void {
-    if (decision.charges !== null) refund(decision.charges, usedTokens, true);
+  /** The usage event of an admitted request was published (Checker.settle): its hold
+   * becomes its actual cost, priced as the aggregator prices it, until a verdict covers it,
+   * and its rate buckets get back the tokens its worst case took beyond those it used.
+   * False when the hold is gone (released, expired). */
+  settle(decision: Decision, event: UsageEvent): boolean {
+    const holdId = decision.holdId;
+    if (holdId === null || !this.holds.has(holdId)) return false;
+    const tokens = {
+      input: event.input_tokens,
+      cacheRead: event.cache_read_tokens,
+      cacheWrite: event.cache_write_tokens,
+      cacheWrite1h: event.cache_write_1h_tokens,
+      output: event.output_tokens,
+    };
+    const units = new Map(Object.entries(event.units ?? {}));
+    const nanos = this.state.prices.priceNanos(event.model, event.occurred_at, tokens, units, event.service_tier);
+    const billed = tokens.input + tokens.cacheRead + tokens.cacheWrite + tokens.output;
+    if (decision.charges !== null) refund(decision.charges, billed, true);
     decision.charges = null;
+    if (this.holds.countersOf(holdId).length === 0) return this.holds.release(holdId); // rates only
+    const seqs = new Map<string, number>();
+    for (const totals of this.holds.countersOf(holdId)) {
+      const verdict = this.state.verdicts.get(totals.counter);
+      if (verdict !== undefined) seqs.set(totals.key, verdict.seq);
+    }
+    const counts = event.outcome === "allowed" || event.outcome === "failed_open";
+    return this.holds.settle(holdId, nanos, billed, counts ? 1 : 0, event.occurred_at, this.state.clockUs(), seqs);
   }
 
-  /** The admitted request never reached the provider: its rate is given back. */
-  release(decision: Decision): void {
+  /** The admitted request never reached the provider: its hold is dropped, its rate given back. */
+  release(decision: Decision): boolean {
     if (decision.charges !== null) refund(decision.charges, 0, false);
     decision.charges = null;
+    return decision.holdId !== null && this.holds.release(decision.holdId);
   }
 
   private count(tally: Tally, plan: Plan, values: string[], period: string, periodEnd: number | null): void {
@@ -577,7 +644,7 @@ export class Checker {
       (limitRequests !== null && spentRequests >= limitRequests)
     ) {
       state = EXCEEDED;
-    } else if (budget.scope === "session" && verdict === null && plan.enforce && !this.sessions.admits(tally.ctx, tally.nowUs)) {
+    } else if (budget.scope === "session" && verdict === null && plan.enforce && !this.sessions.admits(tally.ctx, tally.nowUs, tally.reserve)) {
       // a session id new to the key past the key's bound: its own counter would be one
       // more for every id a client makes up, each escaping the session budget
       state = SESSIONS;
@@ -599,9 +666,16 @@ export class Checker {
     tally.rows.push(row);
   }
 
-  /** Whether this request's worst case, times the replicas, fits what the verdict leaves
-   * (Counting._hold with nothing held): OK, UNPRICED or TOO_LARGE. */
+  /** This process's holds on the counter (into `row`) and whether this request's worst
+   * case fits beside them, times the replicas, in what the verdict leaves (Counting._hold):
+   * OK (to be held), UNPRICED, TOO_LARGE (alone it does not fit) or IN_FLIGHT. */
   private hold(tally: Tally, plan: Plan, row: CounterStatus): number {
+    const held = this.holds.held.size > 0 ? this.holds.held.get(counterPeriod(row.counter, row.period)) : undefined;
+    if (held !== undefined) {
+      row.heldNanos = held.nanos;
+      row.heldTokens = held.tokens;
+      row.heldRequests = held.requests;
+    }
     this.estimate(tally, row.limitNanos !== null);
     const model = tally.ctx.request.model ?? "";
     if (tally.estNanos === 0 && plan.refuseUnpriced && this.state.prices.unpriced(model, tally.nowUs)) {
@@ -609,12 +683,20 @@ export class Checker {
     }
     const share = tally.share;
     if (
-      (row.limitNanos !== null && row.spentNanos + share * tally.estNanos > row.limitNanos) ||
-      (row.limitTokens !== null && row.spentTokens + share * tally.estTokens > row.limitTokens) ||
-      (row.limitRequests !== null && row.spentRequests + share > row.limitRequests)
+      (row.limitNanos !== null && row.spentNanos + share * (row.heldNanos + tally.estNanos) > row.limitNanos) ||
+      (row.limitTokens !== null && row.spentTokens + share * (row.heldTokens + tally.estTokens) > row.limitTokens) ||
+      (row.limitRequests !== null && row.spentRequests + share * (row.heldRequests + 1) > row.limitRequests)
     ) {
-      return TOO_LARGE;
+      if (
+        (row.limitNanos !== null && row.spentNanos + share * tally.estNanos > row.limitNanos) ||
+        (row.limitTokens !== null && row.spentTokens + share * tally.estTokens > row.limitTokens) ||
+        (row.limitRequests !== null && row.spentRequests + share > row.limitRequests)
+      ) {
+        return TOO_LARGE;
+      }
+      return IN_FLIGHT;
     }
+    tally.toHold.push([row.counter, row.period]);
     return OK;
   }
 
@@ -641,8 +723,7 @@ export class Checker {
     const rows = tally.rows;
     const refusing = rows[tally.refusal];
     const budget = refusing.plan.budget;
-    // hard refusals only: nothing is held, so nothing is ever refused for what is in flight
-    const value = budget.scope === "session" ? "job_budget_exceeded" : "budget_exceeded";
+    const value = !tally.hard ? "in_flight_budget_exceeded" : budget.scope === "session" ? "job_budget_exceeded" : "budget_exceeded";
     const decision = new Decision(tally.ctx, value, "refused", rows, tally.refusal, tally.nowUs, this.config);
     const state = refusing.stateIndex;
     if (state !== EXCEEDED && state !== UNPRICED && state !== SESSIONS && tally.estTokens >= 0) {
@@ -722,7 +803,7 @@ export class Checker {
   }
 
   /** Verdicts not loaded or stale: fail_mode decides requests an enforce budget covers. */
-  private stale(ctx: Context, nowUs: number): Decision {
+  private stale(ctx: Context, nowUs: number, reserve: boolean): Decision {
     const state = this.state;
     // only called when the verdicts cannot be trusted: not loaded, or not fresh within grace
     const reason = state.ready ? "stale" : "not_ready";
@@ -732,7 +813,7 @@ export class Checker {
       for (const values of scoped(plan, ctx)) hits.push([plan, values]);
     }
     if (reason !== "not_ready" && !hits.some(([plan]) => plan.enforce)) {
-      return this.evaluate(ctx, nowUs); // warn budgets never block
+      return this.evaluate(ctx, nowUs, reserve); // warn budgets never block
     }
     const closed = this.config.failMode === "closed";
     const failed = closed ? FAILED_CLOSED : FAILED_OPEN;

@@ -128,6 +128,11 @@ export function respond(decision: Decision): Response {
       `${config.maxSessionsPerKey} sessions today (UTC), the most it may ` +
       `(max_sessions_per_key); session ${pyRepr(decision.ctx.request.session_id ?? "")} is new and is ` +
       "refused until the day ends: reuse a session id.";
+  } else if (reason === "in_flight") {
+    // the holds of requests in flight keep this one out: they settle within seconds, so a
+    // retry soon may pass
+    retryAfter = config.inFlightRetryAfterS;
+    message = `Budget ${budget}: the requests in flight could use what is left; retry when they finish.${fitText(decision)}`;
   } else if (reason === "model_unpriced") {
     // no price to hold or count: retrying cannot help until a price is applied
     retryAfter = null;
@@ -147,7 +152,7 @@ export function respond(decision: Decision): Response {
   }
   const headers: [string, string][] = [JSON_TYPE];
   if (retryAfter !== null) headers.push([RETRY_AFTER, String(retryAfter)]);
-  headers.push([SHOULD_RETRY, "false"]);
+  headers.push([SHOULD_RETRY, reason === "in_flight" ? "true" : "false"]);
   if (refusing.state === "exceeded") {
     headers.push(spendHeaderOf(refusing.plan.budget, refusing.state, refusing.endUs, refusing.usedFraction()));
   }
@@ -185,6 +190,7 @@ export function respond(decision: Decision): Response {
 const REASONS: Record<string, string> = {
   exceeded: "exhausted",
   too_large: "request_too_large",
+  in_flight: "in_flight",
   unpriced: "model_unpriced",
   too_many_sessions: "too_many_sessions",
 };

@@ -107,6 +107,9 @@ export function periodIsOlder(candidate: string, held: string): boolean {
   );
 }
 
+/** Called with (counter key, period, as_of µs, seq) for every verdict applied. */
+export type VerdictListener = (counter: string, period: string, asOfUs: number, seq: number) => void;
+
 /** µs since the epoch, the follower's clock (injectable for tests). */
 export type ClockUs = () => number;
 
@@ -129,6 +132,7 @@ export class FollowerState {
   freshAtUs: number | null = null;
   verdictsApplied = 0;
   verdictsIgnored = 0;
+  private readonly listeners: VerdictListener[] = [];
 
   constructor(readonly clockUs: ClockUs = systemClockUs) {}
 
@@ -149,6 +153,16 @@ export class FollowerState {
   /** Add, replace (a revocation) or remove (null) one raise. */
   applyRaise(raiseId: string, record: Record<string, unknown> | null): void {
     this.raises.apply(raiseId, record);
+  }
+
+  /** Call `listener` for every verdict applied (the checker's holds: what a verdict covers). */
+  onVerdict(listener: VerdictListener): void {
+    this.listeners.push(listener);
+  }
+
+  private applied(cid: string, verdict: CounterVerdict): void {
+    this.verdictsApplied++;
+    for (const listener of this.listeners) listener(cid, verdict.period, verdict.asOfUs, verdict.seq);
   }
 
   /** Apply one verdict (`key`: the message key); false when ignored (lower seq, older period). */
@@ -178,7 +192,7 @@ export class FollowerState {
           this.verdictsIgnored++;
           return false;
         }
-        this.verdictsApplied++;
+        this.applied(cid, verdict);
         return true;
       }
     } else if (held !== undefined && verdict.seq < held.seq) {
@@ -186,7 +200,7 @@ export class FollowerState {
       return false;
     }
     this.verdicts.set(cid, verdict);
-    this.verdictsApplied++;
+    this.applied(cid, verdict);
     return true;
   }
 

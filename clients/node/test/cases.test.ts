@@ -28,6 +28,8 @@ interface CheckCase {
   raises: [string, string][];
   verdicts: [string, string][];
   before: Record<string, unknown>[];
+  settled: [number, UsageEvent][];
+  verdicts_after: [string, string][];
   ctx: Record<string, unknown>;
   expected: Record<string, unknown>;
 }
@@ -45,7 +47,9 @@ function decideInNode(c: CheckCase): Record<string, unknown> {
   state.freshAtUs = c.fresh_at_us;
   now = c.checked_at_us;
   const checker = new Checker(state, c.config);
-  for (const earlier of c.before) checker.check(earlier as never);
+  const decisions = c.before.map((earlier) => checker.check(earlier as never));
+  for (const [i, event] of c.settled) assert.ok(checker.settle(decisions[i], event), `settle ${i}`);
+  for (const [key, hex] of c.verdicts_after) state.applyVerdict(key, codecFor("Verdict").decode(Buffer.from(hex, "hex")));
   let ctx: Context;
   try {
     ctx = new Context(c.ctx as never);
@@ -53,7 +57,7 @@ function decideInNode(c: CheckCase): Record<string, unknown> {
     if (error instanceof InvalidContext) return { invalid_context: error.field };
     throw error;
   }
-  return JSON.parse(JSON.stringify(checker.check(ctx).toJSON(true)));
+  return JSON.parse(JSON.stringify(checker.peek(ctx).toJSON(true)));
 }
 
 for (const c of table.checks as CheckCase[]) {

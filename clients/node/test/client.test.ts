@@ -32,6 +32,16 @@ function rated(): Checker {
 }
 
 const request = { org_id: "acme", secret_id: "sk-1", input_tokens: 1, max_output_tokens: 1 };
+const usage = {
+  provider: "anthropic",
+  api: "anthropic-messages",
+  model: "claude-sonnet-4-5",
+  secret_id: "sk-1",
+  org_id: "acme",
+  gateway_id: "node",
+  input_tokens: 1,
+  output_tokens: 1,
+};
 
 test("release gives an admitted request's rate back, settle its unused tokens", () => {
   const checker = rated();
@@ -47,7 +57,8 @@ test("release gives an admitted request's rate back, settle its unused tokens", 
   assert.ok(big.allowed);
   tokens.release(tokens.check(request)); // the request bucket keeps room: only tokens in debt
   assert.equal(tokens.check(request).throttle?.[0], true);
-  tokens.settle(big, 10); // it used 10 tokens: the 5,990 beyond them come back
+  // it used 10 tokens: the 5,990 beyond them come back
+  tokens.settle(big, newUsageEvent({ ...usage, input_tokens: 4, output_tokens: 6 }));
   assert.ok(tokens.check(request).allowed);
 });
 

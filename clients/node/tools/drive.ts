@@ -5,7 +5,7 @@
 //     builds each event with newUsageEvent (ids assigned here), publishes them, then
 //     publishes the first `resend` of them again (same ids); prints the events sent.
 //   node dist/tools/drive.js check    BOOTSTRAP PREFIX REQUESTS.json [GENERATION]
-//     follows the verdicts until ready, prints check() of every request; with
+//     follows the verdicts until ready, prints peek() of every request; with
 //     GENERATION, then waits until the follower follows it and prints them again.
 import * as fs from "node:fs";
 import { Checker, UsageEventFields, UsagePublisher, VerdictFollower, newUsageEvent } from "../src";
@@ -29,7 +29,8 @@ async function publish(brokers: string[], prefix: string, file: string): Promise
 }
 
 function decide(checker: Checker, requests: Record<string, unknown>[]): unknown[] {
-  return requests.map((request) => checker.check(request as never).toJSON(true));
+  // peeks: what check() would decide, holding nothing (the Python side peeks alike)
+  return requests.map((request) => checker.peek(request as never).toJSON(true));
 }
 
 async function check(brokers: string[], prefix: string, file: string, generation?: string): Promise<void> {
