@@ -210,8 +210,11 @@ class Case:
             ctx = Context.from_mapping(self.ctx)
         except InvalidContext as exc:
             return {"invalid_context": exc.field}
-        answer = enforcer.peek(ctx).to_json(counters=True)
+        decision = enforcer.peek(ctx)
+        answer = decision.to_json(counters=True)
         answer["counters"] = [{k: c[k] for k in COUNTER_FIELDS} for c in answer["counters"]]
+        refused = decision.refusal_event(gateway_id="node", event_id="refused")
+        answer["refusal_event"] = None if refused is None else as_json(dict(refused))
         return answer
 
     def to_json(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import { Budget, CounterVerdict, FollowerState, spentAt } from "./state";
 import { BudgetRaise, raisedLimits, raiseJSON } from "./raises";
 import { counterPeriod, Holds } from "./holds";
 import { Charges, RateBuckets, refund } from "./rates";
-import type { UsageEvent } from "./usage";
+import { newUsageEvent, UsageEvent, UsageEventFields } from "./usage";
 import { RollingSpend } from "./rolling";
 import { respond, Response, spendHeaderOf } from "./refusals";
 
@@ -307,6 +307,39 @@ export class Decision {
           r.stateIndex === SESSIONS) &&
         r.plan.enforce,
     );
+  }
+
+  /** The UsageEvent of a refused request (zero tokens; `gatewayId` names the proxy), as the
+   * Python enforcer's refusal_event builds it; null when the request was allowed. */
+  refusalEvent(gatewayId: string, fields: Partial<UsageEventFields> = {}): UsageEvent | null {
+    if (this.allowed) return null;
+    const r = this.ctx.request;
+    // a session past the key's bound: its id would open the very counter refused
+    const sessionRefused = this.counters.some((row) => row.stateIndex === SESSIONS);
+    return newUsageEvent({
+      provider: r.provider || "unknown",
+      api: r.api || "unknown",
+      model: r.model || "unknown",
+      secret_id: r.secret_id,
+      org_id: r.org_id,
+      gateway_id: gatewayId,
+      input_tokens: 0,
+      output_tokens: 0,
+      status_code: this.status,
+      occurred_at: this.nowUs,
+      groups: [...(r.groups ?? [])],
+      tags: { ...(r.tags ?? {}) },
+      usage_source: "none",
+      outcome: this.outcome,
+      decision: this.decision,
+      decision_budget_id: this.budgetId,
+      project_id: r.project_id ?? null,
+      grant_id: r.grant_id ?? null,
+      permission_id: r.permission_id ?? null,
+      user_id: r.user_id ?? null,
+      session_id: sessionRefused ? null : (r.session_id ?? null),
+      ...fields,
+    });
   }
 
   /** Fields to set on the request's UsageEvent. */

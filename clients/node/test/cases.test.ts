@@ -57,7 +57,10 @@ function decideInNode(c: CheckCase): Record<string, unknown> {
     if (error instanceof InvalidContext) return { invalid_context: error.field };
     throw error;
   }
-  return JSON.parse(JSON.stringify(checker.peek(ctx).toJSON(true)));
+  const decision = checker.peek(ctx);
+  const answer = decision.toJSON(true);
+  answer.refusal_event = decision.refusalEvent("node", { event_id: "refused" });
+  return JSON.parse(JSON.stringify(answer));
 }
 
 for (const c of table.checks as CheckCase[]) {
