@@ -283,6 +283,7 @@ def check_cases() -> list[Case]:
         }
     )
     usd = one({"id": "org-usd", "scope": "org", "window": "month", "limit_usd": "5"})
+    eighths = one({"id": "eighths", "scope": "org", "window": "month", "limit_tokens": 800})
     free = one(
         {
             "id": "free-unpriced",
@@ -429,6 +430,13 @@ def check_cases() -> list[Case]:
             "alert threshold passed",
             [alerting],
             [verdict(alerting, ["acme", "sk-1"], spent_tokens=60_000)],
+        ),
+        Case(
+            "a used share half a hundredth of a percent (rounded to even)",
+            [eighths],
+            [verdict(eighths, ["acme"], spent_tokens=1)],
+            max_output_tokens=10,
+            input_tokens=10,
         ),
         Case("warn budget past its limit", [warn], [verdict(warn, ["acme"], spent_nanos=2 * USD)]),
         Case("usd: exhausted", [usd, warn], [verdict(usd, ["acme"], spent_nanos=5 * USD)]),

@@ -216,14 +216,15 @@ export class CounterStatus {
   }
 }
 
-/** Python's round(x, places) for the values a percentage takes (half to even on the decimal). */
-function roundHalfEven(x: number, places: number): number {
-  const scaled = x * 10 ** places;
-  const floor = Math.floor(scaled);
-  const diff = scaled - floor;
-  const exact = Number(x.toFixed(places + 6)) * 10 ** places - floor;
-  const n = Math.abs(exact - 0.5) < 1e-9 ? (floor % 2 === 0 ? floor : floor + 1) : diff < 0.5 ? floor : floor + 1;
-  return n / 10 ** places;
+/** Python's round(x, places) of a non-negative double: its exact decimal value rounded to
+ * `places`, ties to even (toFixed(60) is exact for the values a percentage takes). */
+export function roundHalfEven(x: number, places: number): number {
+  const [whole, fraction] = x.toFixed(60).split(".");
+  const kept = BigInt(whole + fraction.slice(0, places));
+  const rest = fraction.slice(places);
+  const half = "5".padEnd(rest.length, "0");
+  const up = rest > half || (rest === half && kept % 2n === 1n);
+  return Number(up ? kept + 1n : kept) / 10 ** places;
 }
 
 export function usedFractionOf(row: CounterStatus, spentNanos: number, spentTokens: number, spentRequests: number): number {
