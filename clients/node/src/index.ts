@@ -14,3 +14,7 @@ export { Checker, Decision, CounterStatus, SessionBound, DEFAULT_CHECK_CONFIG } 
 export type { CheckConfig } from "./check";
 export { VerdictFollower } from "./follower";
 export type { FollowerOptions } from "./follower";
+export { PriceBook } from "./pricing";
+export { RaiseBook } from "./raises";
+export { Holds } from "./holds";
+export { RollingSpend } from "./rolling";
