@@ -118,6 +118,7 @@ PRICES_YAML: dict[str, Any] = {
                     "input_per_mtok": "0.000333",
                     "output_per_mtok": "1.0000005",
                 },
+                {"match": "half-nano", "input_per_mtok": "0.0005", "output_per_mtok": "0.0015"},
             ],
         },
         {
@@ -464,6 +465,14 @@ def check_cases() -> list[Case]:
             model="odd-rates",
             input_tokens=7,
             max_output_tokens=100_000,
+        ),
+        Case(
+            "usd: a worst case half a nano past a whole one (rounded to even)",
+            [usd],
+            [verdict(usd, ["acme"], spent_nanos=5 * USD - 1_000)],
+            model="half-nano",
+            input_tokens=1,
+            max_output_tokens=1_000,
         ),
         Case(
             "usd: the long-context tier prices a long prompt",
