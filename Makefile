@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install native demo test test-faults test-fuzz check bench bench-compare broker clean prices
+.PHONY: install native demo test test-faults test-fuzz check bench bench-compare broker clean prices node-client
 
 # The hot modules compiled with mypyc (pyproject.toml [tool.spendbus.compiled]).
 COMPILED := $(shell $(PYTHON) -c "import tomllib; print(' '.join(sum(tomllib.load(open('pyproject.toml', 'rb'))['tool']['spendbus']['compiled'].values(), [])))")
@@ -45,6 +45,12 @@ demo: broker
 # runs unit + integration tests and a short fault subset, stops everything.
 test: broker
 	$(BIN)/python -m pytest -m "not slow" -p no:cacheprovider
+
+# The TypeScript client (clients/node/): its npm dependencies as locked, then tsc into
+# clients/node/dist. tests/clients/test_node_client.py does the same when it runs (with
+# node and npm installed; it skips, saying so, without them).
+node-client:
+	cd clients/node && npm ci --no-audit --no-fund && npm run build
 
 # The whole fault set (with the 3-broker cluster's: tests/faults/test_cluster_faults.py),
 # with more kill -9 rounds than the subset `make test` runs and
@@ -104,5 +110,5 @@ bench-compare: broker
 	$(BIN)/python bench/compare.py --base $(BASE) $(COMPARE_ARGS)
 
 clean:
-	rm -rf .spendbus build *.egg-info
+	rm -rf .spendbus build *.egg-info clients/node/dist
 	find . -path ./.venv -prune -o -name '*.cpython-*.so' -print -delete
