@@ -28,8 +28,8 @@ from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, JOB_APPROVAL, VERDICT
 from schemas.errors import ConfigError, ContractError
 from schemas.jobs import APPROVE, DENY, PENDING, ApprovalBook, ApprovalStep, job_key
 from schemas.periods import to_micros
-from schemas.raises import BudgetRaise
-from spendbus.commands.budget_raises import _raise_text, _raise_until, iso_of
+from schemas.raises import BudgetRaise, raise_until
+from spendbus.commands.budget_raises import _raise_text, iso_of
 from spendbus.commands.output import console, fail, limits_text
 from spendbus.settings import Settings, load_settings
 from spendbus.stack.compacted import publish
@@ -179,7 +179,7 @@ def approvals_approve(
             raise ConfigError(f"budget {asked.budget_id!r} no longer exists")
         budget = Budget.from_record(BUDGET_POLICY.decode(value))
         now = datetime.now(UTC)
-        until = _raise_until(until_text, now)
+        until = raise_until(until_text, now)
         if until <= now:
             raise ConfigError(f"--until {until.isoformat()} has passed")
         given = by_usd is not None or tokens is not None or requests is not None
