@@ -23,6 +23,7 @@ TYPED = [
     (codec.DEAD_LETTER, records.DeadLetter),
     (codec.GENERATION_SWITCH, records.GenerationSwitch),
     (codec.BUDGET_RAISE, records.BudgetRaise),
+    (codec.JOB_APPROVAL, records.JobApproval),
     # decoded as plain dicts (see schemas/codec.py), of this shape all the same
     (codec.USAGE_EVENT, records.UsageEvent),
     (codec.GATEWAY_KEY, records.VirtualKey),
