@@ -24,6 +24,8 @@ from spendbus.commands.output import fail
 from spendbus.settings import Settings, load_settings
 
 PROVIDER_CHOICE = click.Choice(["openai", "anthropic"])
+#: the providers whose billed rates `reconcile prices` writes (LiteLLM's provider names)
+BILLED_RATE_PROVIDERS = ("openai", "anthropic", "gemini")
 
 
 def store_dsn(settings: Settings) -> str:
@@ -324,7 +326,7 @@ def reconcile_prices(
             rates = Path(scratch) / "billed-rates.json"
             rates.write_text(price_map_text(entries))
             source = read_source(
-                "litellm", rates, providers=("openai", "anthropic"), on=effective.date()
+                "litellm", rates, providers=BILLED_RATE_PROVIDERS, on=effective.date()
             )
         table, report = import_prices(
             newest, source, version=version, effective_from=effective, add_new=False

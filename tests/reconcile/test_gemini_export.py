@@ -10,22 +10,28 @@ import os
 import subprocess
 import sys
 from datetime import date
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reconcile import (
+    CostCell,
     ReportError,
+    effective_price_map,
     load_sku_table,
     mapping_from_data,
     open_store,
+    price_map_text,
     read_gemini_export,
     sku_table_from_data,
 )
 from schemas.errors import ConfigError
 from schemas.pricing import PriceBook, default_price_file, load_price_file
+from schemas.pricing.writer import read_source
 from schemas.usage import new_usage_event
+from spendbus.commands.reconcile import BILLED_RATE_PROVIDERS
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = load_sku_table()
@@ -247,3 +253,24 @@ def test_the_cli_imports_an_export_whole_replacing_the_days_it_covers(tmp_path: 
         assert sum(c.nanos for c in store.provider_costs("gemini", DAY, DAY)) == 450_000
     finally:
         store.close()
+
+
+def test_a_gemini_billed_rate_reaches_the_price_import(tmp_path: Path) -> None:
+    cell = CostCell(
+        "gemini",
+        DAY,
+        "gemini-2.5-flash",
+        "standard",
+        provider_nanos=2_000_000,
+        provider_classes={"input": 400_000, "output": 1_600_000},
+        provider_tokens={"input": 2000, "output": 800},
+        causes=["price"],
+    )
+    entries, notes = effective_price_map([cell])
+    assert notes == []
+    rates = tmp_path / "rates.json"
+    rates.write_text(price_map_text(entries))
+    source = read_source("litellm", rates, providers=BILLED_RATE_PROVIDERS, on=DAY)
+    (price,) = source.prices
+    assert price.model == "gemini-2.5-flash"
+    assert (price.input_per_mtok, price.output_per_mtok) == (Decimal("0.2"), Decimal("2"))
