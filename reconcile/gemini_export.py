@@ -19,6 +19,8 @@ money of its own (model ``unmapped SKU ...``, class ``other``) so the reconcilia
 it. ``project.id`` is the credential's key id (the mapping file's ``project_id``). Costs
 are read in USD only: an export in another currency is refused (no rate is assumed).
 Credits are summed apart (``GeminiExport.credits_nanos``), never netted into the cost.
+A file covers the UTC days it has Gemini rows for (a repeated or overlapping import
+replaces those days): export whole days.
 """
 
 from __future__ import annotations
@@ -240,9 +242,7 @@ def _rows(text: str, source: str) -> list[tuple[str, dict[str, Any]]]:
             rows.append((f"{source} line {number}", row))
         return rows
     reader = csv.DictReader(io.StringIO(text))
-    header = {name.replace("_", ".") for name in reader.fieldnames or []} | set(
-        reader.fieldnames or []
-    )
+    header = set(reader.fieldnames or [])
     missing = [c for c in EXPORT_COLUMNS if c not in header and c.replace(".", "_") not in header]
     if missing:
         raise ReportError(f"{source}: not a Cloud Billing export: no column {', '.join(missing)}")
