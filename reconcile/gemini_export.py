@@ -18,7 +18,8 @@ table lacks is a named gap (``unmapped SKU <id> <description>: N rows, $X``), ke
 money of its own (model ``unmapped SKU ...``, class ``other``) so the reconciliation names
 it. ``project.id`` is the credential's key id (the mapping file's ``project_id``). Costs
 are read in USD only: an export in another currency is refused (no rate is assumed).
-Credits are summed apart (``GeminiExport.credits_nanos``), never netted into the cost.
+Credits are summed apart (``GeminiExport.credits_nanos``; stored as class ``credit``,
+which the reconciliation shows per day beside the cost), never netted into the cost.
 A file covers the UTC days it has Gemini rows for (a repeated or overlapping import
 replaces those days): export whole days.
 """
@@ -40,7 +41,7 @@ import yaml
 from schemas.errors import ConfigError
 from schemas.money import format_usd
 
-from .matching import UNMAPPED_SKU
+from .matching import CREDIT, UNMAPPED_SKU
 from .provider_reports import (
     OTHER,
     TOKEN_CLASSES,
@@ -301,6 +302,8 @@ def read_gemini_export(text: str, source: str, table: SkuTable) -> GeminiExport:
         nanos = _nanos(cost, 10**9, where)
         for name, amount in _credits(row.get("credits"), where):
             credits[name] = credits.get(name, 0) + _signed_nanos(amount, where)
+            key = (day, f"credit {name}", "standard", CREDIT)
+            costs[key] = costs.get(key, 0) + _signed_nanos(amount, where)
         entry = table.entries.get(description)
         if entry is None:
             gap = unmapped.setdefault((sku_id, description), [0, 0])

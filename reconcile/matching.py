@@ -55,6 +55,8 @@ CAUSES = (
 TOKEN_CAUSES = frozenset(CAUSES) - {"unpriced", "unmapped_sku", "price", "unexplained"}
 #: the model name an export's money of an unknown SKU is kept under (gemini_export.py)
 UNMAPPED_SKU = "unmapped SKU"
+#: the class of a billing export's credits (negative nanos): shown by day, never matched
+CREDIT = "credit"
 
 
 @dataclass
@@ -351,6 +353,7 @@ class DaySummary:
     spendbus_nanos: int = 0
     cost_explained: dict[str, int] = field(default_factory=dict)  # cause -> |delta| nanos
     cost_residual: int = 0
+    credit_nanos: int = 0  # credits the provider applied (<= 0), beside the cost, not in it
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -365,6 +368,7 @@ class DaySummary:
             "spendbus_nanos": self.spendbus_nanos,
             "cost_explained": dict(self.cost_explained),
             "cost_residual_nanos": self.cost_residual,
+            "credit_nanos": self.credit_nanos,
         }
 
 

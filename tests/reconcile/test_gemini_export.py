@@ -127,6 +127,7 @@ def test_both_shapes_read_alike_rows_add_up_and_credits_stay_apart() -> None:
             ("standard", "input"): 600_000,
             ("standard", "output"): 2_500_000,
             ("batch", "output"): 1_250_000,
+            ("standard", "credit"): -100_000,  # kept apart: never matched as cost
         }
         assert export.credits_nanos == {"Free trial": -100_000}
         assert export.usage.days == {DAY}

@@ -110,6 +110,11 @@ async def scenario(bootstrap: str, topics: Topics, tmp: Path, pipeline: Pipeline
         )
         # 1. gateway traffic only, the export as JSON lines, imported twice: zero residual
         export = await export_file(stack, tmp / "export.jsonl", "jsonl")
+        # the account's free-tier credit on one row: shown beside the cost, never netted
+        lines = export.read_text().splitlines()
+        credited = json.loads(lines[0])
+        credited["credits"] = [{"name": "Free tier", "amount": -0.00001, "type": "FREE_TIER"}]
+        export.write_text("\n".join([json.dumps(credited), *lines[1:]]) + "\n")
         for _ in range(2):  # a repeated import replaces, never adds
             out = await cli(env, "import", "--provider", "gemini", str(export))
             assert "imported gemini usage: 2 row(s), 1 day(s)" in out and "gap:" not in out
@@ -127,6 +132,8 @@ async def scenario(bootstrap: str, topics: Topics, tmp: Path, pipeline: Pipeline
             assert cost["delta_nanos"] == 0 and cost["causes"] == [], cost
             assert cost["provider_nanos"] == billed(stack, cost["model"])[1] > 0
         assert [(d["residual"], d["cost_residual_nanos"]) for d in first["days"]] == [(0, 0)]
+        assert [d["credit_nanos"] for d in first["days"]] == [-10_000]
+        assert "credit Free tier: -$0.000010000 (not netted)" in out
 
         # 2. a call straight to the provider, and a model the SKU table lacks; CSV now (the
         # export counts no requests: a bypass shows where the ledger has no call at all)
@@ -166,6 +173,8 @@ async def scenario(bootstrap: str, topics: Topics, tmp: Path, pipeline: Pipeline
     assert all(c["residual_nanos"] == 0 for c in second["costs"])
     assert all(not any(c["residual"].values()) for c in second["cells"])
     assert all(d["residual"] == d["cost_residual_nanos"] == 0 for d in second["days"])
+    # the CSV export of the same day replaced the credited one, its credit with it
+    assert [d["credit_nanos"] for d in second["days"]] == [0]
     assert "unmapped_sku" in table and "bypass" in table
 
 
