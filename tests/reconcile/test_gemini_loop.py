@@ -36,13 +36,15 @@ MAPPING = {"credentials": {"sk-gemini": {"provider": "gemini", "project_id": PRO
 BODY = {"contents": [{"role": "user", "parts": [{"text": "Reconcile Gemini's bill. " * 12}]}]}
 
 
-async def generate(url: str, model: str, key: str, *, stream: bool = False) -> None:
+async def generate(
+    url: str, model: str, key: str, *, stream: bool = False, batch: bool = False
+) -> None:
+    """``batch``: billed as the Batch API would (which no gateway proxies)."""
     action = "streamGenerateContent?alt=sse" if stream else "generateContent"
+    headers = {"x-goog-api-key": key} | ({"x-fake-batch": "true"} if batch else {})
     async with (
         aiohttp.ClientSession() as session,
-        session.post(
-            f"{url}/v1beta/models/{model}:{action}", json=BODY, headers={"x-goog-api-key": key}
-        ) as resp,
+        session.post(f"{url}/v1beta/models/{model}:{action}", json=BODY, headers=headers) as resp,
     ):
         assert resp.status == 200, await resp.text()
         await resp.read()
@@ -73,12 +75,12 @@ async def cli(env: dict[str, str], *args: str) -> str:
     return out.decode()
 
 
-def billed(stack: GatewayStack, model: str) -> tuple[dict[str, int], int]:
-    """What the fake provider billed for ``model``: tokens by class, nanos."""
+def billed(stack: GatewayStack, model: str, *, batch: bool = False) -> tuple[dict[str, int], int]:
+    """What the fake provider billed for ``model`` in a tier: tokens by class, nanos."""
     tokens = dict.fromkeys(("input", "cache_read", "cache_write_5m", "cache_write_1h", "output"), 0)
     nanos = 0
     for call, count in stack.upstream.billing.tally.items():
-        if call.model == model:
+        if call.model == model and call.batch == batch:
             for token_class, n in usage_classes(call.usage).items():
                 tokens[token_class] += n * count
             nanos += sum(stack.upstream.billing.cost_of(call).values()) * count
@@ -139,20 +141,25 @@ async def scenario(bootstrap: str, topics: Topics, tmp: Path, pipeline: Pipeline
         # export counts no requests: a bypass shows where the ledger has no call at all)
         direct = CREDENTIALS["sk-gemini"]
         await generate(stack.upstream.url, "gemini-2.0-flash-lite", direct)
+        await generate(stack.upstream.url, "gemini-2.5-flash", direct, batch=True)
         await generate(stack.upstream.url, "gemini-2.5-flash-image", direct)
         export = await export_file(stack, tmp / "export.csv", "csv")
         out = await cli(env, "import", "--provider", "gemini", str(export))
         table = await cli(env, "report")
         second = await report(env)
         truth = billed(stack, "gemini-2.0-flash-lite")[0]
+        batch_truth = billed(stack, "gemini-2.5-flash", batch=True)
         image_nanos = billed(stack, "gemini-2.5-flash-image")[1]
     print(table)
     cells = {(c["model"], c["tier"]): c for c in second["cells"]}
     assert set(cells) == {
         ("gemini-2.5-flash", "standard"),
+        ("gemini-2.5-flash", "batch"),
         ("gemini-2.0-flash", "standard"),
         ("gemini-2.0-flash-lite", "standard"),
     }
+    batch = cells[("gemini-2.5-flash", "batch")]
+    assert batch["causes"] == ["batch_tier"] and batch["deltas"] == batch_truth[0]
     for model in ("gemini-2.5-flash", "gemini-2.0-flash"):
         assert cells[(model, "standard")]["causes"] == []
         assert not any(cells[(model, "standard")]["deltas"].values())
@@ -167,7 +174,10 @@ async def scenario(bootstrap: str, topics: Topics, tmp: Path, pipeline: Pipeline
     assert all("gemini-2.5-flash-image" in g["model"] for g in gaps)
     assert sum(g["provider_nanos"] for g in gaps) == image_nanos > 0
     assert "gap: unmapped SKU" in out and "gemini-2.5-flash-image" in out
-    money = {c["model"]: c for c in second["costs"]}
+    money = {c["model"]: c for c in second["costs"] if c["tier"] == "standard"}
+    batch_money = next(c for c in second["costs"] if c["tier"] == "batch")
+    assert batch_money["causes"] == ["batch_tier"]
+    assert batch_money["provider_nanos"] == batch_truth[1] > 0
     assert money["gemini-2.0-flash-lite"]["causes"] == ["bypass"]
     assert money["gemini-2.5-flash"]["causes"] == [] == money["gemini-2.0-flash"]["causes"]
     assert all(c["residual_nanos"] == 0 for c in second["costs"])
