@@ -284,8 +284,8 @@ def read_gemini_export(text: str, source: str, table: SkuTable) -> GeminiExport:
         currency = values["currency"]
         if currency != "USD":
             raise ReportError(
-                f"{where}: cost in {currency!r}: spendbus reads USD exports only (it assumes "
-                "no exchange rate; export the billing account's costs in USD)"
+                f"{where}: cost in {currency!r}: spendbus reads USD exports only (it applies "
+                "no exchange rate, the export's currency_conversion_rate included)"
             )
         cost = _decimal(values["cost"], "cost", where)
         project = values["project.id"]
