@@ -1,7 +1,9 @@
 """Reconciliation: the meter proved against the providers' own usage reports.
 
 ``fetch_pages`` reads a provider's admin usage report (every page), ``read_report``
-checks it whole into :class:`ProviderUsage` rows, ``open_store`` keeps imports (a repeated
+checks it whole into :class:`ProviderUsage` rows (``read_bedrock_cur`` and
+``read_gemini_export``: the rows of billing exports, Gemini's SKUs through
+``load_sku_table``), ``open_store`` keeps imports (a repeated
 or overlapping one replaces the days it covers) and runs in ClickHouse, and ``reconcile``
 matches day × credential (``load_mapping``) × model × tier × token class against the
 ledger's ``usage_events``, each delta explained by its cause (``CAUSES``) or named as the
@@ -11,6 +13,13 @@ residual. See README.md here. Code outside the room imports these names only.
 from reconcile.alerts import ALERT_KIND, drift_alerts
 from reconcile.effective_prices import effective_price_map, price_map_text
 from reconcile.fetch import fetch_pages
+from reconcile.gemini_export import (
+    GeminiExport,
+    SkuTable,
+    load_sku_table,
+    read_gemini_export,
+    sku_table_from_data,
+)
 from reconcile.mapping import CredentialMapping, load_mapping, mapping_from_data
 from reconcile.matching import (
     CAUSES,
@@ -50,6 +59,7 @@ __all__ = [
     "CostReport",
     "CredentialMapping",
     "DaySummary",
+    "GeminiExport",
     "LedgerCell",
     "ProviderCost",
     "ProviderReport",
@@ -57,6 +67,7 @@ __all__ = [
     "ReconcileStore",
     "Reconciliation",
     "ReportError",
+    "SkuTable",
     "StoreError",
     "drift_alerts",
     "effective_price_map",
@@ -64,6 +75,7 @@ __all__ = [
     "import_report",
     "ledger_sql",
     "load_mapping",
+    "load_sku_table",
     "mapping_from_data",
     "match",
     "match_costs",
@@ -71,8 +83,10 @@ __all__ = [
     "price_map_text",
     "read_bedrock_cur",
     "read_cost_report",
+    "read_gemini_export",
     "read_report",
     "reconcile",
     "render_table",
     "report_kind",
+    "sku_table_from_data",
 ]

@@ -3,11 +3,17 @@
 The gateway names its upstream credentials ``secrets.<secret_id>`` (gateway.yaml); usage
 events carry that ``secret_id``. The provider's reports name the same credential by its
 own key id (OpenAI ``api_key_id`` with its ``project_id``, Anthropic ``api_key_id`` with
-its ``workspace_id``; Bedrock's CUR rows the AWS account id, ``line_item_usage_account_id``). The mapping file joins them::
+its ``workspace_id``; Bedrock's CUR rows the AWS account id, ``line_item_usage_account_id``;
+Gemini's billing export the Google Cloud project, ``project.id``, which is all a Gemini
+credential is known by there). The mapping file joins them::
 
     credentials:
       sk-openai: {provider: openai, api_key_id: key_abc123, project_id: proj_x}
       sk-anthropic: {provider: anthropic, api_key_id: apikey_01Rj2N8S, workspace_id: wrkspc_01}
+      sk-gemini: {provider: gemini, project_id: my-gemini-project}
+
+Two Gemini credentials of one project cannot be told apart in its export: mapping a
+project twice is refused, like any key mapped twice.
 
 A provider key that no gateway credential maps to, or a credential with no mapping, is a
 named gap in the reconciliation, never silently dropped.
@@ -62,6 +68,15 @@ def mapping_from_data(data: Any, source: str) -> CredentialMapping:
         provider, key_id = entry.get("provider"), entry.get("api_key_id")
         if provider not in IMPORT_PROVIDERS:
             raise ConfigError(f"{where}: provider must be one of {', '.join(IMPORT_PROVIDERS)}")
+        if provider == "gemini":  # its export names the project, no key
+            if key_id is not None:
+                raise ConfigError(
+                    f"{where}: a gemini credential is mapped by project_id (its billing "
+                    "export names no API key)"
+                )
+            key_id = entry.get("project_id")
+            if not isinstance(key_id, str) or not key_id:
+                raise ConfigError(f"{where}: project_id is required (the export's project.id)")
         if not isinstance(key_id, str) or not key_id:
             raise ConfigError(
                 f"{where}: api_key_id is required (the id the provider's reports use)"

@@ -18,6 +18,8 @@ Causes (:data:`CAUSES`), each named where it applies:
 - ``cache_ttl``: cache writes split differently between the 5-minute and 1-hour TTLs;
 - ``unpriced``: the ledger charged the cell's calls $0 (no price for the model): its
   tokens may agree, its cost cannot;
+- ``unmapped_sku``: money a billing export charged under a SKU the SKU table does not
+  know (Gemini: ``data/gemini_skus.yaml``): a gap, named with the SKU, never guessed;
 - ``price``: the tokens agree and the cost does not: spendbus's price table differs from
   the rate the provider billed (its effective rate per class is shown); money billed
   where no token was (a tool's fee, storage) is ``unexplained``, never a price.
@@ -45,11 +47,16 @@ CAUSES = (
     "batch_tier",
     "cache_ttl",
     "unpriced",
+    "unmapped_sku",
     "price",
     "unexplained",
 )
-#: the causes that explain a token delta (unpriced and price explain a cost, never tokens)
-TOKEN_CAUSES = frozenset(CAUSES) - {"unpriced", "price", "unexplained"}
+#: the causes that explain a token delta (the others explain a cost, never tokens)
+TOKEN_CAUSES = frozenset(CAUSES) - {"unpriced", "unmapped_sku", "price", "unexplained"}
+#: the model name an export's money of an unknown SKU is kept under (gemini_export.py)
+UNMAPPED_SKU = "unmapped SKU"
+#: the class of a billing export's credits (negative nanos): shown by day, never matched
+CREDIT = "credit"
 
 
 @dataclass
@@ -323,6 +330,8 @@ def match_costs(
     for key, cell in cells.items():
         causes = inherited.get(key, set())
         found = causes & (TOKEN_CAUSES | {"unpriced"})
+        if cell.model.startswith(f"{UNMAPPED_SKU} "):
+            found = {"unmapped_sku"}
         if cell.delta and not found:
             # a price explains money only where tokens were billed and agree
             priced = any(cell.provider_tokens.values()) and "unexplained" not in causes
@@ -344,6 +353,7 @@ class DaySummary:
     spendbus_nanos: int = 0
     cost_explained: dict[str, int] = field(default_factory=dict)  # cause -> |delta| nanos
     cost_residual: int = 0
+    credit_nanos: int = 0  # credits the provider applied (<= 0), beside the cost, not in it
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -358,6 +368,7 @@ class DaySummary:
             "spendbus_nanos": self.spendbus_nanos,
             "cost_explained": dict(self.cost_explained),
             "cost_residual_nanos": self.cost_residual,
+            "credit_nanos": self.credit_nanos,
         }
 
 

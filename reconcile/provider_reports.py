@@ -33,8 +33,9 @@ from schemas.errors import SpendbusError
 TOKEN_CLASSES = ("input", "cache_read", "cache_write_5m", "cache_write_1h", "output")
 #: the providers whose admin reports `reconcile fetch` reads (and `reconcile import` takes)
 PROVIDERS = ("openai", "anthropic")
-#: every provider a report can be imported for: Bedrock as Cost and Usage Report rows
-IMPORT_PROVIDERS = (*PROVIDERS, "bedrock")
+#: every provider a report can be imported for: Bedrock as Cost and Usage Report rows,
+#: Gemini as Cloud Billing export rows (gemini_export.py)
+IMPORT_PROVIDERS = (*PROVIDERS, "bedrock", "gemini")
 
 
 class ReportError(SpendbusError):

@@ -14,7 +14,16 @@ from typing import Any
 from schemas.money import format_usd
 
 from .mapping import CredentialMapping
-from .matching import Cell, CostCell, DaySummary, match, match_costs, read_ledger, summarize
+from .matching import (
+    CREDIT,
+    Cell,
+    CostCell,
+    DaySummary,
+    match,
+    match_costs,
+    read_ledger,
+    summarize,
+)
 from .provider_reports import IMPORT_PROVIDERS, TOKEN_CLASSES, CostReport, ProviderReport
 from .store import ReconcileStore
 
@@ -55,6 +64,7 @@ def reconcile(
     run_id = uuid.uuid4().hex
     cells: list[Cell] = []
     costs: list[CostCell] = []
+    credits: dict[tuple[str, date], int] = {}
     for provider in providers:
         days = [d for d in store.covered_days(provider) if since is None or d >= since]
         if not days:
@@ -68,6 +78,11 @@ def reconcile(
         cost_days = sorted(set(days) & set(store.covered_days(provider, "costs")))
         if cost_days:
             cost_rows = store.provider_costs(provider, cost_days[0], cost_days[-1])
+            for row in cost_rows:
+                if row.token_class == CREDIT and row.day in cost_days:
+                    key = (provider, row.day)
+                    credits[key] = credits.get(key, 0) + row.nanos
+            cost_rows = [r for r in cost_rows if r.token_class != CREDIT]
             costs += match_costs(provider, cost_days, cost_rows, matched)
     now = datetime.now(UTC)
     store.insert(
@@ -125,7 +140,17 @@ def reconcile(
             "causes",
         ),
     )
-    return Reconciliation(run_id, cells, summarize(cells, costs), costs)
+    summaries = summarize(cells, costs)
+    for summary in summaries:
+        summary.credit_nanos = credits.get((summary.provider, summary.day), 0)
+    return Reconciliation(run_id, cells, summaries, costs)
+
+
+def _credits(nanos: int) -> str:
+    """A day's credits, beside its cost (never in it)."""
+    if not nanos:
+        return ""
+    return f"; credits {'-' if nanos < 0 else '+'}{format_usd(abs(nanos), 9)}"
 
 
 #: the ``token_class`` of a cost cell's row in the ``reconciliation`` table (amounts in nanos)
@@ -182,6 +207,7 @@ def render_table(result: Reconciliation) -> str:
                 f"{day.provider:<10} {day.day.isoformat():<10} "
                 f"{format_usd(day.provider_nanos or 0, 9):>12} {format_usd(day.spendbus_nanos, 9):>12} "
                 f"{format_usd(day.cost_residual, 9):>10}  {explained or '-'}"
+                + _credits(day.credit_nanos)
             )
     if costs:
         lines += ["", "costs with a delta (provider - spendbus):"]

@@ -19,10 +19,13 @@ from typing import Any
 import click
 
 from schemas.errors import ConfigError, SpendbusError
+from schemas.money import format_usd
 from spendbus.commands.output import fail
 from spendbus.settings import Settings, load_settings
 
 PROVIDER_CHOICE = click.Choice(["openai", "anthropic"])
+#: the providers whose billed rates `reconcile prices` writes (LiteLLM's provider names)
+BILLED_RATE_PROVIDERS = ("openai", "anthropic", "gemini")
 
 
 def store_dsn(settings: Settings) -> str:
@@ -132,7 +135,9 @@ def reconcile_fetch(
 
 
 @click.command("import")
-@click.option("--provider", type=click.Choice(["openai", "anthropic", "bedrock"]), required=True)
+@click.option(
+    "--provider", type=click.Choice(["openai", "anthropic", "bedrock", "gemini"]), required=True
+)
 @click.option(
     "--report",
     "kind",
@@ -140,17 +145,36 @@ def reconcile_fetch(
     default=None,
     help="Which report FILE holds (default: told by its results).",
 )
+@click.option(
+    "--sku-table",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="gemini: the SKU table to read the export's SKUs by (default: the shipped one).",
+)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def reconcile_import(provider: str, kind: str | None, file: Path) -> None:
+def reconcile_import(provider: str, kind: str | None, sku_table: Path | None, file: Path) -> None:
     """Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of
     them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]});
-    for bedrock, the Bedrock rows of a CUR 2.0 export (CSV)."""
-    from reconcile import read_bedrock_cur, report_kind
+    for bedrock, the Bedrock rows of a CUR 2.0 export (CSV); for gemini, the rows of a
+    Cloud Billing export to BigQuery (newline-delimited JSON or CSV)."""
+    from reconcile import load_sku_table, read_bedrock_cur, read_gemini_export, report_kind
 
-    if provider == "bedrock":
+    if provider in ("bedrock", "gemini"):
         try:
-            usage, costs = read_bedrock_cur(file.read_text(), str(file))
+            if provider == "bedrock":
+                usage, costs = read_bedrock_cur(file.read_text(), str(file))
+            else:
+                table = load_sku_table(sku_table)
+                export = read_gemini_export(file.read_text(), str(file), table)
+                usage, costs = export.usage, export.costs
             _store(provider, [("usage", usage), ("costs", costs)], str(file))
+            if provider == "gemini":
+                click.echo(f"SKU table version {table.version}")
+                for gap in export.gaps:
+                    click.echo(f"gap: {gap}")
+                for name, nanos in sorted(export.credits_nanos.items()):
+                    sign = "-" if nanos < 0 else ""
+                    click.echo(f"credit {name}: {sign}{format_usd(abs(nanos), 9)} (not netted)")
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(f"{file}: cannot read it ({exc})", param_hint="FILE") from None
         except SpendbusError as exc:
@@ -302,7 +326,7 @@ def reconcile_prices(
             rates = Path(scratch) / "billed-rates.json"
             rates.write_text(price_map_text(entries))
             source = read_source(
-                "litellm", rates, providers=("openai", "anthropic"), on=effective.date()
+                "litellm", rates, providers=BILLED_RATE_PROVIDERS, on=effective.date()
             )
         table, report = import_prices(
             newest, source, version=version, effective_from=effective, add_new=False

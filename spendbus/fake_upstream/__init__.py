@@ -18,7 +18,8 @@ after the provider as in ``ingest/taps/`` (``anthropic``, ``openai_chat``,
 them on the providers' paths (``answer``: latencies, errors and cut streams;
 ``realtime``: the Realtime WebSocket), counting what it served in ``stats``; ``hostile``
 writes an answer whose usage reads lower than it billed (issue 32); ``billing`` keeps
-every call billed and serves the providers' admin usage reports of them (issue 41).
+every call billed and serves the providers' admin usage reports of them, and Gemini's
+as a Cloud Billing export (issue 41).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ the providers document: daily UTC buckets, grouped by key and model, paginated w
 ``GET /v1/organizations/usage_report/messages``   Anthropic Admin API usage report
 ``GET /v1/organizations/cost_report``             Anthropic cost report (by workspace and
                                                   description: model, tier, token type)
+``GET /fake/billing-export/gemini``               Gemini's calls as the rows of a Cloud
+                                                  Billing export (``?format=jsonl`` or ``csv``)
 
 Each kind of call is priced once, when a cost report first asks, by the provider's own list (:class:`ListPrices`: a price
 file, the shipped one unless ``FakeUpstreamConfig.price_file`` names another; a model the
@@ -17,9 +19,15 @@ list lacks at :data:`FALLBACK_NANOS_PER_TOKEN`), in exact integer nanos per toke
 (the classes sum to the call's price, rounded once). OpenAI reports a cost as dollars (a
 JSON number), Anthropic as cents in a decimal string: both exact to the nano.
 
-Both want the admin key (``FakeUpstreamConfig.admin_key``; without one every request
-is refused with 401): OpenAI's as ``Authorization: Bearer``, Anthropic's as ``x-api-key``.
-A call's key id is :func:`api_key_id` of the credential it came with, never the credential.
+All want the admin key (``FakeUpstreamConfig.admin_key``; without one every request
+is refused with 401): OpenAI's and the export's as ``Authorization: Bearer``, Anthropic's
+as ``x-api-key``. A call's key id is :func:`api_key_id` of the credential it came with,
+never the credential; a Gemini credential's is the Google Cloud project it bills to.
+
+The Gemini export has one row per (UTC day, project, model, tier, token class), its SKU
+described as the SKU table shipped with spendbus names it (``reconcile/data/gemini_skus.yaml``);
+a model that table lacks gets a SKU description of its own wording, which the table does
+not know (an unmapped SKU, as a new model's would be).
 A request carrying ``x-fake-batch: true`` is billed in the batch tier, as if it had come
 through the provider's Batch API (which no gateway proxies).
 """
@@ -67,12 +75,29 @@ COST_CLASSES = {
     "cache_write_1h": ("cache write 1h", "cache_creation.ephemeral_1h_input_tokens"),
     "output": ("output", "output_tokens"),
 }
-#: the provider whose bill each request format lands on (Gemini and Bedrock bill as files)
+#: the provider whose bill each request format lands on (Bedrock bills as CUR files)
 BILLING_PROVIDER = {
     "openai-chat": "openai",
     "openai-responses": "openai",
     "anthropic-messages": "anthropic",
+    "gemini": "gemini",
 }
+GEMINI_EXPORT_PATH = "/fake/billing-export/gemini"
+#: the export's columns as CSV writes them (nested names dotted, credits as JSON)
+GEMINI_CSV_COLUMNS = (
+    "service.description",
+    "sku.id",
+    "sku.description",
+    "usage_start_time",
+    "usage_end_time",
+    "project.id",
+    "cost",
+    "currency",
+    "usage.amount",
+    "usage.unit",
+    "cost_type",
+    "credits",
+)
 #: the project / workspace every fake key belongs to
 OPENAI_PROJECT = "proj_fake"
 ANTHROPIC_WORKSPACE = "wrkspc_fake"
@@ -83,6 +108,8 @@ PAGE_LIMITS = {"openai": (7, 31), "anthropic": (7, 31)}
 def api_key_id(provider: str, credential: str) -> str:
     """The id the provider's reports name ``credential`` by (a digest: never the key)."""
     digest = hashlib.sha256(credential.encode()).hexdigest()[:16]
+    if provider == "gemini":  # a Gemini key is known by its project in the bill
+        return f"gemini-project-{digest}"
     return f"key_{digest}" if provider == "openai" else f"apikey_{digest}"
 
 
@@ -465,9 +492,92 @@ def report_handlers(
 
         return serve
 
+    async def gemini_export(request: web.Request) -> web.Response:
+        if not _authorized(request, admin_key, "openai"):  # a Bearer token
+            return _error(401, "Invalid admin key.")
+        shape = request.query.get("format", "jsonl")
+        if shape not in ("jsonl", "csv"):
+            return _error(400, f"format must be jsonl or csv, got {shape!r}")
+        rows = gemini_export_rows(ledger)
+        text = "".join(json.dumps(row) + "\n" for row in rows) if shape == "jsonl" else _csv(rows)
+        return web.Response(text=text, content_type="text/plain")
+
     return (
+        (GEMINI_EXPORT_PATH, gemini_export),
         (OPENAI_USAGE_PATH, handler("openai", "usage")),
         (OPENAI_COSTS_PATH, handler("openai", "costs")),
         (ANTHROPIC_USAGE_PATH, handler("anthropic", "usage")),
         (ANTHROPIC_COSTS_PATH, handler("anthropic", "costs")),
     )
+
+
+def _sku_id(description: str) -> str:
+    """A SKU id of Google's shape (``XXXX-XXXX-XXXX``), stable per description."""
+    digest = hashlib.sha256(description.encode()).hexdigest()[:12].upper()
+    return f"{digest[:4]}-{digest[4:8]}-{digest[8:]}"
+
+
+def gemini_export_rows(ledger: BillingLedger) -> list[dict[str, Any]]:
+    """Every Gemini call billed, as Cloud Billing export rows (one per UTC day, project,
+    model, tier and token class; cost exact to the nano, in USD)."""
+    from reconcile import load_sku_table
+
+    table = load_sku_table()
+    sums: dict[tuple[date, str, str, bool, str], list[int]] = defaultdict(lambda: [0, 0])
+    for call, count in ledger.tally.items():
+        if call.provider != "gemini":
+            continue
+        cost = ledger.cost_of(call)
+        for token_class, tokens in usage_classes(call.usage).items():
+            if tokens or cost[token_class]:
+                cell = sums[(call.day, call.api_key_id, call.model, call.batch, token_class)]
+                cell[0] += tokens * count
+                cell[1] += cost[token_class] * count
+    rows = []
+    for (day, project, model, batch, token_class), (tokens, nanos) in sorted(sums.items()):
+        tier = "batch" if batch else "standard"
+        description = table.description_of(model, token_class, tier) or (
+            f"{model} {tier} {token_class} tokens"
+        )
+        start = datetime.combine(day, datetime.min.time(), UTC)
+        rows.append(
+            {
+                "billing_account_id": "012345-6789AB-CDEF01",
+                "service": {"id": "AEFD-7695-64FA", "description": "Gemini API"},
+                "sku": {"id": _sku_id(description), "description": description},
+                "usage_start_time": start.isoformat(),
+                "usage_end_time": (start + timedelta(days=1)).isoformat(),
+                "project": {"id": project, "name": project},
+                "labels": [],
+                "cost": float(Decimal(nanos) / 10**9),
+                "currency": "USD",
+                "currency_conversion_rate": 1.0,
+                "usage": {
+                    "amount": tokens,
+                    "unit": "count",
+                    "amount_in_pricing_units": tokens / 10**6,
+                    "pricing_unit": "count",
+                },
+                "credits": [],
+                "cost_type": "regular",
+            }
+        )
+    return rows
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(GEMINI_CSV_COLUMNS)
+    for row in rows:
+        flat = []
+        for column in GEMINI_CSV_COLUMNS:
+            value: Any = row
+            for part in column.split("."):
+                value = value[part]
+            flat.append(json.dumps(value) if column == "credits" else value)
+        writer.writerow(flat)
+    return out.getvalue()

@@ -22,6 +22,9 @@
 ``GET /v1/organization/costs``                         reports, and Anthropic's, of the
 ``GET /v1/organizations/usage_report/messages``        calls billed (billing.py; admin
 ``GET /v1/organizations/cost_report``                  key)
+``GET /fake/billing-export/gemini``                    Gemini's calls billed as Cloud
+                                                       Billing export rows (``?format=``
+                                                       ``jsonl`` or ``csv``; admin key)
 ``GET /healthz``                                       ``ok``
 =====================================================  ==================================
 

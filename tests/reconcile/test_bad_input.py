@@ -159,7 +159,7 @@ def test_an_anthropic_report_reads_its_cache_writes_by_ttl_and_its_tier() -> Non
     ("data", "message"),
     [
         ({}, "expected 'credentials:'"),
-        ({"credentials": {"sk": {"provider": "gemini", "api_key_id": "k"}}}, "provider must be"),
+        ({"credentials": {"sk": {"provider": "mistral", "api_key_id": "k"}}}, "provider must be"),
         ({"credentials": {"sk": {"provider": "openai"}}}, "api_key_id is required"),
         (
             {
