@@ -18,20 +18,21 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from admin.access import Caller
+from admin.alerts import ALERT_KINDS, alert_json, alert_scope_values, parse_since
 from admin.errors import ApiError, invalid
 from admin.models import KeyBody, RaiseBody
 from admin.reports import SpendQuery, spend_report
 from admin.store import AdminStore
 from admin.tokens import PLATFORM_ADMIN, TokenBook
 from runtime.http_receive import BodyRefused, read_body
-from schemas.budgets import Budget, budget_fields, parse_budget
+from schemas.budgets import Budget, applicable, budget_fields, parse_budget
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, GATEWAY_KEY
 from schemas.counter_rows import counter_row
 from schemas.errors import ConfigError, ContractError
 from schemas.ids import canonical_id
 from schemas.periods import from_micros, to_micros
 from schemas.raises import BudgetRaise, grant_raise
-from schemas.virtual_keys import KEYED_PREFIX, key_hmac, key_topic_record, new_key
+from schemas.virtual_keys import KEYED_PREFIX, key_digest, key_hmac, key_topic_record, new_key
 
 #: the largest body taken (a budget, a key or a raise is well under 8 KiB)
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024
@@ -513,6 +514,37 @@ async def revoke_raise(request: web.Request, caller: Caller) -> web.StreamRespon
     return web.json_response(raise_json(after, now_us))
 
 
+# --- a virtual key as the caller ----------------------------------------------------------
+def key_caller(store: AdminStore, key: str, remote: str) -> Caller | None:
+    """The caller a live virtual key is, looked up as the gateways look it up: by its
+    keyed digest (or a legacy record's plain SHA-256); None for no live key."""
+    keys = store.keys()
+    for record_key in (KEYED_PREFIX + key_hmac(store.config.key_secret, key), key_digest(key)):
+        record = keys.get(record_key)
+        if record is not None:
+            return Caller.of_key(record_key, record["org_id"], remote)
+    return None
+
+
+def _key_counters(store: AdminStore, caller: Caller, budgets: dict[str, Budget]) -> dict[str, str]:
+    """The counter keys (-> budget id) a key caller's requests count in: its principal's, as the
+    gateway's ``GET /v1/spend`` reports them (no model: a request names that)."""
+    assert caller.key_record is not None
+    record = store.keys().get(caller.key_record)
+    if record is None:  # revoked since it was verified
+        raise ApiError(401, "unknown or revoked admin token or virtual key")
+    attrs = {
+        "org_id": record["org_id"],
+        "secret_id": record["secret_id"],
+        "project_id": record["project_id"],
+        "grant_id": record["grant_id"],
+        "user_id": record["user_id"],
+        "groups": list(record["groups"]),
+        "tags": dict(record["tags"]),
+    }
+    return {key: budget.budget_id for budget, key, _ in applicable(budgets.values(), attrs)}
+
+
 # --- counters ---------------------------------------------------------------------------
 def _remaining(limit: int | None, spent: int) -> int | None:
     return None if limit is None else max(limit - spent, 0)
@@ -557,8 +589,12 @@ async def list_counters(request: web.Request, caller: Caller) -> web.StreamRespo
     store = request.app[STORE]
     budgets = store.budgets()
     wanted = request.query.get("budget_id")
+    # a virtual key sees the counters its requests count in, whoever's budget they are of
+    own = None if caller.key_record is None else _key_counters(store, caller, budgets)
     if wanted is not None and (
-        wanted not in budgets or not caller.sees(budget_org(budgets[wanted]))
+        wanted not in budgets
+        or (own is None and not caller.sees(budget_org(budgets[wanted])))
+        or (own is not None and wanted not in own.values())
     ):
         raise ApiError(404, f"no budget {wanted!r}")
     book, now = store.raise_book(), datetime.now(UTC)
@@ -566,9 +602,14 @@ async def list_counters(request: web.Request, caller: Caller) -> web.StreamRespo
     for verdict in await store.verdicts():
         budget = budgets.get(verdict["budget_id"])
         values = verdict["scope_values"]
-        if budget is None or not caller.sees(budget_org(budget)):
-            continue  # a deleted budget's counters, or one the caller may not see
-        if caller.org_id is not None and values[:1] != [caller.org_id]:
+        if budget is None:
+            continue  # a deleted budget's counters
+        if own is not None:
+            if verdict["counter_key"] not in own:
+                continue
+        elif not caller.sees(budget_org(budget)):
+            continue  # one the caller may not see
+        elif caller.org_id is not None and values[:1] != [caller.org_id]:
             continue
         if wanted is not None and verdict["budget_id"] != wanted:
             continue
@@ -584,6 +625,42 @@ async def list_counters(request: web.Request, caller: Caller) -> web.StreamRespo
 async def spend(request: web.Request, caller: Caller) -> web.StreamResponse:
     report = await spend_report(request.app[SPEND_QUERY], request.query, caller)
     return web.json_response(report)
+
+
+# --- alerts -----------------------------------------------------------------------------
+async def list_alerts(request: web.Request, caller: Caller) -> web.StreamResponse:
+    store = request.app[STORE]
+    query = request.query
+    kind = query.get("kind")
+    if kind is not None and kind not in ALERT_KINDS:
+        raise ApiError(422, f"query 'kind': one of {', '.join(ALERT_KINDS)}", "kind")
+    since = None if "since" not in query else parse_since(query["since"], datetime.now(UTC))
+    budgets = store.budgets()
+    wanted = query.get("budget_id")
+    if (
+        wanted is not None
+        and caller.org_id is not None
+        and (wanted not in budgets or not caller.sees(budget_org(budgets[wanted])))
+    ):
+        raise ApiError(404, f"no budget {wanted!r}")
+    log = store.alert_log
+    shown = []
+    for alert in list(log.alerts.values()):
+        if caller.org_id is not None:  # its org's budgets' counters of its org only
+            budget = budgets.get(alert["budget_id"])
+            if budget is None or not caller.sees(budget_org(budget)):
+                continue
+            if alert_scope_values(alert)[:1] != [caller.org_id]:
+                continue
+        if wanted is not None and alert["budget_id"] != wanted:
+            continue
+        if kind is not None and alert["kind"] != kind:
+            continue
+        if since is not None and alert["as_of"] < since:
+            continue
+        shown.append(alert_json(alert, log.deliveries.get(alert["alert_id"], {})))
+    shown.sort(key=lambda a: (a["as_of"] or "", a["alert_id"]))
+    return web.json_response({"alerts": shown})
 
 
 # --- audit ------------------------------------------------------------------------------

@@ -197,6 +197,47 @@ class SpendReport(BaseModel):
     total_events: int
 
 
+class DeliveryView(BaseModel):
+    """One webhook's finished delivery of an alert (never its URL or secret)."""
+
+    webhook: str
+    #: delivered (a 2xx) or failed (given up)
+    status: str
+    attempts: int
+    http_status: int | None
+    #: the last error ('' when delivered)
+    error: str
+    finished_at: str | None
+
+
+class AlertView(BaseModel):
+    """A budget alert as ``spendbus notify`` sends it, with its finished deliveries (a
+    webhook still trying, or one that has not started, has none yet)."""
+
+    alert_id: str
+    #: threshold, unpriced_model or forecast
+    kind: str
+    budget_id: str
+    scope_values: list[str]
+    period: str
+    threshold: float
+    state: str
+    spent_nanos: int
+    spent_tokens: int
+    spent_requests: int
+    limit_nanos: int | None
+    limit_tokens: int | None
+    limit_requests: int | None
+    model: str | None
+    as_of: str | None
+    exhausts_at: str | None
+    deliveries: list[DeliveryView]
+
+
+class AlertList(BaseModel):
+    alerts: list[AlertView]
+
+
 class BudgetList(BaseModel):
     budgets: list[BudgetBody]
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from admin import api
 from admin.models import (
+    AlertList,
     AuditList,
     BudgetBody,
     BudgetList,
@@ -44,6 +45,8 @@ class Route:
     idempotent: bool = False
     #: optional query parameters (strings)
     query: tuple[str, ...] = ()
+    #: a caller with a virtual key (not an admin token) may call it (else 403)
+    keys_may_call: bool = False
 
 
 ROUTES: Final = (
@@ -136,9 +139,11 @@ ROUTES: Final = (
         "GET",
         "/counters",
         api.list_counters,
-        "Every live counter of the budgets the caller sees (one budget's with budget_id).",
+        "Every live counter of the budgets the caller sees (one budget's with budget_id); "
+        "with a virtual key as the bearer token, the counters that key's requests count in.",
         CounterList,
         query=("budget_id",),
+        keys_may_call=True,
     ),
     Route(
         "GET",
@@ -147,6 +152,15 @@ ROUTES: Final = (
         "Spend by day, week or month and by org, project, secret, user, model or tag.",
         SpendReport,
         query=("by", "group", "from", "to", "org_id"),
+    ),
+    Route(
+        "GET",
+        "/alerts",
+        api.list_alerts,
+        "The budget alerts of the budgets the caller sees, each with its webhook deliveries "
+        "(filters: budget_id, kind, since as a time or a duration back such as 6h).",
+        AlertList,
+        query=("budget_id", "kind", "since"),
     ),
     Route(
         "GET",

@@ -14,14 +14,14 @@ from typing import Final
 from aiohttp import web
 
 from admin import api
-from admin.access import Caller
+from admin.access import VIRTUAL_KEY, Caller
 from admin.audit_table import AuditSink
 from admin.errors import ApiError
 from admin.openapi import openapi_document
 from admin.reports import SpendQuery
 from admin.routes import PREFIX, ROUTES, Route
 from admin.store import AdminConfig, AdminStore
-from admin.tokens import TokenBook
+from admin.tokens import TOKEN_PREFIX, TokenBook
 from runtime.http_receive import close_after, run_app, server_options
 from runtime.net import is_loopback
 from schemas.errors import ConfigError, SpendbusError
@@ -39,6 +39,8 @@ SERVER_OPTIONS: Final = {**server_options(DEFAULT_HEADER_TIMEOUT_S), "lingering_
 def _bound(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         caller = _caller(request)
+        if caller.role == VIRTUAL_KEY and not route.keys_may_call:
+            raise ApiError(403, "a virtual key reads its own counters only")
         return await route.handler(request, caller)
 
     return handle
@@ -49,6 +51,11 @@ def _caller(request: web.Request) -> Caller:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "missing bearer token (Authorization: Bearer <admin token>)")
+    if not token.strip().startswith(TOKEN_PREFIX):  # a gateway's virtual key, or nothing
+        key_caller = api.key_caller(request.app[api.STORE], token.strip(), request.remote or "")
+        if key_caller is None:
+            raise ApiError(401, "unknown or revoked admin token or virtual key")
+        return key_caller
     try:
         record = request.app[api.TOKENS].verify(token.strip())
     except ConfigError as exc:

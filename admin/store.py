@@ -22,6 +22,7 @@ from typing import Any, Final
 from aiokafka import AIOKafkaProducer
 
 from admin.access import Caller
+from admin.alerts import AlertLog
 from admin.audit_table import AuditSink, AuditTable
 from admin.errors import ApiError
 from runtime.compacted import CompactedView, publish_with
@@ -83,12 +84,22 @@ class AdminStore:
     #: (topic, key) -> (the value decoded, what it decoded to): a read decodes only
     #: what changed since the last one
     _decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = field(default_factory=dict)
+    #: the shared alert topic and the notifier's deliveries, as the view reads them
+    alert_log: AlertLog = field(default_factory=AlertLog)
 
     def __post_init__(self) -> None:
         t = self.config.topics
         self.view = CompactedView(
             self.config.bootstrap,
-            [t.budget_policies, t.budget_raises, t.gateway_keys, t.admin_audit, t.generations],
+            [
+                t.budget_policies,
+                t.budget_raises,
+                t.gateway_keys,
+                t.admin_audit,
+                t.generations,
+                t.shared_alerts,
+                t.notify_deliveries,
+            ],
             security=self.config.security,
             on_change=self._changed,
         )
@@ -96,6 +107,14 @@ class AdminStore:
             self._audit_table = AuditTable(self.audit_sink)
 
     def _changed(self, topic: str, key: bytes, value: bytes | None) -> None:
+        topics = self.config.topics
+        if topic == topics.shared_alerts:
+            if value is not None:
+                self.alert_log.add_alert(value)
+            return
+        if topic == topics.notify_deliveries:
+            self.alert_log.add_delivery(key, value)
+            return
         table = self._audit_table
         if table is not None and topic == self.config.topics.admin_audit and value is not None:
             table.add(json.loads(value))

@@ -45,6 +45,16 @@ def nanos_to_usd(nanos: int) -> Decimal:
 
 def format_usd(nanos: int, places: int = 4) -> str:
     """Human display: ``$12.3456``. Never used for arithmetic."""
+    if 0 <= places <= 9:
+        # in integers (a report formats tens of thousands of rows): the nanos rounded to
+        # ``places`` decimals of a dollar, ties to even, as the Decimal path below does
+        unit = 10 ** (9 - places)
+        units, rest = divmod(nanos, unit)
+        if rest * 2 > unit or (rest * 2 == unit and units % 2):
+            units += 1
+        whole, fraction = divmod(abs(units), 10**places)
+        sign = "-" if nanos < 0 else ""  # Decimal keeps the sign of a -0.0000
+        return f"${sign}{whole}.{fraction:0{places}d}" if places else f"${sign}{whole}"
     quantum = Decimal(1).scaleb(-places)
     # fixed-point always: a Decimal's str of a few nanos is scientific ("5E-9")
     return f"${nanos_to_usd(nanos).quantize(quantum, rounding=ROUND_HALF_EVEN):f}"

@@ -3,13 +3,21 @@ across two orgs and a budget of none; seed 000's codes."""
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from admin.routes import PREFIX, ROUTES
+from schemas.budgets import parse_budget
+from schemas.codec import ALERT, VERDICT
+from schemas.ids import counter_key
 from schemas.topics import Topics
+from spendbus.stack.compacted import publish
 from tests.admin.kit import AdminServer, admin_server, budget
+from tests.gateway.kit import exhausted_verdict
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +52,43 @@ async def seed(server: AdminServer, platform: str, tag: str) -> dict[str | None,
             assert status == 201, key
             ids["key"] = key["key_id"]
         made[owner] = ids
+    await seed_alerts(server, platform, made)
     return made
+
+
+async def seed_alerts(
+    server: AdminServer, platform: str, made: dict[str | None, dict[str, str]]
+) -> None:
+    """An alert of each owner's budget (the one of no org counting acme), on the shared
+    alert topic; returns once the server's view holds them."""
+    records = []
+    for owner, ids in made.items():
+        key = counter_key(ids["budget"], [owner or "acme"])
+        ids["alert"] = f"{key}|2026-12|0.8"
+        value = {
+            "alert_id": ids["alert"],
+            "kind": "threshold",
+            "counter_key": key,
+            "budget_id": ids["budget"],
+            "period": "2026-12",
+            "threshold": 0.8,
+            "state": "alert",
+            "spent_nanos": 40 * 10**9,
+            "spent_tokens": 0,
+            "spent_requests": 1,
+            "limit_nanos": 50 * 10**9,
+            "limit_tokens": None,
+            "limit_requests": None,
+            "model": None,
+            "as_of": datetime.now(UTC),
+            "exhausts_at": None,
+        }
+        records.append((key.encode(), ALERT.encode(value)))
+    await publish(server.store.config.bootstrap, server.store.config.topics.shared_alerts, records)
+    wanted = {ids["alert"] for ids in made.values()}
+    async with asyncio.timeout(30):
+        while not wanted <= set(server.store.alert_log.alerts):
+            await asyncio.sleep(0.05)
 
 
 def expected(role: str, owner: str | None, writes: bool) -> str:
@@ -97,6 +141,14 @@ async def test_every_role_resource_and_verb_is_fenced_by_org(
                         f"{role}: raise list shows {owner}'s raise: {ids['raise'] in shown}"
                     )
 
+            status, listed = await server.call("GET", "/v1/admin/alerts", token)
+            shown = {a["alert_id"] for a in listed["alerts"]}
+            for owner, ids in made.items():
+                if (ids["alert"] in shown) != (expected(role, owner, False) == "ok"):
+                    wrong.append(
+                        f"{role}: alert list shows {owner}'s alert: {ids['alert'] in shown}"
+                    )
+
             for owner, ids in made.items():
                 b, r = ids["budget"], ids["raise"]
                 calls: list[tuple[str, str, Any, set[int]]] = [
@@ -104,6 +156,8 @@ async def test_every_role_resource_and_verb_is_fenced_by_org(
                     ("PATCH", f"/v1/admin/budgets/{b}", {"limit_usd": "60"}, {200}),
                     ("PUT", f"/v1/admin/budgets/{b}", budget(b, owner, limit_usd="70"), {200}),
                     ("GET", f"/v1/admin/raises/{r}", None, {200}),
+                    ("GET", f"/v1/admin/alerts?budget_id={b}", None, {200}),
+                    ("GET", f"/v1/admin/counters?budget_id={b}", None, {200}),
                     ("POST", f"/v1/admin/raises/{r}/revoke", None, {200}),
                 ]
                 if "key" in ids:
@@ -200,3 +254,81 @@ async def test_seed_000_codes_and_no_token_no_answer(
         # a key's secret is in the mint's answer only
         status, listed = await server.call("GET", "/v1/admin/keys", acme)
         assert "key" not in listed["keys"][0] and key["key"] not in str(listed)
+
+
+async def test_a_virtual_key_reads_its_own_counters_and_nothing_else(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    async with admin_server(kafka_bootstrap, topics, tmp_path) as server:
+        platform = server.token("platform-admin")
+        made = {}
+        for body in (
+            budget("acme.org", "acme"),  # counts every acme request: the key's too
+            budget("acme.per-secret", "acme", scope="secret"),  # the key's secret's counter
+            budget("acme.per-project", "acme", scope="project"),  # the key names no project
+            budget("globex.org", "globex"),
+            budget("all.per-org"),  # a budget of no org: its acme counter is the key's
+        ):
+            status, made[body["id"]] = await server.call(
+                "POST", "/v1/admin/budgets", platform, body
+            )
+            assert status == 201
+        status, minted = await server.call(
+            "POST",
+            "/v1/admin/keys",
+            platform,
+            {"name": "acme.ci", "org_id": "acme", "secret_id": "sk-openai"},
+        )
+        assert status == 201
+        key = minted["key"]
+        counters = [
+            ("acme.org", ("acme",)),
+            ("acme.per-secret", ("acme", "sk-openai")),
+            ("acme.per-secret", ("acme", "sk-other")),
+            ("acme.per-project", ("acme", "p1")),
+            ("globex.org", ("globex",)),
+            ("all.per-org", ("acme",)),
+            ("all.per-org", ("globex",)),
+        ]
+        verdicts = []
+        for budget_id, values in counters:
+            parsed, _ = parse_budget(made[budget_id])
+            assert parsed is not None
+            verdict = exhausted_verdict(parsed, values)
+            verdicts.append((verdict["counter_key"].encode(), VERDICT.encode(verdict)))
+        await publish(kafka_bootstrap, topics.budget_verdicts, verdicts)
+
+        status, body = await server.call("GET", "/v1/admin/counters", key)
+        assert status == 200, body
+        assert sorted((c["budget_id"], tuple(c["scope_values"])) for c in body["counters"]) == [
+            ("acme.org", ("acme",)),
+            ("acme.per-secret", ("acme", "sk-openai")),
+            ("all.per-org", ("acme",)),
+        ]
+        status, body = await server.call("GET", "/v1/admin/counters?budget_id=acme.org", key)
+        assert (status, len(body["counters"])) == (200, 1)
+        for other in ("globex.org", "acme.per-project", "nope"):
+            status, _ = await server.call("GET", f"/v1/admin/counters?budget_id={other}", key)
+            assert status == 404, other
+
+        # every other route: 403, whatever its verb (nothing written)
+        for route in ROUTES:
+            if route.keys_may_call:
+                continue
+            path = PREFIX + route.path.format(
+                budget_id="acme.org", key_id=minted["key_id"], raise_id="r-1"
+            )
+            status, body = await server.call(route.method, path, key, {} if route.body else None)
+            assert (status, body["error"]) == (403, "a virtual key reads its own counters only"), (
+                route.method,
+                path,
+            )
+        status, listed = await server.call("GET", "/v1/admin/budgets", platform)
+        assert len(listed["budgets"]) == 5
+
+        # a revoked key, or one no one minted, is no caller
+        assert (await server.call("DELETE", f"/v1/admin/keys/{minted['key_id']}", platform))[
+            0
+        ] == 200
+        assert (await server.call("GET", "/v1/admin/counters", key))[0] == 401
+        assert (await server.call("GET", "/v1/admin/counters", "sb-" + "x" * 43))[0] == 401

@@ -67,6 +67,8 @@ TINY: dict[str, list[str]] = {
         "3",
         "--requests",
         "3",
+        "--report-requests",
+        "1",
     ],
 }
 #: the benches that need a Kafka broker

@@ -49,6 +49,15 @@ def test_money_is_exact_and_rounds_half_even() -> None:
     # a few nanos read in fixed point, as every other amount (never "$5E-9")
     assert format_usd(5, 9) == "$0.000000005"
     assert format_usd(50, 8) == "$0.00000005"
+    # ties to even, negatives (a -0 keeps its sign, as Decimal's), no decimals
+    assert [format_usd(n) for n in (50_000, 150_000, 250_001, -150_000, -1)] == [
+        "$0.0000",
+        "$0.0002",
+        "$0.0003",
+        "$-0.0002",
+        "$-0.0000",
+    ]
+    assert (format_usd(1_500_000_000, 0), format_usd(10**21, 2)) == ("$2", "$1000000000000.00")
 
 
 @pytest.mark.parametrize(
