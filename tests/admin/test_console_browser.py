@@ -1,0 +1,292 @@
+"""The spend console in a real browser (Debian's Chromium, headless, through Selenium and
+the system chromedriver: nothing downloaded), served by the admin app on a real broker
+with spend from the real embedded ClickHouse: sign in, watch a budget's bar fill as its
+counter is counted, create a budget from the dialog; an org admin sees nothing of another
+org, a viewer no button, and a POST without the session's CSRF token is refused.
+
+``SPENDBUS_CONSOLE_SCREENSHOTS=DIR`` also saves the main pages there (docs/console-*.png
+are taken so; make test leaves them be)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+
+from aggregator import apply_schema, open_client
+from schemas.budgets import parse_budget
+from schemas.codec import VERDICT
+from schemas.topics import Topics
+from spendbus.stack.compacted import publish
+from tests.admin.kit import AdminServer, admin_server, budget
+from tests.admin.test_reports import query_of
+from tests.gateway.kit import exhausted_verdict
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+        reason="no Chromium: apt-get install chromium chromium-driver (.ci/run does)",
+    ),
+]
+
+#: a guard against a hang while a page catches up (never a measured threshold)
+GUARD_S = 30.0
+SHOTS = os.environ.get("SPENDBUS_CONSOLE_SCREENSHOTS")
+_T = TypeVar("_T")
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1100"):
+        options.add_argument(argument)
+    browser = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+class Browser:
+    """The driver's blocking calls off the event loop that serves the console."""
+
+    def __init__(self, driver: Any, server: AdminServer) -> None:
+        self.driver = driver
+        self.server = server
+
+    async def run(self, call: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.to_thread(call, *args)
+
+    async def open(self, path: str) -> str:
+        await self.run(self.driver.get, self.server.url + path)
+        return str(await self.run(lambda: self.driver.page_source))
+
+    async def sign_in(self, token: str) -> None:
+        await self.run(self.driver.delete_all_cookies)
+        await self.open("/login")
+
+        def submit() -> None:
+            from selenium.webdriver.common.by import By
+
+            self.driver.find_element(By.ID, "token").send_keys(token)
+            self.driver.find_element(By.ID, "sign-in").click()
+
+        await self.run(submit)
+
+    async def fill(self, fields: dict[str, str], submit_id: str, open_id: str) -> None:
+        def act() -> None:
+            from selenium.webdriver.common.by import By
+            from selenium.webdriver.support.ui import Select
+
+            self.driver.find_element(By.CSS_SELECTOR, f"#{open_id} summary").click()
+            for name, value in fields.items():
+                element = self.driver.find_element(By.CSS_SELECTOR, f"#{open_id} [name={name}]")
+                if element.tag_name == "select":
+                    Select(element).select_by_visible_text(value)
+                else:
+                    element.clear()
+                    element.send_keys(value)
+            self.driver.find_element(By.ID, submit_id).click()
+
+        await self.run(act)
+
+    async def texts(self, css: str) -> list[str]:
+        from selenium.webdriver.common.by import By
+
+        elements = await self.run(self.driver.find_elements, By.CSS_SELECTOR, css)
+        return [str(await self.run(lambda el=el: el.text)) for el in elements]
+
+    async def bar_of(self, counter: str) -> str | None:
+        """The usage bar's percent on the overview row of ``counter`` (ORG or ORG/ID)."""
+
+        def find() -> str | None:
+            from selenium.webdriver.common.by import By
+
+            self.driver.refresh()
+            for row in self.driver.find_elements(By.CSS_SELECTOR, "table.budgets tbody tr"):
+                cells = row.find_elements(By.TAG_NAME, "td")
+                if len(cells) > 2 and cells[1].text == counter:
+                    bars = cells[2].find_elements(By.CSS_SELECTOR, ".bar")
+                    return str(bars[0].get_attribute("data-percent")) if bars else None
+            return None
+
+        return await self.run(find)
+
+    async def shoot(self, name: str) -> None:
+        if SHOTS:
+            await self.run(self.driver.save_screenshot, str(Path(SHOTS) / f"console-{name}.png"))
+
+
+@pytest.fixture
+def spend_store(clickhouse_dsn: str) -> Iterator[Any]:
+    """This month's spend in the real engine: two orgs, several models, keys and users."""
+    client = open_client(clickhouse_dsn)
+    apply_schema(client)
+    today = datetime.now(UTC).date()
+    rows: list[str] = []
+    for n in range(min(today.day, 12)):
+        day = today - timedelta(days=n)
+        for org, secret, model, user, cost in (
+            ("acme", "sk-acme-web", "gpt-4o", "ana", 1_500_000_000 + n * 90_000_000),
+            ("acme", "sk-acme-batch", "claude-sonnet-4-5", "bo", 700_000_000),
+            ("globex", "sk-globex", "gpt-4o-mini", "cy", 300_000_000),
+        ):
+            rows.append(
+                f"('e{n}{secret}', '{day} 12:00:00', 'openai', 'openai-chat', '{model}', "
+                f"'{secret}', '{org}', NULL, '{user}', map(), 1000, 500, 'ok', {cost}, 0, "
+                f"{len(rows)}, now64())"
+            )
+    client.command(
+        "INSERT INTO usage_events (event_id, occurred_at, provider, api, model, secret_id, "
+        "org_id, project_id, user_id, tags, input_tokens, output_tokens, outcome, cost_nanos, "
+        "source_partition, source_offset, priced_at) VALUES " + ", ".join(rows)
+    )
+    yield client
+    client.close()
+
+
+async def counted(topics: Topics, bootstrap: str, made: dict[str, Any], spent_usd: int) -> None:
+    """The aggregator's verdict for the budget's ``acme`` counter at ``spent_usd``."""
+    parsed, errors = parse_budget(made)
+    assert parsed is not None, errors
+    verdict = exhausted_verdict(parsed, ("acme",))
+    limit = parsed.limit_nanos or 0
+    verdict.update(
+        spent_nanos=spent_usd * 10**9,
+        state="exceeded" if spent_usd * 10**9 >= limit else "ok",
+        seq=spent_usd,
+    )
+    await publish(
+        bootstrap,
+        topics.budget_verdicts,
+        [(verdict["counter_key"].encode(), VERDICT.encode(verdict))],
+    )
+
+
+async def as_browser(
+    cookie: str, method: str, url: str, form: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """A request with the session's cookie, made outside the browser (a forged form)."""
+    async with (
+        aiohttp.ClientSession(cookies={"spendbus_console": cookie}) as session,
+        session.request(method, url, data=form, allow_redirects=False) as answer,
+    ):
+        return answer.status, await answer.text()
+
+
+async def until(check: Callable[[], Any], wanted: Any) -> None:
+    async with asyncio.timeout(GUARD_S):
+        while (got := await check()) != wanted:
+            await asyncio.sleep(0.2)
+    assert got == wanted
+
+
+async def test_sign_in_watch_a_bar_fill_and_create_a_budget_from_the_dialog(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, driver: Any, spend_store: Any
+) -> None:
+    async with admin_server(
+        kafka_bootstrap, topics, tmp_path, spend_query=query_of(spend_store)
+    ) as server:
+        browser = Browser(driver, server)
+        platform = server.token("platform-admin")
+        await browser.sign_in(platform)
+        cookie = await browser.run(driver.get_cookie, "spendbus_console")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert platform not in cookie["value"]
+        # the overview: spend per org today and this month, tops, the daily chart
+        spend = await browser.texts("table.spend tbody tr")
+        assert spend[0].startswith("acme") and spend[1].startswith("globex")
+        assert "sk-acme-web" in (await browser.texts(".cards"))[0]
+        assert len(await browser.texts("svg.chart rect")) == min(datetime.now(UTC).day, 12)
+
+        # create a budget from the dialog: it is on the topic, as the API reads it back
+        await browser.fill(
+            {"id": "acme.monthly", "org_id": "acme", "limit_usd": "10", "window": "month"},
+            "create-budget",
+            "new-budget",
+        )
+        page = str(await browser.run(lambda: driver.page_source))
+        assert "budget acme.monthly created" in page
+        status, made = await server.call("GET", "/v1/admin/budgets/acme.monthly", platform)
+        assert status == 200 and made["limit_usd"] == "10" and made["match"] == {"org_id": "acme"}
+        # the budget page and the overview follow its counter as it is counted
+        await counted(topics, kafka_bootstrap, made, 4)
+        await until(lambda: browser.bar_of("acme"), "40.0")
+        await browser.shoot("overview")
+        await counted(topics, kafka_bootstrap, made, 10)
+        await until(lambda: browser.bar_of("acme"), "100.0")
+        await browser.open("/budgets/acme.monthly")
+        assert "exceeded" in " ".join(await browser.texts("table.budgets"))
+        await browser.fill(
+            {"by_usd": "5", "until": "2h", "reason": "launch"}, "create-raise", "raise"
+        )
+        assert "launch" in " ".join(await browser.texts("table"))
+        await browser.shoot("budget")
+        await until(lambda: browser.bar_of("acme"), "66.7")  # $10 of the raised $15
+        # a revoked token's session ends
+        token_id = platform.split("_")[1]
+        server.tokens.revoke(token_id)
+        await browser.open("/")
+        assert (await browser.run(lambda: driver.current_url)).endswith("/login")
+
+
+async def test_an_org_admin_sees_nothing_of_another_org_and_a_viewer_no_button(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, driver: Any
+) -> None:
+    async with admin_server(kafka_bootstrap, topics, tmp_path) as server:
+        browser = Browser(driver, server)
+        platform = server.token("platform-admin")
+        for org in ("initech", "globex"):
+            status, _ = await server.call(
+                "POST", "/v1/admin/budgets", platform, budget(f"{org}.cap", org)
+            )
+            assert status == 201
+        await browser.sign_in(server.token("org-admin", "initech"))
+        overview = await browser.open("/")
+        assert "initech.cap" in overview and "globex" not in overview
+        assert await browser.texts("#create-budget") != []  # an admin has the dialog
+        page = await browser.open("/budgets/globex.cap")
+        assert (
+            "no budget 'globex.cap'" in page and "globex.cap" not in (await browser.texts("h1"))[0]
+        )
+        cookie = (await browser.run(driver.get_cookie, "spendbus_console"))["value"]
+        assert (await as_browser(cookie, "GET", server.url + "/budgets/globex.cap"))[0] == 404
+
+        await browser.sign_in(server.token("org-viewer", "initech"))
+        await browser.open("/")
+        await browser.shoot("viewer")
+        buttons = await browser.texts("main button")
+        assert buttons == []  # nothing but the nav's log out
+        await browser.open("/budgets/initech.cap")
+        assert await browser.texts("main button, main form") == []
+        await browser.shoot("viewer-budget")
+        # the server refuses a viewer's POST anyway, and any POST without the CSRF token
+        cookie = (await browser.run(driver.get_cookie, "spendbus_console"))["value"]
+        page = str(await browser.run(lambda: driver.page_source))
+        found = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert found is not None
+        form = {"id": "initech.more", "scope": "org", "limit_usd": "5"}
+        status, text = await as_browser(
+            cookie, "POST", server.url + "/budgets", {**form, "csrf": found.group(1)}
+        )
+        assert status == 403 and "read only" in text
+        await browser.sign_in(server.token("org-admin", "initech"))
+        cookie = (await browser.run(driver.get_cookie, "spendbus_console"))["value"]
+        status, text = await as_browser(cookie, "POST", server.url + "/budgets", form)
+        assert status == 403 and "CSRF" in text
+        assert (await server.call("GET", "/v1/admin/budgets/initech.more", platform))[0] == 404
