@@ -67,9 +67,11 @@ def bar(spent: int, limit: int | None, state: str) -> str:
         return f'<div class="bar none" title="no USD limit">{e(usd(spent))}</div>'
     share = min(spent / limit, 1.0)
     return (
-        f'<div class="bar {e(state)}" role="meter" aria-valuenow="{spent}" '
+        f'<div class="bar s-{e(state)}" role="meter" aria-valuenow="{spent}" '
         f'aria-valuemax="{limit}" data-percent="{share * 100:.1f}">'
-        f'<div class="fill" style="width:{share * 100:.1f}%"></div>'
+        # an SVG rect's width is an attribute: the CSP forbids inline styles
+        '<svg class="fill" viewBox="0 0 1000 10" preserveAspectRatio="none" aria-hidden="true">'
+        f'<rect width="{share * 1000:.0f}" height="10"></rect></svg>'
         f"<span>{e(usd(spent))} of {e(usd(limit))} ({share * 100:.0f} %)</span></div>"
     )
 
@@ -88,7 +90,7 @@ def daily_chart(days: Sequence[tuple[str, int]], width: int = 640, height: int =
             f'height="{h:.1f}"><title>{e(day)}: {e(usd(cost))}</title></rect>'
         )
     return (
-        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
+        f'<svg class="chart" viewBox="0 0 {width} {height}" preserveAspectRatio="none" role="img" '
         f'aria-label="spend per day, highest {e(usd(top))}">'
         f'<text x="2" y="12">{e(usd(top))}</text>{"".join(bars)}</svg>'
         f'<p class="axis">{e(days[0][0])} … {e(days[-1][0])}</p>'

@@ -84,7 +84,7 @@ class Browser:
             from selenium.webdriver.common.by import By
 
             self.driver.find_element(By.ID, "token").send_keys(token)
-            self.driver.find_element(By.ID, "sign-in").click()
+            self.click_and_wait("sign-in")
 
         await self.run(submit)
 
@@ -101,9 +101,23 @@ class Browser:
                 else:
                     element.clear()
                     element.send_keys(value)
-            self.driver.find_element(By.ID, submit_id).click()
+            self.click_and_wait(submit_id)
 
         await self.run(act)
+
+    def click_and_wait(self, button_id: str) -> None:
+        """Submit a form and wait for the page it leads to (blocking: call in a thread)."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        # the page clicked on carries a mark its successor does not
+        self.driver.execute_script("window.consoleTestOldPage = true")
+        self.driver.find_element(By.ID, button_id).click()
+        WebDriverWait(self.driver, GUARD_S).until(
+            lambda d: d.execute_script(
+                "return document.readyState === 'complete' && !window.consoleTestOldPage"
+            )
+        )
 
     async def texts(self, css: str) -> list[str]:
         from selenium.webdriver.common.by import By
@@ -117,7 +131,7 @@ class Browser:
         def find() -> str | None:
             from selenium.webdriver.common.by import By
 
-            self.driver.refresh()
+            self.driver.get(self.server.url + "/")
             for row in self.driver.find_elements(By.CSS_SELECTOR, "table.budgets tbody tr"):
                 cells = row.find_elements(By.TAG_NAME, "td")
                 if len(cells) > 2 and cells[1].text == counter:
