@@ -416,7 +416,8 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
         if caller.role != ORG_VIEWER:
             action = (
                 f'<form method="post" action="/keys/{e(k["key_id"])}/revoke" class="inline">'
-                f'{csrf_field(session.csrf)}<button type="submit" class="revoke">Revoke</button>'
+                f'{csrf_field(session.csrf)}<button type="submit" class="revoke" '
+                f'id="revoke-{e(k["key_id"][:8])}">Revoke</button>'
                 "</form>"
             )
         rows.append(

@@ -281,6 +281,22 @@ async def test_an_org_admin_sees_nothing_of_another_org_and_a_viewer_no_button(
         cookie = (await browser.run(driver.get_cookie, "spendbus_console"))["value"]
         assert (await as_browser(cookie, "GET", server.url + "/budgets/globex.cap"))[0] == 404
 
+        # its keys, masked, and one revoked from the page
+        status, key = await server.call(
+            "POST",
+            "/v1/admin/keys",
+            platform,
+            {"name": "initech.c42", "org_id": "initech", "secret_id": "sk-openai"},
+        )
+        assert status == 201
+        page = await browser.open("/keys")
+        assert key["key"] not in page  # the key never; its id (a keyed digest) shown masked
+        shown = " ".join(await browser.texts("table.keys"))
+        assert key["key_id"][:8] + "…" in shown and key["key_id"] not in shown
+        await browser.run(browser.click_and_wait, "revoke-" + key["key_id"][:8])
+        assert "revoked" in " ".join(await browser.texts("p.ok"))
+        assert (await server.call("GET", f"/v1/admin/keys/{key['key_id']}", platform))[0] == 404
+
         await browser.sign_in(server.token("org-viewer", "initech"))
         await browser.open("/")
         await browser.shoot("viewer")
