@@ -19,6 +19,7 @@ from yarl import URL
 
 from admin import api
 from admin.access import Caller
+from admin.console.history import budget_history
 from admin.console.html import (
     OVERSHOOT_NOTE,
     bar,
@@ -376,6 +377,29 @@ async def budget_page(request: web.Request) -> web.StreamResponse:
             else '<p class="empty">Nothing counted this period yet.</p>'
         )
     )
+    history = await budget_history(request.app[api.SPEND_QUERY], budget_id, caller)
+    if isinstance(history, str):
+        parts.append("<h2>History</h2>" + message(f"History: {history}", "note"))
+    else:
+        parts.append(
+            "<h2>History per period</h2>"
+            + table(
+                ("period", "counter", "spent / limit", "state", "events"),
+                (
+                    [
+                        e(h["period"]),
+                        e(h["counter"]),
+                        bar(h["spent_nanos"], h["limit_nanos"], h["state"]),
+                        e(h["state"]),
+                        e(h["events"]),
+                    ]
+                    for h in history
+                ),
+                "history",
+            )
+            if history
+            else '<p class="empty">No history recorded.</p>'
+        )
     parts.append(
         "<h2>Raises</h2>"
         + (

@@ -23,6 +23,8 @@ import pytest
 from aggregator import apply_schema, open_client
 from schemas.budgets import parse_budget
 from schemas.codec import VERDICT
+from schemas.ids import counter_key
+from schemas.periods import parse_window, period_key
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
 from tests.admin.kit import AdminServer, admin_server, budget
@@ -170,6 +172,22 @@ def spend_store(clickhouse_dsn: str) -> Iterator[Any]:
         "org_id, project_id, user_id, tags, input_tokens, output_tokens, outcome, cost_nanos, "
         "source_partition, source_offset, priced_at) VALUES " + ", ".join(rows)
     )
+    # the counter of the budget the test creates, as the aggregator's priced events carry
+    # it: last month $12 of its $10 (exceeded), this month $3
+    key = counter_key("acme.monthly", ["acme"])
+    month = parse_window("month")
+    last_month = datetime.now(UTC).replace(day=1) - timedelta(days=1)
+    for n, (moment, cost) in enumerate(((last_month, 12 * 10**9), (datetime.now(UTC), 3 * 10**9))):
+        period = period_key(month, moment)
+        client.command(
+            "INSERT INTO usage_events (event_id, occurred_at, provider, api, model, secret_id, "
+            "org_id, tags, input_tokens, output_tokens, outcome, cost_nanos, source_partition, "
+            f"source_offset, priced_at, counts) VALUES ('h{n}', "
+            f"'{moment:%Y-%m-%d} 12:00:00', 'openai', 'openai-chat', 'gpt-4o', 'sk-acme-web', "
+            f"'acme', map(), 10, 5, 'ok', {cost}, 1, {n}, now64(), "
+            f"[('{key}', 'acme.monthly', ['acme'], 'month', '{period}', 0, 1, 10000000000, "
+            "NULL, NULL, [])])"
+        )
     yield client
     client.close()
 
@@ -246,6 +264,15 @@ async def test_sign_in_watch_a_bar_fill_and_create_a_budget_from_the_dialog(
         await until(lambda: browser.bar_of("acme"), "100.0")
         await browser.open("/budgets/acme.monthly")
         assert "exceeded" in " ".join(await browser.texts("table.budgets"))
+        # its history per period, from ClickHouse's budget_history
+        history = [" ".join(row.split()) for row in await browser.texts("table.history tbody tr")]
+        this_month, last = (
+            period_key(parse_window("month"), datetime.now(UTC)),
+            period_key(parse_window("month"), datetime.now(UTC).replace(day=1) - timedelta(days=1)),
+        )
+        assert history[0].startswith(f"{this_month} acme $3.00 of $10.00"), history
+        assert history[1].startswith(f"{last} acme $12.00 of $10.00"), history
+        assert history[1].endswith("exceeded 1") and history[0].endswith("ok 1"), history
         await browser.fill(
             {"by_usd": "5", "until": "2h", "reason": "launch"}, "create-raise", "raise"
         )
