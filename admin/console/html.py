@@ -44,7 +44,7 @@ def page(title: str, body: str, *, who: str = "", csrf: str = "") -> str:
     nav = ""
     if who:
         nav = (
-            '<nav><a href="/">Overview</a> <a href="/keys">Keys</a>'
+            '<nav><a href="/">Overview</a> <a href="/keys">Keys</a> <a href="/jobs">Jobs</a>'
             f'<span class="who">{e(who)}</span>'
             f'<form method="post" action="/logout" class="inline">{csrf_field(csrf)}'
             '<button type="submit" id="logout">Log out</button></form></nav>'

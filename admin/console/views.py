@@ -37,6 +37,7 @@ from admin.console.sessions import COOKIE, Session, SessionBook, csrf_matches
 from admin.errors import ApiError
 from admin.routes import PREFIX
 from admin.tokens import ORG_VIEWER
+from schemas.jobs import job_key, job_key_secret
 
 SESSIONS: Final = web.AppKey("console_sessions", SessionBook)
 #: a form's request as it came, before its body was read (request storage)
@@ -202,7 +203,18 @@ def _totals(rows: list[dict[str, Any]], field: str) -> list[tuple[str, int]]:
     return sorted(sums.items(), key=lambda kv: -kv[1])
 
 
-def _counter_rows(counters: list[dict[str, Any]], link: bool) -> list[list[str]]:
+def _counter_label(request: web.Request, counter: dict[str, Any]) -> str:
+    """A counter as people see it: its scope values, but a job's (a session budget's
+    counter: org, identity, session) only by its opaque key (schemas/jobs.py)."""
+    values = counter["scope_values"]
+    if counter["scope"] == "session" and len(values) == 3:
+        return job_key(job_key_secret(request.app[api.STORE].config.key_secret), *values)
+    return "/".join(values) or "all"
+
+
+def _counter_rows(
+    request: web.Request, counters: list[dict[str, Any]], link: bool
+) -> list[list[str]]:
     rows = []
     for c in counters:
         name = e(c["budget_id"])
@@ -212,7 +224,7 @@ def _counter_rows(counters: list[dict[str, Any]], link: bool) -> list[list[str]]
         rows.append(
             [
                 name,
-                e("/".join(c["scope_values"]) or "all"),
+                e(_counter_label(request, c)),
                 bar(c["spent_nanos"], c["limit_nanos"], c["state"]),
                 f'<span class="state-{e(c["state"])}">{e(c["state"])}</span>'
                 + (f" ({e(c['action'])})" if c["state"] == "exceeded" else ""),
@@ -310,7 +322,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
     budgets = (await _read(request, caller, api.list_budgets, "/budgets"))["budgets"]
     counters = (await _read(request, caller, api.list_counters, "/counters"))["counters"]
     counted = {c["budget_id"] for c in counters}
-    rows = _counter_rows(counters, link=True)
+    rows = _counter_rows(request, counters, link=True)
     for b in budgets:
         if b["id"] not in counted:
             rows.append(
@@ -372,7 +384,7 @@ async def budget_page(request: web.Request) -> web.StreamResponse:
     parts.append(
         "<h2>Counters, this period</h2>"
         + (
-            table(COUNTER_HEADERS, _counter_rows(counters, link=False), "budgets")
+            table(COUNTER_HEADERS, _counter_rows(request, counters, link=False), "budgets")
             if counters
             else '<p class="empty">Nothing counted this period yet.</p>'
         )
@@ -476,6 +488,42 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
         )
     )
     return _html(page("Keys", "".join(parts), who=_who(caller), csrf=session.csrf))
+
+
+async def jobs_page(request: web.Request) -> web.StreamResponse:
+    """Jobs (seed 001): session budgets' counters by their opaque key, as ``spendbus
+    jobs`` lists them, with their count against the ceiling."""
+    signed = _signed_in(request)
+    if signed is None:
+        return _see_other("/login")
+    session, caller = signed
+    counters = (await _read(request, caller, api.list_counters, "/counters"))["counters"]
+    jobs = sorted(
+        (
+            (_counter_label(request, c), c)
+            for c in counters
+            if c["scope"] == "session" and len(c["scope_values"]) == 3
+        ),
+        key=lambda job: (job[1]["budget_id"], job[0]),
+    )
+    rows = [
+        [
+            f"<code>{e(key)}</code>",
+            f'<a href="/budgets/{e(c["budget_id"])}">{e(c["budget_id"])}</a>',
+            e(f"{c['spent_requests']:,} of {c['limit_requests']:,}")
+            if c["limit_requests"]
+            else e(f"{c['spent_requests']:,}"),
+            bar(c["spent_nanos"], c["limit_nanos"], c["state"]),
+            f'<span class="state-{e(c["state"])}">{e(c["state"])}</span>',
+        ]
+        for key, c in jobs
+    ]
+    body = (
+        table(("job", "budget", "requests / ceiling", "spent / limit", "state"), rows, "jobs")
+        if rows
+        else '<p class="empty">No job counted this period.</p>'
+    )
+    return _html(page("Jobs", body, who=_who(caller), csrf=session.csrf))
 
 
 # --- actions ----------------------------------------------------------------------------
@@ -594,6 +642,7 @@ def mount_console(app: web.Application) -> None:
     app.router.add_post("/login", login)
     app.router.add_post("/logout", logout)
     app.router.add_get("/keys", keys_page)
+    app.router.add_get("/jobs", jobs_page)
     app.router.add_post("/keys/{key_id}/revoke", revoke_key)
     app.router.add_post("/budgets", create_budget)
     app.router.add_get("/budgets/{budget_id}", budget_page)

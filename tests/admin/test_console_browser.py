@@ -24,12 +24,13 @@ from aggregator import apply_schema, open_client
 from schemas.budgets import parse_budget
 from schemas.codec import VERDICT
 from schemas.ids import counter_key
+from schemas.jobs import job_key, job_key_secret
 from schemas.periods import parse_window, period_key
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
 from tests.admin.kit import AdminServer, admin_server, budget
 from tests.admin.test_reports import query_of
-from tests.gateway.kit import exhausted_verdict
+from tests.gateway.kit import KEY_SECRET, exhausted_verdict
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -297,10 +298,42 @@ async def test_an_org_admin_sees_nothing_of_another_org_and_a_viewer_no_button(
                 "POST", "/v1/admin/budgets", platform, budget(f"{org}.cap", org)
             )
             assert status == 201
+        # a job (seed 001) in each org: initech's shown by its opaque key only
+        verdicts = []
+        for org in ("initech", "globex"):
+            status, jobs = await server.call(
+                "POST",
+                "/v1/admin/budgets",
+                platform,
+                {"id": f"{org}.jobs", "job_budget": True, "match": {"org_id": org}},
+            )
+            assert status == 201, jobs
+            parsed, errors = parse_budget(jobs)
+            assert parsed is not None, errors
+            verdict = exhausted_verdict(parsed, (org, "alice", "sess-7"))
+            verdict.update(state="ok", spent_requests=42)
+            verdicts.append((verdict["counter_key"].encode(), VERDICT.encode(verdict)))
+        await publish(kafka_bootstrap, topics.budget_verdicts, verdicts)
+        await browser.sign_in(platform)
+        job = {
+            org: job_key(job_key_secret(KEY_SECRET), org, "alice", "sess-7")
+            for org in ("initech", "globex")
+        }
+
+        async def jobs_listed() -> list[str]:
+            await browser.open("/jobs")
+            return await browser.texts("table.jobs tbody tr td:first-child")
+
+        await until(jobs_listed, [job["globex"], job["initech"]])  # by budget id
+        assert "42 of 500" in " ".join(await browser.texts("table.jobs"))
+        assert "sess-7" not in await browser.open("/jobs")
+        assert "sess-7" not in await browser.open("/")
+
         await browser.sign_in(server.token("org-admin", "initech"))
         overview = await browser.open("/")
         assert "initech.cap" in overview and "globex" not in overview
         assert await browser.texts("#create-budget") != []  # an admin has the dialog
+        assert await jobs_listed() == [job["initech"]]  # never globex's job
         page = await browser.open("/budgets/globex.cap")
         assert (
             "no budget 'globex.cap'" in page and "globex.cap" not in (await browser.texts("h1"))[0]
