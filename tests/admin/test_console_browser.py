@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from aggregator import apply_schema, open_client
+from ingest.gateway import KeysTopicFollower
 from schemas.budgets import parse_budget
 from schemas.codec import VERDICT
 from schemas.ids import counter_key
@@ -29,8 +30,9 @@ from schemas.periods import parse_window, period_key
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
 from tests.admin.kit import AdminServer, admin_server, budget
+from tests.admin.test_gateway_enforces import answers, chat
 from tests.admin.test_reports import query_of
-from tests.gateway.kit import KEY_SECRET, exhausted_verdict
+from tests.gateway.kit import KEY_SECRET, exhausted_verdict, gateway_stack
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -380,3 +382,54 @@ async def test_an_org_admin_sees_nothing_of_another_org_and_a_viewer_no_button(
         status, text = await as_browser(cookie, "POST", server.url + "/budgets", form)
         assert status == 403 and "CSRF" in text
         assert (await server.call("GET", "/v1/admin/budgets/initech.more", platform))[0] == 404
+
+
+async def test_a_budget_made_in_the_dialog_is_enforced_and_the_console_says_why(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, driver: Any
+) -> None:
+    """An org admin creates a $1 budget in the dialog; a running gateway (real broker,
+    enforcer and publisher; a fake provider) takes the org's key, then refuses it once
+    the budget is spent, and the console shows the counter exceeded, enforced, and when
+    it resets."""
+    async with (
+        admin_server(kafka_bootstrap, topics, tmp_path / "admin") as server,
+        gateway_stack(kafka_bootstrap, topics, tmp_path / "gw", budgets=()) as stack,
+    ):
+        browser = Browser(driver, server)
+        initech = server.token("org-admin", "initech")
+        status, key = await server.call(
+            "POST",
+            "/v1/admin/keys",
+            initech,
+            {"name": "initech.customer-42", "secret_id": "sk-openai", "project_id": "c42"},
+        )
+        assert status == 201
+        await browser.sign_in(initech)
+        await browser.fill(
+            {"id": "initech.c42", "scope": "project", "limit_usd": "1"},
+            "create-budget",
+            "new-budget",
+        )
+        assert "budget initech.c42 created" in " ".join(await browser.texts("p.ok"))
+        status, made = await server.call("GET", "/v1/admin/budgets/initech.c42", initech)
+        assert status == 200 and made["match"] == {"org_id": "initech"}
+        async with KeysTopicFollower(
+            kafka_bootstrap, topics.gateway_keys, stack.gateway.keys, stack.gateway.config
+        ) as follower:
+            await follower.wait_ready(GUARD_S)
+            assert await chat(stack.url, key["key"]) == 200
+            parsed, errors = parse_budget(made)
+            assert parsed is not None, errors
+            spent = exhausted_verdict(parsed, ("initech", "c42"))
+            await publish(
+                kafka_bootstrap,
+                topics.budget_verdicts,
+                [(spent["counter_key"].encode(), VERDICT.encode(spent))],
+            )
+            await answers(stack.url, key["key"], 402)
+        await until(lambda: browser.bar_of("initech/c42"), "100.0")
+        row = " ".join(" ".join(t.split()) for t in await browser.texts("table.budgets tbody tr"))
+        assert "exceeded (enforce)" in row and "$1.00 of $1.00" in row
+        reset = spent["reset_at"]  # when its period ends, as the page names it
+        assert f"{reset:%a} " in row and f"{reset:%H:%M} UTC" in row
+        await browser.shoot("exceeded")
