@@ -91,7 +91,19 @@ def _login_page(error: str = "") -> str:
     )
 
 
+def _cross_site(request: web.Request) -> web.Response | None:
+    """A 403 for a form posted from another site (its Origin is not this server's): the
+    SameSite cookie and the CSRF token stop it already, this stops a forced sign-in too."""
+    origin = request.headers.get("Origin")
+    if origin is None or origin == f"{request.scheme}://{request.host}":
+        return None
+    return _html(page("Refused", message(f"A form from {origin} is not taken here.")), 403)
+
+
 async def login(request: web.Request) -> web.StreamResponse:
+    refused = _cross_site(request)
+    if refused is not None:
+        return refused
     form = await request.post()
     token = form.get("token")
     session = request.app[SESSIONS].login(token.strip()) if isinstance(token, str) else None
@@ -125,6 +137,9 @@ async def _form_signed_in(
 ) -> tuple[Session, Caller, Mapping[str, Any]] | web.Response:
     """A POST's session, caller and form, or the answer refusing it: no session, or no
     matching CSRF token (403, nothing done)."""
+    refused = _cross_site(request)
+    if refused is not None:
+        return refused
     signed = _signed_in(request)
     if signed is None:
         return _see_other("/login")

@@ -214,12 +214,16 @@ async def counted(topics: Topics, bootstrap: str, made: dict[str, Any], spent_us
 
 
 async def as_browser(
-    cookie: str, method: str, url: str, form: dict[str, str] | None = None
+    cookie: str,
+    method: str,
+    url: str,
+    form: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """A request with the session's cookie, made outside the browser (a forged form)."""
     async with (
         aiohttp.ClientSession(cookies={"spendbus_console": cookie}) as session,
-        session.request(method, url, data=form, allow_redirects=False) as answer,
+        session.request(method, url, data=form, headers=headers, allow_redirects=False) as answer,
     ):
         return answer.status, await answer.text()
 
@@ -381,6 +385,18 @@ async def test_an_org_admin_sees_nothing_of_another_org_and_a_viewer_no_button(
         cookie = (await browser.run(driver.get_cookie, "spendbus_console"))["value"]
         status, text = await as_browser(cookie, "POST", server.url + "/budgets", form)
         assert status == 403 and "CSRF" in text
+        # the right CSRF token, posted from another site: refused on its Origin
+        page = await browser.open("/")
+        found = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert found is not None
+        status, text = await as_browser(
+            cookie,
+            "POST",
+            server.url + "/budgets",
+            {**form, "csrf": found.group(1)},
+            {"Origin": "https://evil.example"},
+        )
+        assert status == 403 and "https://evil.example" in text
         assert (await server.call("GET", "/v1/admin/budgets/initech.more", platform))[0] == 404
 
 
