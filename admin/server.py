@@ -16,6 +16,7 @@ from aiohttp import web
 from admin import api
 from admin.access import VIRTUAL_KEY, Caller
 from admin.audit_table import AuditSink
+from admin.console import mount_console
 from admin.errors import ApiError
 from admin.openapi import openapi_document
 from admin.reports import SpendQuery
@@ -113,6 +114,7 @@ def build_app(
 
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/healthz", healthz)
+    mount_console(app)  # the HTML console at / (admin/console/)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await store.start()

@@ -275,12 +275,40 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
                 security=settings.kafka_security,
             )
         )
-        return _check_and_report(worker, ledger)
+        status = _check_and_report(worker, ledger)
+        for line in console_login(demo_settings, bootstrap, keep):
+            console.print(line, soft_wrap=True, highlight=False)
+        return status
     finally:
         if not keep:
             with console.status("stopping the demo stack..."):
                 worker.stop()
                 stack.down()
+
+
+def console_login(settings: Settings, bootstrap: str, keep: bool) -> list[str]:
+    """How to open the spend console over the demo's stack: the address, the command
+    that serves it, and a platform-admin login made for it (minted only when the stack
+    stays up, ``--keep``: a login to a stopped stack would be no use)."""
+    url = f"http://127.0.0.1:{settings.admin_port}/"
+    if not keep:
+        return [
+            f"spend console: {url} (`spendbus admin serve`); the demo stack stops now: "
+            "`spendbus demo --keep` leaves it running and prints a console login for it"
+        ]
+    from spendbus.commands.admin_api import token_book
+
+    token, record = token_book(settings).mint("platform-admin", None)
+    env = (
+        f"SPENDBUS_HOME={settings.home} KAFKA_BOOTSTRAP={bootstrap} "
+        f"SPENDBUS_WEB_PORT={settings.web_port}"
+        + (f" SPENDBUS_TOPIC_PREFIX={settings.topic_prefix}" if settings.topic_prefix else "")
+    )
+    return [
+        f"spend console: {env} spendbus admin serve   # then open {url}",
+        f"console login (platform-admin token {record.token_id}, shown once): {token}",
+        f"SPENDBUS_HOME={settings.home} spendbus down   # stops the demo stack",
+    ]
 
 
 def _verdict_spend(enforcer: Enforcer) -> dict[tuple[str, str], int]:

@@ -69,7 +69,9 @@ def test_a_wheel_built_from_the_sdist_runs_the_demo_from_an_empty_folder(tmp_pat
         [
             str(python),
             "-c",
-            "import spendbus, aggregator.sink.store as s; print(spendbus.__file__); print(s.DDL_DIR)",
+            # the console reads its stylesheet as it is imported: it must ship
+            "import admin.console, spendbus, aggregator.sink.store as s; "
+            "print(spendbus.__file__); print(s.DDL_DIR)",
         ],
         empty,
         60,

@@ -1,0 +1,53 @@
+"""A budget's history per period, from ClickHouse's ``budget_history`` view (exact, one
+row per counter and period), read through the same function the spend reports use
+(admin/reports.py: the worker's ``/sql`` or the current store), fenced by org."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Final
+
+from admin.access import Caller
+from admin.reports import SpendQuery, quoted
+
+log = logging.getLogger("spendbus.admin.console")
+
+#: the most (counter, period) rows a budget's page shows, newest first
+MAX_HISTORY_ROWS: Final = 200
+
+
+def history_sql(budget_id: str, caller: Caller) -> str:
+    """The SELECT of ``budget_id``'s rows; an org-scoped caller's counters only."""
+    where = [f"budget_id = {quoted(budget_id)}"]
+    if caller.org_id is not None:
+        where.append(f"scope_values[1] = {quoted(caller.org_id)}")
+    return (
+        "SELECT period, scope_values, spent_nanos, limit_nanos, state, events "
+        f"FROM budget_history WHERE {' AND '.join(where)} "
+        f"ORDER BY period DESC, scope_values LIMIT {MAX_HISTORY_ROWS}"
+    )
+
+
+async def budget_history(
+    run: SpendQuery | None, budget_id: str, caller: Caller
+) -> list[dict[str, Any]] | str:
+    """The rows, or why there are none to show (no store configured, or it failed)."""
+    if run is None:
+        return "no ClickHouse store is configured for the history"
+    try:
+        rows = await asyncio.to_thread(run, history_sql(budget_id, caller))
+    except Exception as exc:  # the store away or refusing: the page shows the rest
+        log.warning("budget history: the store did not answer (%s)", type(exc).__name__)
+        return f"ClickHouse did not answer ({type(exc).__name__}); reload to retry"
+    return [
+        {
+            "period": str(period),
+            "counter": "/".join(str(v) for v in values) or "all",
+            "spent_nanos": int(spent),
+            "limit_nanos": None if limit is None else int(limit),
+            "state": str(state),
+            "events": int(events),
+        }
+        for period, values, spent, limit, state, events in rows
+    ]

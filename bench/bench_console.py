@@ -1,0 +1,147 @@
+"""Console benchmark: p50/p99 of every page of the spend console (admin/console/), at a
+small scale.
+
+The same set-up as bench/bench_admin.py (its topics and store fillers): an admin server
+in this process over fresh topics holding --budgets project budgets of org-0 with
+--counters-per-budget verdicts each, and an embedded ClickHouse holding --events usage
+events over 60 days (their ``spend_daily`` rollup filled as they are inserted). A
+platform-admin signs in once; then --requests of each page, alternated, one at a time
+over one keep-alive connection, timed from the request to the last byte of the HTML:
+
+- ``/``: spend per org this month (4 spend reports: org, secret, model, user), every
+  budget and counter, the raises;
+- ``/budgets/<a random budget>``: the budget, its counters, its history per period
+  (``budget_history``), its raises;
+- ``/keys`` and ``/jobs``.
+
+Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka for the run.
+
+    .venv/bin/python bench/bench_console.py [--events 100000] [--requests 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp
+from aiohttp import web
+
+from admin import SERVER_OPTIONS, AdminConfig, AdminStore, TokenBook, build_app
+from aggregator import apply_schema, open_client, run_query
+from bench.bench_admin import fill_store, seed_topics
+from bench.benchkit import pct
+from schemas.topics import Topics
+from spendbus.stack.broker_jars import ensure_broker_jars
+from spendbus.stack.kafka import LocalKafka
+from spendbus.stack.topics import ensure_topics
+
+
+async def measure(
+    bootstrap: str, home: Path, store: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    topics = Topics(prefix=f"benchconsole{uuid.uuid4().hex[:8]}.")
+    await ensure_topics(bootstrap, topics, partitions=4)
+    budget_ids = await seed_topics(bootstrap, topics, args.budgets, args.counters_per_budget)
+    tokens = TokenBook(home / "admin.tokens", b"bench-admin-secret-0123456789abcdef")
+    token = tokens.mint("platform-admin", None)[0]
+    app = build_app(
+        AdminStore(AdminConfig(bootstrap, topics, b"bench-key-secret-0123456789")),
+        tokens,
+        spend_query=lambda sql: run_query(store, sql)[1],
+    )
+    runner = web.AppRunner(app, access_log=None, **SERVER_OPTIONS)
+    await runner.setup()
+    pages = ("overview", "budget", "keys", "jobs")
+    timings: dict[str, list[float]] = {page: [] for page in pages}
+    sizes: dict[str, int] = {}
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+        url = f"http://127.0.0.1:{port}"
+        # the session cookie is for 127.0.0.1: aiohttp keeps an IP's cookies when unsafe
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+            async with session.post(url + "/login", data={"token": token}) as response:
+                assert response.status == 200 and "Overview" in await response.text()
+
+            async def timed(page: str, path: str) -> None:
+                started = time.perf_counter()
+                async with session.get(url + path, allow_redirects=False) as response:
+                    body = await response.read()
+                    assert response.status == 200, (path, response.status)
+                timings[page].append((time.perf_counter() - started) * 1000)
+                sizes[page] = len(body)
+
+            await timed("overview", "/")  # warm: the follower caught up, the store open
+            timings["overview"].clear()
+            for _ in range(args.requests):
+                await timed("overview", "/")
+                await timed("budget", f"/budgets/{random.choice(budget_ids)}")
+                await timed("keys", "/keys")
+                await timed("jobs", "/jobs")
+    finally:
+        await runner.cleanup()
+    return {
+        page: {
+            "p50_ms": round(pct(values, 0.5), 2),
+            "p99_ms": round(pct(values, 0.99), 2),
+            "html_bytes": sizes[page],
+        }
+        for page, values in timings.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--budgets", type=int, default=10)
+    parser.add_argument("--counters-per-budget", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=50)
+    args = parser.parse_args()
+    random.seed(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker: LocalKafka | None = None
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        if not bootstrap:
+            ensure_broker_jars()
+            broker = LocalKafka(data_dir=home / "kafka").start()
+            bootstrap = broker.bootstrap
+        store = open_client(f"chdb://{home / 'clickhouse'}")
+        try:
+            apply_schema(store)
+            fill_store(store, args.events)
+            (stored,) = run_query(store, "SELECT count() FROM usage_events")[1]
+            result = asyncio.run(measure(bootstrap, home, store, args))
+        finally:
+            store.close()
+            if broker is not None:
+                broker.stop()
+    print(
+        json.dumps(
+            {
+                "bench": "console",
+                "events": int(stored[0]),
+                "budgets": args.budgets,
+                "counter_count": args.budgets * args.counters_per_budget,
+                "requests": args.requests,
+                **result,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
