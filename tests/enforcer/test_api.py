@@ -13,6 +13,8 @@ EXPECTED = [
     "EnforcerError",
     "InvalidContext",
     "NotReady",
+    "Policy",
+    "PolicyError",
     "Sidecar",
     "TopicsMissing",
     "create_app",
