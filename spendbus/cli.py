@@ -203,7 +203,8 @@ RECONCILE_COMMANDS: Final = {
         "spendbus.commands.reconcile:reconcile_import",
         "Import FILE: PROVIDER's usage or cost report as JSON pages (one page or a list of "
         'them), or both as `fetch --save` writes them ({"usage": [...], "costs": [...]}); '
-        "for bedrock, the Bedrock rows of a CUR 2.0 export (CSV).",
+        "for bedrock, the Bedrock rows of a CUR 2.0 export (CSV); for gemini, the rows of a "
+        "Cloud Billing export to BigQuery (newline-delimited JSON or CSV).",
     ),
     "prices": LazyCommand(
         "spendbus.commands.reconcile:reconcile_prices",

@@ -249,7 +249,13 @@ def approvals_deny(job: str, reason: str) -> None:
 
 @click.command("jobs")
 @click.option("--json", "as_json", is_flag=True)
-def jobs(as_json: bool) -> None:
+@click.option(
+    "--audit",
+    is_flag=True,
+    help="An operator's correlation: each key with the tenant, identity and session it "
+    "stands for (the listing alone never shows them).",
+)
+def jobs(as_json: bool, audit: bool) -> None:
     """Jobs (session budgets' counters) by opaque key, with their count against the ceiling."""
     settings = load_settings()
     secret = job_key_secret(settings)
@@ -281,16 +287,24 @@ def jobs(as_json: bool) -> None:
                 "spent_nanos": verdict["spent_nanos"],
                 "limit_nanos": verdict["limit_nanos"],
                 "as_of": verdict["as_of"].isoformat().replace("+00:00", "Z"),
+                **(
+                    dict(zip(("org_id", "identity", "session_id"), scope_values, strict=True))
+                    if audit
+                    else {}
+                ),
             }
         )
     rows.sort(key=lambda r: (r["budget_id"], r["job"]))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("job", "budget", "state", "spent", "ceiling", "as of")
+    correlation = ("org", "identity", "session") if audit else ()
+    table = Table("job", *correlation, "budget", "state", "spent", "ceiling", "as of")
     for row in rows:
+        who = (row["org_id"], row["identity"], row["session_id"]) if audit else ()
         table.add_row(
             row["job"],
+            *who,
             row["budget_id"],
             row["state"],
             limits_text(row["spent_nanos"], row["spent_tokens"], row["spent_requests"]),

@@ -213,6 +213,11 @@ async def test_approval_holds_the_job_once_until_an_operator_decides(
         assert [(j["job"], j["spent_requests"], j["limit_requests"]) for j in jobs] == [
             (job_a, 2, 1)
         ]
+        # an operator's correlation of the same key: what approvals list says of it
+        audited = json.loads(spendbus(kafka_bootstrap, topics, home, "jobs", "--json", "--audit"))
+        assert [(j["job"], j["org_id"], j["identity"], j["session_id"]) for j in audited] == [
+            (job_a, "acme", IDENTITY, "acme/job-a")
+        ]
 
 
 async def test_deny_allow_and_failing_policies(
