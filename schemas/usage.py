@@ -21,7 +21,7 @@ from schemas.billed_units import (
 )
 from schemas.errors import InvalidRecord
 from schemas.ids import MAX_ID_LENGTH
-from schemas.periods import from_micros
+from schemas.periods import from_micros, to_micros
 from schemas.records import UsageEvent
 
 # Decision values, shared by the enforcer (which decides), the aggregator (which
@@ -193,12 +193,8 @@ def validate_usage_event(event: Mapping[str, Any]) -> None:
 
 
 #: MIN_OCCURRED_AT and MAX_OCCURRED_AT in µs since the epoch
-_MIN_OCCURRED_US: Final = (
-    int((MIN_OCCURRED_AT - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000
-)
-_MAX_OCCURRED_US: Final = (
-    int((MAX_OCCURRED_AT - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()) * 1_000_000
-)
+_MIN_OCCURRED_US: Final = to_micros(MIN_OCCURRED_AT)
+_MAX_OCCURRED_US: Final = to_micros(MAX_OCCURRED_AT)
 
 
 def validate_decoded_usage_event(event: dict[str, Any], occurred_us: int) -> None:
