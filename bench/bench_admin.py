@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -161,10 +162,14 @@ async def seed_topics(bootstrap: str, topics: Topics, budgets: int, per_budget: 
     return ids
 
 
-async def measure(
-    bootstrap: str, home: Path, store: Any, args: argparse.Namespace
-) -> dict[str, Any]:
-    topics = Topics(prefix=f"bench{uuid.uuid4().hex[:8]}.")
+async def serve_admin(
+    bootstrap: str, home: Path, store: Any, args: argparse.Namespace, name: str
+) -> tuple[web.AppRunner, str, str, list[str]]:
+    """An admin server in this process on a free loopback port, over fresh topics (named
+    after the bench ``name``) holding --budgets budgets with --counters-per-budget verdicts
+    each, answering spend reports from ``store``: (its runner, to clean up; its base URL;
+    a platform-admin token; the budget ids)."""
+    topics = Topics(prefix=f"{name}{uuid.uuid4().hex[:8]}.")
     await ensure_topics(bootstrap, topics, partitions=4)
     budget_ids = await seed_topics(bootstrap, topics, args.budgets, args.counters_per_budget)
     tokens = TokenBook(home / "admin.tokens", b"bench-admin-secret-0123456789abcdef")
@@ -176,14 +181,55 @@ async def measure(
     )
     runner = web.AppRunner(app, access_log=None, **SERVER_OPTIONS)
     await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    return runner, f"http://127.0.0.1:{port}", token, budget_ids
+
+
+def on_filled_store(
+    args: argparse.Namespace,
+    measure: Callable[[str, Path, Any, argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
+) -> tuple[int, float, dict[str, Any]]:
+    """``measure(bootstrap, home, store, args)`` on a broker (KAFKA_BOOTSTRAP, else a
+    LocalKafka for the run) and an embedded store holding --events usage events:
+    (the events stored, the seconds filling took, what ``measure`` returned)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        broker: LocalKafka | None = None
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        if not bootstrap:
+            ensure_broker_jars()
+            broker = LocalKafka(data_dir=home / "kafka").start()
+            bootstrap = broker.bootstrap
+        store = open_client(f"chdb://{home / 'clickhouse'}")
+        try:
+            apply_schema(store)
+            started = time.perf_counter()
+            fill_store(store, args.events)
+            filled_s = time.perf_counter() - started
+            (stored,) = run_query(store, "SELECT count() FROM usage_events")[1]
+            result = asyncio.run(measure(bootstrap, home, store, args))
+        finally:
+            store.close()
+            if broker is not None:
+                broker.stop()
+    return int(stored[0]), filled_s, result
+
+
+async def measure(
+    bootstrap: str, home: Path, store: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    runner, base_url, token, budget_ids = await serve_admin(bootstrap, home, store, args, "bench")
     reports = [f"{by}/{group}" for by in BYS for group in GROUPS]
     timings: dict[str, list[float]] = {"counters": [], **{r: [] for r in reports}}
     rows: dict[str, int] = dict.fromkeys(timings, 0)
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-        url = f"http://127.0.0.1:{port}/v1/admin"
+        url = f"{base_url}/v1/admin"
         headers = {"Authorization": f"Bearer {token}"}
         first = (datetime.now(UTC).date() - timedelta(days=DAYS - 1)).isoformat()
         async with aiohttp.ClientSession(headers=headers) as session:
@@ -246,31 +292,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     random.seed(7)
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        broker: LocalKafka | None = None
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
-        if not bootstrap:
-            ensure_broker_jars()
-            broker = LocalKafka(data_dir=home / "kafka").start()
-            bootstrap = broker.bootstrap
-        store = open_client(f"chdb://{home / 'clickhouse'}")
-        try:
-            apply_schema(store)
-            started = time.perf_counter()
-            fill_store(store, args.events)
-            filled_s = time.perf_counter() - started
-            (stored,) = run_query(store, "SELECT count() FROM usage_events")[1]
-            result = asyncio.run(measure(bootstrap, home, store, args))
-        finally:
-            store.close()
-            if broker is not None:
-                broker.stop()
+    stored, filled_s, result = on_filled_store(args, measure)
     print(
         json.dumps(
             {
                 "bench": "admin",
-                "events": int(stored[0]),
+                "events": stored,
                 "fill_s": round(filled_s, 2),
                 "budgets": args.budgets,
                 "counter_count": args.budgets * args.counters_per_budget,

@@ -22,55 +22,29 @@ Prints one JSON object. Uses KAFKA_BOOTSTRAP, else starts a LocalKafka for the r
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import random
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiohttp
-from aiohttp import web
 
-from admin import SERVER_OPTIONS, AdminConfig, AdminStore, TokenBook, build_app
-from aggregator import apply_schema, open_client, run_query
-from bench.bench_admin import fill_store, seed_topics
+from bench.bench_admin import on_filled_store, serve_admin
 from bench.benchkit import pct
-from schemas.topics import Topics
-from spendbus.stack.broker_jars import ensure_broker_jars
-from spendbus.stack.kafka import LocalKafka
-from spendbus.stack.topics import ensure_topics
 
 
 async def measure(
     bootstrap: str, home: Path, store: Any, args: argparse.Namespace
 ) -> dict[str, Any]:
-    topics = Topics(prefix=f"benchconsole{uuid.uuid4().hex[:8]}.")
-    await ensure_topics(bootstrap, topics, partitions=4)
-    budget_ids = await seed_topics(bootstrap, topics, args.budgets, args.counters_per_budget)
-    tokens = TokenBook(home / "admin.tokens", b"bench-admin-secret-0123456789abcdef")
-    token = tokens.mint("platform-admin", None)[0]
-    app = build_app(
-        AdminStore(AdminConfig(bootstrap, topics, b"bench-key-secret-0123456789")),
-        tokens,
-        spend_query=lambda sql: run_query(store, sql)[1],
-    )
-    runner = web.AppRunner(app, access_log=None, **SERVER_OPTIONS)
-    await runner.setup()
+    runner, url, token, budget_ids = await serve_admin(bootstrap, home, store, args, "benchconsole")
     pages = ("overview", "budget", "keys", "jobs")
     timings: dict[str, list[float]] = {page: [] for page in pages}
     sizes: dict[str, int] = {}
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
-        url = f"http://127.0.0.1:{port}"
         # the session cookie is for 127.0.0.1: aiohttp keeps an IP's cookies when unsafe
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
             async with session.post(url + "/login", data={"token": token}) as response:
@@ -111,29 +85,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=50)
     args = parser.parse_args()
     random.seed(7)
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp)
-        broker: LocalKafka | None = None
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
-        if not bootstrap:
-            ensure_broker_jars()
-            broker = LocalKafka(data_dir=home / "kafka").start()
-            bootstrap = broker.bootstrap
-        store = open_client(f"chdb://{home / 'clickhouse'}")
-        try:
-            apply_schema(store)
-            fill_store(store, args.events)
-            (stored,) = run_query(store, "SELECT count() FROM usage_events")[1]
-            result = asyncio.run(measure(bootstrap, home, store, args))
-        finally:
-            store.close()
-            if broker is not None:
-                broker.stop()
+    stored, _, result = on_filled_store(args, measure)
     print(
         json.dumps(
             {
                 "bench": "console",
-                "events": int(stored[0]),
+                "events": stored,
                 "budgets": args.budgets,
                 "counter_count": args.budgets * args.counters_per_budget,
                 "requests": args.requests,

@@ -32,6 +32,7 @@ BENCHES = {
     "overshoot": [],
     "cli": ["--rounds", "21"],
     "admin": [],
+    "console": [],
 }
 #: (bench, dotted path in its JSON, label) shown in the summary
 HEADLINES = [

@@ -70,9 +70,19 @@ TINY: dict[str, list[str]] = {
         "--report-requests",
         "1",
     ],
+    "console": [
+        "--events",
+        "2000",
+        "--budgets",
+        "2",
+        "--counters-per-budget",
+        "3",
+        "--requests",
+        "2",
+    ],
 }
 #: the benches that need a Kafka broker
-ON_KAFKA = {"admin", "publisher", "burst", "pipeline", "gateway", "replay", "overshoot"}
+ON_KAFKA = {"admin", "console", "publisher", "burst", "pipeline", "gateway", "replay", "overshoot"}
 
 
 def run_tiny(name: str, tmp: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
