@@ -547,6 +547,11 @@ def _field(form: Mapping[str, Any], name: str) -> str | None:
     return value.strip() or None if isinstance(value, str) else None
 
 
+def _fields(form: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The form's non-blank ``names``, stripped: an API body (a blank field is left out)."""
+    return {name: value for name in names if (value := _field(form, name)) is not None}
+
+
 async def _acted(
     request: web.Request,
     caller: Caller,
@@ -574,11 +579,7 @@ async def create_budget(request: web.Request) -> web.StreamResponse:
     if isinstance(signed, web.Response):
         return signed
     session, caller, form = signed
-    body: dict[str, Any] = {
-        k: v
-        for k in ("id", "scope", "window", "limit_usd", "action")
-        if (v := _field(form, k)) is not None
-    }
+    body = _fields(form, "id", "scope", "window", "limit_usd", "action")
     org = _field(form, "org_id")
     if org is not None:
         body["match"] = {"org_id": org}
@@ -600,7 +601,7 @@ async def edit_budget(request: web.Request) -> web.StreamResponse:
         return signed
     session, caller, form = signed
     budget_id = request.match_info["budget_id"]
-    patch = {k: v for k in ("limit_usd", "action") if (v := _field(form, k)) is not None}
+    patch = _fields(form, "limit_usd", "action")
     status, answer = await _api(
         request, caller, api.patch_budget, "PATCH", f"/budgets/{budget_id}", body=patch
     )
@@ -620,11 +621,7 @@ async def create_raise(request: web.Request) -> web.StreamResponse:
     if isinstance(signed, web.Response):
         return signed
     session, caller, form = signed
-    body = {
-        k: v
-        for k in ("budget_id", "scope", "by_usd", "until", "reason")
-        if (v := _field(form, k)) is not None
-    }
+    body = _fields(form, "budget_id", "scope", "by_usd", "until", "reason")
     status, answer = await _api(request, caller, api.create_raise, "POST", "/raises", body=body)
     return await _acted(
         request,
