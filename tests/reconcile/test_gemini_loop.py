@@ -18,14 +18,12 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from schemas.codec import PRICE_TABLE
-from schemas.pricing import default_price_file, load_price_file
 from schemas.topics import Topics
 from spendbus.fake_upstream import FakeUpstreamConfig
 from spendbus.fake_upstream.billing import GEMINI_EXPORT_PATH, api_key_id, usage_classes
-from spendbus.stack.compacted import publish
 from tests.gateway.kit import CREDENTIALS, KEY_OF, GatewayStack, gateway_stack
 from tests.pipeline_kit import Pipeline
+from tests.reconcile.kit import with_worker
 
 pytestmark = pytest.mark.integration
 
@@ -191,17 +189,4 @@ async def scenario(bootstrap: str, topics: Topics, tmp: Path, pipeline: Pipeline
 def test_gemini_billing_export_reconciles_exactly_and_names_each_cause(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
 ) -> None:
-    tables = load_price_file(default_price_file())
-    asyncio.run(
-        publish(
-            kafka_bootstrap,
-            topics.pricing,
-            [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
-        )
-    )
-    pipeline = Pipeline(kafka_bootstrap, topics, tmp_path / "worker", clickhouse_dsn)
-    pipeline.worker.start(timeout=180)
-    try:
-        asyncio.run(scenario(kafka_bootstrap, topics, tmp_path, pipeline))
-    finally:
-        pipeline.worker.stop()
+    with_worker(kafka_bootstrap, topics, tmp_path, clickhouse_dsn, scenario)

@@ -30,15 +30,14 @@ from reconcile import (
     read_report,
     reconcile,
 )
-from schemas.codec import PRICE_TABLE
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.topics import Topics
 from schemas.usage import new_usage_event
 from spendbus.fake_upstream import FakeUpstreamConfig
 from spendbus.fake_upstream.billing import api_key_id, usage_classes
-from spendbus.stack.compacted import publish
 from tests.gateway.kit import CREDENTIALS, KEY_OF, GatewayStack, gateway_stack
 from tests.pipeline_kit import Pipeline
+from tests.reconcile.kit import with_worker
 
 pytestmark = pytest.mark.integration
 
@@ -408,17 +407,4 @@ async def traffic_and_causes(
 def test_the_ledger_reconciles_with_the_providers_report_and_each_cause_is_named(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
 ) -> None:
-    tables = load_price_file(default_price_file())
-    asyncio.run(
-        publish(
-            kafka_bootstrap,
-            topics.pricing,
-            [(t.version.encode(), PRICE_TABLE.encode(t.to_record())) for t in tables],
-        )
-    )
-    pipeline = Pipeline(kafka_bootstrap, topics, tmp_path / "worker", clickhouse_dsn)
-    pipeline.worker.start(timeout=180)
-    try:
-        asyncio.run(scenario(kafka_bootstrap, topics, tmp_path, pipeline))
-    finally:
-        pipeline.worker.stop()
+    with_worker(kafka_bootstrap, topics, tmp_path, clickhouse_dsn, scenario)
