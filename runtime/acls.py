@@ -192,6 +192,7 @@ def role_bindings(
             base.budget_raises,
             base.budget_approvals,
             base.admin_audit,
+            base.admin_idempotency,
         ]
         derived = [base.usage_priced, base.budget_verdicts, base.shared_alerts, app]
         entries = [
