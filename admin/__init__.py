@@ -3,7 +3,6 @@ org (admin/README.md). The CLI reaches it through this face (`spendbus admin`)."
 
 from __future__ import annotations
 
-from admin.audit_table import AuditSink
 from admin.openapi import openapi_document
 from admin.reports import SpendQuery
 from admin.server import DEFAULT_PORT, SERVER_OPTIONS, build_app, serve_admin
@@ -16,7 +15,6 @@ __all__ = [
     "SERVER_OPTIONS",
     "AdminConfig",
     "AdminStore",
-    "AuditSink",
     "SpendQuery",
     "TokenBook",
     "TokenRecord",

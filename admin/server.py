@@ -15,7 +15,6 @@ from aiohttp import web
 
 from admin import api
 from admin.access import VIRTUAL_KEY, Caller
-from admin.audit_table import AuditSink
 from admin.console import mount_console
 from admin.errors import ApiError
 from admin.openapi import openapi_document
@@ -130,7 +129,6 @@ def serve_admin(
     tokens: TokenBook,
     *,
     spend_query: SpendQuery | None = None,
-    audit_sink: AuditSink | None = None,
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     print_fn: Callable[..., None] | None = print,
@@ -141,7 +139,7 @@ def serve_admin(
             f"admin API on {host}: it serves loopback only (its bearer tokens would cross "
             "the network in clear): bind 127.0.0.1 and put a TLS proxy in front"
         )
-    app = build_app(AdminStore(config, audit_sink), tokens, spend_query=spend_query)
+    app = build_app(AdminStore(config), tokens, spend_query=spend_query)
     run_app(
         app,
         host=host,

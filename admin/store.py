@@ -10,23 +10,23 @@ that follows reads it (read your writes). Writes go one at a time (one lock): a 
 from __future__ import annotations
 
 import asyncio
-import json
-import secrets
-from collections import OrderedDict
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from admin.access import Caller
 from admin.alerts import AlertLog
-from admin.audit_table import AuditSink, AuditTable
+from admin.answers import Answer, answers_key, new_answer, request_digest, seal, slot_key, unseal
 from admin.errors import ApiError
 from runtime.compacted import CompactedView, publish_with
 from runtime.kafka import PLAINTEXT, KafkaSecurity
+from schemas.admin_audit import decode_entry, encode_entry, new_audit_entry
 from schemas.budgets import Budget
 from schemas.codec import BUDGET_POLICY, BUDGET_RAISE, GATEWAY_KEY, VERDICT
 from schemas.errors import ContractError
@@ -36,8 +36,8 @@ from schemas.topics import CONTROL_KEY, Topics
 
 #: seconds a write waits for the broker's acknowledgement before answering 503
 ACK_TIMEOUT_S: Final = 15.0
-#: answers kept for Idempotency-Key retries (the oldest go first)
-IDEMPOTENT_ANSWERS: Final = 10_000
+
+log = logging.getLogger("spendbus.admin.store")
 
 
 def _verdict_or_none(value: bytes) -> dict[str, Any] | None:
@@ -57,26 +57,15 @@ class AdminConfig:
 
 
 @dataclass
-class Remembered:
-    """A POST's answer under its Idempotency-Key, and what was asked."""
-
-    request: bytes
-    status: int
-    body: dict[str, Any]
-
-
-@dataclass
 class AdminStore:
     config: AdminConfig
-    #: the audit trail's ClickHouse table (admin/audit_table.py); None: the topic only
-    audit_sink: AuditSink | None = None
     view: CompactedView = field(init=False)
-    _audit_table: AuditTable | None = field(init=False, default=None)
     _producer: AIOKafkaProducer | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: held through an idempotent POST: a retry sent while the first is in flight waits
     _once_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _answers: OrderedDict[tuple[str, str, str], Remembered] = field(default_factory=OrderedDict)
+    #: seals the Idempotency-Key answers on admin.idempotency (admin/answers.py)
+    _answers_key: AESGCM = field(init=False)
     #: the current generation's verdicts, followed from the first counters read on
     _verdicts: CompactedView | None = None
     _verdicts_topic: str = ""
@@ -99,12 +88,12 @@ class AdminStore:
                 t.generations,
                 t.shared_alerts,
                 t.notify_deliveries,
+                t.admin_idempotency,
             ],
             security=self.config.security,
             on_change=self._changed,
         )
-        if self.audit_sink is not None:
-            self._audit_table = AuditTable(self.audit_sink)
+        self._answers_key = answers_key(self.config.key_secret)
 
     def _changed(self, topic: str, key: bytes, value: bytes | None) -> None:
         topics = self.config.topics
@@ -114,10 +103,6 @@ class AdminStore:
             return
         if topic == topics.notify_deliveries:
             self.alert_log.add_delivery(key, value)
-            return
-        table = self._audit_table
-        if table is not None and topic == self.config.topics.admin_audit and value is not None:
-            table.add(json.loads(value))
 
     async def start(self) -> None:
         producer = AIOKafkaProducer(
@@ -134,12 +119,8 @@ class AdminStore:
             await producer.stop()
             raise
         self._producer = producer
-        if self._audit_table is not None:
-            await self._audit_table.start(self.audit())
 
     async def stop(self) -> None:
-        if self._audit_table is not None:
-            await self._audit_table.stop()
         if self._verdicts is not None:
             await self._verdicts.stop()
             self._verdicts = None
@@ -221,8 +202,12 @@ class AdminStore:
         return [v for v in decoded.values() if v is not None]
 
     def audit(self) -> list[dict[str, Any]]:
-        values = self.view.values(self.config.topics.admin_audit)
-        entries = [json.loads(v) for v in values.values()]
+        entries = []
+        for value in self.view.values(self.config.topics.admin_audit).values():
+            try:
+                entries.append(decode_entry(value))
+            except ContractError:  # not the API's: no change of its to show
+                continue
         return sorted(entries, key=lambda e: (e["at"], e["audit_id"]))
 
     # --- writes --------------------------------------------------------------------------
@@ -245,22 +230,18 @@ class AdminStore:
         after: Any,
     ) -> None:
         """Publish ``records`` then their audit entry, each acknowledged (hold ``writing``)."""
-        entry = {
-            "audit_id": f"a-{secrets.token_hex(8)}",
-            "at": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
-            "token_id": caller.token_id,
-            "role": caller.role,
-            "remote": caller.remote,
-            "action": action,
-            "resource": resource,
-            "resource_id": resource_id,
-            "org_id": org_id,
-            "before": before,
-            "after": after,
-        }
-        audit: list[tuple[bytes, bytes | None]] = [
-            (str(entry["audit_id"]).encode(), json.dumps(entry, default=str).encode())
-        ]
+        entry = new_audit_entry(
+            token_id=caller.token_id,
+            role=caller.role,
+            remote=caller.remote,
+            action=action,
+            resource=resource,
+            resource_id=resource_id,
+            org_id=org_id,
+            before=before,
+            after=after,
+        )
+        audit: list[tuple[bytes, bytes | None]] = [encode_entry(entry)]
         await self._publish(topic, records)
         await self._publish(self.config.topics.admin_audit, audit)
 
@@ -290,11 +271,14 @@ class AdminStore:
             return await answer()
         if not 1 <= len(idempotency_key) <= 200:
             raise ApiError(422, "header 'Idempotency-Key': 1-200 characters", "Idempotency-Key")
-        slot = (caller.token_id, route, idempotency_key)
+        slot = slot_key(caller.token_id, route, idempotency_key)
         async with self._once_lock:
-            remembered = self._answers.get(slot)
+            remembered = self._remembered(slot)
+            if remembered is None:  # another server may have answered it moments ago
+                await self._caught_up(self.config.topics.admin_idempotency)
+                remembered = self._remembered(slot)
             if remembered is not None:
-                if remembered.request != request:
+                if remembered.request_digest != request_digest(request):
                     raise ApiError(
                         422,
                         "header 'Idempotency-Key': already used for another request body",
@@ -303,7 +287,35 @@ class AdminStore:
                 return remembered.status, remembered.body
             status, body = await answer()
             if status < 300:
-                self._answers[slot] = Remembered(request, status, body)
-                while len(self._answers) > IDEMPOTENT_ANSWERS:
-                    self._answers.popitem(last=False)
+                await self._remember(slot, new_answer(request, status, body))
             return status, body
+
+    async def _caught_up(self, topic: str) -> None:
+        try:
+            async with asyncio.timeout(ACK_TIMEOUT_S):
+                await self.view.caught_up(topic)
+        except TimeoutError:
+            raise ApiError(
+                503, f"the broker did not answer within {ACK_TIMEOUT_S:g} s; retry"
+            ) from None
+
+    def _remembered(self, slot: bytes) -> Answer | None:
+        """The unexpired answer kept under ``slot`` (by any server), if any."""
+        sealed = self.view.get(self.config.topics.admin_idempotency, slot)
+        if sealed is None:
+            return None
+        remembered = unseal(self._answers_key, slot, sealed)
+        if remembered is None:  # sealed under another key secret: this server cannot use it
+            log.warning("an Idempotency-Key answer does not open with this key secret")
+            return None
+        return None if remembered.expired() else remembered
+
+    async def _remember(self, slot: bytes, answer: Answer) -> None:
+        """Publish the sealed answer (acks=all). The change it answers is made: should the
+        broker not take the answer, the caller still gets it, and only a retry of it would
+        act again (logged)."""
+        records: list[tuple[bytes, bytes | None]] = [(slot, seal(self._answers_key, slot, answer))]
+        try:
+            await self._publish(self.config.topics.admin_idempotency, records)
+        except (ApiError, KafkaError) as exc:
+            log.warning("an Idempotency-Key answer was not kept (%s)", type(exc).__name__)

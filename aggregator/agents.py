@@ -46,12 +46,14 @@ from aggregator.counting.reference import Reference, ReferenceFollower
 from aggregator.counting.stage import CountingStage
 from aggregator.metrics import Metrics
 from aggregator.sink import SinkError, SinkUnavailable
+from aggregator.sink.admin_audit import AdminAuditCopy
 from aggregator.sink.errors import QueryRefused
 from aggregator.sink.link import SinkLink
 from aggregator.sink.stage import SinkStage
 from aggregator.sink.writer import ClickHouseWriter, StoreAccess
 from runtime.half_close import AnswerAfterHalfClose
 from runtime.net import is_loopback
+from schemas.errors import SpendbusError
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +261,8 @@ def _store_tasks(
     follower: ReferenceFollower,
     metrics: Metrics,
 ) -> None:
-    """The worker's tasks that read the store: the alert publisher and the raises' audit,
-    each started again while ClickHouse or Kafka is away."""
+    """The worker's tasks that read the store: the alert publisher, the raises' audit and
+    the admin API's audit trail, each started again while ClickHouse or Kafka is away."""
     # each alert once on the shared topic, from ClickHouse's record (aggregator/alerts/publisher.py)
     publisher = AlertPublisher(
         config.bootstrap,
@@ -296,8 +298,27 @@ def _store_tasks(
                 log.warning("alert publisher: %s; starting again in 5s", exc)
                 await asyncio.sleep(5)
 
+    # the admin API's audit trail into admin_audit (aggregator/sink/admin_audit.py)
+    admin_audit = AdminAuditCopy(
+        config.bootstrap,
+        config.topics.admin_audit,
+        store.read,
+        store.insert_until_done,
+        security=config.kafka_security,
+    )
+
+    async def copy_admin_audit() -> None:
+        await store.open()
+        while True:
+            try:
+                await admin_audit.run()
+            except (SpendbusError, KafkaError) as exc:  # ClickHouse, Kafka or the topic away
+                log.warning("admin audit copy: %s; starting again in 5s", exc)
+                await asyncio.sleep(5)
+
     app.task(audit_raises)
     app.task(publish_alerts)
+    app.task(copy_admin_audit)
 
 
 def _sql_page(

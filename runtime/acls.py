@@ -7,9 +7,10 @@ A role is what one kind of process does on the cluster (docs/security.md has the
   prices and the generation switch for its enforcer, and the virtual keys.
 - ``sidecar``: ``spendbus enforcer serve``: the same reads without the keys; writes its
   refusal events to usage.raw.
-- ``aggregator``: ``spendbus aggregator run``: reads usage.raw and the reference topics,
-  writes what it derives (usage.priced, budget.verdicts, alerts, dead letters), owns the
-  topics and consumer groups named after its app id (changelogs, Faust's own topics).
+- ``aggregator``: ``spendbus aggregator run``: reads usage.raw, the reference topics and
+  admin.audit (copied into the store), writes what it derives (usage.priced,
+  budget.verdicts, alerts, dead letters), owns the topics and consumer groups named after
+  its app id (changelogs, Faust's own topics).
 - ``operator``: the CLI of a person running the stack (``up``, ``prices``/``budgets``/
   ``keys apply``, ``status``, ``dlq``, ``verify``, ``replay``, ``snapshot``): every topic of
   the stack and its groups, and the cluster's description.
@@ -151,6 +152,8 @@ def role_bindings(
             *_topic(base.pricing, *_READ),
             *_topic(base.generations, *_READ),
             *_topic(base.budget_raises, *_READ),
+            # the sink copies the admin API's audit trail into admin_audit (no group)
+            *_topic(base.admin_audit, *_READ),
             *_topic(base.usage_dlq, *_WRITE),
             # derived per generation; Faust declares (CREATE) the topics its agents use and
             # the sink reads usage.priced back; a replay generation's alert relay reads its
@@ -189,6 +192,7 @@ def role_bindings(
             base.budget_raises,
             base.budget_approvals,
             base.admin_audit,
+            base.admin_idempotency,
         ]
         derived = [base.usage_priced, base.budget_verdicts, base.shared_alerts, app]
         entries = [

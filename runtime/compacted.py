@@ -128,6 +128,18 @@ class CompactedView:
             await self._consumer.stop()
             self._consumer = None
 
+    async def caught_up(self, topic: str) -> None:
+        """Returns once the view has applied every record of ``topic`` the broker held when
+        called: what another process wrote before is read (the view is started)."""
+        consumer = self._consumer
+        assert consumer is not None, "caught_up() needs a started view"
+        ends = await consumer.end_offsets([tp for tp in consumer.assignment() if tp.topic == topic])
+        for tp, end in ends.items():
+            # the follower applies a fetch whole before it yields, so a position past a
+            # record means the record is in the view
+            while await consumer.position(tp) < end:
+                await asyncio.sleep(0.01)
+
     def apply_written(
         self, topic: str, placed: Sequence[tuple[int, int]], records: Sequence[tuple[bytes, Any]]
     ) -> None:

@@ -33,6 +33,16 @@ COMPACTED_CONFIG: Final = {
 }
 LEDGER_CONFIG: Final = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 DELETE_CONFIG: Final = {"cleanup.policy": "delete"}
+#: seconds an Idempotency-Key's answer is kept for a retry (Stripe's 24 h); a retry later
+#: than that is a new request
+IDEMPOTENCY_LIFETIME_S: Final = 24 * 3600
+#: compacted (one answer per key) and deleted past twice the lifetime, so the topic stays
+#: bounded even if no server ever reads an expired answer again
+IDEMPOTENCY_CONFIG: Final = {
+    **COMPACTED_CONFIG,
+    "cleanup.policy": "compact,delete",
+    "retention.ms": str(2 * IDEMPOTENCY_LIFETIME_S * 1000),
+}
 DEFAULT_PARTITIONS: Final = 4
 #: a generation name: short, lower case, usable in topic, group and database names
 GENERATION_PATTERN: Final = re.compile(r"[a-z][a-z0-9]{0,15}")
@@ -194,6 +204,13 @@ class Topics:
         return f"{self.prefix}admin.audit"
 
     @property
+    def admin_idempotency(self) -> str:
+        """Compacted, kept ``IDEMPOTENCY_LIFETIME_S``: the admin API's answers to POSTs sent
+        with an Idempotency-Key, keyed by (token id, route and key digest), AES-GCM
+        encrypted (an answer can hold a new virtual key; admin/README.md)."""
+        return f"{self.prefix}admin.idempotency"
+
+    @property
     def enforcer_group(self) -> str:
         """The consumer group every enforcer joins to count the replicas sharing the budgets
         (enforcer/membership.py; shared by every generation, nothing is committed)."""
@@ -220,6 +237,9 @@ class Topics:
             TopicSpec(self.budget_approvals, "job_key", "JobApproval", LEDGER_CONFIG, 1),
             TopicSpec(self.notify_deliveries, "webhook|alert_id", "JSON", COMPACTED_CONFIG, 1),
             TopicSpec(self.admin_audit, "audit_id", "JSON", LEDGER_CONFIG, 1),
+            TopicSpec(
+                self.admin_idempotency, "token_id|answer_digest", "AES-GCM", IDEMPOTENCY_CONFIG, 1
+            ),
             TopicSpec(
                 self.counter_snapshots, "snapshot|partition|counter", "JSON", COMPACTED_CONFIG, 1
             ),

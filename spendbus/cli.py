@@ -180,7 +180,7 @@ ADMIN_COMMANDS: Final = {
     "audit": LazyCommand(
         "spendbus.commands.admin_api:admin_audit",
         "Every change the admin API made, oldest first: who (token, role), what (before and "
-        "after), when, from where (the admin.audit topic).",
+        "after), when, from where (the admin.audit topic; in SQL: the admin_audit table).",
     ),
     "serve": LazyCommand(
         "spendbus.commands.admin_api:admin_serve",

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from admin import SERVER_OPTIONS, AdminConfig, AdminStore, AuditSink, TokenBook, build_app
+from admin import SERVER_OPTIONS, AdminConfig, AdminStore, TokenBook, build_app
 from schemas.topics import Topics
 from tests.gateway.kit import KEY_SECRET
 
@@ -58,15 +58,11 @@ async def admin_server(
     bootstrap: str,
     topics: Topics,
     home: Path,
-    *,
-    audit_sink: AuditSink | None = None,
     **options: Any,
 ) -> AsyncIterator[AdminServer]:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     tokens = TokenBook(home / "admin.tokens", ADMIN_SECRET)
-    store = AdminStore(
-        AdminConfig(bootstrap=bootstrap, topics=topics, key_secret=KEY_SECRET), audit_sink
-    )
+    store = AdminStore(AdminConfig(bootstrap=bootstrap, topics=topics, key_secret=KEY_SECRET))
     runner = web.AppRunner(build_app(store, tokens, **options), access_log=None, **SERVER_OPTIONS)
     await runner.setup()
     try:

@@ -39,6 +39,7 @@ def test_ddl_is_idempotent_and_creates_each_table_with_its_engine(client: Any) -
         "unit_usage": "View",
         "alert_deliveries": "ReplacingMergeTree",
         "budget_raises": "ReplacingMergeTree",
+        "admin_audit": "ReplacingMergeTree",
     }
 
 
