@@ -199,8 +199,7 @@ def match(
     for (day, secret, model, tier), side in ledger.items():
         if day not in covered:
             continue
-        mapped = mapping.keys.get(secret)
-        key_id = mapped[1] if mapped and mapped[0] == provider else ""
+        key_id = mapping.key_of(secret, provider) or ""
         key = (day, secret, key_id, model, tier)
         cell = cells.get(key) or Cell(provider, day, secret, key_id, model, tier)
         cells[key] = cell

@@ -170,11 +170,41 @@ def test_an_anthropic_report_reads_its_cache_writes_by_ttl_and_its_tier() -> Non
             },
             "already mapped to a",
         ),
+        (
+            {
+                "credentials": {
+                    "a": [
+                        {"provider": "openai", "api_key_id": "k"},
+                        {"provider": "openai", "api_key_id": "j"},
+                    ]
+                }
+            },
+            r"credentials.a\[1\]: a second openai key for a",
+        ),
+        ({"credentials": {"a": [{"provider": "openai"}]}}, r"a\[0\]: api_key_id is required"),
     ],
 )
 def test_a_bad_mapping_is_refused_naming_the_entry(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         mapping_from_data(data, "m.yaml")
+
+
+def test_one_credential_maps_a_key_of_each_provider_it_is_sent_to() -> None:
+    mapping = mapping_from_data(
+        {
+            "credentials": {
+                "sk": [
+                    {"provider": "openai", "api_key_id": "key_a"},
+                    {"provider": "gemini", "project_id": "proj-a"},
+                ]
+            }
+        },
+        "m",
+    )
+    assert mapping.key_of("sk", "openai") == "key_a"
+    assert mapping.key_of("sk", "gemini") == "proj-a"
+    assert mapping.key_of("sk", "anthropic") is None
+    assert mapping.secret_of("gemini", "proj-a") == "sk"
 
 
 def test_a_credential_with_no_mapping_is_a_named_gap_on_both_sides() -> None:

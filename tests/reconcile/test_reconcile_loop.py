@@ -62,7 +62,7 @@ MAPPING_YAML = yaml.safe_dump(
     {
         "credentials": {
             secret: {"provider": provider, "api_key_id": key_id}
-            for secret, (provider, key_id) in MAPPING.keys.items()
+            for (secret, provider), key_id in MAPPING.keys.items()
         }
     }
 )
