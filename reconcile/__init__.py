@@ -28,6 +28,7 @@ from reconcile.matching import (
     DaySummary,
     LedgerCell,
     ledger_sql,
+    long_context_sql,
     match,
     match_costs,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "ledger_sql",
     "load_mapping",
     "load_sku_table",
+    "long_context_sql",
     "mapping_from_data",
     "match",
     "match_costs",

@@ -20,6 +20,11 @@ Causes (:data:`CAUSES`), each named where it applies:
   tokens may agree, its cost cannot;
 - ``unmapped_sku``: money a billing export charged under a SKU the SKU table does not
   know (Gemini: ``data/gemini_skus.yaml``): a gap, named with the SKU, never guessed;
+- ``long_context``: the tokens agree and the money differs by exactly the long-context
+  step of the ledger's calls that crossed their model's edge (the prompt above
+  ``above_input_tokens``) in a reference price table (the shipped one by default): the
+  provider billed those calls at the long-context tier the ledger's table did not apply
+  (:func:`long_context_sql`, checked in ``run.py``);
 - ``price``: the tokens agree and the cost does not: spendbus's price table differs from
   the rate the provider billed (its effective rate per class is shown); money billed
   where no token was (a tool's fee, storage) is ``unexplained``, never a price.
@@ -31,6 +36,7 @@ cost reports name no key); a cost cell takes the token causes of its token cells
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
@@ -48,11 +54,20 @@ CAUSES = (
     "cache_ttl",
     "unpriced",
     "unmapped_sku",
+    "long_context",
     "price",
     "unexplained",
 )
 #: the causes that explain a token delta (the others explain a cost, never tokens)
-TOKEN_CAUSES = frozenset(CAUSES) - {"unpriced", "unmapped_sku", "price", "unexplained"}
+TOKEN_CAUSES = frozenset(CAUSES) - {
+    "unpriced",
+    "unmapped_sku",
+    "long_context",
+    "price",
+    "unexplained",
+}
+#: a model id the ledger's SQL may name in a literal (anything else is never queried)
+SAFE_MODEL = re.compile(r"[A-Za-z0-9._:/@+-]{1,200}")
 #: the model name an export's money of an unknown SKU is kept under (gemini_export.py)
 UNMAPPED_SKU = "unmapped SKU"
 #: the class of a billing export's credits (negative nanos): shown by day, never matched
@@ -130,10 +145,7 @@ def ledger_sql(provider: str, first: date, last: date) -> str:
         or not isinstance(last, date)
     ):
         raise ValueError(f"no ledger query for {provider!r} {first!r}..{last!r}")
-    if provider in ("openai", "bedrock"):  # their reports split the batch tier only
-        tier = "if(service_tier = 'batch', 'batch', 'standard')"
-    else:
-        tier = "multiIf(service_tier IN ('batch', 'priority'), assumeNotNull(service_tier), 'standard')"
+    tier = _tier_sql(provider)
     end = last + timedelta(days=1)
     return f"""
         SELECT toString(toDate(occurred_at, 'UTC')) AS day, secret_id, model, {tier} AS tier,
@@ -152,6 +164,41 @@ def ledger_sql(provider: str, first: date, last: date) -> str:
           AND occurred_at < toDateTime64('{end.isoformat()} 00:00:00', 6, 'UTC')
         GROUP BY day, secret_id, model, tier
         ORDER BY day, secret_id, model, tier
+    """
+
+
+def _tier_sql(provider: str) -> str:
+    """The tier of a ledger row, as ``provider``'s reports split tiers."""
+    if provider in ("openai", "bedrock"):  # their reports split the batch tier only
+        return "if(service_tier = 'batch', 'batch', 'standard')"
+    return "multiIf(service_tier IN ('batch', 'priority'), assumeNotNull(service_tier), 'standard')"
+
+
+def long_context_sql(provider: str, day: date, model: str, tier: str, edge: int) -> str | None:
+    """The ledger's calls of a cost cell whose prompt (input + cache reads + cache writes)
+    is above ``edge``, one row each: occurred_at (µs), the five token counts as the price
+    book reads them, cost_nanos, service_tier. None when the model id is no plain id
+    (a report's text never goes into SQL unchecked)."""
+    if (
+        provider not in IMPORT_PROVIDERS
+        or not isinstance(day, date)
+        or not SAFE_MODEL.fullmatch(model)
+        or tier not in ("standard", "batch", "priority")
+        or type(edge) is not int
+        or edge < 0
+    ):
+        return None
+    end = day + timedelta(days=1)
+    return f"""
+        SELECT toUnixTimestamp64Micro(occurred_at) AS at_us, input_tokens, cache_read_tokens,
+               cache_write_tokens, cache_write_1h_tokens, output_tokens, cost_nanos, service_tier
+        FROM usage_events
+        WHERE provider = '{provider}' AND model = '{model}'
+          AND occurred_at >= toDateTime64('{day.isoformat()} 00:00:00', 6, 'UTC')
+          AND occurred_at < toDateTime64('{end.isoformat()} 00:00:00', 6, 'UTC')
+          AND {_tier_sql(provider)} = '{tier}'
+          AND input_tokens + cache_read_tokens + cache_write_tokens > {edge}
+        ORDER BY at_us
     """
 
 
@@ -199,8 +246,7 @@ def match(
     for (day, secret, model, tier), side in ledger.items():
         if day not in covered:
             continue
-        mapped = mapping.keys.get(secret)
-        key_id = mapped[1] if mapped and mapped[0] == provider else ""
+        key_id = mapping.key_of(secret, provider) or ""
         key = (day, secret, key_id, model, tier)
         cell = cells.get(key) or Cell(provider, day, secret, key_id, model, tier)
         cells[key] = cell
@@ -267,6 +313,9 @@ class CostCell:
     #: the tokens of each class the provider's usage report counts for the cell
     provider_tokens: dict[str, int] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)
+    #: cause ``long_context``: the ledger's calls above the edge, and the edge (prompt tokens)
+    long_context_calls: int = 0
+    long_context_edge: int | None = None
 
     @property
     def delta(self) -> int:
@@ -296,6 +345,8 @@ class CostCell:
             "delta_nanos": self.delta,
             "residual_nanos": self.residual,
             "effective_usd_per_mtok": self.effective_rates(),
+            "long_context_calls": self.long_context_calls,
+            "long_context_edge": self.long_context_edge,
             "causes": list(self.causes),
         }
 

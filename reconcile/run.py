@@ -8,10 +8,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from schemas.money import format_usd
+from schemas.pricing import PriceBook
 
 from .mapping import CredentialMapping
 from .matching import (
@@ -19,6 +20,7 @@ from .matching import (
     Cell,
     CostCell,
     DaySummary,
+    long_context_sql,
     match,
     match_costs,
     read_ledger,
@@ -58,9 +60,12 @@ def reconcile(
     mapping: CredentialMapping,
     providers: Sequence[str] = IMPORT_PROVIDERS,
     since: date | None = None,
+    prices: PriceBook | None = None,
 ) -> Reconciliation:
     """Match every imported day (from ``since``) of ``providers`` against the ledger, which
-    ``run_query`` reads (plain SQL over ``usage_events``); the run is stored."""
+    ``run_query`` reads (plain SQL over ``usage_events``); the run is stored. ``prices``
+    is the reference price table whose long-context tiers explain a cost (cause
+    ``long_context``); None: that cause is not looked for."""
     run_id = uuid.uuid4().hex
     cells: list[Cell] = []
     costs: list[CostCell] = []
@@ -83,7 +88,10 @@ def reconcile(
                     key = (provider, row.day)
                     credits[key] = credits.get(key, 0) + row.nanos
             cost_rows = [r for r in cost_rows if r.token_class != CREDIT]
-            costs += match_costs(provider, cost_days, cost_rows, matched)
+            provider_costs = match_costs(provider, cost_days, cost_rows, matched)
+            if prices is not None:
+                explain_long_context(provider_costs, run_query, prices)
+            costs += provider_costs
     now = datetime.now(UTC)
     store.insert(
         "reconciliation",
@@ -144,6 +152,55 @@ def reconcile(
     for summary in summaries:
         summary.credit_nanos = credits.get((summary.provider, summary.day), 0)
     return Reconciliation(run_id, cells, summaries, costs)
+
+
+def explain_long_context(
+    costs: Sequence[CostCell],
+    run_query: Callable[[str], Sequence[Sequence[Any]]],
+    prices: PriceBook,
+) -> None:
+    """Each cost explained by ``price`` alone whose whole delta is the long-context step of
+    the ledger's calls above their model's edge in ``prices`` (each call priced by
+    ``prices`` at its time, less what the ledger charged it) is ``long_context`` instead:
+    the provider billed the tier the ledger's table did not apply. Anything short of exact
+    stays ``price``."""
+    for cost in costs:
+        if cost.causes != ["price"]:
+            continue
+        # the version in force at the end of the day (or now, for today)
+        end = datetime.combine(cost.day, time.max, UTC)
+        table = prices.table_at(min(end, datetime.now(UTC)))
+        entry = None if table is None else table.resolve(cost.model)
+        if entry is None or entry.long_context is None:
+            continue
+        edge = entry.long_context.above_input_tokens
+        sql = long_context_sql(cost.provider, cost.day, cost.model, cost.tier, edge)
+        if sql is None:
+            continue
+        calls = run_query(sql)
+        step = 0
+        for at_us, inp, read, write, write_1h, out, charged, service_tier in calls:
+            price = prices.price_event(
+                {
+                    "occurred_at": datetime(1970, 1, 1, tzinfo=UTC)
+                    + timedelta(microseconds=int(at_us)),
+                    "model": cost.model,
+                    "input_tokens": int(inp),
+                    "cache_read_tokens": int(read),
+                    "cache_write_tokens": int(write),
+                    "cache_write_1h_tokens": int(write_1h),
+                    "output_tokens": int(out),
+                    "service_tier": service_tier or None,
+                }
+            )
+            if price.unpriced:
+                break
+            step += price.cost_nanos - int(charged)
+        else:
+            if calls and step == cost.delta:
+                cost.causes = ["long_context"]
+                cost.long_context_calls = len(calls)
+                cost.long_context_edge = edge
 
 
 def _credits(nanos: int) -> str:
@@ -213,6 +270,11 @@ def render_table(result: Reconciliation) -> str:
         lines += ["", "costs with a delta (provider - spendbus):"]
         for cost in costs:
             rates = ""
+            if "long_context" in cost.causes:
+                rates = (
+                    f" ({cost.long_context_calls} call(s) above the "
+                    f"{cost.long_context_edge:,}-token edge, billed at the long-context tier)"
+                )
             if "price" in cost.causes:
                 rates = (
                     " (billed $/Mtok: "

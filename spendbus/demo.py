@@ -13,7 +13,9 @@
 3. show spend per org and secret live, the exhausted secret's refusal, and
    analyst queries in ClickHouse;
 4. check: events in ClickHouse = unique events sent; ClickHouse and verdict
-   totals = the exact sum priced independently; the exhausted secret is refused.
+   totals = the exact sum priced independently; the exhausted secret is refused;
+5. reconcile the ledger against the fake providers' own bill of those calls
+   (demo_reconcile.py): every delta explained, no residual.
 Exit status 0 only when every check passes.
 """
 
@@ -49,7 +51,9 @@ from schemas.budgets import budgets_from_yaml
 from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, default_price_file, load_price_file
+from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
+from spendbus.demo_reconcile import reconcile_demo
 from spendbus.demo_traffic import (
     CLIENTS,
     EXHAUSTED_SECRET,
@@ -59,8 +63,9 @@ from spendbus.demo_traffic import (
     RecordingSink,
     gateway_config,
     pick,
+    upstream_credential,
 )
-from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig
+from spendbus.fake_upstream import FakeUpstream, FakeUpstreamConfig, FakeUsage, build_request
 from spendbus.settings import Settings
 from spendbus.stack.broker_probe import free_port
 from spendbus.stack.compacted import publish
@@ -153,9 +158,10 @@ async def _workload(proxy: Proxy, events: int) -> None:
         live.update(view())
 
 
-async def _exhaust(proxy: Proxy, seconds: float = 30.0) -> None:
-    """Spend the intern's key: it calls until the gateway refuses it, then a usage import
-    adds the calls it made around the gateway, so its counter reaches the limit."""
+async def _exhaust(proxy: Proxy, upstream_url: str, seconds: float = 30.0) -> None:
+    """Spend the intern's key: it calls until the gateway refuses it, then calls the
+    provider straight with the same key (a notebook) until its counter passes the limit;
+    the provider's usage of those calls is imported as events."""
     enforcer, ledger = proxy.enforcer, proxy.ledger
     principal = next(p for p in PRINCIPALS if (p[0], p[1]) == EXHAUSTED_SECRET)
     ctx = enforcer.context(
@@ -166,32 +172,69 @@ async def _exhaust(proxy: Proxy, seconds: float = 30.0) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and await proxy.request(principal):
             await asyncio.sleep(0)
-    # The intern also called the provider directly with the same key (a notebook); the
-    # provider's usage export is imported as events, as `spendbus ingest FILE.jsonl` does.
     intern = next(s for s in enforcer.usage(ctx) if s.budget_id == "intern-key")
     # what the gateway sent so far (the verdicts may still be catching up with it)
     left = (intern.plan.limit_nanos or 0) - ledger.per_principal[EXHAUSTED_SECRET]
-    # claude-sonnet-4-5 input costs 3,000 nanos a token: enough tokens to pass what is left
-    imported = new_usage_event(
+    imported: list[UsageEvent] = []
+    spent = 0
+    while (not imported or spent <= left) and len(imported) < 20:
+        # claude-sonnet-4-5 input costs 3,000 nanos a token: enough to pass what is left
+        prompt_tokens = max(1_000, (left - spent) // 3_000 + 1_000)
+        event = await _call_provider_directly(proxy, upstream_url, principal[2][0], prompt_tokens)
+        await proxy.publisher.publish(event)
+        imported.append(event)
+        spent += proxy.prices.price_event(event).cost_nanos
+    await proxy.publisher.flush()
+    ledger.sent_unique += len(imported)
+    ledger.expected_nanos += spent
+    ledger.per_principal[EXHAUSTED_SECRET] += spent
+    tokens = sum(
+        e["input_tokens"] + e["cache_read_tokens"] + e["cache_write_tokens"] for e in imported
+    )
+    console.print(
+        f"imported {tokens:,} prompt tokens of {len(imported)} call(s) the intern made straight "
+        f"to the provider ({format_usd(spent)}; {format_usd(max(left, 0))} was left)"
+    )
+
+
+async def _call_provider_directly(
+    proxy: Proxy, upstream_url: str, user: str, prompt_tokens: int
+) -> UsageEvent:
+    """One Messages call of the intern to the provider itself, around the gateway, and the
+    event its answer's usage makes when imported (`spendbus ingest`'s way)."""
+    model = "claude-sonnet-4-5-20250929"
+    body = build_request(
+        "anthropic-messages",
+        model=model,
+        usage=FakeUsage(prompt_tokens, 1),
+        stream=False,
+        rng=random.Random(prompt_tokens),
+        prompt_chars=prompt_tokens * 4,
+    )
+    headers = {
+        "x-api-key": upstream_credential(EXHAUSTED_SECRET[1]),
+        "anthropic-version": "2023-06-01",
+        "x-fake-output-tokens": "1",
+    }
+    async with proxy.http.post(upstream_url + "/v1/messages", json=body, headers=headers) as resp:
+        answer = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"the provider refused the intern's call: {resp.status} {answer}")
+    usage = answer["usage"]
+    return new_usage_event(
         provider="anthropic",
         api="anthropic-messages",
-        model="claude-sonnet-4-5-20250929",
+        model=answer.get("model", model),
         secret_id=EXHAUSTED_SECRET[1],
         org_id=EXHAUSTED_SECRET[0],
         gateway_id="usage-import",
-        user_id=principal[2][0],
-        input_tokens=max(1, left // 3_000 + 1_000),
-        output_tokens=0,
-    )
-    await proxy.publisher.publish(imported)
-    await proxy.publisher.flush()
-    cost = proxy.prices.price_event(imported).cost_nanos
-    ledger.sent_unique += 1
-    ledger.expected_nanos += cost
-    ledger.per_principal[EXHAUSTED_SECRET] += cost
-    console.print(
-        f"imported {imported['input_tokens']:,} tokens the intern spent outside the gateway "
-        f"({format_usd(cost)}; {format_usd(max(left, 0))} was left)"
+        user_id=user,
+        input_tokens=usage["input_tokens"],
+        output_tokens=usage["output_tokens"],
+        cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
+        cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
+        cache_write_1h_tokens=(usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens")
+        or 0,
     )
 
 
@@ -276,6 +319,7 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
             )
         )
         status = _check_and_report(worker, ledger)
+        status = max(status, reconcile_demo(demo_settings, worker, ledger.billing, console))
         for line in console_login(demo_settings, bootstrap, keep):
             console.print(line, soft_wrap=True, highlight=False)
         return status
@@ -352,6 +396,7 @@ async def _drive(
         await enforcer.wait_ready(60)
         await publisher.start()
         upstream = FakeUpstream(FakeUpstreamConfig(port=0, seed=seed, cache_ratio=0.3))
+        ledger.billing = upstream.billing  # the providers' own bill, reconciled at the end
         gw_config = parse_config(gateway_config(await upstream.start()), "<demo gateway>")
         sink = RecordingSink(publisher, ledger, prices)
         gateway = Gateway(gw_config, enforcer, sink, credentials=gw_config.credentials({}))
@@ -364,7 +409,7 @@ async def _drive(
                     enforcer, publisher, prices, random.Random(seed), gateway, sink, http, url
                 )
                 await _workload(proxy, events)
-                await _exhaust(proxy)
+                await _exhaust(proxy, upstream.url)
             await publisher.flush()
         finally:
             await server.stop()

@@ -18,6 +18,7 @@ from ingest.publisher import UsagePublisher
 from schemas.pricing import PriceBook
 from schemas.records import UsageEvent
 from spendbus.fake_upstream import FakeUsage, build_request
+from spendbus.fake_upstream.billing import BillingLedger
 
 EXHAUSTED_SECRET = ("initech", "sk-initech-intern")
 #: requests in flight at once through the gateway
@@ -60,6 +61,8 @@ class Ledger:
     final_refusal: tuple[int, dict[str, Any] | None, dict[str, str]] = (0, None, {})
     #: per (org, secret): the secret-monthly spend the enforcer's verdicts show at the end
     verdict_nanos: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the fake providers' own bill of the calls they served (reconciled at the end)
+    billing: BillingLedger | None = None
 
 
 def pick(rng: random.Random, items: list[tuple[Any, ...]]) -> tuple[Any, ...]:
@@ -115,6 +118,12 @@ class RecordingSink:
         ledger.estimated += event["usage_source"] == "estimated"
 
 
+def upstream_credential(secret: str) -> str:
+    """The provider credential the gateway sends ``secret``'s calls with: one each, so the
+    providers' reports tell the secrets apart."""
+    return f"demo-upstream-{secret}"
+
+
 def virtual_key(secret: str, user: str) -> str:
     return f"vk-demo-{secret}-{user.split('@')[0]}"
 
@@ -129,7 +138,7 @@ def gateway_config(upstream_url: str) -> dict[str, Any]:
         "forward_request_headers": ["x-fake-"],
         "upstreams": {api: {"api": api, "base_url": upstream_url} for api in apis},
         "secrets": {
-            secret: {"upstream": list(apis), "api_key": "demo-upstream-credential"}
+            secret: {"upstream": list(apis), "api_key": upstream_credential(secret)}
             for _, secret, _, _ in PRINCIPALS
         },
         "keys": [

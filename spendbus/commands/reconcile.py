@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,6 +22,9 @@ from schemas.errors import ConfigError, SpendbusError
 from schemas.money import format_usd
 from spendbus.commands.output import fail
 from spendbus.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from schemas.pricing import PriceBook
 
 PROVIDER_CHOICE = click.Choice(["openai", "anthropic"])
 #: the providers whose billed rates `reconcile prices` writes (LiteLLM's provider names)
@@ -220,12 +223,20 @@ def reconcile_import(provider: str, kind: str | None, sku_table: Path | None, fi
     default=None,
     help="Publish a drift alert for each day whose cost residual exceeds this many dollars.",
 )
+@click.option(
+    "--prices",
+    "prices_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The price file whose long-context tiers explain a cost (default: the shipped one).",
+)
 def reconcile_report(
     mapping: Path | None,
     since: str | None,
     as_json: bool,
     alert_tokens: int | None,
     alert_usd: str | None,
+    prices_file: Path | None,
 ) -> None:
     """Reconcile every imported day against the ledger: both sides, each delta and its
     cause, the residual no cause explains (stored in the `reconciliation` table)."""
@@ -239,7 +250,11 @@ def reconcile_report(
         store = open_store(store_dsn(settings), settings.clickhouse_access)
         try:
             result = reconcile(
-                store, run_query, credentials, since=None if since is None else since_day(since)
+                store,
+                run_query,
+                credentials,
+                since=None if since is None else since_day(since),
+                prices=reference_prices(prices_file),
             )
         finally:
             store.close()
@@ -302,6 +317,7 @@ def reconcile_prices(
     import tempfile
 
     from reconcile import effective_price_map, load_mapping, open_store, price_map_text, reconcile
+    from schemas.pricing import PriceBook
     from schemas.pricing.writer import import_prices, price_file_text, read_source
     from spendbus.commands.prices_sync import next_version
 
@@ -314,7 +330,8 @@ def reconcile_prices(
         run_query = ledger_reader(settings)
         store = open_store(store_dsn(settings), settings.clickhouse_access)
         try:
-            result = reconcile(store, run_query, credentials)
+            # a long-context step is a tier, never a base rate: those costs are left out
+            result = reconcile(store, run_query, credentials, prices=PriceBook(tables))
         finally:
             store.close()
         entries, notes = effective_price_map(result.costs)
@@ -346,6 +363,14 @@ def reconcile_prices(
     )
     for item in [*report.updated, *report.conflicts, *notes, *source.warnings]:
         click.echo(f"  {item}", err=True)
+
+
+def reference_prices(path: Path | None) -> PriceBook:
+    """The PriceBook of ``path`` (default: the shipped price file); a bad file fails the
+    command naming it."""
+    from schemas.pricing import PriceBook, default_price_file, load_price_file
+
+    return PriceBook(load_price_file(path or default_price_file()))
 
 
 def usd_nanos(text: str) -> int:

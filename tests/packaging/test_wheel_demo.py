@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from spendbus.demo_reconcile import RESULT_LINE
 from tests.native_kit import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -26,6 +27,7 @@ DEMO_CHECKS = (
     "ClickHouse total = exact sum",
     "duplicate publishes charged once",
     "refused with 402 budget_exceeded",
+    RESULT_LINE,  # the reconciliation against the fake providers' bill: nothing unexplained
 )
 
 

@@ -17,11 +17,17 @@ Scenario = Callable[[str, Topics, Path, Pipeline], Coroutine[Any, Any, None]]
 
 
 def with_worker(
-    bootstrap: str, topics: Topics, tmp_path: Path, dsn: str, scenario: Scenario
+    bootstrap: str,
+    topics: Topics,
+    tmp_path: Path,
+    dsn: str,
+    scenario: Scenario,
+    price_file: Path | None = None,
 ) -> None:
     """``scenario(bootstrap, topics, tmp_path, pipeline)`` beside a running aggregator worker
-    that prices by the shipped price file (published first), stopped after."""
-    tables = load_price_file(default_price_file())
+    that prices by ``price_file`` (default: the shipped one; published first), stopped
+    after."""
+    tables = load_price_file(price_file or default_price_file())
     asyncio.run(
         publish(
             bootstrap,

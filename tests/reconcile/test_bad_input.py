@@ -22,6 +22,7 @@ from reconcile import (
     ReportError,
     effective_price_map,
     import_report,
+    long_context_sql,
     mapping_from_data,
     match,
     match_costs,
@@ -170,11 +171,47 @@ def test_an_anthropic_report_reads_its_cache_writes_by_ttl_and_its_tier() -> Non
             },
             "already mapped to a",
         ),
+        (
+            {
+                "credentials": {
+                    "a": [
+                        {"provider": "openai", "api_key_id": "k"},
+                        {"provider": "openai", "api_key_id": "j"},
+                    ]
+                }
+            },
+            r"credentials.a\[1\]: a second openai key for a",
+        ),
+        ({"credentials": {"a": [{"provider": "openai"}]}}, r"a\[0\]: api_key_id is required"),
     ],
 )
 def test_a_bad_mapping_is_refused_naming_the_entry(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         mapping_from_data(data, "m.yaml")
+
+
+@pytest.mark.parametrize("model", ["x' OR 1 = 1 --", "gpt-4o\\'", "", "a b"])
+def test_a_report_model_that_is_no_plain_id_never_reaches_the_ledgers_sql(model: str) -> None:
+    assert long_context_sql("anthropic", DAY, model, "standard", 200_000) is None
+    assert long_context_sql("anthropic", DAY, "claude-sonnet-4-6", "standard", 200_000)
+
+
+def test_one_credential_maps_a_key_of_each_provider_it_is_sent_to() -> None:
+    mapping = mapping_from_data(
+        {
+            "credentials": {
+                "sk": [
+                    {"provider": "openai", "api_key_id": "key_a"},
+                    {"provider": "gemini", "project_id": "proj-a"},
+                ]
+            }
+        },
+        "m",
+    )
+    assert mapping.key_of("sk", "openai") == "key_a"
+    assert mapping.key_of("sk", "gemini") == "proj-a"
+    assert mapping.key_of("sk", "anthropic") is None
+    assert mapping.secret_of("gemini", "proj-a") == "sk"
 
 
 def test_a_credential_with_no_mapping_is_a_named_gap_on_both_sides() -> None:

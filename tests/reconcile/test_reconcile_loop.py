@@ -1,6 +1,11 @@
 """The loop closed: traffic through the gateway on the real broker, the aggregator worker's
 ClickHouse ledger, the fake providers' own usage reports fetched over their admin API, and
-the reconciliation: zero residual exactly, then each injected cause as its own delta."""
+the reconciliation: zero residual exactly, then each injected cause as its own delta.
+
+The worker prices by a table whose claude-sonnet-4-5 lacks the long-context tier (as a
+table imported from a source without tiers would): the provider bills that tier, and the
+reconciliation names it ``long_context`` by the shipped table, not ``price``, in a cell
+whose other calls are below the edge and agree."""
 
 from __future__ import annotations
 
@@ -62,11 +67,15 @@ MAPPING_YAML = yaml.safe_dump(
     {
         "credentials": {
             secret: {"provider": provider, "api_key_id": key_id}
-            for secret, (provider, key_id) in MAPPING.keys.items()
+            for (secret, provider), key_id in MAPPING.keys.items()
         }
     }
 )
 PROMPT = "Reconcile the meter against the bill, line by line. " * 8
+#: a prompt above the 200k-token edge of the Sonnet 4.x long-context tier (4 chars a token)
+LONG_PROMPT = "long context " * 70_000
+#: the shipped prices: their long-context tiers explain a cost
+SHIPPED = PriceBook(load_price_file(default_price_file()))
 
 
 def chat(model: str) -> dict[str, Any]:
@@ -138,7 +147,7 @@ async def reconcile_now(
         import_report(store, read_report(provider, usage, "fetched"), "fetched")
         costs = await asyncio.to_thread(fetch_pages, provider, ADMIN_KEY, since, url, "costs")
         import_report(store, read_cost_report(provider, costs, "fetched"), "fetched")
-    return await asyncio.to_thread(reconcile, store, pipeline.sql, MAPPING)
+    return await asyncio.to_thread(reconcile, store, pipeline.sql, MAPPING, prices=SHIPPED)
 
 
 async def cli(env: dict[str, str], *args: str) -> str:
@@ -170,6 +179,27 @@ def billed_cost(stack: GatewayStack, model: str, *, batch: bool = False) -> int:
         for call, count in ledger.tally.items()
         if call.model == model and call.batch == batch
     )
+
+
+def worker_price_file(home: Path) -> Path:
+    """spendbus's table: the shipped prices, then a version whose claude-sonnet-4-5 has no
+    long-context tier."""
+    newest = max(load_price_file(default_price_file()), key=lambda t: t.effective_from)
+    since = (newest.effective_from + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    path = home / "worker-prices.yaml"
+    path.write_text(
+        default_price_file().read_text()
+        + f"""
+  - version: "no-long-context-tier"
+    effective_from: "{since}"
+    extends: "{newest.version}"
+    models:
+    - match: "claude-sonnet-4-5"
+      input_per_mtok: "3.00"
+      output_per_mtok: "15.00"
+"""
+    )
+    return path
 
 
 def provider_price_file(home: Path) -> Path:
@@ -263,7 +293,12 @@ async def traffic_and_causes(
         await post(stack.upstream.url, "/v1/chat/completions", chat("gpt-4o"), stranger)
         anthropic = {"x-api-key": KEY_OF["sk-anthropic"], "anthropic-version": "2023-06-01"}
         await post(stack.url, "/v1/messages", message("claude-opus-4-1"), anthropic)
-        second = await reconcile_now(stack, pipeline, store, events + 3)
+        long_call = message("claude-sonnet-4-5")
+        long_call["messages"][0]["content"] = LONG_PROMPT
+        await post(stack.url, "/v1/messages", long_call, anthropic)
+        second = await reconcile_now(stack, pipeline, store, events + 4)
+        # without a reference table, the long-context step is only a price
+        unexplained_tier = await asyncio.to_thread(reconcile, store, pipeline.sql, MAPPING)
         cells = second.cells
         # the same through the CLI, in a process of its own: fetch both reports, report
         home_env = dict(pipeline.worker.env)
@@ -319,11 +354,12 @@ async def traffic_and_causes(
     # a million tokens each way at the provider's cut rates: $12 in, $60 out
     assert price(book, "claude-opus-4-1", 1_000_000, 0) == 12_000_000_000
     assert price(book, "claude-opus-4-1", 0, 1_000_000) == 60_000_000_000
-    # every other model as it was
-    assert price(book, "claude-sonnet-4-5", 1000, 1000) == price(
-        shipped, "claude-sonnet-4-5", 1000, 1000
-    )
+    # every other model as it was: a long-context step is no base rate
+    for model in ("claude-sonnet-4-5", "claude-haiku-4-5"):
+        assert price(book, model, 1000, 1000) == price(shipped, model, 1000, 1000)
+    assert price(book, "claude-sonnet-4-5", 250_000, 0) == 250_000 * 6_000  # the tier kept
     assert ADMIN_KEY not in table
+    assert "claude-sonnet-4-5 [standard]: +$" in table and "long_context" in table
     assert sorted((c["model"], c["tier"], c["causes"]) for c in shown["cells"]) == sorted(
         (c.model, c.tier, c.causes) for c in cells
     )
@@ -365,6 +401,8 @@ async def traffic_and_causes(
 
     stale = mapped[("claude-opus-4-1", "standard")]
     assert stale.causes == [] and not any(stale.deltas.values())
+    # the long call's cell: its tokens agree (the other calls' too)
+    assert clean[1].provider_tokens["input"] > 200_000
 
     assert all(not any(c.residual.values()) for c in cells)
 
@@ -377,7 +415,6 @@ async def traffic_and_causes(
     for key, spent in money.items():
         assert spent.spendbus_nanos == ledger_cost[key]
         assert spent.provider_nanos == billed_cost(stack, key[0], batch=key[1] == "batch")
-    assert money[("claude-sonnet-4-5", "standard")].causes == []
     assert money[("claude-haiku-4-5", "standard")].causes == ["estimate"]
     assert money[("gpt-4o-mini", "standard")].causes == ["bypass"]
     assert money[("gpt-4o", "batch")].causes == ["batch_tier"]
@@ -397,6 +434,20 @@ async def traffic_and_causes(
     assert stale_cost.causes == ["price"] and stale_cost.delta < 0
     rates = stale_cost.effective_rates()
     assert Decimal(rates["input"]) == Decimal("12") and Decimal(rates["output"]) == Decimal("60")
+    # the provider billed the long-context tier spendbus's table lacks: exactly that step
+    long_cost = money[("claude-sonnet-4-5", "standard")]
+    assert long_cost.causes == ["long_context"], long_cost.as_dict()
+    assert (long_cost.long_context_calls, long_cost.long_context_edge) == (1, 200_000)
+    (long,) = [
+        call.usage
+        for call in billing.tally
+        if call.model == "claude-sonnet-4-5" and call.usage.input_tokens > 200_000
+    ]
+    # the tier's $6 / $22.50 against the base $3 / $15, on the long call alone
+    assert long_cost.delta == long.input_tokens * 3_000 + long.output_tokens * 7_500 > 0
+    without = {(c.model, c.tier): c.causes for c in unexplained_tier.costs}
+    assert without[("claude-sonnet-4-5", "standard")] == ["price"]
+    assert without[("claude-opus-4-1", "standard")] == ["price"]
     assert all(c.residual == 0 for c in second.costs)
     assert all(day.cost_residual == 0 for day in second.days)
     # the same days imported again and again: each import replaced the one before
@@ -407,4 +458,11 @@ async def traffic_and_causes(
 def test_the_ledger_reconciles_with_the_providers_report_and_each_cause_is_named(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, clickhouse_dsn: str
 ) -> None:
-    with_worker(kafka_bootstrap, topics, tmp_path, clickhouse_dsn, scenario)
+    with_worker(
+        kafka_bootstrap,
+        topics,
+        tmp_path,
+        clickhouse_dsn,
+        scenario,
+        price_file=worker_price_file(tmp_path),
+    )
