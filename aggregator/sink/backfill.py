@@ -21,7 +21,8 @@ A row in between (4): the view is dropped, the inserts that fed it waited for, t
 emptied, and it is tried again until ``FILL_DEADLINE_SECONDS``, then ``SinkUnavailable``
 (the sink's open retries). Killed half-way, the table's comment still says ``filling``:
 the next ``apply_schema`` starts over. A view that existed before this step (its table
-without that comment) is left as it is; ``rebuild_rollups`` refills any rollup.
+without that comment) is left as it is; ``rebuild_rollups`` refills any rollup. One
+process runs this at a time (infra/clickhouse/README.md says how on a server).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Final
 
 from clickhouse_connect.driver.client import Client
 
-from aggregator.sink.errors import SinkUnavailable
+from aggregator.sink.errors import SinkRejected, SinkUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ def set_comment(client: Client, table: str, comment: str) -> None:
 def engine_clock(client: Client) -> str:
     """The engine's time now, floored to inserted_at's millisecond, as a literal."""
     now = _scalar(client, "SELECT now64(3, 'UTC')")
-    assert isinstance(now, datetime)
+    if not isinstance(now, datetime):
+        raise SinkRejected(f"the engine's clock read {now!r}, not a time")
     return f"toDateTime64('{now.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]}', 3, 'UTC')"
 
 
