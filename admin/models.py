@@ -187,14 +187,18 @@ class SpendRow(BaseModel):
 
 
 class SpendReport(BaseModel):
-    """Spend by period and group (query: by=day|week|month, group=org|project|secret|user|
-    model|tag:<name>, from and to as YYYY-MM-DD, org_id for a platform admin)."""
+    """One page of spend by period and group (query: by=day|week|month, group=org|project|
+    secret|user|model|tag:<name>, from and to as YYYY-MM-DD, org_id for a platform admin,
+    limit rows a page, cursor: the previous page's next_cursor). Rows are in (period,
+    org_id, key) order; the totals are this page's."""
 
     by: str
     group: str
     rows: list[SpendRow]
     total_cost_nanos: int
     total_events: int
+    #: the next page's cursor; null on the last page
+    next_cursor: str | None
 
 
 class DeliveryView(BaseModel):

@@ -86,8 +86,10 @@ def openapi_document() -> dict[str, Any]:
                     "description": "A retry with the same key (and body) gets the same answer.",
                 }
             )
+        helps = dict(route.query_help)
         parameters += [
             {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+            | ({"description": helps[name]} if name in helps else {})
             for name in route.query
         ]
         if parameters:

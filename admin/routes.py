@@ -26,6 +26,7 @@ from admin.models import (
     Revoked,
     SpendReport,
 )
+from admin.reports import DEFAULT_LIMIT, MAX_LIMIT
 
 PREFIX: Final = "/v1/admin"
 
@@ -45,6 +46,8 @@ class Route:
     idempotent: bool = False
     #: optional query parameters (strings)
     query: tuple[str, ...] = ()
+    #: (parameter, its description in the OpenAPI document)
+    query_help: tuple[tuple[str, str], ...] = ()
     #: a caller with a virtual key (not an admin token) may call it (else 403)
     keys_may_call: bool = False
 
@@ -149,9 +152,15 @@ ROUTES: Final = (
         "GET",
         "/reports/spend",
         api.spend,
-        "Spend by day, week or month and by org, project, secret, user, model or tag.",
+        "Spend by day, week or month and by org, project, secret, user, model or tag, "
+        f"a page at a time: limit rows (default {DEFAULT_LIMIT}, at most {MAX_LIMIT}), "
+        "then cursor=next_cursor for the next page.",
         SpendReport,
-        query=("by", "group", "from", "to", "org_id"),
+        query=("by", "group", "from", "to", "org_id", "limit", "cursor"),
+        query_help=(
+            ("limit", f"rows a page: 1 to {MAX_LIMIT}, default {DEFAULT_LIMIT}"),
+            ("cursor", "the previous page's next_cursor, as given (opaque)"),
+        ),
     ),
     Route(
         "GET",

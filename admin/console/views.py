@@ -35,6 +35,7 @@ from admin.console.html import (
 )
 from admin.console.sessions import COOKIE, Session, SessionBook, csrf_matches
 from admin.errors import ApiError
+from admin.reports import MAX_LIMIT
 from admin.routes import PREFIX
 from admin.tokens import ORG_VIEWER
 from schemas.jobs import job_key, job_key_secret
@@ -199,16 +200,18 @@ def _month_start() -> str:
 
 
 async def _spend(request: web.Request, caller: Caller, group: str) -> dict[str, Any] | str:
-    """This month's spend by day × ``group``; the reason instead when there is none."""
-    status, body = await _api(
-        request,
-        caller,
-        api.spend,
-        "GET",
-        "/reports/spend",
-        {"by": "day", "group": group, "from": _month_start()},
-    )
-    return body if status == 200 else str(body["error"])
+    """This month's spend by day × ``group``, every page; the reason instead when there is
+    none."""
+    query = {"by": "day", "group": group, "from": _month_start(), "limit": str(MAX_LIMIT)}
+    rows: list[dict[str, Any]] = []
+    while True:
+        status, body = await _api(request, caller, api.spend, "GET", "/reports/spend", query)
+        if status != 200:
+            return str(body["error"])
+        rows += body["rows"]
+        if body["next_cursor"] is None:
+            return {**body, "rows": rows}
+        query["cursor"] = body["next_cursor"]
 
 
 def _totals(rows: list[dict[str, Any]], field: str) -> list[tuple[str, int]]:

@@ -130,7 +130,8 @@ SELECT
     e.events AS table_events,
     r.events AS rollup_events,
     e.cost_nanos AS table_cost_nanos,
-    r.cost_nanos AS rollup_cost_nanos
+    r.cost_nanos AS rollup_cost_nanos,
+    'spend_daily' AS rollup
 FROM
 (
     SELECT toDate(occurred_at, 'UTC') AS day, count() AS events, sum(cost_nanos) AS cost_nanos
@@ -144,7 +145,29 @@ FULL OUTER JOIN
     GROUP BY day
 ) AS r USING (day)
 WHERE e.events != r.events OR e.cost_nanos != r.cost_nanos
-ORDER BY day"""
+UNION ALL
+SELECT
+    day,
+    e.events AS table_events,
+    r.events AS rollup_events,
+    e.cost_nanos AS table_cost_nanos,
+    r.cost_nanos AS rollup_cost_nanos,
+    concat('spend_daily_by_dimension:', dimension) AS rollup
+FROM
+(
+    SELECT toDate(occurred_at, 'UTC') AS day, count() AS events, sum(cost_nanos) AS cost_nanos
+    FROM usage_events
+    GROUP BY day
+) AS e
+ARRAY JOIN ['project', 'secret', 'user', 'model'] AS dimension
+FULL OUTER JOIN
+(
+    SELECT day, dimension, sum(events) AS events, sum(cost_nanos) AS cost_nanos
+    FROM spend_daily_by_dimension
+    GROUP BY day, dimension
+) AS r USING (day, dimension)
+WHERE e.events != r.events OR e.cost_nanos != r.cost_nanos
+ORDER BY day, rollup"""
 
 #: name -> SQL of every example query (infra/clickhouse/README.md shows each verbatim)
 EXAMPLE_QUERIES: Final = {

@@ -27,7 +27,8 @@ from urllib.parse import urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
-from aggregator.sink.errors import DataPathInUse, SinkRejected, translate
+from aggregator.sink.backfill import FILLED, create_filled_view, set_comment
+from aggregator.sink.errors import DataPathInUse, SinkError, SinkRejected, translate
 from runtime.clickhouse_access import DEFAULT_ACCESS, ClickHouseAccess, redact_dsn
 from schemas.errors import ConfigError
 
@@ -189,13 +190,22 @@ def ddl_files(ddl_dir: Path | str | None = None) -> list[Path]:
 def apply_schema(client: Client, ddl_dir: Path | str | None = None) -> list[str]:
     """Run every DDL file in order, one statement at a time; returns the file names.
 
-    The files only use ``CREATE ... IF NOT EXISTS``, so applying them again is a no-op.
+    The files only use ``CREATE ... IF NOT EXISTS``, so applying them again is a no-op. A
+    materialized view it creates is filled from usage_events' history exactly once
+    (``backfill.create_filled_view``), so a rollup added to a store with events misses none.
     """
     applied = []
     for path in ddl_files(ddl_dir):
         for number, statement in enumerate(split_statements(path.read_text()), 1):
             try:
-                client.command(statement)
+                view = _VIEW.match(statement)
+                if view is None:
+                    client.command(statement)
+                else:
+                    name, target, select = view.groups()
+                    create_filled_view(client, name, target, statement, select)
+            except SinkError:
+                raise
             except Exception as exc:
                 raise translate(exc, f"{path.name}, statement {number}") from exc
         applied.append(path.name)
@@ -213,7 +223,8 @@ def rebuild_rollups(client: Client, ddl_dir: Path | str | None = None) -> list[s
 
     Uses the views' own SELECT from the DDL, so a rebuild sums exactly what the
     views sum. Stop the sink first: rows inserted during the rebuild would be
-    counted twice (by the view and by the refill) or not at all. Returns the
+    counted twice (by the view and by the refill) or not at all. Each rebuilt table is
+    marked filled (a fill ``apply_schema`` left half-way is then complete). Returns the
     rebuilt tables.
     """
     rebuilt = []
@@ -231,6 +242,7 @@ def rebuild_rollups(client: Client, ddl_dir: Path | str | None = None) -> list[s
                     f"INSERT INTO {target} ({', '.join(names)}) {select}",
                     settings={"insert_deduplicate": 0},
                 )
+                set_comment(client, target, FILLED)
             except Exception as exc:
                 raise translate(exc, f"rebuilding {target}") from exc
             rebuilt.append(target)

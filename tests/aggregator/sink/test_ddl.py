@@ -31,6 +31,8 @@ def test_ddl_is_idempotent_and_creates_each_table_with_its_engine(client: Any) -
         "spend_hourly_mv": "MaterializedView",
         "spend_daily": "SummingMergeTree",
         "spend_daily_mv": "MaterializedView",
+        "spend_daily_by_dimension": "SummingMergeTree",
+        "spend_daily_by_dimension_mv": "MaterializedView",
         "budget_state": "ReplacingMergeTree",
         "decisions": "View",
         "budget_counts": "View",
