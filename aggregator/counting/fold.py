@@ -126,11 +126,14 @@ def apply(
     occurred_us: int | None = None,
     tokens: int | None = None,
     period: str | None = None,
+    counted: bool | None = None,
+    charge: bool | None = None,
 ) -> Change | None:
     """Add ``event`` to ``state`` in place; None when the fence says it was applied already.
 
-    ``occurred_us``, ``tokens`` and ``period`` (:func:`period_of`) may be passed when the
-    caller already computed them for the event.
+    ``occurred_us``, ``tokens``, ``period`` (:func:`period_of`), ``counted`` (its outcome
+    is in COUNTED_OUTCOMES) and ``charge`` (it is a further charge, ``charge_of``) may be
+    passed when the caller already computed them for the event.
     """
     fence = state.fence
     if fence.get(partition, -1) >= offset:
@@ -150,12 +153,11 @@ def apply(
     if tokens is None:
         tokens = billed_tokens(event)
     # a further charge of another call (UsageEvent v3 charge_of) is no request of its own
-    requests = (
-        1
-        if (event["outcome"] in COUNTED_OUTCOMES or budget.count_denied)
-        and event.get("charge_of") is None
-        else 0
-    )
+    if counted is None:
+        counted = event["outcome"] in COUNTED_OUTCOMES
+    if charge is None:
+        charge = event.get("charge_of") is not None
+    requests = 1 if (counted or budget.count_denied) and not charge else 0
     if window.kind == "rolling":
         _add_rolling(totals, window, occurred_us, cost_nanos, tokens, requests)
     else:
@@ -167,19 +169,34 @@ def apply(
         state.period = key
     # a late event may have opened an entry older than every kept one: it goes at once
     if key not in periods:
-        return _change(Change, (key, False, ()))
+        return _quiet_change(key, False)
     current = key == state.period
     if current:
         state.seq += 1
     if not budget.alert_at:
-        return _change(Change, (key, current, ()))
+        return _quiet_change(key, current)
     ratio = _ratio(budget, totals)
     crossed = tuple(t for t in budget.alert_at if t not in totals.alerted and ratio >= t)
-    if crossed:
-        # kept sorted: a set in the changelog, the same however the batches fell
-        totals.alerted.extend(crossed)
-        totals.alerted.sort()
+    if not crossed:
+        return _quiet_change(key, current)
+    # kept sorted: a set in the changelog, the same however the batches fell
+    totals.alerted.extend(crossed)
+    totals.alerted.sort()
     return _change(Change, (key, current, crossed))
+
+
+def _quiet_change(period: str, current: bool) -> Change:
+    """The Change that crossed no threshold, one shared per (period, current): a Change is
+    immutable, and a period key repeats for every event of its period (three per event)."""
+    made = _QUIET_CHANGES.get(period)
+    if made is None:
+        if len(_QUIET_CHANGES) >= 10_000:
+            _QUIET_CHANGES.clear()
+        made = _QUIET_CHANGES[period] = (
+            _change(Change, (period, False, ())),
+            _change(Change, (period, True, ())),
+        )
+    return made[1] if current else made[0]
 
 
 def period_of(window: Window, occurred_us: int, occurred_at: datetime) -> str:
@@ -267,6 +284,8 @@ _TRAILING_SPAN: Final[int] = FORECAST_BUCKETS - 1
 
 #: builds a Change without its Python-level ``__new__`` (half the cost; three per event)
 _change: Final = tuple.__new__
+#: period key -> its changes that crossed no threshold, (not current, current)
+_QUIET_CHANGES: dict[str, tuple[Change, Change]] = {}
 #: (window, grain since the epoch) -> period key
 _PERIOD_KEYS: dict[tuple[Window, int], str] = {}
 

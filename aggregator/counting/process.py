@@ -391,8 +391,11 @@ class _BatchFold:
     ) -> None:
         """The event into each of its counters, and what that changes: verdicts, alerts."""
         tokens = billed_tokens(event)
+        outcome = event["outcome"]
+        counted = outcome in COUNTED_OUTCOMES
+        charge = event.get("charge_of") is not None
         # the budget an enforcer refused this request for: its counter says so once a period
-        refused_by = event.get("decision_budget_id") if event["outcome"] == "refused" else None
+        refused_by = event.get("decision_budget_id") if outcome == "refused" else None
         periods = counts.periods
         raised = self.raised
         states = self.states
@@ -407,7 +410,17 @@ class _BatchFold:
             if state is None:
                 state = self.read_counter(partition, key)
             change = apply(
-                state, budget, event, cost, partition, offset, occurred_us, tokens, period
+                state,
+                budget,
+                event,
+                cost,
+                partition,
+                offset,
+                occurred_us,
+                tokens,
+                period,
+                counted,
+                charge,
             )
             # a fenced (re-delivered) record still re-sends the verdict: the crash
             # that caused the re-delivery may have come before the verdict left

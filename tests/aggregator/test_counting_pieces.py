@@ -245,6 +245,61 @@ def test_rolling_sums_equal_the_live_buckets(steps: list[tuple[int, int]]) -> No
         assert totals.requests == sum(b[2] for b in totals.buckets.values())
 
 
+# --- apply's shortcuts: what the caller passes equals what apply reads itself ------------
+
+ALERTED = budgets_from_yaml(
+    yaml.safe_load(
+        """
+- {id: a, scope: org, window: day, limit_usd: "0.5", alert_at: [0.5, 0.9], count_denied: true}
+- {id: n, scope: org, window: month, limit_usd: "1"}
+"""
+    )
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3 * 86_400),
+            st.sampled_from(["allowed", "refused", "failed_open", "failed_closed"]),
+            st.booleans(),
+            st.integers(0, 200_000_000),
+        ),
+        max_size=30,
+    )
+)
+def test_apply_with_the_callers_shortcuts_equals_apply_alone(
+    steps: list[tuple[int, str, bool, int]],
+) -> None:
+    """The fold passes ``counted`` and ``charge`` it read once per event; a Change that
+    crossed no threshold is shared: both leave every state and every answer as before."""
+    for budget in ALERTED:
+        alone, shortcut = CounterState(), CounterState()
+        for offset, (seconds, outcome, is_charge, cost) in enumerate(steps):
+            e = event(
+                offset,
+                occurred_at=T0 + timedelta(seconds=seconds),
+                outcome=outcome,
+                charge_of="ev-first" if is_charge else None,
+            )
+            expected = apply(alone, budget, e, cost, 0, offset)
+            got = apply(
+                shortcut,
+                budget,
+                e,
+                cost,
+                0,
+                offset,
+                counted=outcome in ("allowed", "failed_open"),
+                charge=is_charge,
+            )
+            assert got == expected
+            assert shortcut == alone
+            # a re-delivery is fenced either way
+            assert apply(shortcut, budget, e, cost, 0, offset, counted=True, charge=False) is None
+
+
 # --- the applicable() memo ---------------------------------------------------------------
 
 MEMO_BUDGETS = budgets_from_yaml(
