@@ -45,6 +45,9 @@ STORE: Final = web.AppKey("store", AdminStore)
 TOKENS: Final = web.AppKey("tokens", TokenBook)
 LIMITS: Final = web.AppKey("limits", tuple)
 SPEND_QUERY: Final[web.AppKey[SpendQuery | None]] = web.AppKey("spend_query")
+#: a body handed in by the server itself (the console calls these handlers in process
+#: with its form as JSON): request storage, which no client can set
+GIVEN_BODY: Final = web.RequestKey("given_body", bytes)
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -122,6 +125,8 @@ def _depth(value: Any) -> int:
 
 
 async def raw_body(request: web.Request) -> bytes:
+    if GIVEN_BODY in request:
+        return request[GIVEN_BODY]
     max_bytes, timeout_s = request.app[LIMITS]
     try:
         return await read_body(request, timeout_s=timeout_s, max_bytes=max_bytes)

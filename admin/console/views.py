@@ -174,8 +174,8 @@ async def _api(
     url = URL(PREFIX + path).with_query(dict(query or {}))
     unread = request.get(_UNREAD, request)
     inner = unread.clone(method=method, rel_url=url, headers=headers)
-    # the form's own body was read; aiohttp's read() answers this cache, the API's JSON
-    inner._read_bytes = raw
+    # the form's own body was read: the API's JSON goes in the request's storage instead
+    inner[api.GIVEN_BODY] = raw
     try:
         response = cast(web.Response, await handler(inner, caller))
     except ApiError as exc:
