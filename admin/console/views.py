@@ -502,7 +502,43 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
             "keys",
         )
     )
+    parts.append(
+        _dead_letters(await _read(request, caller, api.dead_letters, "/dead-letters"), caller)
+    )
     return _html(page("Keys", "".join(parts), who=_who(caller), csrf=session.csrf))
+
+
+def _dead_letters(found: dict[str, Any], caller: Caller) -> str:
+    """The dead-letter count and its reasons: usage the pipeline could not read or price,
+    so charged nowhere until fixed and requeued (``spendbus dlq``)."""
+    scope = (
+        "every letter"
+        if found["includes_unattributed"]
+        else f"the letters of org {caller.org_id}'s own events: a letter whose bytes do not "
+        "read names no org and is shown to a platform admin only"
+    )
+    head = (
+        f'<h2>Dead letters: <span id="dead-letter-count">{found["total"]:,}</span></h2>'
+        f'<p class="note">Usage the pipeline could not read or price, so not charged to any '
+        f"budget until fixed and requeued (<code>spendbus dlq list</code>, "
+        f"<code>spendbus dlq requeue</code>). Shown: {e(scope)}.</p>"
+    )
+    if not found["reasons"]:
+        return head + '<p class="empty">No dead letter.</p>'
+    return head + table(
+        ("reason", "letters", "stage", "newest", "its detail"),
+        (
+            [
+                f"<code>{e(r['reason'])}</code>",
+                e(f"{r['count']:,}"),
+                e(", ".join(r["stages"])),
+                e(when(r["last_failed_at"])),
+                e(r["last_detail"]),
+            ]
+            for r in found["reasons"]
+        ),
+        "dead-letters",
+    )
 
 
 async def jobs_page(request: web.Request) -> web.StreamResponse:
