@@ -50,6 +50,7 @@ from schemas.codec import BUDGET_POLICY, PRICE_TABLE
 from schemas.money import format_usd
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.usage import new_usage_event
+from spendbus.demo_console import hold_console
 from spendbus.demo_traffic import (
     CLIENTS,
     EXHAUSTED_SECRET,
@@ -206,7 +207,15 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(f"timed out waiting for {what} (last seen: {last})")
 
 
-def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: int = 2026) -> int:
+def run_demo(
+    settings: Settings,
+    events: int = 3000,
+    keep: bool = False,
+    seed: int = 2026,
+    hold_s: float | None = None,
+) -> int:
+    """The demo; its exit status. ``hold_s``: how long to serve the spend console over
+    the stack once the checks pass (infinity: until Ctrl-C; None: not at all)."""
     # producing right after a topic is created retries until its leader is known: not news
     logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
     home = (settings.home / "demo").resolve()
@@ -276,6 +285,8 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
             )
         )
         status = _check_and_report(worker, ledger)
+        if status == 0 and hold_s is not None:
+            hold_console(demo_settings, bootstrap, hold_s, _print_line)
         for line in console_login(demo_settings, bootstrap, keep):
             console.print(line, soft_wrap=True, highlight=False)
         return status
@@ -284,6 +295,10 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
             with console.status("stopping the demo stack..."):
                 worker.stop()
                 stack.down()
+
+
+def _print_line(line: str) -> None:
+    console.print(line, soft_wrap=True, highlight=False)
 
 
 def console_login(settings: Settings, bootstrap: str, keep: bool) -> list[str]:
