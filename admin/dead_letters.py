@@ -22,6 +22,7 @@ from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
 from runtime.topic_reader import read_until, start_at_beginning
 from schemas.codec import DEAD_LETTER, USAGE_EVENT
 from schemas.errors import ContractError
+from schemas.ids import canonical_id
 
 log = logging.getLogger("spendbus.admin.dead_letters")
 
@@ -55,9 +56,10 @@ def letter_org(letter: dict[str, Any]) -> str | None:
     if not isinstance(value, bytes):
         return None
     try:
-        return str(USAGE_EVENT.decode(value)["org_id"])
+        org = str(USAGE_EVENT.decode(value)["org_id"])
     except (ContractError, KeyError):
         return None
+    return canonical_id(org, "org_id") or None  # the form tokens and counters name it by
 
 
 @dataclass
