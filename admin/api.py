@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from admin.access import Caller
 from admin.alerts import ALERT_KINDS, alert_json, alert_scope_values, parse_since
+from admin.dead_letters import DeadLetterFollower
 from admin.errors import ApiError, invalid
 from admin.models import KeyBody, RaiseBody
 from admin.reports import SpendQuery, spend_report
@@ -45,6 +46,10 @@ STORE: Final = web.AppKey("store", AdminStore)
 TOKENS: Final = web.AppKey("tokens", TokenBook)
 LIMITS: Final = web.AppKey("limits", tuple)
 SPEND_QUERY: Final[web.AppKey[SpendQuery | None]] = web.AppKey("spend_query")
+DEAD_LETTERS: Final = web.AppKey("dead_letters", DeadLetterFollower)
+#: a body handed in by the server itself (the console calls these handlers in process
+#: with its form as JSON): request storage, which no client can set
+GIVEN_BODY: Final = web.RequestKey("given_body", bytes)
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -122,6 +127,8 @@ def _depth(value: Any) -> int:
 
 
 async def raw_body(request: web.Request) -> bytes:
+    if GIVEN_BODY in request:
+        return request[GIVEN_BODY]
     max_bytes, timeout_s = request.app[LIMITS]
     try:
         return await read_body(request, timeout_s=timeout_s, max_bytes=max_bytes)
@@ -661,6 +668,19 @@ async def list_alerts(request: web.Request, caller: Caller) -> web.StreamRespons
         shown.append(alert_json(alert, log.deliveries.get(alert["alert_id"], {})))
     shown.sort(key=lambda a: (a["as_of"] or "", a["alert_id"]))
     return web.json_response({"alerts": shown})
+
+
+# --- dead letters ----------------------------------------------------------------------
+async def dead_letters(request: web.Request, caller: Caller) -> web.StreamResponse:
+    tally = await request.app[DEAD_LETTERS].tally()
+    reasons = tally.shown(caller.org_id)
+    return web.json_response(
+        {
+            "total": sum(r["count"] for r in reasons),
+            "includes_unattributed": caller.org_id is None,
+            "reasons": reasons,
+        }
+    )
 
 
 # --- audit ------------------------------------------------------------------------------

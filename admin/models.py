@@ -242,6 +242,26 @@ class AlertList(BaseModel):
     alerts: list[AlertView]
 
 
+class DeadLetterReason(BaseModel):
+    """The dead letters of one reason: how many, the stages that refused them, and the
+    newest one's time and detail (it names the field at fault)."""
+
+    reason: str
+    count: int
+    stages: list[str]
+    last_failed_at: str | None
+    last_detail: str
+
+
+class DeadLetterList(BaseModel):
+    #: every letter the caller sees
+    total: int
+    #: false for an org-scoped caller: letters whose bytes do not read carry no org
+    #: and are counted for a platform-admin only
+    includes_unattributed: bool
+    reasons: list[DeadLetterReason]
+
+
 class BudgetList(BaseModel):
     budgets: list[BudgetBody]
 

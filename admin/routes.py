@@ -15,6 +15,7 @@ from admin.models import (
     BudgetBody,
     BudgetList,
     CounterList,
+    DeadLetterList,
     Deleted,
     KeyBody,
     KeyList,
@@ -170,6 +171,14 @@ ROUTES: Final = (
         "(filters: budget_id, kind, since as a time or a duration back such as 6h).",
         AlertList,
         query=("budget_id", "kind", "since"),
+    ),
+    Route(
+        "GET",
+        "/dead-letters",
+        api.dead_letters,
+        "The dead letters (what could not be read or priced) counted per reason: an org's "
+        "those of its own events; a letter whose bytes do not read, a platform-admin only.",
+        DeadLetterList,
     ),
     Route(
         "GET",

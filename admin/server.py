@@ -16,6 +16,7 @@ from aiohttp import web
 from admin import api
 from admin.access import VIRTUAL_KEY, Caller
 from admin.console import mount_console
+from admin.dead_letters import DeadLetterFollower
 from admin.errors import ApiError
 from admin.openapi import openapi_document
 from admin.reports import SpendQuery
@@ -101,6 +102,9 @@ def build_app(
     app[api.TOKENS] = tokens
     app[api.LIMITS] = (max_body_bytes, body_timeout_s)
     app[api.SPEND_QUERY] = spend_query
+    app[api.DEAD_LETTERS] = DeadLetterFollower(
+        store.config.bootstrap, store.config.topics.usage_dlq, store.config.security
+    )
     for route in ROUTES:
         app.router.add_route(route.method, PREFIX + route.path, _bound(route))
     document = openapi_document()
@@ -118,6 +122,7 @@ def build_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await store.start()
         yield
+        await app[api.DEAD_LETTERS].stop()
         await store.stop()
 
     app.cleanup_ctx.append(lifecycle)

@@ -53,6 +53,7 @@ from schemas.money import format_usd
 from schemas.pricing import PriceBook, default_price_file, load_price_file
 from schemas.records import UsageEvent
 from schemas.usage import new_usage_event
+from spendbus.demo_console import hold_console
 from spendbus.demo_reconcile import reconcile_demo
 from spendbus.demo_traffic import (
     CLIENTS,
@@ -249,7 +250,15 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(f"timed out waiting for {what} (last seen: {last})")
 
 
-def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: int = 2026) -> int:
+def run_demo(
+    settings: Settings,
+    events: int = 3000,
+    keep: bool = False,
+    seed: int = 2026,
+    hold_s: float | None = None,
+) -> int:
+    """The demo; its exit status. ``hold_s``: how long to serve the spend console over
+    the stack once the checks pass (infinity: until Ctrl-C; None: not at all)."""
     # producing right after a topic is created retries until its leader is known: not news
     logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
     home = (settings.home / "demo").resolve()
@@ -320,6 +329,8 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
         )
         status = _check_and_report(worker, ledger)
         status = max(status, reconcile_demo(demo_settings, worker, ledger.billing, console))
+        if status == 0 and hold_s is not None:
+            hold_console(demo_settings, bootstrap, hold_s, _print_line)
         for line in console_login(demo_settings, bootstrap, keep):
             console.print(line, soft_wrap=True, highlight=False)
         return status
@@ -328,6 +339,10 @@ def run_demo(settings: Settings, events: int = 3000, keep: bool = False, seed: i
             with console.status("stopping the demo stack..."):
                 worker.stop()
                 stack.down()
+
+
+def _print_line(line: str) -> None:
+    console.print(line, soft_wrap=True, highlight=False)
 
 
 def console_login(settings: Settings, bootstrap: str, keep: bool) -> list[str]:

@@ -175,8 +175,8 @@ async def _api(
     url = URL(PREFIX + path).with_query(dict(query or {}))
     unread = request.get(_UNREAD, request)
     inner = unread.clone(method=method, rel_url=url, headers=headers)
-    # the form's own body was read; aiohttp's read() answers this cache, the API's JSON
-    inner._read_bytes = raw
+    # the form's own body was read: the API's JSON goes in the request's storage instead
+    inner[api.GIVEN_BODY] = raw
     try:
         response = cast(web.Response, await handler(inner, caller))
     except ApiError as exc:
@@ -430,6 +430,10 @@ async def budget_page(request: web.Request) -> web.StreamResponse:
             if history
             else '<p class="empty">No history recorded.</p>'
         )
+    alerts = (await _read(request, caller, api.list_alerts, "/alerts", budget_id=budget_id))[
+        "alerts"
+    ]
+    parts.append(_alerts(request, alerts, str(budget.get("scope"))))
     parts.append(
         "<h2>Raises</h2>"
         + (
@@ -454,6 +458,55 @@ async def budget_page(request: web.Request) -> web.StreamResponse:
         )
         parts.append(_raise_form(session.csrf, budget_id, []))
     return _html(page(f"Budget {budget_id}", "".join(parts), who=_who(caller), csrf=session.csrf))
+
+
+def _alert_what(alert: dict[str, Any]) -> str:
+    if alert["kind"] == "threshold":
+        return f"{alert['threshold'] * 100:g} % of the limit reached"
+    if alert["kind"] == "forecast":
+        return f"forecast: runs out {when(alert['exhausts_at'])}"
+    return f"no price for model {alert['model']}: its calls are charged $0 until priced"
+
+
+def _delivery(d: dict[str, Any]) -> str:
+    attempts = f"{d['attempts']} attempt{'s' if d['attempts'] != 1 else ''}"
+    http = "" if d["http_status"] is None else f", HTTP {d['http_status']}"
+    error = f": {d['error']}" if d["error"] and d["status"] != "delivered" else ""
+    return (
+        f'<span class="delivery-{e(d["status"])}">{e(d["webhook"])} {e(d["status"])}</span>'
+        f" {e(f'({attempts}{http}){error}')} {e(when(d['finished_at']))}"
+    )
+
+
+def _alerts(request: web.Request, alerts: list[dict[str, Any]], scope: str) -> str:
+    """A budget's alerts per counter and period, newest period first, each with what
+    became of its webhook deliveries (``spendbus notify``)."""
+    if not alerts:
+        return '<h2>Alerts</h2><p class="empty">No alert sent for this budget.</p>'
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for alert in alerts:
+        label = _counter_label(request, {"scope": scope, "scope_values": alert["scope_values"]})
+        groups[(label, alert["period"])].append(alert)
+    parts = ["<h2>Alerts and their deliveries</h2>"]
+    for (label, period), found in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1])):
+        parts.append(
+            f'<h3 class="alert-group">{e(label)} · {e(period)}</h3>'
+            + table(
+                ("sent", "what", "spent then", "deliveries"),
+                (
+                    [
+                        e(when(a["as_of"])),
+                        e(_alert_what(a)),
+                        bar(a["spent_nanos"], a["limit_nanos"], a["state"]),
+                        "<br>".join(_delivery(d) for d in a["deliveries"])
+                        or '<span class="empty">none finished yet</span>',
+                    ]
+                    for a in sorted(found, key=lambda a: a["as_of"] or "")
+                ),
+                "alerts",
+            )
+        )
+    return "".join(parts)
 
 
 async def keys_page(request: web.Request) -> web.StreamResponse:
@@ -505,7 +558,43 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
             "keys",
         )
     )
+    parts.append(
+        _dead_letters(await _read(request, caller, api.dead_letters, "/dead-letters"), caller)
+    )
     return _html(page("Keys", "".join(parts), who=_who(caller), csrf=session.csrf))
+
+
+def _dead_letters(found: dict[str, Any], caller: Caller) -> str:
+    """The dead-letter count and its reasons: usage the pipeline could not read or price,
+    so charged nowhere until fixed and requeued (``spendbus dlq``)."""
+    scope = (
+        "every letter"
+        if found["includes_unattributed"]
+        else f"the letters of org {caller.org_id}'s own events: a letter whose bytes do not "
+        "read names no org and is shown to a platform admin only"
+    )
+    head = (
+        f'<h2>Dead letters: <span id="dead-letter-count">{found["total"]:,}</span></h2>'
+        f'<p class="note">Usage the pipeline could not read or price, so not charged to any '
+        f"budget until fixed and requeued (<code>spendbus dlq list</code>, "
+        f"<code>spendbus dlq requeue</code>). Shown: {e(scope)}.</p>"
+    )
+    if not found["reasons"]:
+        return head + '<p class="empty">No dead letter.</p>'
+    return head + table(
+        ("reason", "letters", "stage", "newest", "its detail"),
+        (
+            [
+                f"<code>{e(r['reason'])}</code>",
+                e(f"{r['count']:,}"),
+                e(", ".join(r["stages"])),
+                e(when(r["last_failed_at"])),
+                e(r["last_detail"]),
+            ]
+            for r in found["reasons"]
+        ),
+        "dead-letters",
+    )
 
 
 async def jobs_page(request: web.Request) -> web.StreamResponse:

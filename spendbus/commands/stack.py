@@ -44,8 +44,18 @@ def down() -> None:
 @click.command()
 @click.option("--events", default=3000, show_default=True, help="Usage events in the workload.")
 @click.option("--keep", is_flag=True, help="Leave the demo stack running afterwards.")
-def demo(events: int, keep: bool) -> None:
+@click.option(
+    "--hold",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Serve the spend console this long once the checks pass (default: until Ctrl-C "
+    "on a terminal, not at all off one).",
+)
+def demo(events: int, keep: bool, hold: float | None) -> None:
     """The whole pipeline on the embedded default, checked end to end."""
     from spendbus.demo import run_demo
+    from spendbus.demo_console import hold_seconds
 
-    sys.exit(run_demo(load_settings(), events=events, keep=keep))
+    hold_s = hold_seconds(hold, sys.stdin is not None and sys.stdin.isatty())
+    sys.exit(run_demo(load_settings(), events=events, keep=keep, hold_s=hold_s))

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ import aiohttp
 from aiohttp import web
 
 from admin import SERVER_OPTIONS, AdminConfig, AdminStore, TokenBook, build_app
+from schemas.codec import DEAD_LETTER, USAGE_EVENT
 from schemas.topics import Topics
+from schemas.usage import new_usage_event
 from tests.gateway.kit import KEY_SECRET
 
 ADMIN_SECRET = b"test-admin-secret-0123456789abcdef0123456789abcdef"
@@ -81,3 +84,34 @@ def budget(budget_id: str, org: str | None = None, **fields: Any) -> dict[str, A
     if org is not None:
         body["match"] = {"org_id": org}
     return {**body, **fields}
+
+
+def dead_letter(topics: Topics, org: str | None, reason: str, detail: str = "") -> bytes:
+    """A DeadLetter record as the aggregator writes it: of ``org``'s usage event (its
+    value still decodes), or for ``org`` None of bytes that do not read."""
+    value = b"not avro"
+    if org is not None:
+        event = new_usage_event(
+            provider="openai",
+            api="openai-chat",
+            model="gpt-4o-mini",
+            secret_id="sk-openai",
+            org_id=org,
+            gateway_id="admin-test",
+            input_tokens=10,
+            output_tokens=5,
+        )
+        value = USAGE_EVENT.encode(event)
+    return DEAD_LETTER.encode(
+        {
+            "reason": reason,
+            "detail": detail or f"{reason} (a test letter)",
+            "stage": "aggregator",
+            "source_topic": topics.usage_raw,
+            "source_partition": 0,
+            "source_offset": 0,
+            "key": None if org is None else org.encode(),
+            "value": value,
+            "failed_at": datetime.now(UTC),
+        }
+    )

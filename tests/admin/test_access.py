@@ -16,7 +16,7 @@ from schemas.codec import ALERT, VERDICT
 from schemas.ids import counter_key
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
-from tests.admin.kit import AdminServer, admin_server, budget
+from tests.admin.kit import AdminServer, admin_server, budget, dead_letter
 from tests.gateway.kit import exhausted_verdict
 
 pytestmark = pytest.mark.integration
@@ -111,6 +111,13 @@ async def test_every_role_resource_and_verb_is_fenced_by_org(
             "org-viewer": server.token("org-viewer", "acme"),
         }
         wrong: list[str] = []
+        # a dead letter of each owner's event (None: bytes that name no org), each its reason
+        letter_reason = {"acme": "unknown_fingerprint", "globex": "wrong_key", None: "bad_magic"}
+        await publish(
+            kafka_bootstrap,
+            topics.usage_dlq,
+            [(b"k", dead_letter(topics, o, reason)) for o, reason in letter_reason.items()],
+        )
 
         def check(role: str, owner: str | None, what: str, status: int, ok: set[int]) -> None:
             want = expected(role, owner, writes=what.split()[0] not in ("GET",))
@@ -148,6 +155,14 @@ async def test_every_role_resource_and_verb_is_fenced_by_org(
                     wrong.append(
                         f"{role}: alert list shows {owner}'s alert: {ids['alert'] in shown}"
                     )
+
+            status, letters = await server.call("GET", "/v1/admin/dead-letters", token)
+            shown = {r["reason"] for r in letters["reasons"]}
+            for owner, reason in letter_reason.items():
+                if (reason in shown) != (expected(role, owner, False) == "ok"):
+                    wrong.append(f"{role}: dead letters show {owner}'s: {reason in shown}")
+            if letters["total"] != len(shown):
+                wrong.append(f"{role}: dead letters total {letters['total']} of {shown}")
 
             for owner, ids in made.items():
                 b, r = ids["budget"], ids["raise"]

@@ -1,8 +1,10 @@
 """The spend console in a real browser (Debian's Chromium, headless, through Selenium and
 the system chromedriver: nothing downloaded), served by the admin app on a real broker
-with spend from the real embedded ClickHouse: sign in, watch a budget's bar fill as its
-counter is counted, create a budget from the dialog; an org admin sees nothing of another
-org, a viewer no button, and a POST without the session's CSRF token is refused.
+with spend from the real embedded ClickHouse: sign in, create a budget from the dialog
+and watch its bar fill; an org admin sees nothing of another org, a viewer no button, and
+a POST without the session's CSRF token is refused; a budget made in the dialog fills and
+exhausts under real traffic (a running gateway and aggregator worker), and the console
+says it is enforced and when it resets.
 
 ``SPENDBUS_CONSOLE_SCREENSHOTS=DIR`` also saves the main pages there (docs/console-*.png
 are taken so; make test leaves them be)."""
@@ -26,13 +28,14 @@ from schemas.budgets import parse_budget
 from schemas.codec import VERDICT
 from schemas.ids import counter_key
 from schemas.jobs import job_key, job_key_secret
-from schemas.periods import parse_window, period_key
+from schemas.periods import parse_window, period_end, period_key
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
 from tests.admin.kit import AdminServer, admin_server, budget
-from tests.admin.test_gateway_enforces import answers, chat
 from tests.admin.test_reports import query_of
 from tests.gateway.kit import KEY_SECRET, exhausted_verdict, gateway_stack
+from tests.pipeline_kit import Pipeline
+from tests.reconcile.kit import with_worker
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -48,6 +51,8 @@ pytestmark = [
 #: a guard against a hang while a page catches up (never a measured threshold)
 GUARD_S = 30.0
 SHOTS = os.environ.get("SPENDBUS_CONSOLE_SCREENSHOTS")
+#: the fake provider's answer, in output tokens, to the traffic that exhausts a budget
+ANSWER_TOKENS = "400"
 _T = TypeVar("_T")
 
 
@@ -400,16 +405,47 @@ async def test_an_org_admin_sees_nothing_of_another_org_and_a_viewer_no_button(
         assert (await server.call("GET", "/v1/admin/budgets/initech.more", platform))[0] == 404
 
 
-async def test_a_budget_made_in_the_dialog_is_enforced_and_the_console_says_why(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path, driver: Any
+def test_watch_a_budget_made_in_the_dialog_exhaust_under_gateway_traffic(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, driver: Any, clickhouse_dsn: str
 ) -> None:
-    """An org admin creates a $1 budget in the dialog; a running gateway (real broker,
-    enforcer and publisher; a fake provider) takes the org's key, then refuses it once
-    the budget is spent, and the console shows the counter exceeded, enforced, and when
-    it resets."""
+    """An org admin creates a 1-cent budget in the dialog; calls go through a running
+    gateway (real broker, enforcer and publisher; a fake provider) and a running
+    aggregator worker prices and counts them: the console's bar fills with the first
+    call's cost, then the counter is exhausted, the gateway refuses the key, and the
+    console says so, enforced, and when it resets."""
+
+    async def story(bootstrap: str, topics: Topics, home: Path, pipeline: Pipeline) -> None:
+        await exhausted_by_traffic(bootstrap, topics, home, driver)
+
+    with_worker(kafka_bootstrap, topics, tmp_path, clickhouse_dsn, story)
+
+
+async def short_chat(url: str, key: str) -> int:
+    """A call the check holds next to nothing for (a few input tokens, one output token)
+    that the provider answers with :data:`ANSWER_TOKENS` anyway (the fake's
+    ``x-fake-output-tokens``: a bill over the estimate, what lets real traffic pass a
+    limit): each call costs about 4/10 of a cent, so the third passes the cent. (With
+    honest estimates the check refuses a call once it no longer fits, short of the limit.)"""
     async with (
-        admin_server(kafka_bootstrap, topics, tmp_path / "admin") as server,
-        gateway_stack(kafka_bootstrap, topics, tmp_path / "gw", budgets=()) as stack,
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "model": "gpt-4o",
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            headers={"Authorization": f"Bearer {key}", "x-fake-output-tokens": ANSWER_TOKENS},
+        ) as resp,
+    ):
+        await resp.read()
+        return resp.status
+
+
+async def exhausted_by_traffic(bootstrap: str, topics: Topics, home: Path, driver: Any) -> None:
+    async with (
+        admin_server(bootstrap, topics, home / "admin") as server,
+        gateway_stack(bootstrap, topics, home / "gw", budgets=()) as stack,
     ):
         browser = Browser(driver, server)
         initech = server.token("org-admin", "initech")
@@ -422,7 +458,7 @@ async def test_a_budget_made_in_the_dialog_is_enforced_and_the_console_says_why(
         assert status == 201
         await browser.sign_in(initech)
         await browser.fill(
-            {"id": "initech.c42", "scope": "project", "limit_usd": "1"},
+            {"id": "initech.c42", "scope": "project", "limit_usd": "0.01"},
             "create-budget",
             "new-budget",
         )
@@ -430,22 +466,27 @@ async def test_a_budget_made_in_the_dialog_is_enforced_and_the_console_says_why(
         status, made = await server.call("GET", "/v1/admin/budgets/initech.c42", initech)
         assert status == 200 and made["match"] == {"org_id": "initech"}
         async with KeysTopicFollower(
-            kafka_bootstrap, topics.gateway_keys, stack.gateway.keys, stack.gateway.config
+            bootstrap, topics.gateway_keys, stack.gateway.keys, stack.gateway.config
         ) as follower:
             await follower.wait_ready(GUARD_S)
-            assert await chat(stack.url, key["key"]) == 200
-            parsed, errors = parse_budget(made)
-            assert parsed is not None, errors
-            spent = exhausted_verdict(parsed, ("initech", "c42"))
-            await publish(
-                kafka_bootstrap,
-                topics.budget_verdicts,
-                [(spent["counter_key"].encode(), VERDICT.encode(spent))],
-            )
-            await answers(stack.url, key["key"], 402)
+            # the first call, counted: the bar shows its cost, short of the cent
+            assert await short_chat(stack.url, key["key"]) == 200
+
+            async def first_counted() -> bool:
+                return await browser.bar_of("initech/c42") is not None
+
+            await until(first_counted, True)
+            first = float(await browser.bar_of("initech/c42") or "nan")
+            assert 39 < first < 42, first  # 400 output tokens of gpt-4o, and "hi"
+            # traffic until the gateway refuses the key (the worker's verdict reached it)
+            async with asyncio.timeout(GUARD_S):
+                while await short_chat(stack.url, key["key"]) != 402:
+                    await asyncio.sleep(0.1)
         await until(lambda: browser.bar_of("initech/c42"), "100.0")
         row = " ".join(" ".join(t.split()) for t in await browser.texts("table.budgets tbody tr"))
-        assert "exceeded (enforce)" in row and "$1.00 of $1.00" in row
-        reset = spent["reset_at"]  # when its period ends, as the page names it
-        assert f"{reset:%a} " in row and f"{reset:%H:%M} UTC" in row
+        assert "exceeded (enforce)" in row and "of $0.01" in row, row
+        parsed, errors = parse_budget(made)
+        assert parsed is not None, errors
+        reset = period_end(parsed.window, datetime.now(UTC))  # its period's end, as shown
+        assert f"{reset:%a} " in row and f"{reset:%H:%M} UTC" in row, row
         await browser.shoot("exceeded")

@@ -44,7 +44,13 @@ def clean_environment() -> dict[str, str]:
 
 def run(command: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        command, cwd=cwd, env=clean_environment(), capture_output=True, text=True, timeout=timeout
+        command,
+        cwd=cwd,
+        env=clean_environment(),
+        stdin=subprocess.DEVNULL,  # off a terminal: the demo serves no console, it ends
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert done.returncode == 0, (
         f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
@@ -103,3 +109,5 @@ def test_a_wheel_built_from_the_sdist_runs_the_demo_from_an_empty_folder(tmp_pat
     for check in DEMO_CHECKS:
         line = next((line for line in demo.stdout.splitlines() if check in line), "")
         assert line.rstrip(" │").endswith("pass"), f"{check!r}: {line!r}"
+    # off a terminal no console is served (no login minted): the address, and that it stops
+    assert "the demo stack stops now" in demo.stdout and "sbadm_" not in demo.stdout
