@@ -258,7 +258,7 @@ def run_demo(
     hold_s: float | None = None,
 ) -> int:
     """The demo; its exit status. ``hold_s``: how long to serve the spend console over
-    the stack once the checks pass (infinity: until Ctrl-C; None: not at all)."""
+    the stack once the checks pass (or until Ctrl-C; None: not at all)."""
     # producing right after a topic is created retries until its leader is known: not news
     logging.getLogger("aiokafka.producer.sender").setLevel(logging.ERROR)
     home = (settings.home / "demo").resolve()

@@ -1,8 +1,9 @@
 """The spend console over the demo's stack, once its checks passed: the admin server
 (admin/, through its face) on loopback, and a platform-admin login minted for it, so
 whoever ran ``make demo`` opens the console and finds the refused key, why and when it
-resets. Held until Ctrl-C on a terminal; off one (CI, a pipe) only for ``--hold``
-seconds, and not at all without it, so the demo still ends by itself."""
+resets. Held on a terminal until Ctrl-C or for ``TERMINAL_HOLD_S`` (a demo driven through
+a pseudo-terminal still ends by itself); off one (CI, a pipe) only for ``--hold``
+seconds, and not at all without it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Final
 
 from spendbus.settings import Settings
+
+#: how long a demo on a terminal serves its console unless Ctrl-C comes first
+TERMINAL_HOLD_S: Final = 900.0
 
 
 @dataclass(frozen=True)
@@ -24,11 +29,11 @@ class ServedConsole:
 
 
 def hold_seconds(hold: float | None, on_terminal: bool) -> float | None:
-    """How long the demo serves its console: ``--hold`` when given, else until Ctrl-C
-    (infinity) on a terminal, else not at all (None)."""
+    """How long the demo serves its console: ``--hold`` when given (infinity: until
+    Ctrl-C), else ``TERMINAL_HOLD_S`` on a terminal, else not at all (None)."""
     if hold is not None:
         return hold
-    return math.inf if on_terminal else None
+    return TERMINAL_HOLD_S if on_terminal else None
 
 
 @asynccontextmanager
@@ -67,7 +72,7 @@ def served_lines(served: ServedConsole, seconds: float) -> list[str]:
     until = (
         "until Ctrl-C; the demo stack stops then"
         if math.isinf(seconds)
-        else f"for {seconds:g} s (--hold); the demo stack stops then"
+        else f"for {seconds:g} s or until Ctrl-C; the demo stack stops then"
     )
     return [
         f"spend console: {served.url}  (serving {until})",

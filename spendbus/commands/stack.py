@@ -49,8 +49,8 @@ def down() -> None:
     type=click.FloatRange(min=0),
     default=None,
     metavar="SECONDS",
-    help="Serve the spend console this long once the checks pass (default: until Ctrl-C "
-    "on a terminal, not at all off one).",
+    help="Serve the spend console this long once the checks pass, or until Ctrl-C "
+    "(default: 900 s on a terminal, not at all off one).",
 )
 def demo(events: int, keep: bool, hold: float | None) -> None:
     """The whole pipeline on the embedded default, checked end to end."""

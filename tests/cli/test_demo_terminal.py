@@ -70,7 +70,7 @@ def test_on_a_terminal_the_demo_serves_its_console_with_a_login_until_ctrl_c(
         while login is None and demo.poll() is None and time.monotonic() < deadline:
             seen += drain(master)
             login = re.search(
-                r"spend console: (http://127\.0\.0\.1:\d+/) +\(serving until Ctrl-C.*?\n"
+                r"spend console: (http://127\.0\.0\.1:\d+/) +\(serving for 900 s or until Ctrl-C.*?\n"
                 r"console login \(platform-admin token \w+, shown once\): (sbadm_\S+)",
                 _ESCAPES.sub(b"", seen).decode(errors="replace"),
             )
