@@ -180,7 +180,9 @@ def _spent_text(counter: Mapping[str, Any]) -> str:
     for unit in ("nanos", "tokens", "requests"):
         limit, spent = counter[f"limit_{unit}"], counter[f"spent_{unit}"]
         if limit and spent >= limit:
-            return f"{_amount(unit, spent)} of {_amount(unit, limit)}"
+            if unit == "nanos":
+                return f"{_amount(unit, spent)} of {_amount(unit, limit)}"
+            return f"{spent:,} of {_amount(unit, limit)}"
     return "its limit"
 
 
