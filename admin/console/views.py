@@ -33,6 +33,14 @@ from admin.console.html import (
     usd,
     when,
 )
+from admin.console.refusals import (
+    CounterId,
+    Refusal,
+    counter_refusals,
+    refusal_reason,
+    refused_today_by_key,
+    refusing_now,
+)
 from admin.console.sessions import COOKIE, Session, SessionBook, csrf_matches
 from admin.errors import ApiError
 from admin.reports import MAX_LIMIT
@@ -231,14 +239,21 @@ def _counter_label(request: web.Request, counter: dict[str, Any]) -> str:
 
 
 def _counter_rows(
-    request: web.Request, counters: list[dict[str, Any]], link: bool
+    request: web.Request,
+    counters: list[dict[str, Any]],
+    link: bool,
+    refusals: Mapping[CounterId, Refusal],
 ) -> list[list[str]]:
     rows = []
+    budgets = request.app[api.STORE].budgets()
+    now = datetime.now(UTC)
     for c in counters:
         name = e(c["budget_id"])
         if link:
             name = f'<a href="/budgets/{e(c["budget_id"])}">{name}</a>'
         forecast = c["forecast"]["exhausts_at"]
+        refusal = refusals.get((c["budget_id"], tuple(c["scope_values"])))
+        refusing = refusing_now(c, refusal, budgets.get(c["budget_id"]), now)
         rows.append(
             [
                 name,
@@ -246,6 +261,7 @@ def _counter_rows(
                 bar(c["spent_nanos"], c["limit_nanos"], c["state"]),
                 f'<span class="state-{e(c["state"])}">{e(c["state"])}</span>'
                 + (f" ({e(c['action'])})" if c["state"] == "exceeded" else ""),
+                _refusals_cell(c, refusal, refusing),
                 e(when(c["reset_at"]) or "never (a total)"),
                 e(f"runs out {when(forecast)}" if forecast else "lasts the period"),
                 e(usd(c["raise"]["raise_nanos"]) + " raise" if c["raise"] else ""),
@@ -254,11 +270,47 @@ def _counter_rows(
     return rows
 
 
+def _refusals_cell(counter: dict[str, Any], refusal: Refusal | None, refusing: bool) -> str:
+    """Whether the gateways refuse this counter's calls now and why, and its refused calls
+    of the last day: the newest one's time, key and model."""
+    parts = []
+    if refusing:
+        parts.append(
+            '<strong class="refusing">refusing:</strong> ' + e(refusal_reason(counter, refusal))
+        )
+    if refusal is not None:
+        calls = f"{refusal.calls:,} call{'s' if refusal.calls != 1 else ''}"
+        parts.append(
+            e(
+                f"last refused {when(refusal.last_at.isoformat())} (key {refusal.secret_id}, "
+                f"{refusal.model}); {calls} refused in 24 h"
+            )
+        )
+    return '<span class="refusals">' + "<br>".join(parts) + "</span>" if parts else ""
+
+
+async def _refusals(
+    request: web.Request, caller: Caller, counters: list[dict[str, Any]]
+) -> tuple[dict[CounterId, Refusal], str]:
+    """The counters' refusals, and a note when they cannot be read."""
+    found = await counter_refusals(
+        request.app[api.SPEND_QUERY],
+        request.app[api.STORE].budgets(),
+        counters,
+        caller,
+        datetime.now(UTC),
+    )
+    if isinstance(found, str):
+        return {}, message(f"Refused calls: {found}", "note")
+    return found, ""
+
+
 COUNTER_HEADERS: Final = (
     "budget",
     "counter",
     "spent / limit",
     "state",
+    "refusals",
     "resets",
     "forecast",
     "raise",
@@ -340,7 +392,10 @@ async def overview(request: web.Request) -> web.StreamResponse:
     budgets = (await _read(request, caller, api.list_budgets, "/budgets"))["budgets"]
     counters = (await _read(request, caller, api.list_counters, "/counters"))["counters"]
     counted = {c["budget_id"] for c in counters}
-    rows = _counter_rows(request, counters, link=True)
+    refusals, note = await _refusals(request, caller, counters)
+    if note:
+        parts.append(note)
+    rows = _counter_rows(request, counters, link=True, refusals=refusals)
     for b in budgets:
         if b["id"] not in counted:
             rows.append(
@@ -349,6 +404,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
                     "",
                     e(f"nothing spent this period (limit {b.get('limit_usd') or '—'} USD)"),
                     "ok",
+                    "",
                     "",
                     "",
                     "",
@@ -399,10 +455,17 @@ async def budget_page(request: web.Request) -> web.StreamResponse:
             "fields",
         )
     )
+    refusals, note = await _refusals(request, caller, counters)
+    if note:
+        parts.append(note)
     parts.append(
         "<h2>Counters, this period</h2>"
         + (
-            table(COUNTER_HEADERS, _counter_rows(request, counters, link=False), "budgets")
+            table(
+                COUNTER_HEADERS,
+                _counter_rows(request, counters, link=False, refusals=refusals),
+                "budgets",
+            )
             if counters
             else '<p class="empty">Nothing counted this period yet.</p>'
         )
@@ -517,6 +580,7 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
     keys = (await _read(request, caller, api.list_keys, "/keys"))["keys"]
     spend = await _spend(request, caller, "secret")
     spent = {} if isinstance(spend, str) else dict(_totals(spend["rows"], "key"))
+    refused = await refused_today_by_key(request.app[api.SPEND_QUERY], caller, datetime.now(UTC))
     rows = []
     for k in keys:
         action = ""
@@ -536,12 +600,17 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
                 e(k["project_id"] or ""),
                 e(k["user_id"] or ""),
                 e(usd(spent.get(k["secret_id"], 0))),
+                ""
+                if isinstance(refused, str)
+                else _refused_today(refused.get((k["org_id"], k["secret_id"]), 0)),
                 action,
             ]
         )
     parts = [message(request.query["done"], "ok")] if "done" in request.query else []
     if isinstance(spend, str):
         parts.append(message(f"Spend reports: {spend}", "note"))
+    if isinstance(refused, str):
+        parts.append(message(f"Refused calls: {refused}", "note"))
     parts.append(
         table(
             (
@@ -552,6 +621,7 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
                 "project",
                 "user",
                 "its secret's spend this month",
+                "its secret's refused calls today (UTC)",
                 "",
             ),
             rows,
@@ -562,6 +632,12 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
         _dead_letters(await _read(request, caller, api.dead_letters, "/dead-letters"), caller)
     )
     return _html(page("Keys", "".join(parts), who=_who(caller), csrf=session.csrf))
+
+
+def _refused_today(calls: int) -> str:
+    if not calls:
+        return "0"
+    return f'<strong class="refusing">{calls:,} refused</strong>'
 
 
 def _dead_letters(found: dict[str, Any], caller: Caller) -> str:

@@ -4,7 +4,8 @@ with spend from the real embedded ClickHouse: sign in, create a budget from the 
 and watch its bar fill; an org admin sees nothing of another org, a viewer no button, and
 a POST without the session's CSRF token is refused; a budget made in the dialog fills and
 exhausts under real traffic (a running gateway and aggregator worker), and the console
-says it is enforced and when it resets.
+says it is enforced, that the gateways refuse it and why, by which key, and when it
+resets.
 
 ``SPENDBUS_CONSOLE_SCREENSHOTS=DIR`` also saves the main pages there (docs/console-*.png
 are taken so; make test leaves them be)."""
@@ -412,10 +413,11 @@ def test_watch_a_budget_made_in_the_dialog_exhaust_under_gateway_traffic(
     gateway (real broker, enforcer and publisher; a fake provider) and a running
     aggregator worker prices and counts them: the console's bar fills with the first
     call's cost, then the counter is exhausted, the gateway refuses the key, and the
-    console says so, enforced, and when it resets."""
+    console says so, enforced, refusing and why, the refused call's key, and when it
+    resets."""
 
     async def story(bootstrap: str, topics: Topics, home: Path, pipeline: Pipeline) -> None:
-        await exhausted_by_traffic(bootstrap, topics, home, driver)
+        await exhausted_by_traffic(bootstrap, topics, home, driver, pipeline)
 
     with_worker(kafka_bootstrap, topics, tmp_path, clickhouse_dsn, story)
 
@@ -442,9 +444,12 @@ async def short_chat(url: str, key: str) -> int:
         return resp.status
 
 
-async def exhausted_by_traffic(bootstrap: str, topics: Topics, home: Path, driver: Any) -> None:
+async def exhausted_by_traffic(
+    bootstrap: str, topics: Topics, home: Path, driver: Any, pipeline: Pipeline
+) -> None:
     async with (
-        admin_server(bootstrap, topics, home / "admin") as server,
+        # the worker owns the embedded store: the console queries it through its /sql
+        admin_server(bootstrap, topics, home / "admin", spend_query=pipeline.sql) as server,
         gateway_stack(bootstrap, topics, home / "gw", budgets=()) as stack,
     ):
         browser = Browser(driver, server)
@@ -489,4 +494,14 @@ async def exhausted_by_traffic(bootstrap: str, topics: Topics, home: Path, drive
         assert parsed is not None, errors
         reset = period_end(parsed.window, datetime.now(UTC))  # its period's end, as shown
         assert f"{reset:%a} " in row and f"{reset:%H:%M} UTC" in row, row
+        # why, in plain words, and the refused call itself once the worker wrote it
+        assert "refusing: exhausted: $0.01" in row and "of $0.0100 spent" in row, row
+
+        async def refusals_shown() -> bool:
+            await browser.open("/")
+            return any("last refused" in t for t in await browser.texts("table.budgets tbody tr"))
+
+        await until(refusals_shown, True)
+        row = " ".join(" ".join(t.split()) for t in await browser.texts("table.budgets tbody tr"))
+        assert "(key sk-openai, gpt-4o)" in row and "refused in 24 h" in row, row
         await browser.shoot("exceeded")

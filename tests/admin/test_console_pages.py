@@ -1,23 +1,32 @@
 """The console's pages over HTTP (no browser: what they show, not how it looks), on a real
 broker: the keys page's dead letters counted per reason and fenced by org, followed live;
-a budget's page its alerts per counter and period with their webhook deliveries."""
+a budget's page its alerts per counter and period with their webhook deliveries; a counter
+still under its limit that the gateways refuse, said so with why, from the refused usage
+events in the real embedded ClickHouse, fenced by org."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from html import unescape
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from aggregator import apply_schema, open_client
 from notify.deliveries import start_key, start_value
-from schemas.codec import ALERT
+from schemas.budgets import parse_budget
+from schemas.codec import ALERT, VERDICT
 from schemas.topics import Topics
 from spendbus.stack.compacted import publish
 from tests.admin.kit import AdminServer, admin_server, budget, dead_letter
 from tests.admin.test_alerts import alert, delivered
+from tests.admin.test_reports import query_of
+from tests.gateway.kit import exhausted_verdict
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +42,7 @@ async def page_of(server: AdminServer, token: str, path: str) -> str:
 
 
 def text_of(html: str) -> str:
-    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
 async def test_the_keys_page_counts_dead_letters_by_reason_fenced_by_org(
@@ -117,3 +126,85 @@ async def test_a_budget_page_shows_its_alerts_per_counter_and_period_with_delive
         may = shown[shown.index("acme · 2026-05") : shown.index("acme · 2026-12")]
         assert "50 % of the limit reached" in may
         assert "hooks.example" not in html and "globex" not in html
+
+
+def refused(
+    client: Any, offset: int, org: str, secret: str, budget_id: str, ago: timedelta
+) -> None:
+    """A refused call's usage event as the gateway publishes it and the aggregator writes
+    it: no tokens, no cost, the refusing budget named."""
+    moment = datetime.now(UTC) - ago
+    client.command(
+        "INSERT INTO usage_events (event_id, occurred_at, provider, api, model, secret_id, "
+        "org_id, tags, input_tokens, output_tokens, usage_source, outcome, decision, "
+        "decision_budget_id, status_code, cost_nanos, source_partition, source_offset, "
+        f"priced_at) VALUES ('r{offset}', '{moment:%Y-%m-%d %H:%M:%S.%f}', 'openai', "
+        f"'openai-chat', 'gpt-4o', '{secret}', '{org}', map(), 0, 0, 'none', 'refused', "
+        f"'budget_exceeded', '{budget_id}', 402, 0, 0, {offset}, now64())"
+    )
+
+
+@pytest.fixture
+def refusals_store(clickhouse_dsn: str) -> Iterator[Any]:
+    """acme's key refused three times in the last minutes, once two days ago (past the
+    pages' look-back); globex's key refused once."""
+    client = open_client(clickhouse_dsn)
+    apply_schema(client)
+    for offset, ago in enumerate((timedelta(minutes=1), timedelta(minutes=2), timedelta(hours=3))):
+        refused(client, offset, "acme", "sk-acme-web", "acme.spend", ago)
+    refused(client, 3, "acme", "sk-acme-web", "acme.spend", timedelta(days=2))
+    refused(client, 4, "globex", "sk-globex-web", "globex.spend", timedelta(minutes=1))
+    yield client
+    client.close()
+
+
+async def test_a_counter_under_its_limit_that_refuses_says_so_and_why_fenced_by_org(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, refusals_store: Any
+) -> None:
+    async with admin_server(
+        kafka_bootstrap, topics, tmp_path, spend_query=query_of(refusals_store)
+    ) as server:
+        platform = server.token("platform-admin")
+        verdicts = []
+        for org in ("acme", "globex"):
+            made = budget(f"{org}.spend", org)
+            assert (await server.call("POST", "/v1/admin/budgets", platform, made))[0] == 201
+            status, _ = await server.call(
+                "POST",
+                "/v1/admin/keys",
+                platform,
+                {"name": f"{org}.web", "org_id": org, "secret_id": f"sk-{org}-web"},
+            )
+            assert status == 201
+            parsed, errors = parse_budget(made)
+            assert parsed is not None, errors
+            # 99 % of the $50 spent: the counter is "ok", yet a call's estimate no longer fits
+            verdict = exhausted_verdict(parsed, (org,))
+            verdict.update(spent_nanos=49_500_000_000, state="ok")
+            verdicts.append((verdict["counter_key"].encode(), VERDICT.encode(verdict)))
+        await publish(kafka_bootstrap, topics.budget_verdicts, verdicts)
+        async with asyncio.timeout(30):
+            while (
+                len((await server.call("GET", "/v1/admin/counters", platform))[1]["counters"]) < 2
+            ):
+                await asyncio.sleep(0.05)
+
+        acme = server.token("org-admin", "acme")
+        for path in ("/", "/budgets/acme.spend"):
+            html = await page_of(server, acme, path)
+            (counters,) = re.findall(r'<table class="budgets">.*?</table>', html)
+            (row,) = [text_of(r) for r in re.findall(r"<tbody>(.*?)</tbody>", counters)]
+            assert "ok" in row and "(99 %)" in row, row
+            assert "refusing: a call's worst-case estimate does not fit the $0.5000 left" in row, (
+                row
+            )
+            # the older refusal is past the look-back: three calls, the newest one's key
+            assert "(key sk-acme-web, gpt-4o); 3 calls refused in 24 h" in row, row
+            assert "globex" not in html and "sk-globex-web" not in html, path
+
+        shown = text_of(await page_of(server, acme, "/keys"))
+        assert "acme.web" in shown and "3 refused" in shown, shown
+
+        shown = text_of(await page_of(server, platform, "/"))
+        assert "sk-globex-web, gpt-4o); 1 call refused in 24 h" in shown, shown
+        assert shown.count("refusing:") == 2, shown

@@ -59,7 +59,8 @@ async def test_the_login_the_demo_prints_opens_its_console_on_the_refused_key(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     """The served console over the demo's topics: the printed login signs in, and the
-    overview names the exhausted counter, that it is enforced, and when it resets."""
+    overview names the exhausted counter, that it is enforced, that it refuses and why, and
+    when it resets."""
     budget, errors = parse_budget(
         {"id": "acme.per-secret", "scope": "secret", "window": "day", "limit_usd": "2"}
     )
@@ -90,4 +91,5 @@ async def test_the_login_the_demo_prints_opens_its_console_on_the_refused_key(
                     await asyncio.sleep(0.2)
     shown = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     assert "acme.per-secret acme/sk-acme-batch $2.00 of $2.00 (100 %) exceeded (enforce)" in shown
+    assert "refusing: exhausted: $2.00 of $2.00 spent" in shown, shown
     assert f"{spent['reset_at']:%a %H:%M} UTC" in shown
