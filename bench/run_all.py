@@ -33,11 +33,13 @@ BENCHES = {
     "cli": ["--rounds", "21"],
     "admin": [],
     "console": [],
+    "budget_history": [],
 }
 #: (bench, dotted path in its JSON, label) shown in the summary
 HEADLINES = [
     ("admin", "counters.p99_ms", "admin API counters read p99 ms"),
     ("admin", "spend_report.p99_ms", "admin API spend report p99 ms"),
+    ("budget_history", "budget_history_of.p99_ms", "one budget's history p99 ms (with counts)"),
     ("pipeline", "throughput.aggregator_events_per_s", "aggregator events/s (1 worker)"),
     ("pipeline", "throughput.raw_consume_events_per_s", "raw aiokafka consume events/s"),
     ("pipeline", "throughput.ratio_to_raw", "aggregator / raw"),

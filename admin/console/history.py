@@ -1,5 +1,6 @@
-"""A budget's history per period, from ClickHouse's ``budget_history`` view (exact, one
-row per counter and period), read through the same function the spend reports use
+"""A budget's history per period, from ClickHouse's ``budget_history_of`` view (ddl/014:
+``budget_history``'s rows of one budget, exact, one per counter and period, reading only
+that budget's events), read through the same function the spend reports use
 (admin/reports.py: the worker's ``/sql`` or the current store), fenced by org."""
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ MAX_HISTORY_ROWS: Final = 200
 
 def history_sql(budget_id: str, caller: Caller) -> str:
     """The SELECT of ``budget_id``'s rows; an org-scoped caller's counters only."""
-    where = [f"budget_id = {quoted(budget_id)}"]
+    if not budget_id:  # the view reads every budget for an empty id
+        raise ValueError("a budget's history needs its budget id")
+    where = ""
     if caller.org_id is not None:
-        where.append(f"scope_values[1] = {quoted(caller.org_id)}")
+        where = f" WHERE scope_values[1] = {quoted(caller.org_id)}"
     return (
         "SELECT period, scope_values, spent_nanos, limit_nanos, state, events "
-        f"FROM budget_history WHERE {' AND '.join(where)} "
+        f"FROM budget_history_of(budget_id = {quoted(budget_id)}){where} "
         f"ORDER BY period DESC, scope_values LIMIT {MAX_HISTORY_ROWS}"
     )
 

@@ -13,7 +13,8 @@ Two layers, both the engine's own, and the engine's process behind a wall of its
    is a query (``SELECT``, ``WITH ... SELECT``, ``UNION``/``EXCEPT`` of them,
    ``DESCRIBE``, ``SHOW TABLES``) made of known kinds of node only; no ``INTO OUTFILE``,
    ``FORMAT`` or ``SETTINGS`` on any of them; every table function is one that makes
-   rows from nothing (``numbers``, ``values``, ...); every other function, anywhere in
+   rows from nothing (``numbers``, ``values``, ...) or one of the schema's parameterized
+   views (``budget_history_of``); every other function, anywhere in
    the tree (subqueries, CTEs, JOINs, ``IN (...)``), is one whose engine category
    computes on values (arithmetic, strings, dates, aggregates, ...) or one of a few
    reviewed extras. Everything else is refused, including what this list has never
@@ -99,6 +100,10 @@ TABLE_FUNCTIONS: Final = frozenset(
         "view",
     }
 )
+
+#: the shipped schema's parameterized views (ddl/014): called like table functions, they
+#: read the store's own tables, as a plain view does
+PARAMETERIZED_VIEWS: Final = frozenset({"budget_history_of"})
 
 #: the engine's function categories (system.functions.categories) that compute on the
 #: values they are given; 'Other', 'Internal', 'Introspection', 'Dictionary', 'AI',
@@ -435,7 +440,7 @@ def _check_nodes(node: Node, parent: Node | None, catalog: FunctionCatalog) -> N
         if _NAME.fullmatch(name) is None:
             raise unreadable()
         if parent is not None and parent.kind == "TableExpression":
-            if name not in TABLE_FUNCTIONS:
+            if name not in TABLE_FUNCTIONS and name not in PARAMETERIZED_VIEWS:
                 raise QueryRefused(
                     f"table function {name}() is refused: /sql reads the store's tables "
                     f"only (allowed: {', '.join(sorted(TABLE_FUNCTIONS))})",

@@ -277,7 +277,7 @@ async def test_sign_in_watch_a_bar_fill_and_create_a_budget_from_the_dialog(
         await until(lambda: browser.bar_of("acme"), "100.0")
         await browser.open("/budgets/acme.monthly")
         assert "exceeded" in " ".join(await browser.texts("table.budgets"))
-        # its history per period, from ClickHouse's budget_history
+        # its history per period, from ClickHouse's budget_history_of
         history = [" ".join(row.split()) for row in await browser.texts("table.history tbody tr")]
         this_month, last = (
             period_key(parse_window("month"), datetime.now(UTC)),

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from admin.access import Caller
+from admin.console.history import history_sql
 from aggregator.alerts.raise_audit import RaiseAudit
 from aggregator.counting.process import BatchProcessor, RawRecord
 from aggregator.counting.reference import Reference
@@ -92,14 +94,14 @@ def a_raise(
     )
 
 
-def usage(i: int, secret: str, minutes: int) -> UsageEvent:
+def usage(i: int, secret: str, minutes: int, org: str = "acme") -> UsageEvent:
     return new_usage_event(
         event_id=f"hr-{i}",
         provider="anthropic",
         api="anthropic-messages",
         model="claude-sonnet-4-5",
         secret_id=secret,
-        org_id="acme",
+        org_id=org,
         gateway_id="gw",
         input_tokens=1000,
         output_tokens=100,
@@ -218,3 +220,77 @@ def test_history_shows_base_raise_and_effective_limits(client: Any) -> None:
         "SELECT DISTINCT base_limit_nanos, raise_id, raise_nanos, limit_nanos FROM budget_history"
     ).result_rows
     assert [tuple(r) for r in rows] == [(BASE, "", None, BASE)]
+
+
+def test_one_budgets_history_equals_budget_history_of_that_budget(client: Any) -> None:
+    """budget_history_of (ddl/014) filters on the budget before it aggregates: its rows
+    are budget_history's of that budget, every column to the nano, with raises (the
+    counter's own, budget-wide) and rolling windows whose peak is not their newest
+    window; the console's query reads them, fenced by org."""
+    (rolling,) = budgets_from_yaml(
+        yaml.safe_load(
+            '- {id: org-rolling, scope: org, window: "rolling:2h", limit_usd: "0.05", '
+            "limit_requests: 40, alert_at: [0.5, 1.0]}"
+        )
+    )
+    raises = [
+        a_raise("r-own", ("acme", "sk-1"), "by", 0.05, 10),
+        replace(a_raise("r-rolling", (), "to", 0.1, 10), budget_id=rolling.budget_id),
+    ]
+    ref = Reference()
+    ref.prices = PriceBook(PRICES if isinstance(PRICES, list) else [PRICES])
+    ref.budgets = {b.budget_id: b for b in (PER_SECRET, rolling)}
+    for r in raises:
+        ref.apply_raise(r.raise_id.encode(), BUDGET_RAISE.encode(r.to_record()))
+
+    async def read(sql: str) -> Any:
+        return client.query(sql).result_rows
+
+    async def insert(table: str, columns: Any, rows: list[list[Any]]) -> None:
+        client.insert(table, rows, column_names=list(columns))
+
+    assert asyncio.run(RaiseAudit(ref, read, insert).sync()) == 2
+    # sk-1 and sk-2 busy for 2 hours, sk-3 every 20 minutes for 5: acme's rolling window
+    # peaked early; globex has a counter of its own in both budgets
+    events = [usage(100 * s + i, f"sk-{s}", 10 * i) for s in (1, 2) for i in range(12)]
+    events += [usage(300 + i, "sk-3", 20 * i) for i in range(16)]
+    globex = [usage(400 + i, "sk-9", 15 * i, org="globex") for i in range(6)]
+    counters: dict[str, Any] = {}
+    out = BatchProcessor(ref, source_topic="usage.raw").process(
+        [RawRecord(0, n, b"acme", USAGE_EVENT.encode(e)) for n, e in enumerate(events)]
+        + [RawRecord(1, n, b"globex", USAGE_EVENT.encode(e)) for n, e in enumerate(globex)],
+        lambda p, k: counters.get(k),
+        lambda p, k: None,
+        now=NOW,
+    )
+    ClickHouseSink(client).write([PRICED_USAGE.decode(v) for _, _, v, _ in out.priced])
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in client.query(sql).result_rows]
+
+    order = "ORDER BY counter_key, period"
+    for budget in (PER_SECRET.budget_id, rolling.budget_id):
+        whole = rows(f"SELECT * FROM budget_history WHERE budget_id = '{budget}' {order}")
+        own = rows(f"SELECT * FROM budget_history_of(budget_id = '{budget}') {order}")
+        assert own == whole, budget
+    # what the comparison covered: both budgets, both raises, a rolling peak above its end
+    covered = rows(
+        "SELECT budget_id, count(), groupUniqArray(raise_id), "
+        "countIf(state != 'exceeded' AND has(thresholds_crossed, 1.0)) "
+        "FROM budget_history GROUP BY budget_id ORDER BY budget_id"
+    )
+    assert [(b, n, sorted(r), p > 0) for b, n, r, p in covered] == [
+        (rolling.budget_id, 2, ["r-rolling"], True),
+        (PER_SECRET.budget_id, 4, ["", "r-own"], False),
+    ]
+    # the console's page reads the same rows, an org admin its org's only
+    page = "period, scope_values, spent_nanos, limit_nanos, state, events"
+    for org in (None, "acme", "globex"):
+        caller = Caller("t", "org-admin", org, "127.0.0.1")
+        fence = "" if org is None else f" AND scope_values[1] = '{org}'"
+        assert rows(history_sql(rolling.budget_id, caller)) == rows(
+            f"SELECT {page} FROM budget_history WHERE budget_id = '{rolling.budget_id}'{fence} "
+            "ORDER BY period DESC, scope_values"
+        )
+    with pytest.raises(ValueError, match="budget id"):
+        history_sql("", Caller("t", "platform-admin", None, "127.0.0.1"))

@@ -192,6 +192,11 @@ REFUSED = [
         "table_function",
     ),
     ("input()", "SELECT * FROM input('a String')", "table_function"),
+    (
+        "file() as a view's parameter",
+        "SELECT * FROM budget_history_of(budget_id = file('{secret}'))",
+        "function",
+    ),
     ("APPLY(file)", "SELECT * APPLY(file) FROM (SELECT '{secret}' AS x)", "syntax"),
     ("a dictionary", "SELECT dictGet('d', 'a', toUInt64(1))", "function"),
     ("an AI function", "SELECT aiGenerate('hello')", "function"),
@@ -333,6 +338,9 @@ def test_the_documented_queries_still_run(pipeline: Pipeline, tmp_path: Path) ->
             "GROUP BY u.secret_id ORDER BY u.secret_id"
         ),
         "numbers": "SELECT number FROM numbers(3) UNION ALL SELECT 7",
+        "a parameterized view of the schema": (
+            "SELECT period, spent_nanos FROM budget_history_of(budget_id = 'b') ORDER BY period"
+        ),
         "describe": "DESCRIBE TABLE usage_events",
         "show tables": "SHOW TABLES",
     }

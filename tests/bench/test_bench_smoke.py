@@ -80,6 +80,9 @@ TINY: dict[str, list[str]] = {
         "--requests",
         "2",
     ],
+    "budget_history": [
+        *("--events", "2000", "--budgets", "2", "--counts-per-event", "2", "--requests", "1"),
+    ],
 }
 #: the benches that need a Kafka broker
 ON_KAFKA = {"admin", "console", "publisher", "burst", "pipeline", "gateway", "replay", "overshoot"}

@@ -37,6 +37,7 @@ def test_ddl_is_idempotent_and_creates_each_table_with_its_engine(client: Any) -
         "decisions": "View",
         "budget_counts": "View",
         "budget_history": "View",
+        "budget_history_of": "View",
         "alerts": "View",
         "unit_usage": "View",
         "alert_deliveries": "ReplacingMergeTree",
