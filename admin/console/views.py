@@ -207,10 +207,13 @@ def _month_start() -> str:
     return datetime.now(UTC).date().replace(day=1).isoformat()
 
 
-async def _spend(request: web.Request, caller: Caller, group: str) -> dict[str, Any] | str:
-    """This month's spend by day × ``group``, every page; the reason instead when there is
-    none."""
-    query = {"by": "day", "group": group, "from": _month_start(), "limit": str(MAX_LIMIT)}
+async def _spend(
+    request: web.Request, caller: Caller, group: str, by: str = "day"
+) -> dict[str, Any] | str:
+    """This month's spend by ``by`` (day or month) × ``group``, every page; the reason
+    instead when there is none. A month's totals per key ask ``by="month"``: one row a
+    key, where by day a month of a busy org's users is tens of thousands of rows."""
+    query = {"by": by, "group": group, "from": _month_start(), "limit": str(MAX_LIMIT)}
     rows: list[dict[str, Any]] = []
     while True:
         status, body = await _api(request, caller, api.spend, "GET", "/reports/spend", query)
@@ -381,7 +384,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
         )
         tops = []
         for group, title in (("secret", "keys (secrets)"), ("model", "models"), ("user", "users")):
-            found = await _spend(request, caller, group)
+            found = await _spend(request, caller, group, by="month")
             top = [] if isinstance(found, str) else _totals(found["rows"], "key")[:TOP]
             tops.append(
                 f'<div class="card"><h3>Top {e(title)}</h3>'
@@ -578,7 +581,7 @@ async def keys_page(request: web.Request) -> web.StreamResponse:
         return _see_other("/login")
     session, caller = signed
     keys = (await _read(request, caller, api.list_keys, "/keys"))["keys"]
-    spend = await _spend(request, caller, "secret")
+    spend = await _spend(request, caller, "secret", by="month")
     spent = {} if isinstance(spend, str) else dict(_totals(spend["rows"], "key"))
     refused = await refused_today_by_key(request.app[api.SPEND_QUERY], caller, datetime.now(UTC))
     rows = []
