@@ -10,21 +10,15 @@ trust (its Kafka key is whatever the producer sent), so only a platform-admin se
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
-from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
-from runtime.topic_reader import read_until, start_at_beginning
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from runtime.topic_follower import TopicFollower
 from schemas.codec import DEAD_LETTER, USAGE_EVENT
 from schemas.errors import ContractError
 from schemas.ids import canonical_id
-
-log = logging.getLogger("spendbus.admin.dead_letters")
 
 #: the reason of a record on the topic that is no DeadLetter itself (as `spendbus dlq` names it)
 UNREADABLE_LETTER = "unreadable_letter"
@@ -114,56 +108,26 @@ class DeadLetterFollower:
         self.topic = topic
         self.security = security
         self._tally = DeadLetterTally()
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._follower = TopicFollower(
+            bootstrap, [topic], self._add, security=security, name="dead letters"
+        )
         self._lock = asyncio.Lock()
 
     async def tally(self) -> DeadLetterTally:
         async with self._lock:
-            if self._consumer is None:
-                await self._start()
+            if self._follower.consumer is None:
+                try:
+                    await self._follower.start()
+                except BaseException:
+                    # a read cut short starts again from the topic's start: nothing twice
+                    self._tally = DeadLetterTally()
+                    raise
         return self._tally
 
-    async def _start(self) -> None:
-        partitions = await topic_partitions(self.bootstrap, self.topic, security=self.security)
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            enable_auto_commit=False,
-            group_id=None,
-            **self.security.client_kwargs(),
-        )
-        await consumer.start()
-        try:
-            ends = await start_at_beginning(consumer, partitions)
-            async for _, records in read_until(consumer, ends):
-                for record in records:
-                    self._tally.add(record.value)
-        except BaseException:
-            await consumer.stop()
-            raise
-        self._consumer = consumer
-        self._task = asyncio.create_task(self._follow(consumer))
-
-    async def _follow(self, consumer: AIOKafkaConsumer) -> None:
-        while True:
-            try:
-                fetched = await consumer.getmany(timeout_ms=500)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broker away: the client reconnects; keep serving
-                log.warning("dead letters: fetch failed (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(1.0)
-                continue
-            for records in fetched.values():
-                for record in records:
-                    self._tally.add(record.value)
+    def _add(
+        self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> None:
+        self._tally.add(value)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await self._follower.stop()

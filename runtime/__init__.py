@@ -3,7 +3,7 @@
 ``schemas/`` is the contract (what two stages must agree on); this package is the I/O
 they have in common: Kafka clients' security and preflight (``kafka.py``), how to reach a ClickHouse
 server over HTTPS (``clickhouse_access.py``), topics read to
-their end (``topic_reader.py``), replication plans (``replication.py``), the ACLs of each
+their end (``topic_reader.py``) or followed live (``topic_follower.py``), replication plans (``replication.py``), the ACLs of each
 role (``acls.py``), loopback checks (``net.py``), quiet and redacted HTTP logs
 (``http_log.py``, ``log_redaction.py``), pipelined requests after a half-close (``half_close.py``), secret
 files kept private (``private_files.py``) and faces that load on first use
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         replication_problems,
         resolve_plan,
     )
+    from runtime.topic_follower import TopicFollower
     from runtime.topic_reader import (
         TopicReader,
         TopicReadStalled,
@@ -67,6 +68,7 @@ _HOMES: dict[str, str] = {
     "ROLES": "runtime.acls",
     "ReplicationPlan": "runtime.replication",
     "ReplicationPolicy": "runtime.replication",
+    "TopicFollower": "runtime.topic_follower",
     "TopicReadStalled": "runtime.topic_reader",
     "TopicReader": "runtime.topic_reader",
     "check_secret_file": "runtime.private_files",
@@ -101,6 +103,7 @@ __all__ = [
     "KafkaSecurity",
     "ReplicationPlan",
     "ReplicationPolicy",
+    "TopicFollower",
     "TopicReadStalled",
     "TopicReader",
     "check_secret_file",

@@ -1,7 +1,8 @@
 """Keyed records on compacted topics: publish them and wait for their acks, and follow
 topics into a live view that also holds the follower's own acknowledged writes.
 
-Reading them back whole once: runtime.topic_reader.read_latest_values.
+Reading them back whole once: runtime.topic_reader.read_latest_values; the follower
+under the view: runtime/topic_follower.py.
 
 :class:`CompactedView` reads its topics from the start, is ready once it reached the end
 offsets it saw then, and keeps applying what comes after. A writer applies its own
@@ -14,17 +15,13 @@ offsets.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
-from runtime.kafka import PLAINTEXT, KafkaSecurity, topic_partitions
-from runtime.topic_reader import read_until, start_at_beginning
-
-log = logging.getLogger("spendbus.compacted")
+from runtime.kafka import PLAINTEXT, KafkaSecurity
+from runtime.topic_follower import TopicFollower
 
 #: topic -> key -> (offset, value) of what a view holds (value None: a tombstone)
 Entries = dict[bytes, tuple[int, bytes | None]]
@@ -81,57 +78,20 @@ class CompactedView:
         self.security = security
         self.on_change = on_change
         self._entries: dict[tuple[str, int], Entries] = {}
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._follower = TopicFollower(
+            bootstrap, self.topics, self._apply, security=security, name="compacted view"
+        )
 
     async def start(self) -> None:
-        partitions = await topic_partitions(self.bootstrap, *self.topics, security=self.security)
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            enable_auto_commit=False,
-            group_id=None,
-            **self.security.client_kwargs(),
-        )
-        await consumer.start()
-        try:
-            ends = await start_at_beginning(consumer, partitions)
-            async for tp, records in read_until(consumer, ends):
-                for record in records:
-                    self._apply(tp.topic, tp.partition, record.offset, record.key, record.value)
-        except BaseException:
-            await consumer.stop()
-            raise
-        self._consumer = consumer
-        self._task = asyncio.create_task(self._follow(consumer))
-
-    async def _follow(self, consumer: AIOKafkaConsumer) -> None:
-        while True:
-            try:
-                fetched = await consumer.getmany(timeout_ms=500)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broker away: the client reconnects; keep serving
-                log.warning("compacted view: fetch failed (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(1.0)
-                continue
-            for tp, records in fetched.items():
-                for record in records:
-                    self._apply(tp.topic, tp.partition, record.offset, record.key, record.value)
+        await self._follower.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await self._follower.stop()
 
     async def caught_up(self, topic: str) -> None:
         """Returns once the view has applied every record of ``topic`` the broker held when
         called: what another process wrote before is read (the view is started)."""
-        consumer = self._consumer
+        consumer = self._follower.consumer
         assert consumer is not None, "caught_up() needs a started view"
         ends = await consumer.end_offsets([tp for tp in consumer.assignment() if tp.topic == topic])
         for tp, end in ends.items():
