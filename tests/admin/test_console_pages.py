@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from html import unescape
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import pytest
@@ -128,11 +128,15 @@ async def test_a_budget_page_shows_its_alerts_per_counter_and_period_with_delive
         assert "hooks.example" not in html and "globex" not in html
 
 
+#: when acme's key was refused in the last day (the fixture writes them)
+ACME_REFUSALS_AGO: Final = (timedelta(minutes=1), timedelta(minutes=2), timedelta(hours=3))
+
+
 def refused(
     client: Any, offset: int, org: str, secret: str, budget_id: str, ago: timedelta
-) -> None:
+) -> datetime:
     """A refused call's usage event as the gateway publishes it and the aggregator writes
-    it: no tokens, no cost, the refusing budget named."""
+    it: no tokens, no cost, the refusing budget named; when it happened."""
     moment = datetime.now(UTC) - ago
     client.command(
         "INSERT INTO usage_events (event_id, occurred_at, provider, api, model, secret_id, "
@@ -142,27 +146,32 @@ def refused(
         f"'openai-chat', 'gpt-4o', '{secret}', '{org}', map(), 0, 0, 'none', 'refused', "
         f"'budget_exceeded', '{budget_id}', 402, 0, 0, {offset}, now64())"
     )
+    return moment
 
 
 @pytest.fixture
-def refusals_store(clickhouse_dsn: str) -> Iterator[Any]:
-    """acme's key refused three times in the last minutes, once two days ago (past the
-    pages' look-back); globex's key refused once."""
+def refusals_store(clickhouse_dsn: str) -> Iterator[tuple[Any, list[datetime]]]:
+    """acme's key refused three times in the last hours, once two days ago (past the
+    pages' look-back); globex's key refused once. The client, and when acme's recent
+    refusals happened."""
     client = open_client(clickhouse_dsn)
     apply_schema(client)
-    for offset, ago in enumerate((timedelta(minutes=1), timedelta(minutes=2), timedelta(hours=3))):
+    moments = [
         refused(client, offset, "acme", "sk-acme-web", "acme.spend", ago)
+        for offset, ago in enumerate(ACME_REFUSALS_AGO)
+    ]
     refused(client, 3, "acme", "sk-acme-web", "acme.spend", timedelta(days=2))
     refused(client, 4, "globex", "sk-globex-web", "globex.spend", timedelta(minutes=1))
-    yield client
+    yield client, moments
     client.close()
 
 
 async def test_a_counter_under_its_limit_that_refuses_says_so_and_why_fenced_by_org(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path, refusals_store: Any
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, refusals_store: tuple[Any, list[datetime]]
 ) -> None:
+    store, acme_moments = refusals_store
     async with admin_server(
-        kafka_bootstrap, topics, tmp_path, spend_query=query_of(refusals_store)
+        kafka_bootstrap, topics, tmp_path, spend_query=query_of(store)
     ) as server:
         platform = server.token("platform-admin")
         verdicts = []
@@ -202,8 +211,17 @@ async def test_a_counter_under_its_limit_that_refuses_says_so_and_why_fenced_by_
             assert "(key sk-acme-web, gpt-4o); 3 calls refused in 24 h" in row, row
             assert "globex" not in html and "sk-globex-web" not in html, path
 
-        shown = text_of(await page_of(server, acme, "/keys"))
-        assert "acme.web" in shown and "3 refused" in shown, shown
+        # "today" is the UTC day the page was made in: a run just after midnight sees
+        # only the refusals since then (asked again if the day turned during the request)
+        while True:
+            asked = datetime.now(UTC)
+            shown = text_of(await page_of(server, acme, "/keys"))
+            if datetime.now(UTC).date() == asked.date():
+                break
+        midnight = asked.replace(hour=0, minute=0, second=0, microsecond=0)
+        today = sum(1 for moment in acme_moments if moment >= midnight)
+        assert "acme.web" in shown, shown
+        assert (f"{today} refused" in shown) if today else (" refused Revoke" not in shown), shown
 
         shown = text_of(await page_of(server, platform, "/"))
         assert "sk-globex-web, gpt-4o); 1 call refused in 24 h" in shown, shown
