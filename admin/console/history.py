@@ -5,14 +5,11 @@ that budget's events), read through the same function the spend reports use
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import Any, Final
 
 from admin.access import Caller
+from admin.console.page_query import page_rows
 from admin.reports import SpendQuery, quoted
-
-log = logging.getLogger("spendbus.admin.console")
 
 #: the most (counter, period) rows a budget's page shows, newest first
 MAX_HISTORY_ROWS: Final = 200
@@ -36,13 +33,14 @@ async def budget_history(
     run: SpendQuery | None, budget_id: str, caller: Caller
 ) -> list[dict[str, Any]] | str:
     """The rows, or why there are none to show (no store configured, or it failed)."""
-    if run is None:
-        return "no ClickHouse store is configured for the history"
-    try:
-        rows = await asyncio.to_thread(run, history_sql(budget_id, caller))
-    except Exception as exc:  # the store away or refusing: the page shows the rest
-        log.warning("budget history: the store did not answer (%s)", type(exc).__name__)
-        return f"ClickHouse did not answer ({type(exc).__name__}); reload to retry"
+    rows = await page_rows(
+        run,
+        history_sql(budget_id, caller),
+        "budget history",
+        unconfigured="no ClickHouse store is configured for the history",
+    )
+    if isinstance(rows, str):
+        return rows
     return [
         {
             "period": str(period),
@@ -52,5 +50,5 @@ async def budget_history(
             "state": str(state),
             "events": int(events),
         }
-        for period, values, spent, limit, state, events in rows
+        for period, values, spent, limit, state, events in map(tuple, rows)
     ]

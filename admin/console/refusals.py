@@ -15,15 +15,14 @@ is left says what is left (from the live counter), not what the call would have 
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from admin.access import Caller
+from admin.console.page_query import page_rows
 from admin.reports import SpendQuery, quoted
 from schemas.budgets import Budget
 from schemas.money import format_usd
@@ -35,8 +34,6 @@ from schemas.usage import (
     POLICY_DENIED,
     THROTTLED,
 )
-
-log = logging.getLogger("spendbus.admin.console")
 
 #: how far back a page looks for refused events (usage_events is ordered by org and time,
 #: so an org's last day is a narrow range)
@@ -89,16 +86,6 @@ def refusals_sql(budget_ids: Iterable[str], caller: Caller, since: datetime) -> 
     )
 
 
-async def _run(run: SpendQuery | None, sql: str, what: str) -> Sequence[Sequence[Any]] | str:
-    if run is None:
-        return "no ClickHouse store is configured"
-    try:
-        return await asyncio.to_thread(run, sql)
-    except Exception as exc:  # the store away or refusing: the page shows the rest
-        log.warning("%s: the store did not answer (%s)", what, type(exc).__name__)
-        return f"ClickHouse did not answer ({type(exc).__name__}); reload to retry"
-
-
 async def counter_refusals(
     run: SpendQuery | None,
     budgets: Mapping[str, Budget],
@@ -112,7 +99,7 @@ async def counter_refusals(
     budget_ids = {budget_id for budget_id, _ in shown if budget_id in budgets}
     if not budget_ids:
         return {}
-    rows = await _run(run, refusals_sql(budget_ids, caller, now - LOOK_BACK), "refusals")
+    rows = await page_rows(run, refusals_sql(budget_ids, caller, now - LOOK_BACK), "refusals")
     if isinstance(rows, str):
         return rows
     found: dict[CounterId, Refusal] = {}
@@ -238,7 +225,7 @@ async def refused_today_by_key(
         f"SELECT org_id, secret_id, count() FROM usage_events WHERE {' AND '.join(where)} "
         f"GROUP BY org_id, secret_id LIMIT {MAX_KEY_ROWS}"
     )
-    rows = await _run(run, sql, "refused calls by key")
+    rows = await page_rows(run, sql, "refused calls by key")
     if isinstance(rows, str):
         return rows
     return {(str(org), str(secret)): int(calls) for org, secret, calls in map(tuple, rows)}
